@@ -1,0 +1,97 @@
+//! The Rust API: starting a provider and controlling it from a test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::faults::{Fault, FaultBoard};
+use crate::model::Counts;
+use crate::server::Server;
+use crate::store::Store;
+
+/// The provider's shared state: committed effects, idempotency keys, inventory
+/// and armed faults. Start one with [`Provider::start`].
+#[derive(Debug, Default)]
+pub struct Provider {
+    pub(crate) store: Store,
+    pub(crate) faults: FaultBoard,
+}
+
+impl Provider {
+    /// Binds `127.0.0.1:0` and serves a fresh provider on the current tokio runtime.
+    pub async fn start() -> std::io::Result<ProviderHandle> {
+        Provider::start_on(0).await
+    }
+
+    /// Binds `127.0.0.1:port` and serves a fresh provider on the current tokio runtime.
+    pub async fn start_on(port: u16) -> std::io::Result<ProviderHandle> {
+        let provider = Arc::new(Provider::default());
+        let server = Server::start(port, Arc::clone(&provider)).await?;
+        Ok(ProviderHandle {
+            provider,
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// Control of a running provider. Clones share the same provider.
+///
+/// The server stops when the last clone is dropped, or when any clone calls
+/// [`ProviderHandle::shutdown`].
+#[derive(Debug, Clone)]
+pub struct ProviderHandle {
+    provider: Arc<Provider>,
+    server: Arc<Server>,
+}
+
+impl ProviderHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// Arms a fault after those already armed. A fault with `times == 0` is spent
+    /// from the start and has no effect.
+    pub fn arm(&self, fault: Fault) {
+        self.provider.faults.arm(fault);
+    }
+
+    pub fn clear_faults(&self) {
+        self.provider.faults.clear();
+    }
+
+    /// Effects committed for `order_id` (all zero for an unknown order).
+    pub fn counts(&self, order_id: &str) -> Counts {
+        self.provider.store.counts(order_id)
+    }
+
+    /// Effects committed over all orders.
+    pub fn totals(&self) -> Counts {
+        self.provider.store.totals()
+    }
+
+    /// POST requests received on the effect routes, whatever became of them
+    /// (replays, refusals and bad requests included).
+    pub fn requests(&self) -> u64 {
+        self.provider.store.effect_requests()
+    }
+
+    /// Units of `sku` available, as `GET /inventory/{sku}` reports them.
+    pub fn stock(&self, sku: &str) -> u64 {
+        self.provider.store.stock(sku)
+    }
+
+    pub fn set_stock(&self, sku: &str, available: u64) {
+        self.provider.store.set_stock(sku, available);
+    }
+
+    /// Stops the server for every clone of this handle: no new connections, open
+    /// ones (including delayed responses) are aborted, and the port is released
+    /// when this returns.
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
+    }
+}

@@ -1,0 +1,522 @@
+//! End-to-end tests: a real provider on loopback, driven over HTTP with reqwest.
+
+use std::time::Duration;
+
+use oncebox_example_provider::{Counts, Fault, FaultKind, Provider, ProviderHandle, Route};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A running provider plus a client pointed at it.
+struct Harness {
+    provider: ProviderHandle,
+    client: reqwest::Client,
+}
+
+/// A response read in full: status, the replay header, and the body as text and JSON.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    replayed: bool,
+    text: String,
+    json: Value,
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        let provider = Provider::start().await.expect("provider starts");
+        Harness {
+            provider,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.provider.base_url())
+    }
+
+    /// POSTs `body` to `path`, with an `Idempotency-Key` if given; errors are the
+    /// client's (e.g. a connection closed without a response).
+    async fn try_post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: &Value,
+    ) -> reqwest::Result<Reply> {
+        let mut request = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        read(request.send().await?).await
+    }
+
+    async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> Reply {
+        self.try_post(path, key, body)
+            .await
+            .expect("provider answers")
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
+        read(request.send().await.expect("provider answers"))
+            .await
+            .expect("body is readable")
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.send(self.client.get(self.url(path))).await
+    }
+}
+
+async fn read(response: reqwest::Response) -> reqwest::Result<Reply> {
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|value| value == "true");
+    let text = response.text().await?;
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Ok(Reply {
+        status,
+        replayed,
+        text,
+        json,
+    })
+}
+
+fn payment(order_id: &str, amount_cents: u64) -> Value {
+    json!({
+        "order_id": order_id,
+        "amount_cents": amount_cents,
+        "currency": "eur",
+        "payment_method": "pm_card_visa",
+    })
+}
+
+fn payments(n: u64) -> Counts {
+    Counts {
+        payments: n,
+        ..Counts::default()
+    }
+}
+
+#[tokio::test]
+async fn first_payment_succeeds_and_counts_one() {
+    let h = Harness::start().await;
+    let reply = h.post("/payments", Some("k1"), &payment("o-1", 1250)).await;
+
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert!(!reply.replayed);
+    assert_eq!(reply.json["id"], "pay_1");
+    assert_eq!(reply.json["order_id"], "o-1");
+    assert_eq!(reply.json["amount_cents"], 1250);
+    assert_eq!(reply.json["currency"], "eur");
+    assert_eq!(reply.json["status"], "succeeded");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+    assert_eq!(h.provider.counts("o-2"), Counts::default());
+    assert_eq!(h.provider.requests(), 1);
+
+    // The same count over HTTP, per order and in total.
+    let counts = h.get("/counts/o-1").await;
+    assert_eq!(
+        counts.json,
+        json!({"payments": 1, "refunds": 0, "fulfillments": 0})
+    );
+    assert_eq!(h.get("/counts").await.json["payments"], 1);
+}
+
+#[tokio::test]
+async fn replayed_key_returns_the_first_response_without_a_new_effect() {
+    let h = Harness::start().await;
+    let first = h.post("/payments", Some("k1"), &payment("o-1", 500)).await;
+    // Same request with its fields in another order: canonical JSON is equal.
+    let reordered = json!({
+        "payment_method": "pm_card_visa",
+        "currency": "eur",
+        "amount_cents": 500,
+        "order_id": "o-1",
+    });
+    let second = h.post("/payments", Some("k1"), &reordered).await;
+
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(
+        second.replayed,
+        "a replay carries Idempotent-Replayed: true"
+    );
+    assert_eq!(
+        second.text, first.text,
+        "the stored body is replayed byte for byte"
+    );
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+    assert_eq!(h.provider.requests(), 2);
+}
+
+#[tokio::test]
+async fn reused_key_with_another_body_or_route_is_refused() {
+    let h = Harness::start().await;
+    h.post("/payments", Some("k1"), &payment("o-1", 500)).await;
+
+    let other_body = h.post("/payments", Some("k1"), &payment("o-1", 501)).await;
+    assert_eq!(other_body.status, StatusCode::BAD_REQUEST);
+    assert_eq!(other_body.json["error"], "idempotency_key_reused");
+
+    let refund = json!({"order_id": "o-1", "amount_cents": 500});
+    let other_route = h.post("/refunds", Some("k1"), &refund).await;
+    assert_eq!(other_route.status, StatusCode::BAD_REQUEST);
+    assert_eq!(other_route.json["error"], "idempotency_key_reused");
+
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn requests_without_a_key_are_each_a_new_effect() {
+    let h = Harness::start().await;
+    let first = h.post("/payments", None, &payment("o-1", 500)).await;
+    let second = h.post("/payments", None, &payment("o-1", 500)).await;
+
+    assert_eq!(first.json["id"], "pay_1");
+    assert_eq!(second.json["id"], "pay_2");
+    assert!(!second.replayed);
+    assert_eq!(h.provider.counts("o-1"), payments(2));
+}
+
+#[tokio::test]
+async fn lost_response_is_committed_and_a_retry_gets_the_stored_answer() {
+    let h = Harness::start().await;
+    h.provider
+        .arm(Fault::new(Route::Payments, FaultKind::LoseResponse));
+
+    let lost = h
+        .try_post("/payments", Some("k1"), &payment("o-1", 700))
+        .await;
+    let err = lost.expect_err("the connection closes without a response");
+    assert!(!err.is_timeout(), "closed, not timed out: {err}");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+    // Exactly one request arrived: the client did not silently resend it.
+    assert_eq!(h.provider.requests(), 1);
+
+    let retry = h.post("/payments", Some("k1"), &payment("o-1", 700)).await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert!(retry.replayed);
+    assert_eq!(retry.json["id"], "pay_1");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn rate_limit_commits_nothing_and_the_same_key_then_succeeds() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(
+        Route::Payments,
+        FaultKind::RateLimit {
+            retry_after_ms: 1500,
+        },
+    ));
+
+    let response = h
+        .client
+        .post(h.url("/payments"))
+        .header("idempotency-key", "k1")
+        .body(payment("o-1", 300).to_string())
+        .send()
+        .await
+        .expect("provider answers");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(header("retry-after").as_deref(), Some("2"), "rounded up");
+    assert_eq!(header("retry-after-ms").as_deref(), Some("1500"));
+    assert_eq!(h.provider.counts("o-1"), Counts::default());
+
+    let retry = h.post("/payments", Some("k1"), &payment("o-1", 300)).await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert!(!retry.replayed, "the key was not stored, so this is fresh");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn error_before_commit_commits_nothing() {
+    let h = Harness::start().await;
+    h.provider
+        .arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit));
+    let refund = json!({"order_id": "o-1", "amount_cents": 300});
+
+    let failed = h.post("/refunds", Some("r1"), &refund).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h.provider.counts("o-1"), Counts::default());
+    assert_eq!(
+        h.get("/refunds/by-key/r1").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let retry = h.post("/refunds", Some("r1"), &refund).await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.json["id"], "re_1");
+    assert_eq!(h.provider.counts("o-1").refunds, 1);
+}
+
+#[tokio::test]
+async fn same_key_while_the_first_request_is_delayed_gets_409() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(
+        Route::Payments,
+        FaultKind::Delay { delay_ms: 1500 },
+    ));
+
+    let client = h.client.clone();
+    let url = h.url("/payments");
+    let body = payment("o-1", 900).to_string();
+    let first = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("idempotency-key", "k1")
+            .body(body)
+            .send()
+            .await
+    });
+    // The effect is committed before the delay starts, so once it is counted the
+    // first request is certainly in flight.
+    for _ in 0..500 {
+        if h.provider.counts("o-1").payments == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+
+    let concurrent = h.post("/payments", Some("k1"), &payment("o-1", 900)).await;
+    assert_eq!(concurrent.status, StatusCode::CONFLICT);
+    assert_eq!(concurrent.json["error"], "idempotency_key_in_use");
+
+    let first = first
+        .await
+        .expect("task completes")
+        .expect("delayed response arrives");
+    assert_eq!(first.status(), StatusCode::OK);
+    let after = h.post("/payments", Some("k1"), &payment("o-1", 900)).await;
+    assert!(after.replayed);
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn lookup_by_key_finds_committed_responses_only() {
+    let h = Harness::start().await;
+    let fulfillment = json!({
+        "order_id": "o-1",
+        "address": "1 Main St",
+        "items": [{"sku": "widget", "quantity": 2}],
+    });
+    let shipped = h.post("/fulfillments", Some("f1"), &fulfillment).await;
+    assert_eq!(shipped.json["status"], "shipped");
+
+    let found = h.get("/fulfillments/by-key/f1").await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(found.text, shipped.text);
+
+    let unknown = h.get("/fulfillments/by-key/nope").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.json["error"], "not_found");
+    // A key is looked up under the route it was used on.
+    assert_eq!(
+        h.get("/payments/by-key/f1").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(h.provider.counts("o-1").fulfillments, 1);
+}
+
+#[tokio::test]
+async fn bad_requests_get_400_naming_the_problem_and_commit_nothing() {
+    let h = Harness::start().await;
+    let malformed = h
+        .send(
+            h.client
+                .post(h.url("/payments"))
+                .header("idempotency-key", "k1")
+                .body("{\"order_id\": "),
+        )
+        .await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(malformed.json["error"], "invalid_json");
+
+    let missing = json!({"order_id": "o-1", "currency": "eur", "payment_method": "pm"});
+    let missing = h.post("/payments", Some("k1"), &missing).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.json["error"], "invalid_request");
+    let message = missing.json["message"].as_str().unwrap_or_default();
+    assert!(message.contains("amount_cents"), "{message}");
+
+    // Neither stored the key: a valid request with it is processed fresh.
+    let valid = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(valid.status, StatusCode::OK);
+    assert!(!valid.replayed);
+    assert_eq!(h.provider.totals(), payments(1));
+}
+
+#[tokio::test]
+async fn declined_card_is_stored_and_replayed_but_not_counted() {
+    let h = Harness::start().await;
+    let mut declined = payment("o-1", 100);
+    declined["payment_method"] = json!("card_declined");
+
+    let first = h.post("/payments", Some("k1"), &declined).await;
+    assert_eq!(first.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(first.json["error"], "card_declined");
+    let replay = h.post("/payments", Some("k1"), &declined).await;
+    assert_eq!(replay.status, StatusCode::PAYMENT_REQUIRED);
+    assert!(replay.replayed);
+    assert_eq!(h.provider.counts("o-1"), Counts::default());
+}
+
+#[tokio::test]
+async fn replays_do_not_consume_faults() {
+    let h = Harness::start().await;
+    h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    h.provider
+        .arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit));
+
+    let replay = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(replay.status, StatusCode::OK);
+    assert!(replay.replayed);
+    // The fault is still armed for the next fresh request.
+    let fresh = h.post("/payments", None, &payment("o-1", 100)).await;
+    assert_eq!(fresh.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn faults_match_order_and_are_spent_after_times() {
+    let h = Harness::start().await;
+    h.provider.arm(
+        Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit)
+            .for_order("o-2")
+            .times(2),
+    );
+
+    assert_eq!(
+        h.post("/payments", None, &payment("o-1", 1)).await.status,
+        StatusCode::OK
+    );
+    for _ in 0..2 {
+        let failed = h.post("/payments", None, &payment("o-2", 1)).await;
+        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(
+        h.post("/payments", None, &payment("o-2", 1)).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.provider.totals(), payments(2));
+}
+
+#[tokio::test]
+async fn faults_can_be_armed_and_cleared_over_http() {
+    let h = Harness::start().await;
+    let fault = json!({"route": "refunds", "kind": "error-before-commit", "times": 5});
+    let armed = h
+        .send(h.client.post(h.url("/faults")).body(fault.to_string()))
+        .await;
+    assert_eq!(armed.status, StatusCode::NO_CONTENT);
+
+    let refund = json!({"order_id": "o-1", "amount_cents": 1});
+    assert_eq!(
+        h.post("/refunds", None, &refund).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let cleared = h.send(h.client.delete(h.url("/faults"))).await;
+    assert_eq!(cleared.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.post("/refunds", None, &refund).await.status,
+        StatusCode::OK
+    );
+
+    let bad = json!({"route": "nowhere", "kind": "lose-response"});
+    let rejected = h
+        .send(h.client.post(h.url("/faults")).body(bad.to_string()))
+        .await;
+    assert_eq!(rejected.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn inventory_reads_and_sets_stock() {
+    let h = Harness::start().await;
+    let unknown = h.get("/inventory/widget").await;
+    assert_eq!(unknown.json, json!({"sku": "widget", "available": 0}));
+
+    h.provider.set_stock("widget", 7);
+    assert_eq!(h.get("/inventory/widget").await.json["available"], 7);
+
+    let set = h
+        .send(
+            h.client
+                .post(h.url("/inventory/gadget"))
+                .body(json!({"available": 3}).to_string()),
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::OK);
+    assert_eq!(h.provider.stock("gadget"), 3);
+    // An admin route is not an effect request.
+    assert_eq!(h.provider.requests(), 0);
+}
+
+#[tokio::test]
+async fn oversize_bodies_unknown_routes_and_wrong_methods_are_refused() {
+    let h = Harness::start().await;
+    // Both a body just over the limit and a much larger one (which the server
+    // refuses from its Content-Length alone) get a readable 413.
+    for size in [1024 * 1024 + 1, 8 * 1024 * 1024] {
+        let huge = "x".repeat(size);
+        let too_large = h.send(h.client.post(h.url("/payments")).body(huge)).await;
+        assert_eq!(too_large.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(too_large.json["error"], "payload_too_large");
+    }
+
+    assert_eq!(h.get("/nowhere").await.status, StatusCode::NOT_FOUND);
+    let wrong_method = h.get("/payments").await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(h.provider.totals(), Counts::default());
+}
+
+#[tokio::test]
+async fn shutdown_releases_the_port() {
+    let h = Harness::start().await;
+    let url = h.url("/counts");
+    assert_eq!(h.get("/counts").await.status, StatusCode::OK);
+
+    h.provider.clone().shutdown().await;
+    let after = reqwest::Client::new().get(url).send().await;
+    assert!(after.is_err(), "nothing listens after shutdown");
+}
+
+#[tokio::test]
+async fn binary_prints_its_address_and_serves() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox-example-provider"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    let mut line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("address line is readable");
+    }
+    let answer = reqwest::Client::new()
+        .get(format!("{}/counts", line.trim()))
+        .send()
+        .await;
+    // Stop the child before asserting, so a failure does not leave it running.
+    child.kill().expect("child can be killed");
+    child.wait().expect("child is reaped");
+
+    assert!(line.starts_with("http://127.0.0.1:"), "{line:?}");
+    let status = answer.map(|response| response.status());
+    assert_eq!(status.ok(), Some(StatusCode::OK));
+}

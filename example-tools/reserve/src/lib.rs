@@ -1,0 +1,59 @@
+//! `reserve`: ensures one reservation exists for an order. Idempotent: the reservation and the
+//! SKU's reserved count are KV effects, so a replay answers from the ledger and never counts twice.
+
+use oncebox_sdk::{Tool, ToolError, kv};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    order_id: String,
+    sku: String,
+    #[schemars(range(min = 1))]
+    quantity: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Reservation {
+    order_id: String,
+    sku: String,
+    quantity: u64,
+    /// Units of the SKU reserved by all orders, this one included.
+    reserved_total: u64,
+}
+
+pub struct Reserve;
+
+impl Tool for Reserve {
+    type Args = Args;
+    type Output = Reservation;
+    const NAME: &'static str = "reserve";
+    const DESCRIPTION: &'static str = "Ensures one stock reservation exists for an order.";
+
+    fn invoke(args: Args) -> Result<Reservation, ToolError> {
+        let key = format!("reservation/{}", args.order_id);
+        if let Some(existing) = kv::get_json::<Reservation>(&key)? {
+            if existing.sku != args.sku || existing.quantity != args.quantity {
+                return Err(ToolError::permanent(format!(
+                    "order {} already holds a different reservation",
+                    args.order_id
+                )));
+            }
+            return Ok(existing);
+        }
+        let counter = format!("reserved/{}", args.sku);
+        let reserved_total = kv::get_json::<u64>(&counter)?.unwrap_or(0) + args.quantity;
+        kv::set_json("reserved-count", &counter, &reserved_total)?;
+        let reservation = Reservation {
+            order_id: args.order_id,
+            sku: args.sku,
+            quantity: args.quantity,
+            reserved_total,
+        };
+        kv::set_json("reservation", &key, &reservation)?;
+        Ok(reservation)
+    }
+}
+
+oncebox_sdk::export!(Reserve, class = idempotent_write);

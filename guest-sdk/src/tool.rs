@@ -1,0 +1,46 @@
+//! The traits a tool author implements.
+
+use schemars::JsonSchema;
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::ToolError;
+
+/// A tool: typed args in, typed output out. The host validates the args against the schema
+/// derived from `Args` before the tool ever runs, and decides retries from the export's class.
+pub trait Tool {
+    /// What the model (through the orchestrator) passes. Its JSON Schema becomes the manifest's
+    /// input schema.
+    type Args: DeserializeOwned + JsonSchema;
+    /// What the tool returns, serialized to JSON and recorded in the ledger.
+    type Output: Serialize;
+
+    /// The tool's name, unique within a host.
+    const NAME: &'static str;
+    /// One sentence for the model and the operator.
+    const DESCRIPTION: &'static str;
+    /// The tool that undoes this one (compensatable tools).
+    const COMPENSATED_BY: Option<&'static str> = None;
+    /// JSON pointers into the args whose values never appear in logs or records (`/payment_method`).
+    const SENSITIVE: &'static [&'static str] = &[];
+
+    /// Runs the tool once. Effects go through [`crate::http`], [`crate::kv`], [`crate::outbox`]
+    /// and [`crate::provider`]; the host keys and records each of them.
+    fn invoke(args: Self::Args) -> Result<Self::Output, ToolError>;
+}
+
+/// What the authority says about an effect whose response was lost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciliation<T> {
+    /// It took place; `T` is the output the tool would have returned.
+    Committed(T),
+    /// The authority has no record of it: dispatching again is safe.
+    NotCommitted,
+    /// The authority cannot tell. Not proof of anything.
+    StillUnknown,
+}
+
+/// Compensatable and irreversible tools also answer "did this effect happen?" by its key.
+pub trait Reconcile: Tool {
+    /// Asks the authority about the effect sent with `effect_key` for these args.
+    fn reconcile(effect_key: &str, args: Self::Args) -> Reconciliation<Self::Output>;
+}

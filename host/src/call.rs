@@ -1,0 +1,117 @@
+//! A call and what became of it.
+
+use serde::Serialize;
+
+use crate::ledger::{ErrorRecord, OperationRecord, OperationStatus};
+
+/// One request to run one tool. `run_id` and `step_id` come from the orchestrator's durable
+/// state, never from the model; a write-class tool is refused without them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub run_id: Option<String>,
+    pub step_id: Option<String>,
+    pub tool: String,
+    /// JSON text.
+    pub args: String,
+}
+
+impl Call {
+    /// A call for one step of one run: recorded, replayed, deduplicated.
+    pub fn step(
+        run_id: impl Into<String>,
+        step_id: impl Into<String>,
+        tool: impl Into<String>,
+        args: impl Into<String>,
+    ) -> Self {
+        Call {
+            run_id: Some(run_id.into()),
+            step_id: Some(step_id.into()),
+            tool: tool.into(),
+            args: args.into(),
+        }
+    }
+
+    /// A call outside any run: only read-only tools accept it, and nothing is recorded.
+    pub fn unrecorded(tool: impl Into<String>, args: impl Into<String>) -> Self {
+        Call {
+            run_id: None,
+            step_id: None,
+            tool: tool.into(),
+            args: args.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Completed,
+    Failed,
+    /// An effect may have taken place: reconcile before anything else.
+    Unknown,
+    /// The step was called before with different args; nothing was dispatched.
+    Conflict,
+    /// Another caller owns the operation right now.
+    InProgress,
+}
+
+/// What a call returns. Serialized as-is by `oncebox call`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    pub status: Status,
+    /// Answered from the ledger, without creating an instance.
+    pub replayed: bool,
+    /// Attempts made for the operation so far (0 when none ran).
+    pub attempts: u32,
+    pub operation_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorRecord>,
+}
+
+impl Outcome {
+    pub fn is_completed(&self) -> bool {
+        self.status == Status::Completed
+    }
+
+    /// The outcome an operation's record stands for, as a replay.
+    pub(crate) fn replay(op: &OperationRecord) -> Self {
+        let status = match op.status {
+            OperationStatus::Completed => Status::Completed,
+            OperationStatus::Failed => Status::Failed,
+            OperationStatus::Unknown => Status::Unknown,
+            OperationStatus::Claimed => Status::InProgress,
+        };
+        Outcome {
+            status,
+            replayed: true,
+            attempts: op.attempts,
+            operation_key: Some(op.key.clone()),
+            output: op
+                .output
+                .as_deref()
+                .and_then(|o| serde_json::from_str(o).ok()),
+            error: op.error.clone(),
+        }
+    }
+
+    pub(crate) fn refused(
+        op: &OperationRecord,
+        status: Status,
+        class: &str,
+        message: String,
+    ) -> Self {
+        Outcome {
+            status,
+            replayed: false,
+            attempts: op.attempts,
+            operation_key: Some(op.key.clone()),
+            output: None,
+            error: Some(ErrorRecord {
+                class: class.into(),
+                message,
+            }),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! `oncebox call --ledger PATH --run R --step S TOOL.wasm 'JSON'`
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use oncebox::{Call, Host, HttpTarget, Status};
+
+use super::{Exit, Usage, print_json};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The redb ledger file (created if missing).
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The run id, from the orchestrator's durable state.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// The step id, stable across retries of this step.
+    #[arg(long)]
+    pub step: Option<String>,
+    /// An operator setting for the tool, KEY=VALUE (repeatable).
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    pub config: Vec<String>,
+    /// A downstream HOST:PORT that honours Idempotency-Key for 24 hours (repeatable), so an
+    /// effect whose answer was lost may be resent with its key.
+    #[arg(long = "key-target", value_name = "HOST:PORT")]
+    pub key_targets: Vec<String>,
+    /// How long to wait for a downstream's answer before the outcome is unknown.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// The component file.
+    pub tool: PathBuf,
+    /// The args, as JSON.
+    pub args: String,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Exit> {
+    let mut builder = Host::builder(&args.ledger);
+    let timeout = Duration::from_millis(args.timeout_ms);
+    for target in &args.key_targets {
+        let settings = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout };
+        builder = builder.http_target(target.clone(), settings);
+    }
+    let mut config = Vec::new();
+    for pair in &args.config {
+        let (key, value) =
+            pair.split_once('=').ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
+        config.push((key.to_string(), value.to_string()));
+    }
+    let host = builder.build().await?;
+    let manifest = host.load(&args.tool).await?;
+    host.set_tool_config(&manifest.name, config);
+    let call = match (args.run, args.step) {
+        (Some(run), Some(step)) => Call::step(run, step, &manifest.name, args.args),
+        (None, None) => Call::unrecorded(&manifest.name, args.args),
+        _ => return Err(Usage("--run and --step go together".into()).into()),
+    };
+    let outcome = host.call(call).await?;
+    print_json(&outcome)?;
+    Ok(if outcome.status == Status::Completed { Exit::Ok } else { Exit::ToolFailed })
+}

@@ -1,0 +1,61 @@
+//! `oncebox ledger list [--run R]` and `oncebox ledger show KEY`
+
+use std::path::PathBuf;
+
+use oncebox::Ledger;
+
+use super::{Exit, Usage, print_json};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// One line of JSON per operation.
+    List {
+        #[arg(long)]
+        ledger: PathBuf,
+        /// Only this run's steps.
+        #[arg(long)]
+        run: Option<String>,
+    },
+    /// An operation with its effects and attempts.
+    Show {
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The operation key.
+        key: String,
+    },
+}
+
+pub async fn run(command: Command) -> anyhow::Result<Exit> {
+    match command {
+        Command::List { ledger, run } => {
+            let ledger = open(ledger)?;
+            for op in ledger.operations(run.as_deref())? {
+                print_json(&serde_json::json!({
+                    "operation_key": op.key,
+                    "run": op.run_id,
+                    "step": op.step_id,
+                    "tool": op.tool,
+                    "status": op.status,
+                    "attempts": op.attempts,
+                }))?;
+            }
+        }
+        Command::Show { ledger, key } => {
+            let ledger = open(ledger)?;
+            let op = ledger.operation(&key)?.ok_or_else(|| Usage(format!("no operation with key {key}")))?;
+            print_json(&serde_json::json!({
+                "operation": op,
+                "effects": ledger.effects(&key)?,
+                "attempts": ledger.attempts(&key)?,
+            }))?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+fn open(path: PathBuf) -> anyhow::Result<Ledger> {
+    if !path.exists() {
+        return Err(Usage(format!("no ledger at {}", path.display())).into());
+    }
+    Ok(Ledger::open(path)?)
+}

@@ -1,0 +1,110 @@
+//! Subcommands, one file each. Exit codes: 0 the tool completed (or the command succeeded),
+//! 1 the tool did not complete (failed, unknown, conflict, in progress), 2 the input was unusable
+//! (bad flags, bad args, a refused component), 3 the host failed (ledger, engine).
+
+mod call;
+#[cfg(feature = "demo")]
+mod demo;
+mod inspect;
+mod ledger;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "oncebox", version, about = "Run WebAssembly agent tools so that every side effect happens once")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show a tool's manifest, imports and exports.
+    Inspect(inspect::Args),
+    /// Call a tool for one step of a run.
+    Call(call::Args),
+    /// Read the ledger.
+    #[command(subcommand)]
+    Ledger(ledger::Command),
+    /// Lose the first charge response of a few orders: a naive retry loop charges twice, oncebox once.
+    #[cfg(feature = "demo")]
+    Demo(demo::Args),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Ok = 0,
+    ToolFailed = 1,
+    Usage = 2,
+    Host = 3,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+pub async fn run(command: Command) -> Exit {
+    let result = match command {
+        Command::Inspect(args) => inspect::run(args).await,
+        Command::Call(args) => call::run(args).await,
+        Command::Ledger(command) => ledger::run(command).await,
+        #[cfg(feature = "demo")]
+        Command::Demo(args) => demo::run(args).await,
+    };
+    match result {
+        Ok(exit) => exit,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit_for(&e)
+        }
+    }
+}
+
+/// Blames the input or the host, from the error's type.
+fn exit_for(e: &anyhow::Error) -> Exit {
+    use oncebox::{CallError, Error, LoadError};
+    let usage = |e: &Error| matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_))) || matches!(e, Error::DuplicateTool { .. });
+    let call_usage = |e: &CallError| !matches!(e, CallError::Ledger(_));
+    if e.downcast_ref::<Error>().is_some_and(usage)
+        || e.downcast_ref::<CallError>().is_some_and(call_usage)
+        || e.downcast_ref::<Usage>().is_some()
+    {
+        Exit::Usage
+    } else {
+        Exit::Host
+    }
+}
+
+/// A usage error found by a subcommand rather than by clap.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ONCEBOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Prints a value as one line of JSON on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
+}

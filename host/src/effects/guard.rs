@@ -1,0 +1,215 @@
+//! The guarded path every effect takes (DESIGN section 4):
+//!
+//! ```text
+//! effect key = H(op key, label, occurrence)
+//! recorded with another fingerprint -> divergence error, dispatch nothing
+//! recorded completed               -> the recorded answer, dispatch nothing
+//! recorded in doubt                -> same-key resend only where allowed, else unknown-outcome
+//! recorded retryable, or none      -> write-ahead `dispatched` (durable) -> perform -> record
+//! ```
+//!
+//! Remote effects call [`EffectCtx::begin`], perform, then [`EffectCtx::finish`]. Local effects
+//! (`local.rs`) need no write-ahead: their write and their record share one transaction.
+
+use crate::clock::now_ms;
+use crate::keys;
+use crate::ledger::{AttemptEffect, EffectRecord, EffectSource, EffectStatus};
+use crate::runtime::bindings::ToolError;
+
+use super::{EffectCtx, InDoubt};
+
+/// What to do with an effect.
+pub enum Begin {
+    /// Answered from the ledger: here is the recorded response.
+    Replay(String),
+    /// Written ahead; perform it now with `record.key` as the idempotency key.
+    /// `resendable`: if its outcome turns out unknown, a later attempt may send it again.
+    Dispatch {
+        record: EffectRecord,
+        source: EffectSource,
+        resendable: bool,
+    },
+}
+
+/// How a dispatched effect ended.
+pub enum Dispatched {
+    /// A definitive answer, to record and return.
+    Committed(String),
+    /// Nothing took effect; the guest gets this error and a later attempt may resend.
+    Retryable(ToolError),
+    /// Sent, answer lost.
+    Unknown(String),
+}
+
+/// Describes a request before it is guarded.
+pub struct Request<'a> {
+    pub kind: &'a str,
+    pub label: &'a str,
+    pub target: &'a str,
+    pub fingerprint: String,
+    /// Whether the target deduplicates by key and still remembers a key first sent at a time.
+    pub resend_allowed: &'a (dyn Fn(u64) -> bool + Sync),
+}
+
+impl EffectCtx {
+    /// Derives the next key for `label` in this invocation.
+    pub(super) fn next_key(&mut self, label: &str) -> Result<(String, u32), ToolError> {
+        let operation_key = self.scope()?.operation_key.clone();
+        let counter = self.occurrences.entry(label.to_string()).or_insert(0);
+        let occurrence = *counter;
+        *counter += 1;
+        Ok((
+            keys::effect_key(&operation_key, label, occurrence),
+            occurrence,
+        ))
+    }
+
+    pub(super) async fn begin(&mut self, request: Request<'_>) -> Result<Begin, ToolError> {
+        let (key, occurrence) = self.next_key(request.label)?;
+        let scope = self.scope()?.clone();
+        let op = scope.operation_key.clone();
+        let lookup_key = key.clone();
+        let existing = self
+            .ledger(move |l| l.effect(&op, &lookup_key))
+            .await
+            .map_err(host_error)?;
+        let now = now_ms();
+
+        let (record, source) = match existing {
+            Some(recorded) if recorded.fingerprint != request.fingerprint => {
+                return Err(ToolError::Permanent(format!(
+                    "effect `{}` #{occurrence} asks for something other than what was recorded for its key {key}; \
+                     the tool diverged from its first run, nothing was sent",
+                    request.label
+                )));
+            }
+            Some(recorded) if recorded.status == EffectStatus::Completed => {
+                self.note(&recorded, EffectSource::Deduplicated);
+                return Ok(Begin::Replay(recorded.response.unwrap_or_default()));
+            }
+            Some(recorded)
+                if recorded.status.in_doubt()
+                    && !(scope.redispatch_in_doubt
+                        && (request.resend_allowed)(recorded.first_dispatched_ms)) =>
+            {
+                self.in_doubt.push(InDoubt {
+                    key: recorded.key.clone(),
+                    resendable: false,
+                });
+                self.note(&recorded, EffectSource::Deduplicated);
+                return Err(ToolError::UnknownOutcome(format!(
+                    "effect `{}` ({key}) may have taken place and cannot safely be sent again; reconcile it",
+                    request.label
+                )));
+            }
+            Some(mut recorded) => {
+                recorded.status = EffectStatus::Dispatched;
+                recorded.dispatches += 1;
+                recorded.updated_ms = now;
+                (recorded, EffectSource::Redispatched)
+            }
+            None => (
+                EffectRecord {
+                    key,
+                    operation_key: scope.operation_key.clone(),
+                    label: request.label.to_string(),
+                    occurrence,
+                    kind: request.kind.to_string(),
+                    target: request.target.to_string(),
+                    fingerprint: request.fingerprint,
+                    status: EffectStatus::Dispatched,
+                    response: None,
+                    error: None,
+                    dispatches: 1,
+                    first_dispatched_ms: now,
+                    updated_ms: now,
+                },
+                EffectSource::Fresh,
+            ),
+        };
+        let resendable =
+            scope.redispatch_in_doubt && (request.resend_allowed)(record.first_dispatched_ms);
+        // Write-ahead: durable before anything leaves the host.
+        let ahead = record.clone();
+        self.ledger(move |l| l.put_effect(scope.fence, &ahead))
+            .await
+            .map_err(host_error)?;
+        Ok(Begin::Dispatch {
+            record,
+            source,
+            resendable,
+        })
+    }
+
+    pub(super) async fn finish(
+        &mut self,
+        mut record: EffectRecord,
+        source: EffectSource,
+        resendable: bool,
+        outcome: Dispatched,
+    ) -> Result<String, ToolError> {
+        let fence = self.scope()?.fence;
+        record.updated_ms = now_ms();
+        let result = match outcome {
+            Dispatched::Committed(response) => {
+                record.status = EffectStatus::Completed;
+                record.response = Some(response.clone());
+                record.error = None;
+                Ok(response)
+            }
+            Dispatched::Retryable(error) => {
+                record.status = EffectStatus::Retryable;
+                record.error = Some(format!("{error:?}"));
+                Err(error)
+            }
+            Dispatched::Unknown(message) => {
+                record.status = EffectStatus::Unknown;
+                record.error = Some(message.clone());
+                Err(ToolError::UnknownOutcome(format!(
+                    "effect `{}` ({}): {message}",
+                    record.label, record.key
+                )))
+            }
+        };
+        let stored = record.clone();
+        if let Err(e) = self.ledger(move |l| l.put_effect(fence, &stored)).await {
+            // The effect went out but its answer is not on disk: from the ledger's view it is in doubt.
+            self.in_doubt.push(InDoubt {
+                key: record.key.clone(),
+                resendable: false,
+            });
+            self.note(&record, source);
+            return Err(ToolError::UnknownOutcome(format!(
+                "effect {} was sent but its answer could not be recorded: {e}",
+                record.key
+            )));
+        }
+        if record.status.in_doubt() {
+            self.in_doubt.push(InDoubt {
+                key: record.key.clone(),
+                resendable,
+            });
+        }
+        self.note(&record, source);
+        result
+    }
+
+    pub(super) fn note(&mut self, record: &EffectRecord, source: EffectSource) {
+        self.effects.push(AttemptEffect {
+            key: record.key.clone(),
+            label: record.label.clone(),
+            source,
+            status: record.status,
+        });
+    }
+}
+
+/// A ledger failure inside an effect: nothing was sent (write-ahead failed) or the answer is lost.
+pub(super) fn host_error(e: crate::ledger::LedgerError) -> ToolError {
+    match e {
+        crate::ledger::LedgerError::Fenced { .. } => ToolError::Permanent(format!("host: {e}")),
+        e => ToolError::Transient(format!(
+            "host: the ledger refused the write-ahead record, nothing was sent: {e}"
+        )),
+    }
+}

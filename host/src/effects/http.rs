@@ -1,0 +1,278 @@
+//! HTTP: reads (GET/HEAD, no record) and effects (any method, guarded, with `Idempotency-Key`).
+//!
+//! What an answer means: a refused connection sent nothing (retryable); a timeout or a broken
+//! connection after sending leaves the outcome unknown; 429, 409 and 5xx are answers that nothing
+//! took effect (retryable, and a resend carries the same key); anything else is definitive and
+//! recorded for the tool to interpret.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::keys;
+use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
+
+use super::guard::{Begin, Dispatched, Request};
+use super::{EffectCtx, Shared};
+
+/// The largest response body the host reads and records; longer bodies are cut here.
+pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Headers a tool may not set: the host owns routing, framing and the key.
+const RESERVED_HEADERS: [&str; 5] = [
+    "host",
+    "idempotency-key",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+];
+
+/// An HTTP answer as the ledger keeps it.
+#[derive(Debug, Serialize, Deserialize)]
+struct RecordedResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body_hex: Option<String>,
+}
+
+impl From<&HttpResponse> for RecordedResponse {
+    fn from(r: &HttpResponse) -> Self {
+        let (body, body_hex) = match std::str::from_utf8(&r.body) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (None, Some(hex::encode(&r.body))),
+        };
+        RecordedResponse {
+            status: r.status,
+            headers: r.headers.clone(),
+            body,
+            body_hex,
+        }
+    }
+}
+
+impl RecordedResponse {
+    fn into_response(self) -> Result<HttpResponse, ToolError> {
+        let body = match (self.body, self.body_hex) {
+            (Some(text), _) => text.into_bytes(),
+            (None, Some(h)) => hex::decode(h)
+                .map_err(|e| ToolError::Permanent(format!("host: recorded body: {e}")))?,
+            (None, None) => Vec::new(),
+        };
+        Ok(HttpResponse {
+            status: self.status,
+            headers: self.headers,
+            body,
+        })
+    }
+}
+
+/// `host:port` of an http(s) URL, or why the URL is unusable.
+fn target_of(url: &reqwest::Url) -> Result<String, ToolError> {
+    if url.scheme() != "http" {
+        return Err(ToolError::Permanent(format!(
+            "unsupported URL scheme `{}` (this build speaks plain http)",
+            url.scheme()
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ToolError::Permanent(
+            "URLs with credentials are refused: the host attaches credentials".into(),
+        ));
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| ToolError::Permanent(format!("URL without a host: {url}")))?;
+    let port = url.port_or_known_default().unwrap_or(80);
+    Ok(format!("{host}:{port}"))
+}
+
+fn parse_url(url: &str) -> Result<reqwest::Url, ToolError> {
+    reqwest::Url::parse(url).map_err(|e| ToolError::Permanent(format!("invalid URL `{url}`: {e}")))
+}
+
+fn builder(
+    client: &reqwest::Client,
+    method: &str,
+    url: reqwest::Url,
+    headers: &[(String, String)],
+    timeout: Duration,
+) -> Result<reqwest::RequestBuilder, ToolError> {
+    let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| ToolError::Permanent(format!("invalid HTTP method `{method}`")))?;
+    let mut request = client.request(method, url).timeout(timeout);
+    for (name, value) in headers {
+        if RESERVED_HEADERS
+            .iter()
+            .any(|r| name.eq_ignore_ascii_case(r))
+        {
+            return Err(ToolError::Permanent(format!(
+                "a tool may not set the `{name}` header"
+            )));
+        }
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| ToolError::Permanent(format!("invalid header name `{name}`")))?;
+        let value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| ToolError::Permanent(format!("invalid value for header `{name}`")))?;
+        request = request.header(name, value);
+    }
+    Ok(request)
+}
+
+/// Sends and classifies. `Ok` holds a definitive answer.
+async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => {
+            return Dispatched::Retryable(ToolError::Transient(format!(
+                "could not connect to {target}; nothing was sent"
+            )));
+        }
+        Err(e) => {
+            return Dispatched::Unknown(format!("sent to {target}, no answer: {}", describe(&e)));
+        }
+    };
+    let status = response.status().as_u16();
+    if status == 429 {
+        let retry_after_ms = retry_after_ms(response.headers()).unwrap_or(1000);
+        return Dispatched::Retryable(ToolError::RateLimited(RateLimit {
+            retry_after_ms,
+            message: format!("{target} answered 429"),
+        }));
+    }
+    if status == 409 || status >= 500 {
+        return Dispatched::Retryable(ToolError::Transient(format!("{target} answered {status}")));
+    }
+    let headers = response
+        .headers()
+        .iter()
+        .filter(|(name, _)| *name != reqwest::header::SET_COOKIE)
+        .map(|(name, value)| {
+            (
+                name.to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    match response.bytes().await {
+        Ok(mut body) => {
+            body.truncate(MAX_RESPONSE_BYTES);
+            let answer = HttpResponse {
+                status,
+                headers,
+                body: body.to_vec(),
+            };
+            match serde_json::to_string(&RecordedResponse::from(&answer)) {
+                Ok(json) => Dispatched::Committed(json),
+                Err(e) => {
+                    Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}"))
+                }
+            }
+        }
+        Err(e) => Dispatched::Unknown(format!(
+            "{target} answered {status} but the body was lost: {}",
+            describe(&e)
+        )),
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else {
+        e.to_string()
+    }
+}
+
+fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    get("retry-after-ms").or_else(|| get("retry-after").map(|s| s.saturating_mul(1000)))
+}
+
+/// A read: GET or HEAD, never recorded.
+pub(super) async fn get(
+    shared: &Shared,
+    url: &str,
+    headers: Vec<(String, String)>,
+) -> Result<HttpResponse, ToolError> {
+    let url = parse_url(url)?;
+    let target = target_of(&url)?;
+    let timeout = shared.targets.get(&target).timeout;
+    let request = builder(&shared.http, "GET", url, &headers, timeout)?;
+    match perform(request, &target).await {
+        Dispatched::Committed(json) => decode(&json),
+        Dispatched::Retryable(e) => Err(e),
+        // A read changed nothing, so a lost answer is only a transient failure.
+        Dispatched::Unknown(message) => Err(ToolError::Transient(message)),
+    }
+}
+
+fn decode(json: &str) -> Result<HttpResponse, ToolError> {
+    serde_json::from_str::<RecordedResponse>(json)
+        .map_err(|e| ToolError::Permanent(format!("host: undecodable recorded response: {e}")))?
+        .into_response()
+}
+
+impl EffectCtx {
+    pub(super) async fn http_effect(
+        &mut self,
+        label: String,
+        request: HttpRequest,
+    ) -> Result<HttpResponse, ToolError> {
+        let url = parse_url(&request.url)?;
+        let target = target_of(&url)?;
+        let settings = self.shared.targets.get(&target);
+        // Validate everything the guest controls before the write-ahead record exists.
+        let prepared = builder(
+            &self.shared.http,
+            &request.method,
+            url,
+            &request.headers,
+            settings.timeout,
+        )?;
+        let fingerprint = keys::effect_fingerprint(
+            "http",
+            &[
+                request.method.to_ascii_uppercase().as_bytes(),
+                request.url.as_bytes(),
+                &request.body,
+            ],
+        );
+        let resend_allowed = |first_ms: u64| {
+            settings.honours_keys
+                && crate::clock::now_ms().saturating_sub(first_ms)
+                    < settings.key_retention.as_millis() as u64
+        };
+        let begin = self
+            .begin(Request {
+                kind: "http",
+                label: &label,
+                target: &target,
+                fingerprint,
+                resend_allowed: &resend_allowed,
+            })
+            .await?;
+        let (record, source, resendable) = match begin {
+            Begin::Replay(json) => return decode(&json),
+            Begin::Dispatch {
+                record,
+                source,
+                resendable,
+            } => (record, source, resendable),
+        };
+        let prepared = prepared
+            .header("idempotency-key", record.key.as_str())
+            .body(request.body);
+        tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
+        let outcome = perform(prepared, &target).await;
+        let json = self.finish(record, source, resendable, outcome).await?;
+        decode(&json)
+    }
+}

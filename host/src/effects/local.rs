@@ -1,0 +1,75 @@
+//! KV and outbox effects: the write and its record commit in one transaction, so they happen
+//! exactly once by construction and need no write-ahead.
+
+use crate::clock::now_ms;
+use crate::keys;
+use crate::ledger::{EffectRecord, EffectSource, EffectStatus, LocalOutcome, LocalWrite};
+use crate::runtime::bindings::ToolError;
+
+use super::EffectCtx;
+use super::guard::host_error;
+
+impl EffectCtx {
+    pub(super) async fn local_effect(
+        &mut self,
+        label: String,
+        write: LocalWrite,
+    ) -> Result<(), ToolError> {
+        let (key, occurrence) = self.next_key(&label)?;
+        let scope = self.scope()?.clone();
+        let (kind, target, fingerprint) = match &write {
+            LocalWrite::KvSet {
+                namespace,
+                key,
+                value,
+            } => (
+                "kv-set",
+                namespace.clone(),
+                keys::effect_fingerprint("kv-set", &[namespace.as_bytes(), key.as_bytes(), value]),
+            ),
+            LocalWrite::KvDelete { namespace, key } => (
+                "kv-delete",
+                namespace.clone(),
+                keys::effect_fingerprint("kv-delete", &[namespace.as_bytes(), key.as_bytes()]),
+            ),
+            LocalWrite::Outbox { topic, payload } => (
+                "outbox",
+                topic.clone(),
+                keys::effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]),
+            ),
+        };
+        let now = now_ms();
+        let record = EffectRecord {
+            key,
+            operation_key: scope.operation_key.clone(),
+            label,
+            occurrence,
+            kind: kind.to_string(),
+            target,
+            fingerprint,
+            status: EffectStatus::Completed,
+            response: None,
+            error: None,
+            dispatches: 1,
+            first_dispatched_ms: now,
+            updated_ms: now,
+        };
+        let stored = record.clone();
+        let outcome = self
+            .ledger(move |l| l.apply_local(scope.fence, &stored, &write))
+            .await
+            .map_err(host_error)?;
+        match outcome {
+            LocalOutcome::Applied => self.note(&record, EffectSource::Fresh),
+            LocalOutcome::AlreadyApplied => self.note(&record, EffectSource::Deduplicated),
+            LocalOutcome::Diverged(recorded) => {
+                return Err(ToolError::Permanent(format!(
+                    "effect `{}` #{occurrence} asks for something other than what was recorded for its key {}; \
+                     the tool diverged from its first run, nothing was written",
+                    recorded.label, recorded.key
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! What a tool can reach: reads, config and effects, behind one narrow context per invocation.
+//!
+//! Every effect goes through the guarded path in `guard.rs`; the files beside it only say how to
+//! perform one kind of effect and what its answer means. The context sees the ledger only through
+//! the few methods the guarded path needs.
+
+mod guard;
+mod http;
+mod local;
+mod provider;
+mod targets;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use provider::{EffectProvider, ProviderOutcome};
+pub use targets::{HttpTarget, Targets};
+
+use crate::ledger::{AttemptEffect, Ledger, LedgerError};
+use crate::runtime::bindings::{ToolError, oncebox::tool};
+
+/// What every invocation of a host shares: the ledger, the HTTP client, the downstreams' settings
+/// and the embedder's providers.
+pub struct Shared {
+    pub ledger: Ledger,
+    pub http: reqwest::Client,
+    pub targets: targets::Targets,
+    pub providers: HashMap<String, Arc<dyn EffectProvider>>,
+    /// The KV namespace every tool of this host shares (per-tool grants are a later issue).
+    pub kv_namespace: String,
+}
+
+/// The operation an invocation works for.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub operation_key: String,
+    pub fence: u64,
+    /// Whether the class and policy allow an in-doubt effect to be sent again with its key.
+    pub redispatch_in_doubt: bool,
+}
+
+/// One invocation's view: its operation, its config, and what its effects did.
+pub struct EffectCtx {
+    shared: Arc<Shared>,
+    config: Arc<HashMap<String, String>>,
+    scope: Option<Scope>,
+    occurrences: HashMap<String, u32>,
+    /// The effects of this attempt, in order.
+    pub effects: Vec<AttemptEffect>,
+    /// This attempt's effects whose outcome is unknown.
+    pub in_doubt: Vec<InDoubt>,
+}
+
+/// An effect that may or may not have taken place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InDoubt {
+    pub key: String,
+    /// The downstream honours its key and still remembers it, and the policy allows a resend.
+    pub resendable: bool,
+}
+
+impl EffectCtx {
+    pub fn new(
+        shared: Arc<Shared>,
+        config: Arc<HashMap<String, String>>,
+        scope: Option<Scope>,
+    ) -> Self {
+        EffectCtx {
+            shared,
+            config,
+            scope,
+            occurrences: HashMap::new(),
+            effects: Vec::new(),
+            in_doubt: Vec::new(),
+        }
+    }
+
+    fn scope(&self) -> Result<&Scope, ToolError> {
+        self.scope.as_ref().ok_or_else(|| {
+            ToolError::Permanent(
+                "effects need an operation: call this tool with a run and a step".into(),
+            )
+        })
+    }
+
+    /// Runs a blocking ledger method off the async executor.
+    async fn ledger<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let ledger = self.shared.ledger.clone();
+        tokio::task::spawn_blocking(move || f(&ledger))
+            .await
+            .unwrap_or_else(|e| {
+                Err(LedgerError::Corrupt {
+                    what: format!("a ledger task panicked: {e}"),
+                })
+            })
+    }
+}
+
+/// The `HasData` marker that hands bindings the narrow context instead of the whole store state.
+pub struct HasEffects;
+
+impl wasmtime::component::HasData for HasEffects {
+    type Data<'a> = &'a mut EffectCtx;
+}
+
+impl tool::types::Host for EffectCtx {}
+
+impl tool::config::Host for EffectCtx {
+    async fn get(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+}
+
+impl tool::reads::Host for EffectCtx {
+    async fn http_get(
+        &mut self,
+        url: String,
+        headers: Vec<(String, String)>,
+    ) -> Result<tool::types::HttpResponse, ToolError> {
+        http::get(&self.shared, &url, headers).await
+    }
+
+    async fn kv_get(&mut self, key: String) -> Option<Vec<u8>> {
+        let namespace = self.shared.kv_namespace.clone();
+        // A read the ledger cannot serve is reported as absent and logged: the trait gives the
+        // guest no error channel for reads, and a later write still goes through the guard.
+        match self.ledger(move |l| l.kv_get(&namespace, &key)).await {
+            Ok(value) => value,
+            Err(e) => {
+                tracing::error!(error = %e, "kv read failed");
+                None
+            }
+        }
+    }
+}
+
+impl tool::effects::Host for EffectCtx {
+    async fn http(
+        &mut self,
+        label: String,
+        request: tool::effects::HttpRequest,
+    ) -> Result<tool::types::HttpResponse, ToolError> {
+        self.http_effect(label, request).await
+    }
+
+    async fn kv_set(
+        &mut self,
+        label: String,
+        key: String,
+        value: Vec<u8>,
+    ) -> Result<(), ToolError> {
+        let namespace = self.shared.kv_namespace.clone();
+        self.local_effect(
+            label,
+            crate::ledger::LocalWrite::KvSet {
+                namespace,
+                key,
+                value,
+            },
+        )
+        .await
+    }
+
+    async fn kv_delete(&mut self, label: String, key: String) -> Result<(), ToolError> {
+        let namespace = self.shared.kv_namespace.clone();
+        self.local_effect(
+            label,
+            crate::ledger::LocalWrite::KvDelete { namespace, key },
+        )
+        .await
+    }
+
+    async fn outbox(
+        &mut self,
+        label: String,
+        topic: String,
+        payload: Vec<u8>,
+    ) -> Result<(), ToolError> {
+        let payload = String::from_utf8(payload).map_err(|_| {
+            ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into())
+        })?;
+        self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload })
+            .await
+    }
+
+    async fn provider(
+        &mut self,
+        label: String,
+        name: String,
+        request: String,
+    ) -> Result<String, ToolError> {
+        self.provider_effect(label, name, request).await
+    }
+
+    async fn operation_key(&mut self) -> String {
+        self.scope
+            .as_ref()
+            .map(|s| s.operation_key.clone())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,37 @@
+//! What the operator says about each downstream HTTP host.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A downstream's settings, keyed by `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTarget {
+    /// Whether it deduplicates by `Idempotency-Key` (Stripe does; most APIs do not).
+    pub honours_keys: bool,
+    /// How long it remembers a key (Stripe: 24 h). Past this a resend is a new request.
+    pub key_retention: Duration,
+    /// How long to wait for an answer before the effect's outcome becomes unknown.
+    pub timeout: Duration,
+}
+
+impl Default for HttpTarget {
+    /// An unknown downstream: keys are sent but not trusted.
+    fn default() -> Self {
+        HttpTarget {
+            honours_keys: false,
+            key_retention: Duration::ZERO,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    pub by_host: HashMap<String, HttpTarget>,
+}
+
+impl Targets {
+    pub fn get(&self, host: &str) -> HttpTarget {
+        self.by_host.get(host).cloned().unwrap_or_default()
+    }
+}

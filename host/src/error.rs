@@ -1,0 +1,37 @@
+//! Errors of the library's public operations. Each names what went wrong and where; who is to
+//! blame (the caller's input, the tool, the host) follows from the variant.
+
+pub use crate::ledger::LedgerError;
+use crate::policy::ReplayClass;
+pub use crate::runtime::LoadError;
+
+/// Why a call could not run. Failures of the tool itself are not errors: they are outcomes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    #[error("no tool named `{tool}` is loaded (loaded: {loaded})")]
+    UnknownTool { tool: String, loaded: String },
+    #[error("invalid args for `{tool}`: {reason}")]
+    InvalidArgs { tool: String, reason: String },
+    #[error(
+        "`{tool}` is {class}: it can change the world, so it needs a run id and a step id from the \
+         orchestrator (--run and --step); without them a retry could not be told from a new intent"
+    )]
+    StepRequired { tool: String, class: ReplayClass },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Every error of the library, for callers that do not care which operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("a tool named `{name}` is already loaded from {existing}")]
+    DuplicateTool { name: String, existing: String },
+}

@@ -1,0 +1,233 @@
+//! `Host`: the ledger, the runtime and the loaded tools, shared by every caller.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::call::{Call, Outcome};
+use crate::effects::{EffectProvider, HttpTarget, Shared};
+use crate::error::{CallError, Error};
+use crate::ledger::Ledger;
+use crate::policy::RetryPolicy;
+use crate::runtime::{LoadedTool, Runtime, ToolManifest};
+
+/// How long a claim is held before another caller may take the operation over.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// Configures a [`Host`].
+pub struct HostBuilder {
+    /// `None`: an in-memory ledger.
+    ledger: Option<PathBuf>,
+    targets: HashMap<String, HttpTarget>,
+    config: HashMap<String, HashMap<String, String>>,
+    providers: HashMap<String, Arc<dyn EffectProvider>>,
+    policies: HashMap<String, RetryPolicy>,
+    kv_namespace: String,
+    lease: Duration,
+}
+
+impl HostBuilder {
+    /// A host whose ledger is the redb file at `ledger` (created if missing).
+    pub fn new(ledger: impl AsRef<Path>) -> Self {
+        HostBuilder {
+            ledger: Some(ledger.as_ref().to_path_buf()),
+            ..Self::in_memory()
+        }
+    }
+
+    /// A host whose ledger lives in memory: nothing survives the process. For tests and `inspect`.
+    pub fn in_memory() -> Self {
+        HostBuilder {
+            ledger: None,
+            targets: HashMap::new(),
+            config: HashMap::new(),
+            providers: HashMap::new(),
+            policies: HashMap::new(),
+            kv_namespace: "default".into(),
+            lease: DEFAULT_LEASE,
+        }
+    }
+
+    /// Declares what a downstream (`host:port`) does with idempotency keys.
+    pub fn http_target(mut self, host: impl Into<String>, target: HttpTarget) -> Self {
+        self.targets.insert(host.into(), target);
+        self
+    }
+
+    /// An operator setting a tool reads through its `config` import.
+    pub fn tool_config(
+        mut self,
+        tool: impl Into<String>,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Self {
+        self.config
+            .entry(tool.into())
+            .or_default()
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// Registers an embedder's effect provider under `name`.
+    pub fn provider(mut self, name: impl Into<String>, provider: Arc<dyn EffectProvider>) -> Self {
+        self.providers.insert(name.into(), provider);
+        self
+    }
+
+    /// Overrides the class's default retry policy for one tool.
+    pub fn retry_policy(mut self, tool: impl Into<String>, policy: RetryPolicy) -> Self {
+        self.policies.insert(tool.into(), policy);
+        self
+    }
+
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Opens the ledger (recovering what a stopped host left) and starts the engine.
+    pub async fn build(self) -> Result<Host, Error> {
+        let path = self.ledger.clone();
+        let ledger =
+            tokio::task::spawn_blocking(move || path.map_or_else(Ledger::in_memory, Ledger::open))
+                .await
+                .map_err(|e| crate::LedgerError::Corrupt {
+                    what: format!("opening the ledger panicked: {e}"),
+                })??;
+        let shared = Arc::new(Shared {
+            ledger,
+            http: reqwest::Client::new(),
+            targets: crate::effects::Targets {
+                by_host: self.targets,
+            },
+            providers: self.providers,
+            kv_namespace: self.kv_namespace,
+        });
+        Ok(Host {
+            inner: Arc::new(Inner {
+                runtime: Runtime::new()?,
+                shared,
+                tools: RwLock::new(HashMap::new()),
+                config: RwLock::new(
+                    self.config
+                        .into_iter()
+                        .map(|(k, v)| (k, Arc::new(v)))
+                        .collect(),
+                ),
+                policies: self.policies,
+                lease: self.lease,
+                owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
+            }),
+        })
+    }
+}
+
+/// A host for tools. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Host {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub runtime: Runtime,
+    pub shared: Arc<Shared>,
+    pub tools: RwLock<HashMap<String, Arc<LoadedTool>>>,
+    pub config: RwLock<HashMap<String, Arc<HashMap<String, String>>>>,
+    pub policies: HashMap<String, RetryPolicy>,
+    pub lease: Duration,
+    /// Names this host's claims in the ledger.
+    pub owner: String,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("ledger", &self.inner.shared.ledger)
+            .field("owner", &self.inner.owner)
+            .finish()
+    }
+}
+
+impl Host {
+    pub fn builder(ledger: impl AsRef<Path>) -> HostBuilder {
+        HostBuilder::new(ledger)
+    }
+
+    /// A host whose ledger lives in memory (see [`HostBuilder::in_memory`]).
+    pub fn builder_in_memory() -> HostBuilder {
+        HostBuilder::in_memory()
+    }
+
+    /// Adds operator settings for a tool (the CLI learns the tool's name only after loading it).
+    pub fn set_tool_config(&self, tool: &str, pairs: impl IntoIterator<Item = (String, String)>) {
+        let mut config = self
+            .inner
+            .config
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut merged = config.get(tool).map(|c| (**c).clone()).unwrap_or_default();
+        merged.extend(pairs);
+        config.insert(tool.to_string(), Arc::new(merged));
+    }
+
+    /// A loaded tool's imports and exports, as the component declares them.
+    pub fn interface(&self, tool: &str) -> Option<(Vec<String>, Vec<String>)> {
+        self.tool(tool)
+            .ok()
+            .map(|t| (t.imports.clone(), t.exports.clone()))
+    }
+
+    /// Loads and verifies a component; refuses a second tool with the same name.
+    pub async fn load(&self, path: impl AsRef<Path>) -> Result<ToolManifest, Error> {
+        let tool = self
+            .inner
+            .runtime
+            .load(path.as_ref(), self.inner.shared.clone())
+            .await?;
+        let manifest = tool.manifest.clone();
+        let mut tools = self
+            .inner
+            .tools
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(existing) = tools.get(&manifest.name) {
+            return Err(Error::DuplicateTool {
+                name: manifest.name,
+                existing: existing.path.display().to_string(),
+            });
+        }
+        tools.insert(manifest.name.clone(), Arc::new(tool));
+        Ok(manifest)
+    }
+
+    /// Runs a call through the pipeline of DESIGN section 4.
+    pub async fn call(&self, call: Call) -> Result<Outcome, CallError> {
+        let tool = self.tool(&call.tool)?;
+        crate::executor::execute(&self.inner, &tool, call).await
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.inner.shared.ledger
+    }
+
+    pub fn manifest(&self, tool: &str) -> Option<ToolManifest> {
+        self.tool(tool).ok().map(|t| t.manifest.clone())
+    }
+
+    fn tool(&self, name: &str) -> Result<Arc<LoadedTool>, CallError> {
+        let tools = self
+            .inner
+            .tools
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        tools.get(name).cloned().ok_or_else(|| {
+            let mut loaded: Vec<_> = tools.keys().cloned().collect();
+            loaded.sort();
+            CallError::UnknownTool {
+                tool: name.to_string(),
+                loaded: loaded.join(", "),
+            }
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! The ledger's one error type.
+
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    #[error(
+        "the ledger {path} is open in another process; an embedded ledger belongs to one process: \
+         serve it from that process, or use a shared backend"
+    )]
+    AlreadyOpen { path: String },
+    #[error("cannot open the ledger {path}: {source}")]
+    Open {
+        path: String,
+        source: redb::DatabaseError,
+    },
+    #[error("ledger storage: {0}")]
+    Storage(#[from] redb::Error),
+    #[error("corrupt ledger: {what}")]
+    Corrupt { what: String },
+    #[error(
+        "operation {operation_key} was taken over (this writer holds fence {fence}, the ledger {current}); \
+         the write is refused"
+    )]
+    Fenced {
+        operation_key: String,
+        fence: u64,
+        current: u64,
+    },
+}
+
+impl LedgerError {
+    pub(super) fn open(path: &Path, source: redb::DatabaseError) -> Self {
+        let path = path.display().to_string();
+        match source {
+            redb::DatabaseError::DatabaseAlreadyOpen => LedgerError::AlreadyOpen { path },
+            source => LedgerError::Open { path, source },
+        }
+    }
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for LedgerError {
+            fn from(e: $t) -> Self {
+                LedgerError::Storage(e.into())
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);

@@ -1,0 +1,519 @@
+//! The durable record of operations, effects and attempts: an embedded redb file.
+//!
+//! Every method is one redb transaction, and every write is committed with redb's default
+//! (immediate, fsync'd) durability before it returns: nobody is told "recorded" before the record
+//! is on disk. Writes for an operation carry the fencing token of the claim that made them and
+//! are refused when a newer claim took the operation over.
+//!
+//! The methods block; async callers run them on tokio's blocking pool.
+
+mod error;
+mod records;
+mod tables;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, Table};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use error::LedgerError;
+pub use records::*;
+use tables::*;
+
+/// What a caller brings to claim an operation.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub key: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub tool: String,
+    pub class: crate::ReplayClass,
+    pub fingerprint: String,
+    pub args: serde_json::Value,
+    pub owner: String,
+    pub now_ms: u64,
+    pub lease_ms: u64,
+}
+
+/// What the ledger says about an operation when a call arrives.
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// This caller owns the operation now, with this token; `previous_attempts` were made before.
+    Owned { fence: u64, previous_attempts: u32 },
+    /// Completed, failed or unknown: answer from the record.
+    Recorded(OperationRecord),
+    /// The same step was called with different args.
+    Conflict(OperationRecord),
+    /// Another caller holds a live lease.
+    InProgress(OperationRecord),
+}
+
+/// A local effect, applied in the same transaction as its record.
+#[derive(Debug, Clone)]
+pub enum LocalWrite {
+    KvSet {
+        namespace: String,
+        key: String,
+        value: Vec<u8>,
+    },
+    KvDelete {
+        namespace: String,
+        key: String,
+    },
+    Outbox {
+        topic: String,
+        payload: String,
+    },
+}
+
+/// What became of a local effect.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LocalOutcome {
+    Applied,
+    /// Already recorded with the same request: not applied again.
+    AlreadyApplied,
+    /// Recorded with a different request: the tool diverged from its first run.
+    Diverged(EffectRecord),
+}
+
+#[derive(Clone)]
+pub struct Ledger {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").field("path", &self.path).finish()
+    }
+}
+
+impl Ledger {
+    /// Opens (or creates) the ledger at `path` and recovers what a stopped host left behind:
+    /// effects written ahead but never answered become `unknown`, operations holding one become
+    /// `unknown`, and the other claims lose their lease so the next call takes them over.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        let db = Database::create(&path).map_err(|e| LedgerError::open(&path, e))?;
+        let ledger = Ledger {
+            db: Arc::new(db),
+            path,
+        };
+        ledger.init()?;
+        ledger.recover(crate::clock::now_ms())?;
+        Ok(ledger)
+    }
+
+    /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
+    /// tool in isolation in a test.
+    pub fn in_memory() -> Result<Self, LedgerError> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| LedgerError::open(Path::new(":memory:"), e))?;
+        let ledger = Ledger {
+            db: Arc::new(db),
+            path: PathBuf::from(":memory:"),
+        };
+        ledger.init()?;
+        Ok(ledger)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init(&self) -> Result<(), LedgerError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let version = meta.get(SCHEMA_VERSION_KEY)?.map(|v| v.value());
+            match version {
+                None => {
+                    meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+                }
+                Some(SCHEMA_VERSION) => {}
+                Some(other) => {
+                    return Err(LedgerError::Corrupt {
+                        what: format!(
+                            "{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}",
+                            self.path.display()
+                        ),
+                    });
+                }
+            }
+            // Create every table, so read transactions never meet a missing one.
+            txn.open_table(OPERATIONS)?;
+            txn.open_table(EFFECTS)?;
+            txn.open_table(ATTEMPTS)?;
+            txn.open_table(RUN_STEPS)?;
+            txn.open_table(KV)?;
+            txn.open_table(OUTBOX)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    fn recover(&self, now_ms: u64) -> Result<(), LedgerError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut ops = txn.open_table(OPERATIONS)?;
+            let mut effects = txn.open_table(EFFECTS)?;
+            let mut claimed = Vec::new();
+            for entry in ops.iter()? {
+                let (key, value) = entry?;
+                let op: OperationRecord = decode("operations", key.value(), value.value())?;
+                if op.status == OperationStatus::Claimed {
+                    claimed.push(op);
+                }
+            }
+            for mut op in claimed {
+                let mut in_doubt = None;
+                for mut effect in effects_of(&effects, &op.key)? {
+                    if effect.status == EffectStatus::Dispatched {
+                        effect.status = EffectStatus::Unknown;
+                        effect.error = Some("the host stopped before the answer arrived".into());
+                        effect.updated_ms = now_ms;
+                        put(
+                            &mut effects,
+                            (op.key.as_str(), effect.key.as_str()),
+                            &effect,
+                        )?;
+                    }
+                    if effect.status.in_doubt() {
+                        in_doubt.get_or_insert(effect.key);
+                    }
+                }
+                if let Some(effect_key) = in_doubt {
+                    op.status = OperationStatus::Unknown;
+                    op.error = Some(ErrorRecord {
+                        class: "unknown-outcome".into(),
+                        message: format!(
+                            "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
+                        ),
+                    });
+                }
+                op.lease_until_ms = 0;
+                op.updated_ms = now_ms;
+                put(&mut ops, op.key.as_str(), &op)?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Decides, atomically, who runs an operation.
+    pub fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+        let txn = self.db.begin_write()?;
+        let claim = {
+            let mut ops = txn.open_table(OPERATIONS)?;
+            let existing: Option<OperationRecord> = get(&ops, req.key.as_str())?;
+            match existing {
+                Some(op) if op.fingerprint != req.fingerprint => Claim::Conflict(op),
+                Some(op) if op.status != OperationStatus::Claimed => Claim::Recorded(op),
+                Some(op) if op.lease_until_ms > req.now_ms => Claim::InProgress(op),
+                Some(mut op) => {
+                    // The lease expired: the previous owner stalled or died. Take over.
+                    op.fence += 1;
+                    op.owner.clone_from(&req.owner);
+                    op.lease_until_ms = req.now_ms + req.lease_ms;
+                    op.updated_ms = req.now_ms;
+                    put(&mut ops, req.key.as_str(), &op)?;
+                    Claim::Owned {
+                        fence: op.fence,
+                        previous_attempts: op.attempts,
+                    }
+                }
+                None => {
+                    let op = OperationRecord {
+                        key: req.key.clone(),
+                        run_id: req.run_id.clone(),
+                        step_id: req.step_id.clone(),
+                        tool: req.tool.clone(),
+                        class: req.class,
+                        fingerprint: req.fingerprint.clone(),
+                        args: req.args.clone(),
+                        status: OperationStatus::Claimed,
+                        owner: req.owner.clone(),
+                        lease_until_ms: req.now_ms + req.lease_ms,
+                        fence: 1,
+                        attempts: 0,
+                        output: None,
+                        error: None,
+                        created_ms: req.now_ms,
+                        updated_ms: req.now_ms,
+                    };
+                    put(&mut ops, req.key.as_str(), &op)?;
+                    let mut steps = txn.open_table(RUN_STEPS)?;
+                    steps.insert(
+                        (req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()),
+                        req.key.as_str(),
+                    )?;
+                    Claim::Owned {
+                        fence: 1,
+                        previous_attempts: 0,
+                    }
+                }
+            }
+        };
+        if matches!(claim, Claim::Owned { .. }) {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        Ok(claim)
+    }
+
+    /// Records one attempt and, when the call is over, the operation's final state.
+    pub fn record_attempt(
+        &self,
+        fence: u64,
+        attempt: &AttemptRecord,
+        finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
+        now_ms: u64,
+    ) -> Result<(), LedgerError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut ops = txn.open_table(OPERATIONS)?;
+            let mut op = owned_operation(&ops, &attempt.operation_key, fence)?;
+            op.attempts = op.attempts.max(attempt.attempt);
+            op.updated_ms = now_ms;
+            if let Some((status, output, error)) = finish {
+                op.status = status;
+                op.output = output;
+                op.error = error;
+                op.lease_until_ms = 0;
+            }
+            put(&mut ops, op.key.as_str(), &op)?;
+            let mut attempts = txn.open_table(ATTEMPTS)?;
+            put(
+                &mut attempts,
+                (attempt.operation_key.as_str(), attempt.attempt),
+                attempt,
+            )?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`.
+    pub fn put_effect(&self, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
+        let txn = self.db.begin_write()?;
+        {
+            let ops = txn.open_table(OPERATIONS)?;
+            owned_operation(&ops, &effect.operation_key, fence)?;
+            let mut effects = txn.open_table(EFFECTS)?;
+            put(
+                &mut effects,
+                (effect.operation_key.as_str(), effect.key.as_str()),
+                effect,
+            )?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Applies a KV or outbox write and its effect record in one transaction: exactly once.
+    pub fn apply_local(
+        &self,
+        fence: u64,
+        effect: &EffectRecord,
+        write: &LocalWrite,
+    ) -> Result<LocalOutcome, LedgerError> {
+        let txn = self.db.begin_write()?;
+        let outcome = {
+            let ops = txn.open_table(OPERATIONS)?;
+            owned_operation(&ops, &effect.operation_key, fence)?;
+            let mut effects = txn.open_table(EFFECTS)?;
+            let id = (effect.operation_key.as_str(), effect.key.as_str());
+            match get::<_, EffectRecord>(&effects, id)? {
+                Some(existing) if existing.fingerprint != effect.fingerprint => {
+                    LocalOutcome::Diverged(existing)
+                }
+                Some(_) => LocalOutcome::AlreadyApplied,
+                None => {
+                    match write {
+                        LocalWrite::KvSet {
+                            namespace,
+                            key,
+                            value,
+                        } => {
+                            txn.open_table(KV)?
+                                .insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+                        }
+                        LocalWrite::KvDelete { namespace, key } => {
+                            txn.open_table(KV)?
+                                .remove((namespace.as_str(), key.as_str()))?;
+                        }
+                        LocalWrite::Outbox { topic, payload } => {
+                            let mut meta = txn.open_table(META)?;
+                            let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
+                            meta.insert(OUTBOX_SEQ_KEY, seq)?;
+                            let message = OutboxMessage {
+                                seq,
+                                effect_key: effect.key.clone(),
+                                topic: topic.clone(),
+                                payload: payload.clone(),
+                                enqueued_ms: effect.updated_ms,
+                            };
+                            put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+                        }
+                    }
+                    put(&mut effects, id, effect)?;
+                    LocalOutcome::Applied
+                }
+            }
+        };
+        if outcome == LocalOutcome::Applied {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        Ok(outcome)
+    }
+
+    pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        get(&txn.open_table(OPERATIONS)?, key)
+    }
+
+    /// All operations, or a run's, in key order.
+    pub fn operations(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let ops = txn.open_table(OPERATIONS)?;
+        let mut out = Vec::new();
+        match run_id {
+            None => {
+                for entry in ops.iter()? {
+                    let (key, value) = entry?;
+                    out.push(decode("operations", key.value(), value.value())?);
+                }
+            }
+            Some(run) => {
+                let steps = txn.open_table(RUN_STEPS)?;
+                for entry in steps.range((run, "", "")..)? {
+                    let (key, op_key) = entry?;
+                    if key.value().0 != run {
+                        break;
+                    }
+                    if let Some(op) = get(&ops, op_key.value())? {
+                        out.push(op);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn effect(
+        &self,
+        operation_key: &str,
+        effect_key: &str,
+    ) -> Result<Option<EffectRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        get(&txn.open_table(EFFECTS)?, (operation_key, effect_key))
+    }
+
+    pub fn effects(&self, operation_key: &str) -> Result<Vec<EffectRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        effects_of(&txn.open_table(EFFECTS)?, operation_key)
+    }
+
+    pub fn attempts(&self, operation_key: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ATTEMPTS)?;
+        let mut out = Vec::new();
+        for entry in table.range((operation_key, 0)..=(operation_key, u32::MAX))? {
+            let (key, value) = entry?;
+            out.push(decode("attempts", key.value().0, value.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn kv_get(&self, namespace: &str, key: &str) -> Result<Option<Vec<u8>>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(KV)?;
+        Ok(table.get((namespace, key))?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OUTBOX)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (seq, value) = entry?;
+            out.push(decode("outbox", &seq.value().to_string(), value.value())?);
+        }
+        Ok(out)
+    }
+}
+
+/// The operation, if `fence` still owns it.
+fn owned_operation(
+    ops: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+    fence: u64,
+) -> Result<OperationRecord, LedgerError> {
+    let op: OperationRecord = get(ops, key)?.ok_or_else(|| LedgerError::Corrupt {
+        what: format!("operation {key} is missing"),
+    })?;
+    if op.fence != fence || op.status != OperationStatus::Claimed {
+        return Err(LedgerError::Fenced {
+            operation_key: key.to_string(),
+            fence,
+            current: op.fence,
+        });
+    }
+    Ok(op)
+}
+
+fn effects_of(
+    table: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    operation_key: &str,
+) -> Result<Vec<EffectRecord>, LedgerError> {
+    let mut out: Vec<EffectRecord> = Vec::new();
+    for entry in table.range((operation_key, "")..)? {
+        let (key, value) = entry?;
+        let (op, effect) = key.value();
+        if op != operation_key {
+            break;
+        }
+        out.push(decode("effects", effect, value.value())?);
+    }
+    out.sort_by(|a, b| {
+        a.first_dispatched_ms
+            .cmp(&b.first_dispatched_ms)
+            .then(a.label.cmp(&b.label))
+    });
+    Ok(out)
+}
+
+fn get<'k, K: redb::Key + 'static, T: DeserializeOwned>(
+    table: &impl ReadableTable<K, &'static [u8]>,
+    key: impl std::borrow::Borrow<K::SelfType<'k>> + std::fmt::Debug,
+) -> Result<Option<T>, LedgerError> {
+    let what = format!("{key:?}");
+    match table.get(key)? {
+        Some(value) => Ok(Some(decode("record", &what, value.value())?)),
+        None => Ok(None),
+    }
+}
+
+fn put<'k, K: redb::Key + 'static, T: Serialize>(
+    table: &mut Table<K, &'static [u8]>,
+    key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    value: &T,
+) -> Result<(), LedgerError> {
+    let bytes = serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt {
+        what: format!("encoding a record: {e}"),
+    })?;
+    table.insert(key, bytes.as_slice())?;
+    Ok(())
+}
+
+fn decode<T: DeserializeOwned>(table: &str, key: &str, bytes: &[u8]) -> Result<T, LedgerError> {
+    serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
+        what: format!("table {table}, key {key}: undecodable record: {e}"),
+    })
+}

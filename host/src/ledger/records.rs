@@ -1,0 +1,144 @@
+//! What the ledger stores. Plain data: serde structs, no behaviour beyond small predicates.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::ReplayClass;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OperationStatus {
+    /// An attempt owns it (see `owner`, `lease_until_ms`, `fence`).
+    Claimed,
+    Completed,
+    Failed,
+    /// An effect may have committed and nobody knows: reconcile before anything else.
+    Unknown,
+}
+
+impl OperationStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationStatus::Claimed => "claimed",
+            OperationStatus::Completed => "completed",
+            OperationStatus::Failed => "failed",
+            OperationStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// How a call ended, as recorded: the error class and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    /// `transient`, `rate-limited`, `permanent`, `unknown-outcome`, `trap`, `deadline`, ...
+    pub class: String,
+    pub message: String,
+}
+
+/// One operation: one tool run for one step of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationRecord {
+    pub key: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub tool: String,
+    pub class: ReplayClass,
+    pub fingerprint: String,
+    /// The args with the manifest's sensitive values redacted.
+    pub args: serde_json::Value,
+    pub status: OperationStatus,
+    pub owner: String,
+    pub lease_until_ms: u64,
+    /// Raised by every claim and takeover; a write carrying an older token is refused.
+    pub fence: u64,
+    pub attempts: u32,
+    /// The tool's output, JSON text.
+    pub output: Option<String>,
+    pub error: Option<ErrorRecord>,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EffectStatus {
+    /// Written ahead of dispatch; no answer yet. After a crash this means `Unknown`.
+    Dispatched,
+    /// The downstream gave a definitive answer, recorded in `response`.
+    Completed,
+    /// Known not to have taken effect (refused connection, 429, 409, 5xx): may be sent again.
+    Retryable,
+    /// Sent, and the answer was lost.
+    Unknown,
+}
+
+impl EffectStatus {
+    pub fn in_doubt(self) -> bool {
+        matches!(self, EffectStatus::Dispatched | EffectStatus::Unknown)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EffectRecord {
+    pub key: String,
+    pub operation_key: String,
+    pub label: String,
+    pub occurrence: u32,
+    /// `http`, `kv-set`, `kv-delete`, `outbox`, `provider:NAME`
+    pub kind: String,
+    /// Where it went: `host:port` for HTTP, the provider's name, the KV namespace.
+    pub target: String,
+    pub fingerprint: String,
+    pub status: EffectStatus,
+    /// The recorded answer (JSON text), replayed to the guest instead of dispatching again.
+    pub response: Option<String>,
+    pub error: Option<String>,
+    pub dispatches: u32,
+    pub first_dispatched_ms: u64,
+    pub updated_ms: u64,
+}
+
+/// Where an effect's answer came from in an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EffectSource {
+    /// Dispatched for the first time.
+    Fresh,
+    /// Answered from the ledger without dispatch.
+    Deduplicated,
+    /// Sent again with the same key after an unknown or retryable outcome.
+    Redispatched,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptEffect {
+    pub key: String,
+    pub label: String,
+    pub source: EffectSource,
+    pub status: EffectStatus,
+}
+
+/// One attempt of one operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub operation_key: String,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub fence: u64,
+    pub started_ms: u64,
+    pub duration_us: u64,
+    /// `ok` or the failure class.
+    pub outcome: String,
+    pub message: Option<String>,
+    pub effects: Vec<AttemptEffect>,
+}
+
+/// A message enqueued by an `outbox` effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxMessage {
+    pub seq: u64,
+    pub effect_key: String,
+    pub topic: String,
+    /// The payload as the tool sent it (JSON text when the tool used the SDK).
+    pub payload: String,
+    pub enqueued_ms: u64,
+}

@@ -1,0 +1,54 @@
+//! oncebox: a WebAssembly component host for sandboxed agent tools in which every side effect
+//! happens once, however many times an agent, a worker or a network retries the call.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), oncebox::Error> {
+//! use oncebox::{Call, Host};
+//! let host = Host::builder("ledger.redb").build().await?;
+//! host.load("charge.wasm").await?;
+//! let args = r#"{"order_id":"o1","amount_cents":1200,"currency":"eur","payment_method":"pm_card"}"#;
+//! let outcome = host.call(Call::step("run-1", "charge-o1", "charge", args)).await?;
+//! println!("{:?} replayed={}", outcome.status, outcome.replayed);
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! - `call`: [`Call`] and [`Outcome`].
+//! - `keys`: operation and effect keys, fingerprints, canonical JSON (pure).
+//! - `policy`: replay classes and their retry policies (pure).
+//! - `retry`: `decide(failure, policy, attempt)` (pure).
+//! - `redact`: sensitive values out of records and logs (pure).
+//! - `ledger/`: the redb ledger: tables, records, recovery, fencing.
+//! - `runtime/`: the engine, the one `bindgen!`, loading and verifying components, one attempt.
+//! - `effects/`: the guarded path, then one file per kind of effect.
+//! - `executor`: the call pipeline, top to bottom.
+//! - `host`: [`Host`] and [`HostBuilder`].
+//!
+//! # Errors
+//!
+//! Inside, each operation has its own error enum ([`CallError`], [`LoadError`], [`LedgerError`]),
+//! rolled into [`Error`]. A tool that fails is not an error: it is an [`Outcome`] with a status.
+//! `anyhow` appears only in the binary.
+
+mod call;
+mod clock;
+mod effects;
+mod error;
+mod executor;
+mod host;
+pub mod keys;
+pub mod ledger;
+pub mod policy;
+mod redact;
+pub mod retry;
+mod runtime;
+
+pub use call::{Call, Outcome, Status};
+pub use effects::{EffectProvider, HttpTarget, ProviderOutcome};
+pub use error::{CallError, Error, LedgerError, LoadError};
+pub use host::{DEFAULT_LEASE, Host, HostBuilder};
+pub use ledger::Ledger;
+pub use policy::{ReplayClass, RetryPolicy};
+pub use redact::{REDACTED, redact};
+pub use runtime::{MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, ToolManifest};

@@ -1,0 +1,274 @@
+//! Loading a component: compile, check its imports against the allowed set, read its manifest,
+//! and check that the class it declares matches what it imports and exports.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+use wasmtime::Store;
+use wasmtime::component::{Component, InstancePre};
+
+use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
+use super::{Runtime, StoreState};
+use crate::effects::{EffectCtx, Shared};
+use crate::policy::ReplayClass;
+
+pub const TOOL_EXPORT: &str = "oncebox:tool/tool@0.1.0";
+pub const RECONCILE_EXPORT: &str = "oncebox:tool/reconcile@0.1.0";
+pub const EFFECTS_IMPORT: &str = "oncebox:tool/effects@0.1.0";
+
+/// Import prefixes a tool may use; anything else is refused at load, by name.
+const ALLOWED_IMPORTS: [&str; 8] = [
+    "oncebox:tool/types@0.1.",
+    "oncebox:tool/reads@0.1.",
+    "oncebox:tool/config@0.1.",
+    "oncebox:tool/effects@0.1.",
+    "wasi:cli/",
+    "wasi:io/",
+    "wasi:clocks/",
+    "wasi:random/",
+];
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid WebAssembly component: {reason}")]
+    NotAComponent { path: PathBuf, reason: String },
+    #[error(
+        "{path} imports `{import}`, which oncebox does not grant (tools get oncebox:tool, wasi:cli, wasi:io, wasi:clocks and wasi:random)"
+    )]
+    ForbiddenImport { path: PathBuf, import: String },
+    #[error("{path} is not an oncebox tool: {reason}")]
+    NotATool { path: PathBuf, reason: String },
+    #[error("{path}: tool `{tool}` declares class {class} but {reason}")]
+    ClassMismatch {
+        path: PathBuf,
+        tool: String,
+        class: ReplayClass,
+        reason: String,
+    },
+    #[error("{path}: invalid manifest: {reason}")]
+    BadManifest { path: PathBuf, reason: String },
+    #[error("wasm engine: {0}")]
+    Engine(String),
+}
+
+/// What a tool says about itself, checked.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolManifest {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub class: ReplayClass,
+    pub input_schema: serde_json::Value,
+    pub compensated_by: Option<String>,
+    pub sensitive: Vec<String>,
+}
+
+/// A verified component, ready to instantiate many times.
+pub struct LoadedTool {
+    pub path: PathBuf,
+    pub manifest: ToolManifest,
+    pub imports: Vec<String>,
+    pub exports: Vec<String>,
+    pub(super) pre: InstancePre<StoreState>,
+    pub(super) tool: ToolIndices,
+    pub(super) reconcile: Option<ReconcileIndices>,
+    pub(crate) schema: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for LoadedTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedTool")
+            .field("path", &self.path)
+            .field("manifest", &self.manifest)
+            .finish()
+    }
+}
+
+impl Runtime {
+    pub async fn load(&self, path: &Path, shared: Arc<Shared>) -> Result<LoadedTool, LoadError> {
+        let path = path.to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let not_component = |reason: String| LoadError::NotAComponent {
+            path: path.clone(),
+            reason,
+        };
+        if is_core_module(&bytes) {
+            return Err(not_component(
+                "it is a core module; build the tool for wasm32-wasip2".into(),
+            ));
+        }
+        let component =
+            Component::new(&self.engine, &bytes).map_err(|e| not_component(format!("{e:#}")))?;
+
+        let ty = component.component_type();
+        let imports: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let exports: Vec<String> = ty
+            .exports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        if let Some(import) = imports
+            .iter()
+            .find(|i| !ALLOWED_IMPORTS.iter().any(|a| i.starts_with(a)))
+        {
+            return Err(LoadError::ForbiddenImport {
+                path,
+                import: import.clone(),
+            });
+        }
+        if !exports.iter().any(|e| e == TOOL_EXPORT) {
+            return Err(LoadError::NotATool {
+                path,
+                reason: format!("it does not export `{TOOL_EXPORT}`"),
+            });
+        }
+
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| not_component(format!("{e:#}")))?;
+        let tool = ToolIndices::new(&pre).map_err(|e| LoadError::NotATool {
+            path: path.clone(),
+            reason: format!("{e:#}"),
+        })?;
+        let reconcile = if exports.iter().any(|e| e == RECONCILE_EXPORT) {
+            Some(
+                ReconcileIndices::new(&pre).map_err(|e| LoadError::NotATool {
+                    path: path.clone(),
+                    reason: format!("{e:#}"),
+                })?,
+            )
+        } else {
+            None
+        };
+
+        let manifest =
+            self.describe(&pre, &tool, shared)
+                .await
+                .map_err(|reason| LoadError::NotATool {
+                    path: path.clone(),
+                    reason: format!("describe() failed: {reason}"),
+                })?;
+        let manifest = check_manifest(&path, manifest)?;
+
+        let mismatch = |reason: String| LoadError::ClassMismatch {
+            path: path.clone(),
+            tool: manifest.name.clone(),
+            class: manifest.class,
+            reason,
+        };
+        if !manifest.class.writes()
+            && imports
+                .iter()
+                .any(|i| i.starts_with("oncebox:tool/effects@"))
+        {
+            return Err(mismatch(format!(
+                "it imports `{EFFECTS_IMPORT}`: a read-only tool cannot link an effect"
+            )));
+        }
+        if manifest.class.reconciles() && reconcile.is_none() {
+            return Err(mismatch(format!(
+                "it does not export `{RECONCILE_EXPORT}`, which its class requires"
+            )));
+        }
+        let schema = jsonschema::validator_for(&manifest.input_schema).map_err(|e| {
+            LoadError::BadManifest {
+                path: path.clone(),
+                reason: format!("input schema: {e}"),
+            }
+        })?;
+        Ok(LoadedTool {
+            path,
+            manifest,
+            imports,
+            exports,
+            pre,
+            tool,
+            reconcile,
+            schema,
+        })
+    }
+
+    async fn describe(
+        &self,
+        pre: &InstancePre<StoreState>,
+        tool: &ToolIndices,
+        shared: Arc<Shared>,
+    ) -> Result<super::bindings::Manifest, String> {
+        let effects = EffectCtx::new(shared, Default::default(), None);
+        let mut store = Store::new(&self.engine, StoreState::new(effects));
+        store.limiter(|s| s.limiter());
+        store.set_epoch_deadline(super::invoke::ticks(std::time::Duration::from_secs(5)));
+        store.epoch_deadline_trap();
+        let instance = pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let guest = tool
+            .load(&mut store, &instance)
+            .map_err(|e| format!("{e:#}"))?;
+        guest
+            .call_describe(&mut store)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManifest, LoadError> {
+    let bad = |reason: String| LoadError::BadManifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let valid_name = !m.name.is_empty()
+        && m.name.len() <= 64
+        && m.name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid_name {
+        return Err(bad(format!(
+            "tool name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
+            m.name
+        )));
+    }
+    let input_schema: serde_json::Value = serde_json::from_str(&m.input_schema)
+        .map_err(|e| bad(format!("input schema is not JSON: {e}")))?;
+    for pointer in &m.sensitive {
+        if !pointer.is_empty() && !pointer.starts_with('/') {
+            return Err(bad(format!(
+                "sensitive field `{pointer}` is not a JSON pointer"
+            )));
+        }
+    }
+    let class = match m.class {
+        WitReplayClass::ReadOnly => ReplayClass::ReadOnly,
+        WitReplayClass::IdempotentWrite => ReplayClass::IdempotentWrite,
+        WitReplayClass::Compensatable => ReplayClass::Compensatable,
+        WitReplayClass::Irreversible => ReplayClass::Irreversible,
+    };
+    Ok(ToolManifest {
+        name: m.name,
+        version: m.version,
+        description: m.description,
+        class,
+        input_schema,
+        compensated_by: m.compensated_by,
+        sensitive: m.sensitive,
+    })
+}
+
+/// A core module starts with the wasm magic and version 1; a component with layer 1.
+fn is_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}

@@ -1,0 +1,59 @@
+//! Behaves as told: returns, traps, or fails with a given class. Also writes one KV effect first
+//! when asked, so tests can see what a failure after an effect leaves behind.
+
+use oncebox_sdk::{Tool, ToolError, kv};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Ok,
+    Trap,
+    Transient,
+    Permanent,
+    Unknown,
+    RateLimited,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    mode: Mode,
+    #[serde(default)]
+    write_first: bool,
+    #[serde(default)]
+    echo: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Echo {
+    echo: Option<String>,
+}
+
+pub struct Panicky;
+
+impl Tool for Panicky {
+    type Args = Args;
+    type Output = Echo;
+    const NAME: &'static str = "panicky";
+    const DESCRIPTION: &'static str = "Returns, traps or fails as its args say.";
+
+    fn invoke(args: Args) -> Result<Echo, ToolError> {
+        if args.write_first {
+            kv::set("before-failing", "panicky/last", b"written")?;
+        }
+        match args.mode {
+            Mode::Ok => Ok(Echo { echo: args.echo }),
+            Mode::Trap => panic!("asked to trap"),
+            Mode::Transient => Err(ToolError::transient("asked to fail transiently")),
+            Mode::Permanent => Err(ToolError::permanent("asked to fail permanently")),
+            Mode::Unknown => Err(ToolError::unknown_outcome(
+                "asked to report an unknown outcome",
+            )),
+            Mode::RateLimited => Err(ToolError::rate_limited(10, "asked to be rate limited")),
+        }
+    }
+}
+
+oncebox_sdk::export!(Panicky, class = idempotent_write);
