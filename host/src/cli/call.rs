@@ -38,13 +38,18 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let mut builder = Host::builder(&args.ledger);
     let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {
-        let settings = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout };
+        let settings = HttpTarget {
+            honours_keys: true,
+            key_retention: Duration::from_secs(24 * 3600),
+            timeout,
+        };
         builder = builder.http_target(target.clone(), settings);
     }
     let mut config = Vec::new();
     for pair in &args.config {
-        let (key, value) =
-            pair.split_once('=').ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
         config.push((key.to_string(), value.to_string()));
     }
     let host = builder.build().await?;
@@ -57,5 +62,9 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     };
     let outcome = host.call(call).await?;
     print_json(&outcome)?;
-    Ok(if outcome.status == Status::Completed { Exit::Ok } else { Exit::ToolFailed })
+    Ok(if outcome.status == Status::Completed {
+        Exit::Ok
+    } else {
+        Exit::ToolFailed
+    })
 }

@@ -13,7 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "oncebox", version, about = "Run WebAssembly agent tools so that every side effect happens once")]
+#[command(
+    name = "oncebox",
+    version,
+    about = "Run WebAssembly agent tools so that every side effect happens once"
+)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -76,7 +80,10 @@ pub async fn run(command: Command) -> Exit {
 /// Blames the input or the host, from the error's type.
 fn exit_for(e: &anyhow::Error) -> Exit {
     use oncebox::{CallError, Error, LoadError};
-    let usage = |e: &Error| matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_))) || matches!(e, Error::DuplicateTool { .. });
+    let usage = |e: &Error| {
+        matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
+            || matches!(e, Error::DuplicateTool { .. })
+    };
     let call_usage = |e: &CallError| !matches!(e, CallError::Ledger(_));
     if e.downcast_ref::<Error>().is_some_and(usage)
         || e.downcast_ref::<CallError>().is_some_and(call_usage)
@@ -96,7 +103,9 @@ pub struct Usage(pub String);
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONCEBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -1,0 +1,107 @@
+//! Loading refuses what is not a tool of its declared class, naming the reason.
+
+use oncebox::{Error, Host, LoadError, ReplayClass};
+
+async fn host() -> Host {
+    Host::builder_in_memory().build().await.expect("host")
+}
+
+#[tokio::test]
+async fn a_read_only_tool_that_imports_effects_is_refused() {
+    let err = host()
+        .await
+        .load(oncebox_artifacts::LYING_READER)
+        .await
+        .expect_err("must refuse");
+    match &err {
+        Error::Load(LoadError::ClassMismatch {
+            tool,
+            class,
+            reason,
+            ..
+        }) => {
+            assert_eq!(tool, "lying-reader");
+            assert_eq!(*class, ReplayClass::ReadOnly);
+            assert!(reason.contains("oncebox:tool/effects@0.1.0"), "{reason}");
+        }
+        other => panic!("expected a class mismatch, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_component_importing_sockets_is_refused_by_name() {
+    let err = host()
+        .await
+        .load(oncebox_artifacts::SOCKET_USER)
+        .await
+        .expect_err("must refuse");
+    match &err {
+        Error::Load(LoadError::ForbiddenImport { import, .. }) => {
+            assert!(import.starts_with("wasi:sockets/"), "{import}")
+        }
+        other => panic!("expected a forbidden import, got {other:?}"),
+    }
+    assert!(err.to_string().contains("wasi:sockets/"), "{err}");
+}
+
+#[tokio::test]
+async fn files_that_are_not_components_are_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").expect("write");
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"definitely not wasm").expect("write");
+    let host = host().await;
+    let err = host.load(&core).await.expect_err("core module");
+    assert!(err.to_string().contains("core module"), "{err}");
+    assert!(matches!(
+        host.load(&junk).await,
+        Err(Error::Load(LoadError::NotAComponent { .. }))
+    ));
+    assert!(matches!(
+        host.load(dir.path().join("missing.wasm")).await,
+        Err(Error::Load(LoadError::Io { .. }))
+    ));
+}
+
+#[tokio::test]
+async fn the_manifest_is_read_and_a_duplicate_name_is_refused() {
+    let host = host().await;
+    let manifest = host.load(oncebox_artifacts::CHARGE).await.expect("load");
+    assert_eq!(manifest.name, "charge");
+    assert_eq!(manifest.class, ReplayClass::Compensatable);
+    assert_eq!(manifest.compensated_by.as_deref(), Some("refund"));
+    assert_eq!(manifest.sensitive, ["/payment_method"]);
+    assert_eq!(
+        manifest.input_schema["required"].as_array().map(Vec::len),
+        Some(4)
+    );
+    let (imports, exports) = host.interface("charge").expect("interface");
+    assert!(exports.iter().any(|e| e == "oncebox:tool/reconcile@0.1.0"));
+    assert!(imports.iter().all(|i| !i.starts_with("wasi:filesystem")));
+    assert!(matches!(
+        host.load(oncebox_artifacts::CHARGE).await,
+        Err(Error::DuplicateTool { .. })
+    ));
+}
+
+#[tokio::test]
+async fn every_example_tool_loads_with_its_class() {
+    let host = host().await;
+    let mut classes = Vec::new();
+    for tool in oncebox_artifacts::EXAMPLE_TOOLS {
+        let m = host.load(tool).await.expect("load");
+        classes.push((m.name, m.class));
+    }
+    use ReplayClass::*;
+    let expected = [
+        ("stock", ReadOnly),
+        ("reserve", IdempotentWrite),
+        ("release", IdempotentWrite),
+        ("charge", Compensatable),
+        ("refund", IdempotentWrite),
+        ("fulfill", Irreversible),
+        ("notify", IdempotentWrite),
+    ];
+    assert_eq!(classes, expected.map(|(n, c)| (n.to_string(), c)));
+}

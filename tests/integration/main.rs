@@ -1,0 +1,13 @@
+//! oncebox's integration tests: real components (built by `oncebox-artifacts`), a real redb file
+//! in a temporary directory, and the real example provider on loopback. Effects are counted where
+//! they land: the provider's own count, the ledger's own KV and outbox.
+
+mod support;
+
+mod args;
+mod cli;
+mod effects;
+mod loading;
+mod recovery;
+mod replay;
+mod retries;

@@ -1,0 +1,116 @@
+//! Fixtures: a provider, a ledger in a temp dir, a host with the example tools loaded.
+
+use std::time::Duration;
+
+use oncebox::{Call, Host, HostBuilder, HttpTarget, Outcome, ReplayClass, RetryPolicy};
+use oncebox_example_provider::{Provider, ProviderHandle};
+use serde_json::json;
+use tempfile::TempDir;
+
+/// How long the host waits for the provider before an effect's outcome is unknown.
+pub const EFFECT_TIMEOUT: Duration = Duration::from_millis(1500);
+
+pub struct Fixture {
+    pub dir: TempDir,
+    pub provider: ProviderHandle,
+    pub host: Host,
+}
+
+impl Fixture {
+    /// A provider that honours keys, and a host with every example tool and `panicky` loaded.
+    pub async fn new() -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let provider = Provider::start().await.expect("start provider");
+        provider.set_stock("sku-1", 10);
+        let host = host_for(&dir.path().join("ledger.redb"), &provider, true).await;
+        Fixture {
+            dir,
+            provider,
+            host,
+        }
+    }
+
+    pub async fn call(
+        &self,
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &serde_json::Value,
+    ) -> Outcome {
+        self.host
+            .call(Call::step(run, step, tool, args.to_string()))
+            .await
+            .expect("call runs")
+    }
+}
+
+/// A builder for a host on `ledger` talking to `provider`, with fast retries for the tests.
+pub fn builder_for(
+    ledger: &std::path::Path,
+    provider: &ProviderHandle,
+    honours_keys: bool,
+) -> HostBuilder {
+    let target = HttpTarget {
+        honours_keys,
+        key_retention: Duration::from_secs(24 * 3600),
+        timeout: EFFECT_TIMEOUT,
+    };
+    let mut builder = Host::builder(ledger).http_target(provider.addr().to_string(), target);
+    for tool in ["stock", "charge", "refund", "fulfill"] {
+        builder = builder.tool_config(tool, "base_url", provider.base_url());
+    }
+    for (tool, class) in [
+        ("charge", ReplayClass::Compensatable),
+        ("panicky", ReplayClass::IdempotentWrite),
+        ("reserve", ReplayClass::IdempotentWrite),
+    ] {
+        builder = builder.retry_policy(tool, fast(class));
+    }
+    builder
+}
+
+pub async fn host_for(
+    ledger: &std::path::Path,
+    provider: &ProviderHandle,
+    honours_keys: bool,
+) -> Host {
+    let host = builder_for(ledger, provider, honours_keys)
+        .build()
+        .await
+        .expect("build host");
+    load_all(&host).await;
+    host
+}
+
+pub async fn load_all(host: &Host) {
+    for tool in oncebox_artifacts::EXAMPLE_TOOLS
+        .iter()
+        .chain([&oncebox_artifacts::PANICKY])
+    {
+        host.load(tool).await.expect("load tool");
+    }
+}
+
+/// The class's defaults with millisecond backoff, so retry tests stay quick.
+pub fn fast(class: ReplayClass) -> RetryPolicy {
+    RetryPolicy {
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        ..RetryPolicy::for_class(class)
+    }
+}
+
+pub fn charge(order: &str) -> serde_json::Value {
+    json!({"order_id": order, "amount_cents": 1200, "currency": "eur", "payment_method": "pm_card_visa"})
+}
+
+/// Polls `check` every 10 ms for up to 10 s; bounded so a broken test fails instead of hanging.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
