@@ -19,29 +19,18 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("REFUND", "tool-refund", "example-tools/refund"),
     ("FULFILL", "tool-fulfill", "example-tools/fulfill"),
     ("NOTIFY", "tool-notify", "example-tools/notify"),
-    (
-        "LYING_READER",
-        "test-lying-reader",
-        "test-tools/lying-reader",
-    ),
+    ("LYING_READER", "test-lying-reader", "test-tools/lying-reader"),
     ("SOCKET_USER", "test-socket-user", "test-tools/socket-user"),
     ("PANICKY", "test-panicky", "test-tools/panicky"),
 ];
 
 fn main() {
-    let manifest_dir =
-        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root exists");
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir.join("../..").canonicalize().expect("workspace root exists");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out; keep the guests beside, in <target>/guests,
     // so every profile and every rebuild of this crate shares one warm guest build.
-    let guest_target = out_dir
-        .ancestors()
-        .nth(4)
-        .map_or_else(|| out_dir.join("guests"), |t| t.join("guests"));
+    let guest_target = out_dir.ancestors().nth(4).map_or_else(|| out_dir.join("guests"), |t| t.join("guests"));
 
     for dir in ["wit", "guest-sdk", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
@@ -64,38 +53,19 @@ fn main() {
         cmd.args(["-p", package]);
     }
     // What the outer build passes to its own rustc must not leak into the guest build.
-    for var in [
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTFLAGS",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-    ] {
+    for var in
+        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
+    {
         cmd.env_remove(var);
     }
-    let status = cmd
-        .status()
-        .expect("run cargo to build the tool components");
-    assert!(
-        status.success(),
-        "building the tool components failed (see the cargo output above)"
-    );
+    let status = cmd.status().expect("run cargo to build the tool components");
+    assert!(status.success(), "building the tool components failed (see the cargo output above)");
 
     let mut consts = String::new();
     for (name, package, _) in TOOLS {
-        let file = guest_target
-            .join(TARGET)
-            .join("guest")
-            .join(format!("{}.wasm", package.replace('-', "_")));
-        assert!(
-            file.exists(),
-            "cargo built {package} but {} is missing",
-            file.display()
-        );
-        consts.push_str(&format!(
-            "pub const {name}: &str = {:?};\n",
-            file.display().to_string()
-        ));
+        let file = guest_target.join(TARGET).join("guest").join(format!("{}.wasm", package.replace('-', "_")));
+        assert!(file.exists(), "cargo built {package} but {} is missing", file.display());
+        consts.push_str(&format!("pub const {name}: &str = {:?};\n", file.display().to_string()));
     }
     std::fs::write(out_dir.join("artifacts.rs"), consts).expect("write artifacts.rs");
 }
@@ -106,14 +76,8 @@ fn ensure_target() {
         return;
     }
     println!("cargo:warning=installing the {TARGET} target with rustup");
-    let added = Command::new("rustup")
-        .args(["target", "add", TARGET])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        added && target_installed(),
-        "the {TARGET} target is missing; install it with: rustup target add {TARGET}"
-    );
+    let added = Command::new("rustup").args(["target", "add", TARGET]).status().is_ok_and(|s| s.success());
+    assert!(added && target_installed(), "the {TARGET} target is missing; install it with: rustup target add {TARGET}");
 }
 
 fn target_installed() -> bool {
@@ -122,8 +86,5 @@ fn target_installed() -> bool {
         return false;
     };
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    Path::new(&sysroot)
-        .join("lib/rustlib")
-        .join(TARGET)
-        .exists()
+    Path::new(&sysroot).join("lib/rustlib").join(TARGET).exists()
 }

@@ -25,10 +25,7 @@ impl HttpResponse {
 
     /// The first header with this name, compared case-insensitively.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -42,11 +39,7 @@ pub mod http {
     }
 
     /// An HTTP effect with a JSON body. The host adds `Idempotency-Key`.
-    pub fn post_json<T: Serialize>(
-        label: &str,
-        url: &str,
-        body: &T,
-    ) -> Result<HttpResponse, ToolError> {
+    pub fn post_json<T: Serialize>(label: &str, url: &str, body: &T) -> Result<HttpResponse, ToolError> {
         send(
             label,
             &HttpRequest {
@@ -74,10 +67,7 @@ pub mod kv {
 
     /// Reads a JSON value; a value that does not parse is a permanent error.
     pub fn get_json<T: DeserializeOwned>(key: &str) -> Result<Option<T>, ToolError> {
-        get(key)
-            .map(|bytes| serde_json::from_slice(&bytes))
-            .transpose()
-            .map_err(Into::into)
+        get(key).map(|bytes| serde_json::from_slice(&bytes)).transpose().map_err(Into::into)
     }
 
     pub fn set(label: &str, key: &str, value: &[u8]) -> Result<(), ToolError> {
@@ -103,11 +93,7 @@ pub mod outbox {
 }
 
 /// Calls an effect provider the embedder registered under `name`, with JSON in and out.
-pub fn provider<T: Serialize, R: DeserializeOwned>(
-    label: &str,
-    name: &str,
-    request: &T,
-) -> Result<R, ToolError> {
+pub fn provider<T: Serialize, R: DeserializeOwned>(label: &str, name: &str, request: &T) -> Result<R, ToolError> {
     let response = effects::provider(label, name, &serde_json::to_string(request)?)?;
     Ok(serde_json::from_str(&response)?)
 }

@@ -16,10 +16,7 @@ impl ToolError {
 
     /// Nothing took effect; the downstream asked to wait `retry_after_ms`.
     pub fn rate_limited(retry_after_ms: u64, message: impl Into<String>) -> Self {
-        ToolError::RateLimited(RateLimit {
-            retry_after_ms,
-            message: message.into(),
-        })
+        ToolError::RateLimited(RateLimit { retry_after_ms, message: message.into() })
     }
 
     /// An effect may have committed: the host reconciles instead of retrying blindly.

@@ -23,22 +23,12 @@ impl Call {
         tool: impl Into<String>,
         args: impl Into<String>,
     ) -> Self {
-        Call {
-            run_id: Some(run_id.into()),
-            step_id: Some(step_id.into()),
-            tool: tool.into(),
-            args: args.into(),
-        }
+        Call { run_id: Some(run_id.into()), step_id: Some(step_id.into()), tool: tool.into(), args: args.into() }
     }
 
     /// A call outside any run: only read-only tools accept it, and nothing is recorded.
     pub fn unrecorded(tool: impl Into<String>, args: impl Into<String>) -> Self {
-        Call {
-            run_id: None,
-            step_id: None,
-            tool: tool.into(),
-            args: args.into(),
-        }
+        Call { run_id: None, step_id: None, tool: tool.into(), args: args.into() }
     }
 }
 
@@ -88,30 +78,19 @@ impl Outcome {
             replayed: true,
             attempts: op.attempts,
             operation_key: Some(op.key.clone()),
-            output: op
-                .output
-                .as_deref()
-                .and_then(|o| serde_json::from_str(o).ok()),
+            output: op.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             error: op.error.clone(),
         }
     }
 
-    pub(crate) fn refused(
-        op: &OperationRecord,
-        status: Status,
-        class: &str,
-        message: String,
-    ) -> Self {
+    pub(crate) fn refused(op: &OperationRecord, status: Status, class: &str, message: String) -> Self {
         Outcome {
             status,
             replayed: false,
             attempts: op.attempts,
             operation_key: Some(op.key.clone()),
             output: None,
-            error: Some(ErrorRecord {
-                class: class.into(),
-                message,
-            }),
+            error: Some(ErrorRecord { class: class.into(), message }),
         }
     }
 }

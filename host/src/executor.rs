@@ -12,48 +12,56 @@ use crate::effects::{EffectCtx, Scope};
 use crate::error::CallError;
 use crate::host::Inner;
 use crate::keys;
-use crate::ledger::{
-    AttemptRecord, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError, OperationStatus,
-};
+use crate::ledger::{AttemptRecord, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError, OperationStatus};
 use crate::policy::RetryPolicy;
 use crate::redact::redact;
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::bindings::ToolError;
 use crate::runtime::{Invocation, LoadedTool};
 
-pub(crate) async fn execute(
-    host: &Inner,
-    tool: &Arc<LoadedTool>,
-    call: Call,
-) -> Result<Outcome, CallError> {
+/// A call's args validated and its keys derived.
+pub(crate) struct Prepared {
+    pub args: Value,
+    pub canonical_args: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub operation_key: String,
+    pub fingerprint: String,
+}
+
+/// Validates the args (bad input: a clear error, and nothing recorded) and derives the keys from
+/// the orchestrator's ids.
+pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallError> {
+    let name = tool.manifest.name.as_str();
+    let args = validate(tool, &call.args)?;
+    let (Some(run_id), Some(step_id)) = (call.run_id, call.step_id) else {
+        return Err(CallError::StepRequired { tool: name.to_string(), class: tool.manifest.class });
+    };
+    Ok(Prepared {
+        canonical_args: keys::canonical_json(&args),
+        operation_key: keys::operation_key(&run_id, &step_id, name),
+        fingerprint: keys::fingerprint(name, &args),
+        args,
+        run_id,
+        step_id,
+    })
+}
+
+pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Outcome, CallError> {
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
+    let policy = host.policies.get(name).cloned().unwrap_or_else(|| RetryPolicy::for_class(class));
 
-    // Bad input: a clear error, and nothing recorded.
-    let args = validate(tool, &call.args)?;
-    let canonical = keys::canonical_json(&args);
-    let policy = host
-        .policies
-        .get(name)
-        .cloned()
-        .unwrap_or_else(|| RetryPolicy::for_class(class));
-
-    let (run_id, step_id) = match (call.run_id, call.step_id) {
-        (Some(run), Some(step)) => (run, step),
-        (None, None) if !class.writes() => {
-            return Ok(run_unrecorded(host, tool, &canonical, &policy).await);
-        }
-        _ => {
-            return Err(CallError::StepRequired {
-                tool: name.to_string(),
-                class,
-            });
-        }
-    };
+    if call.run_id.is_none() && call.step_id.is_none() && !class.writes() {
+        let args = validate(tool, &call.args)?;
+        return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy).await);
+    }
+    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint } =
+        prepare(tool, call)?;
 
     let request = ClaimRequest {
-        key: keys::operation_key(&run_id, &step_id, name),
-        fingerprint: keys::fingerprint(name, &args),
+        key: operation_key.clone(),
+        fingerprint,
         args: redact(&args, &tool.manifest.sensitive),
         run_id,
         step_id,
@@ -63,14 +71,8 @@ pub(crate) async fn execute(
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
     };
-    let operation_key = request.key.clone();
-    let (fence, previous_attempts) = match blocking(&host.shared.ledger, move |l| l.claim(&request))
-        .await?
-    {
-        Claim::Owned {
-            fence,
-            previous_attempts,
-        } => (fence, previous_attempts),
+    let (fence, previous_attempts) = match blocking(&host.shared.ledger, move |l| l.claim(&request)).await? {
+        Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
         Claim::Recorded(op) => return Ok(Outcome::replay(&op)),
         Claim::Conflict(op) => {
             let message = format!(
@@ -81,38 +83,19 @@ pub(crate) async fn execute(
             return Ok(Outcome::refused(&op, Status::Conflict, "conflict", message));
         }
         Claim::InProgress(op) => {
-            let message = format!(
-                "operation {} is being run by {}; try again later",
-                op.key, op.owner
-            );
-            return Ok(Outcome::refused(
-                &op,
-                Status::InProgress,
-                "in-progress",
-                message,
-            ));
+            let message = format!("operation {} is being run by {}; try again later", op.key, op.owner);
+            return Ok(Outcome::refused(&op, Status::InProgress, "in-progress", message));
         }
     };
 
-    let scope = Scope {
-        operation_key: operation_key.clone(),
-        fence,
-        redispatch_in_doubt: policy.redispatch_in_doubt,
-    };
+    let scope = Scope { operation_key: operation_key.clone(), fence, redispatch_in_doubt: policy.redispatch_in_doubt };
     let mut attempt = previous_attempts;
     loop {
         attempt += 1;
         let started_ms = now_ms();
         let started = Instant::now();
-        let ctx = EffectCtx::new(
-            host.shared.clone(),
-            config_of(host, name),
-            Some(scope.clone()),
-        );
-        let (invocation, ctx) = host
-            .runtime
-            .invoke(tool, ctx, &canonical, policy.attempt_deadline)
-            .await;
+        let ctx = EffectCtx::new(host.shared.clone(), config_of(host, name), Some(scope.clone()));
+        let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
         let verdict = classify(invocation, &ctx);
 
         let decision = match &verdict {
@@ -120,9 +103,7 @@ pub(crate) async fn execute(
             Verdict::Failed { failure, .. } => Some(retry::decide(failure, &policy, attempt)),
         };
         let finish = match (&verdict, &decision) {
-            (Verdict::Ok(output), _) => {
-                Some((OperationStatus::Completed, Some(output.to_string()), None))
-            }
+            (Verdict::Ok(output), _) => Some((OperationStatus::Completed, Some(output.to_string()), None)),
             (Verdict::Failed { error, .. }, Some(Decision::Fail)) => {
                 Some((OperationStatus::Failed, None, Some(error.clone())))
             }
@@ -153,15 +134,10 @@ pub(crate) async fn execute(
             "attempt"
         );
         let status = finish.as_ref().map(|f| f.0);
-        blocking(&host.shared.ledger, move |l| {
-            l.record_attempt(fence, &record, finish, now_ms())
-        })
-        .await?;
+        blocking(&host.shared.ledger, move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
 
         match (verdict, decision) {
-            (Verdict::Failed { .. }, Some(Decision::Retry { after })) => {
-                tokio::time::sleep(after).await
-            }
+            (Verdict::Failed { .. }, Some(Decision::Retry { after })) => tokio::time::sleep(after).await,
             (verdict, _) => {
                 let status = match status {
                     Some(OperationStatus::Completed) => Status::Completed,
@@ -175,24 +151,12 @@ pub(crate) async fn execute(
 }
 
 /// A read-only call outside any run: retried under the policy, never recorded.
-async fn run_unrecorded(
-    host: &Inner,
-    tool: &Arc<LoadedTool>,
-    canonical: &str,
-    policy: &RetryPolicy,
-) -> Outcome {
+async fn run_unrecorded(host: &Inner, tool: &Arc<LoadedTool>, canonical: &str, policy: &RetryPolicy) -> Outcome {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let ctx = EffectCtx::new(
-            host.shared.clone(),
-            config_of(host, &tool.manifest.name),
-            None,
-        );
-        let (invocation, ctx) = host
-            .runtime
-            .invoke(tool, ctx, canonical, policy.attempt_deadline)
-            .await;
+        let ctx = EffectCtx::new(host.shared.clone(), config_of(host, &tool.manifest.name), None);
+        let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline).await;
         let verdict = classify(invocation, &ctx);
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),
@@ -209,32 +173,18 @@ async fn run_unrecorded(
 
 /// Parses and validates args against the manifest's schema.
 fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
-    let invalid = |reason: String| CallError::InvalidArgs {
-        tool: tool.manifest.name.clone(),
-        reason,
-    };
-    let value: Value =
-        serde_json::from_str(args).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    let invalid = |reason: String| CallError::InvalidArgs { tool: tool.manifest.name.clone(), reason };
+    let value: Value = serde_json::from_str(args).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
     let problems: Vec<String> = tool
         .schema
         .iter_errors(&value)
         .map(|e| {
             let at = e.instance_path().to_string();
-            format!(
-                "{} {e}",
-                if at.is_empty() {
-                    "(root)".to_string()
-                } else {
-                    at
-                }
-            )
+            format!("{} {e}", if at.is_empty() { "(root)".to_string() } else { at })
         })
         .collect();
     if !problems.is_empty() {
-        return Err(invalid(format!(
-            "does not match the input schema: {}",
-            problems.join("; ")
-        )));
+        return Err(invalid(format!("does not match the input schema: {}", problems.join("; "))));
     }
     Ok(value)
 }
@@ -242,10 +192,7 @@ fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
 /// What one attempt amounted to.
 enum Verdict {
     Ok(Value),
-    Failed {
-        failure: Failure,
-        error: ErrorRecord,
-    },
+    Failed { failure: Failure, error: ErrorRecord },
 }
 
 impl Verdict {
@@ -268,14 +215,7 @@ impl Verdict {
             Verdict::Ok(output) => (Some(output), None),
             Verdict::Failed { error, .. } => (None, Some(error)),
         };
-        Outcome {
-            status,
-            replayed: false,
-            attempts,
-            operation_key,
-            output,
-            error,
-        }
+        Outcome { status, replayed: false, attempts, operation_key, output, error }
     }
 }
 
@@ -284,10 +224,7 @@ impl Verdict {
 fn classify(invocation: Invocation, ctx: &EffectCtx) -> Verdict {
     let failed = |failure: Failure, class: &str, message: String| Verdict::Failed {
         failure,
-        error: ErrorRecord {
-            class: class.into(),
-            message,
-        },
+        error: ErrorRecord { class: class.into(), message },
     };
     if !ctx.in_doubt.is_empty() {
         let keys: Vec<&str> = ctx.in_doubt.iter().map(|d| d.key.as_str()).collect();
@@ -298,87 +235,53 @@ fn classify(invocation: Invocation, ctx: &EffectCtx) -> Verdict {
             Invocation::Trapped(t) => format!("the tool trapped ({t})"),
             Invocation::DeadlineExceeded => "the attempt ran out of time".to_string(),
         };
-        let message = format!(
-            "{why} while effect(s) {} were in doubt; reconcile before retrying",
-            keys.join(", ")
-        );
-        return failed(
-            Failure::UnknownOutcome { redispatchable },
-            "unknown-outcome",
-            message,
-        );
+        let message = format!("{why} while effect(s) {} were in doubt; reconcile before retrying", keys.join(", "));
+        return failed(Failure::UnknownOutcome { redispatchable }, "unknown-outcome", message);
     }
     match invocation {
         Invocation::Returned(output) => match serde_json::from_str(&output) {
             Ok(value) => Verdict::Ok(value),
-            Err(e) => failed(
-                Failure::Permanent,
-                "permanent",
-                format!("the tool returned invalid JSON: {e}"),
-            ),
+            Err(e) => failed(Failure::Permanent, "permanent", format!("the tool returned invalid JSON: {e}")),
         },
         Invocation::Failed(error) => {
             let message = tool_error_message(&error);
             match error {
                 ToolError::Transient(_) => failed(Failure::Transient, "transient", message),
                 ToolError::RateLimited(r) => failed(
-                    Failure::RateLimited {
-                        retry_after: Duration::from_millis(r.retry_after_ms),
-                    },
+                    Failure::RateLimited { retry_after: Duration::from_millis(r.retry_after_ms) },
                     "rate-limited",
                     message,
                 ),
                 ToolError::Permanent(_) => failed(Failure::Permanent, "permanent", message),
-                ToolError::UnknownOutcome(_) => failed(
-                    Failure::UnknownOutcome {
-                        redispatchable: false,
-                    },
-                    "unknown-outcome",
-                    message,
-                ),
+                ToolError::UnknownOutcome(_) => {
+                    failed(Failure::UnknownOutcome { redispatchable: false }, "unknown-outcome", message)
+                }
             }
         }
         // Nothing was in doubt, so nothing happened: another attempt is safe.
-        Invocation::Trapped(trap) => failed(
-            Failure::Transient,
-            "trap",
-            format!("the tool trapped: {trap}"),
-        ),
-        Invocation::DeadlineExceeded => failed(
-            Failure::Transient,
-            "deadline",
-            "the attempt ran out of time".into(),
-        ),
+        Invocation::Trapped(trap) => failed(Failure::Transient, "trap", format!("the tool trapped: {trap}")),
+        Invocation::DeadlineExceeded => failed(Failure::Transient, "deadline", "the attempt ran out of time".into()),
     }
 }
 
 fn tool_error_message(error: &ToolError) -> String {
     match error {
-        ToolError::Transient(m) | ToolError::Permanent(m) | ToolError::UnknownOutcome(m) => {
-            m.clone()
-        }
+        ToolError::Transient(m) | ToolError::Permanent(m) | ToolError::UnknownOutcome(m) => m.clone(),
         ToolError::RateLimited(r) => format!("{} (retry after {} ms)", r.message, r.retry_after_ms),
     }
 }
 
-fn config_of(host: &Inner, tool: &str) -> Arc<std::collections::HashMap<String, String>> {
-    let config = host
-        .config
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+pub(crate) fn config_of(host: &Inner, tool: &str) -> Arc<std::collections::HashMap<String, String>> {
+    let config = host.config.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     config.get(tool).cloned().unwrap_or_default()
 }
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     ledger: &Ledger,
     f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
 ) -> Result<T, LedgerError> {
     let ledger = ledger.clone();
     tokio::task::spawn_blocking(move || f(&ledger))
         .await
-        .unwrap_or_else(|e| {
-            Err(LedgerError::Corrupt {
-                what: format!("a ledger task panicked: {e}"),
-            })
-        })
+        .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
 }

@@ -30,10 +30,7 @@ pub struct HostBuilder {
 impl HostBuilder {
     /// A host whose ledger is the redb file at `ledger` (created if missing).
     pub fn new(ledger: impl AsRef<Path>) -> Self {
-        HostBuilder {
-            ledger: Some(ledger.as_ref().to_path_buf()),
-            ..Self::in_memory()
-        }
+        HostBuilder { ledger: Some(ledger.as_ref().to_path_buf()), ..Self::in_memory() }
     }
 
     /// A host whose ledger lives in memory: nothing survives the process. For tests and `inspect`.
@@ -56,16 +53,8 @@ impl HostBuilder {
     }
 
     /// An operator setting a tool reads through its `config` import.
-    pub fn tool_config(
-        mut self,
-        tool: impl Into<String>,
-        key: impl Into<String>,
-        value: impl Into<String>,
-    ) -> Self {
-        self.config
-            .entry(tool.into())
-            .or_default()
-            .insert(key.into(), value.into());
+    pub fn tool_config(mut self, tool: impl Into<String>, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.entry(tool.into()).or_default().insert(key.into(), value.into());
         self
     }
 
@@ -89,18 +78,13 @@ impl HostBuilder {
     /// Opens the ledger (recovering what a stopped host left) and starts the engine.
     pub async fn build(self) -> Result<Host, Error> {
         let path = self.ledger.clone();
-        let ledger =
-            tokio::task::spawn_blocking(move || path.map_or_else(Ledger::in_memory, Ledger::open))
-                .await
-                .map_err(|e| crate::LedgerError::Corrupt {
-                    what: format!("opening the ledger panicked: {e}"),
-                })??;
+        let ledger = tokio::task::spawn_blocking(move || path.map_or_else(Ledger::in_memory, Ledger::open))
+            .await
+            .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??;
         let shared = Arc::new(Shared {
             ledger,
             http: reqwest::Client::new(),
-            targets: crate::effects::Targets {
-                by_host: self.targets,
-            },
+            targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
             kv_namespace: self.kv_namespace,
         });
@@ -109,12 +93,7 @@ impl HostBuilder {
                 runtime: Runtime::new()?,
                 shared,
                 tools: RwLock::new(HashMap::new()),
-                config: RwLock::new(
-                    self.config
-                        .into_iter()
-                        .map(|(k, v)| (k, Arc::new(v)))
-                        .collect(),
-                ),
+                config: RwLock::new(self.config.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
                 policies: self.policies,
                 lease: self.lease,
                 owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
@@ -142,10 +121,7 @@ pub(crate) struct Inner {
 
 impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host")
-            .field("ledger", &self.inner.shared.ledger)
-            .field("owner", &self.inner.owner)
-            .finish()
+        f.debug_struct("Host").field("ledger", &self.inner.shared.ledger).field("owner", &self.inner.owner).finish()
     }
 }
 
@@ -161,11 +137,7 @@ impl Host {
 
     /// Adds operator settings for a tool (the CLI learns the tool's name only after loading it).
     pub fn set_tool_config(&self, tool: &str, pairs: impl IntoIterator<Item = (String, String)>) {
-        let mut config = self
-            .inner
-            .config
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut config = self.inner.config.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut merged = config.get(tool).map(|c| (**c).clone()).unwrap_or_default();
         merged.extend(pairs);
         config.insert(tool.to_string(), Arc::new(merged));
@@ -173,29 +145,16 @@ impl Host {
 
     /// A loaded tool's imports and exports, as the component declares them.
     pub fn interface(&self, tool: &str) -> Option<(Vec<String>, Vec<String>)> {
-        self.tool(tool)
-            .ok()
-            .map(|t| (t.imports.clone(), t.exports.clone()))
+        self.tool(tool).ok().map(|t| (t.imports.clone(), t.exports.clone()))
     }
 
     /// Loads and verifies a component; refuses a second tool with the same name.
     pub async fn load(&self, path: impl AsRef<Path>) -> Result<ToolManifest, Error> {
-        let tool = self
-            .inner
-            .runtime
-            .load(path.as_ref(), self.inner.shared.clone())
-            .await?;
+        let tool = self.inner.runtime.load(path.as_ref(), self.inner.shared.clone()).await?;
         let manifest = tool.manifest.clone();
-        let mut tools = self
-            .inner
-            .tools
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(existing) = tools.get(&manifest.name) {
-            return Err(Error::DuplicateTool {
-                name: manifest.name,
-                existing: existing.path.display().to_string(),
-            });
+            return Err(Error::DuplicateTool { name: manifest.name, existing: existing.path.display().to_string() });
         }
         tools.insert(manifest.name.clone(), Arc::new(tool));
         Ok(manifest)
@@ -207,6 +166,13 @@ impl Host {
         crate::executor::execute(&self.inner, &tool, call).await
     }
 
+    /// Asks the tool's authority what became of a step whose outcome is unknown. Takes the same
+    /// call (the ledger keeps the args redacted; the tool needs them whole).
+    pub async fn reconcile(&self, call: Call) -> Result<crate::Reconciliation, CallError> {
+        let tool = self.tool(&call.tool)?;
+        crate::reconcile::reconcile(&self.inner, &tool, call).await
+    }
+
     pub fn ledger(&self) -> &Ledger {
         &self.inner.shared.ledger
     }
@@ -216,18 +182,11 @@ impl Host {
     }
 
     fn tool(&self, name: &str) -> Result<Arc<LoadedTool>, CallError> {
-        let tools = self
-            .inner
-            .tools
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tools = self.inner.tools.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         tools.get(name).cloned().ok_or_else(|| {
             let mut loaded: Vec<_> = tools.keys().cloned().collect();
             loaded.sort();
-            CallError::UnknownTool {
-                tool: name.to_string(),
-                loaded: loaded.join(", "),
-            }
+            CallError::UnknownTool { tool: name.to_string(), loaded: loaded.join(", ") }
         })
     }
 }

@@ -9,32 +9,19 @@ use sha2::{Digest, Sha256};
 
 /// Identifies one operation: one tool run for one step of one run.
 pub fn operation_key(run_id: &str, step_id: &str, tool: &str) -> String {
-    hash(
-        "oncebox/operation/v1",
-        &[run_id.as_bytes(), step_id.as_bytes(), tool.as_bytes()],
-    )
+    hash("oncebox/operation/v1", &[run_id.as_bytes(), step_id.as_bytes(), tool.as_bytes()])
 }
 
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.
 /// Forwarded downstream as `Idempotency-Key`.
 pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
-    hash(
-        "oncebox/effect/v1",
-        &[
-            operation_key.as_bytes(),
-            label.as_bytes(),
-            &occurrence.to_be_bytes(),
-        ],
-    )
+    hash("oncebox/effect/v1", &[operation_key.as_bytes(), label.as_bytes(), &occurrence.to_be_bytes()])
 }
 
 /// Identifies a request: the tool and its canonical args. Same step, different fingerprint:
 /// the caller changed its mind, and that is a conflict, not a retry.
 pub fn fingerprint(tool: &str, args: &Value) -> String {
-    hash(
-        "oncebox/fingerprint/v1",
-        &[tool.as_bytes(), canonical_json(args).as_bytes()],
-    )
+    hash("oncebox/fingerprint/v1", &[tool.as_bytes(), canonical_json(args).as_bytes()])
 }
 
 /// Identifies what an effect asked for, so a replay that asks for something else is caught.
@@ -98,12 +85,8 @@ mod tests {
     #[test]
     fn canonical_json_sorts_keys_at_every_depth_and_drops_whitespace() {
         let value: Value =
-            serde_json::from_str(r#"{ "b": 1, "a": { "y": [1, {"d": 2, "c": 3}], "x": null } }"#)
-                .expect("valid json");
-        assert_eq!(
-            canonical_json(&value),
-            r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#
-        );
+            serde_json::from_str(r#"{ "b": 1, "a": { "y": [1, {"d": 2, "c": 3}], "x": null } }"#).expect("valid json");
+        assert_eq!(canonical_json(&value), r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);
     }
 
     #[test]
@@ -113,10 +96,7 @@ mod tests {
         let c = fingerprint("charge", &json!({"amount_cents": 101, "order_id": "o1"}));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_ne!(
-            a,
-            fingerprint("refund", &json!({"order_id": "o1", "amount_cents": 100}))
-        );
+        assert_ne!(a, fingerprint("refund", &json!({"order_id": "o1", "amount_cents": 100})));
     }
 
     #[test]
@@ -131,9 +111,6 @@ mod tests {
         let op = operation_key("run-1", "step-1", "charge");
         assert_eq!(op, operation_key("run-1", "step-1", "charge"));
         assert_eq!(op.len(), 64);
-        assert_ne!(
-            op,
-            hash("oncebox/effect/v1", &[b"run-1", b"step-1", b"charge"])
-        );
+        assert_ne!(op, hash("oncebox/effect/v1", &[b"run-1", b"step-1", b"charge"]));
     }
 }

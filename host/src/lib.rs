@@ -23,6 +23,7 @@
 //! - `runtime/`: the engine, the one `bindgen!`, loading and verifying components, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
 //! - `executor`: the call pipeline, top to bottom.
+//! - `reconcile`: asking the authority about an unknown outcome.
 //! - `host`: [`Host`] and [`HostBuilder`].
 //!
 //! # Errors
@@ -40,6 +41,7 @@ mod host;
 pub mod keys;
 pub mod ledger;
 pub mod policy;
+mod reconcile;
 mod redact;
 pub mod retry;
 mod runtime;
@@ -50,5 +52,6 @@ pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::Ledger;
 pub use policy::{ReplayClass, RetryPolicy};
+pub use reconcile::Reconciliation;
 pub use redact::{REDACTED, redact};
 pub use runtime::{MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, ToolManifest};

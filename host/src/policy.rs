@@ -70,14 +70,8 @@ impl RetryPolicy {
             attempt_deadline: Duration::from_secs(30),
         };
         match class {
-            ReplayClass::ReadOnly | ReplayClass::IdempotentWrite | ReplayClass::Compensatable => {
-                base
-            }
-            ReplayClass::Irreversible => RetryPolicy {
-                max_attempts: 1,
-                redispatch_in_doubt: false,
-                ..base
-            },
+            ReplayClass::ReadOnly | ReplayClass::IdempotentWrite | ReplayClass::Compensatable => base,
+            ReplayClass::Irreversible => RetryPolicy { max_attempts: 1, redispatch_in_doubt: false, ..base },
         }
     }
 }
@@ -95,11 +89,7 @@ mod tests {
 
     #[test]
     fn other_classes_get_three_attempts() {
-        for class in [
-            ReplayClass::ReadOnly,
-            ReplayClass::IdempotentWrite,
-            ReplayClass::Compensatable,
-        ] {
+        for class in [ReplayClass::ReadOnly, ReplayClass::IdempotentWrite, ReplayClass::Compensatable] {
             assert_eq!(RetryPolicy::for_class(class).max_attempts, 3, "{class}");
         }
     }

@@ -23,17 +23,7 @@ mod tests {
     #[test]
     fn redacts_listed_pointers_only() {
         let args = json!({"order_id": "o1", "payment_method": "4242424242424242", "nested": {"token": "t"}});
-        let out = redact(
-            &args,
-            &[
-                "/payment_method".into(),
-                "/nested/token".into(),
-                "/missing".into(),
-            ],
-        );
-        assert_eq!(
-            out,
-            json!({"order_id": "o1", "payment_method": REDACTED, "nested": {"token": REDACTED}})
-        );
+        let out = redact(&args, &["/payment_method".into(), "/nested/token".into(), "/missing".into()]);
+        assert_eq!(out, json!({"order_id": "o1", "payment_method": REDACTED, "nested": {"token": REDACTED}}));
     }
 }

@@ -36,33 +36,22 @@ pub fn decide(failure: &Failure, policy: &RetryPolicy, attempt: u32) -> Decision
         Failure::Permanent => Decision::Fail,
         Failure::UnknownOutcome { redispatchable } => {
             if *redispatchable && policy.redispatch_in_doubt && attempts_left {
-                Decision::Retry {
-                    after: backoff(policy, attempt),
-                }
+                Decision::Retry { after: backoff(policy, attempt) }
             } else {
                 Decision::Unknown
             }
         }
         _ if !attempts_left => Decision::Fail,
-        Failure::Transient => Decision::Retry {
-            after: backoff(policy, attempt),
-        },
-        Failure::RateLimited { retry_after } => Decision::Retry {
-            after: *retry_after,
-        },
+        Failure::Transient => Decision::Retry { after: backoff(policy, attempt) },
+        Failure::RateLimited { retry_after } => Decision::Retry { after: *retry_after },
     }
 }
 
 /// Exponential backoff, capped. (Full jitter comes with the retry-matrix issue; a deterministic
 /// delay keeps this function pure and testable.)
 pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
-    let factor = 1u32
-        .checked_shl(attempt.saturating_sub(1))
-        .unwrap_or(u32::MAX);
-    policy
-        .initial_backoff
-        .saturating_mul(factor)
-        .min(policy.max_backoff)
+    let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+    policy.initial_backoff.saturating_mul(factor).min(policy.max_backoff)
 }
 
 #[cfg(test)]
@@ -76,14 +65,8 @@ mod tests {
 
     #[test]
     fn transient_retries_until_the_third_attempt() {
-        assert!(matches!(
-            decide(&Failure::Transient, &policy(), 1),
-            Decision::Retry { .. }
-        ));
-        assert!(matches!(
-            decide(&Failure::Transient, &policy(), 2),
-            Decision::Retry { .. }
-        ));
+        assert!(matches!(decide(&Failure::Transient, &policy(), 1), Decision::Retry { .. }));
+        assert!(matches!(decide(&Failure::Transient, &policy(), 2), Decision::Retry { .. }));
         assert_eq!(decide(&Failure::Transient, &policy(), 3), Decision::Fail);
     }
 
@@ -94,16 +77,9 @@ mod tests {
 
     #[test]
     fn unknown_outcome_retries_only_when_redispatch_is_safe() {
-        let safe = Failure::UnknownOutcome {
-            redispatchable: true,
-        };
-        let unsafe_ = Failure::UnknownOutcome {
-            redispatchable: false,
-        };
-        assert!(matches!(
-            decide(&safe, &policy(), 1),
-            Decision::Retry { .. }
-        ));
+        let safe = Failure::UnknownOutcome { redispatchable: true };
+        let unsafe_ = Failure::UnknownOutcome { redispatchable: false };
+        assert!(matches!(decide(&safe, &policy(), 1), Decision::Retry { .. }));
         assert_eq!(decide(&safe, &policy(), 3), Decision::Unknown);
         assert_eq!(decide(&unsafe_, &policy(), 1), Decision::Unknown);
         let irreversible = RetryPolicy::for_class(ReplayClass::Irreversible);
@@ -112,23 +88,13 @@ mod tests {
 
     #[test]
     fn rate_limited_waits_the_given_delay() {
-        let f = Failure::RateLimited {
-            retry_after: Duration::from_millis(700),
-        };
-        assert_eq!(
-            decide(&f, &policy(), 1),
-            Decision::Retry {
-                after: Duration::from_millis(700)
-            }
-        );
+        let f = Failure::RateLimited { retry_after: Duration::from_millis(700) };
+        assert_eq!(decide(&f, &policy(), 1), Decision::Retry { after: Duration::from_millis(700) });
     }
 
     #[test]
     fn one_attempt_disables_retries() {
-        let p = RetryPolicy {
-            max_attempts: 1,
-            ..policy()
-        };
+        let p = RetryPolicy { max_attempts: 1, ..policy() };
         assert_eq!(decide(&Failure::Transient, &p, 1), Decision::Fail);
     }
 

@@ -7,11 +7,7 @@ use crate::support::Fixture;
 #[tokio::test]
 async fn malformed_json_is_refused_and_nothing_is_recorded() {
     let f = Fixture::new().await;
-    let err = f
-        .host
-        .call(Call::step("run-1", "s", "charge", "{not json"))
-        .await
-        .expect_err("refused");
+    let err = f.host.call(Call::step("run-1", "s", "charge", "{not json")).await.expect_err("refused");
     match &err {
         CallError::InvalidArgs { tool, reason } => {
             assert_eq!(tool, "charge");
@@ -27,34 +23,22 @@ async fn malformed_json_is_refused_and_nothing_is_recorded() {
 async fn schema_invalid_args_name_every_problem_and_record_nothing() {
     let f = Fixture::new().await;
     let args = r#"{"order_id": 7, "amount_cents": 100, "currency": "eur"}"#;
-    let err = f
-        .host
-        .call(Call::step("run-1", "s", "charge", args))
-        .await
-        .expect_err("refused");
+    let err = f.host.call(Call::step("run-1", "s", "charge", args)).await.expect_err("refused");
     let message = err.to_string();
     assert!(message.contains("/order_id"), "{message}");
     assert!(message.contains("payment_method"), "{message}");
     assert!(f.host.ledger().operations(None).expect("list").is_empty());
     assert_eq!(f.provider.requests(), 0);
     // The same step with good args then runs normally: the refusal left no trace to conflict with.
-    let ok = f
-        .call("run-1", "s", "charge", &crate::support::charge("o-1"))
-        .await;
+    let ok = f.call("run-1", "s", "charge", &crate::support::charge("o-1")).await;
     assert!(ok.is_completed(), "{ok:?}");
 }
 
 #[tokio::test]
 async fn a_write_tool_needs_a_run_and_a_step() {
     let f = Fixture::new().await;
-    let err = f
-        .host
-        .call(Call::unrecorded(
-            "charge",
-            crate::support::charge("o-1").to_string(),
-        ))
-        .await
-        .expect_err("refused");
+    let err =
+        f.host.call(Call::unrecorded("charge", crate::support::charge("o-1").to_string())).await.expect_err("refused");
     assert!(matches!(err, CallError::StepRequired { .. }), "{err:?}");
     assert!(err.to_string().contains("--run and --step"), "{err}");
     assert_eq!(f.provider.requests(), 0);
@@ -63,10 +47,6 @@ async fn a_write_tool_needs_a_run_and_a_step() {
 #[tokio::test]
 async fn an_unknown_tool_is_named() {
     let f = Fixture::new().await;
-    let err = f
-        .host
-        .call(Call::step("r", "s", "teleport", "{}"))
-        .await
-        .expect_err("refused");
+    let err = f.host.call(Call::step("r", "s", "teleport", "{}")).await.expect_err("refused");
     assert!(err.to_string().contains("teleport"), "{err}");
 }

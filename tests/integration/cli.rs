@@ -8,69 +8,35 @@ use serde_json::Value;
 use crate::support::charge;
 
 fn oncebox(args: &[&str]) -> (i32, Value, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(args)
-        .output()
-        .expect("run oncebox");
+    let output = Command::new(env!("CARGO_BIN_EXE_oncebox")).args(args).output().expect("run oncebox");
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    let json = stdout
-        .lines()
-        .next()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null);
-    (
-        output.status.code().unwrap_or(-1),
-        json,
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
+    let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null);
+    (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
 }
 
 // Multi-threaded: the provider must keep serving while this thread blocks on the child process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
-    let provider = oncebox_example_provider::Provider::start()
-        .await
-        .expect("provider");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
     let base = format!("base_url={}", provider.base_url());
     let target = provider.addr().to_string();
     let args = charge("o-1").to_string();
     let run = |extra: &[&str]| {
-        let mut all = vec![
-            "call",
-            "--ledger",
-            ledger.to_str().expect("utf8"),
-            "--config",
-            &base,
-            "--key-target",
-            &target,
-        ];
+        let mut all =
+            vec!["call", "--ledger", ledger.to_str().expect("utf8"), "--config", &base, "--key-target", &target];
         all.extend_from_slice(extra);
         oncebox(&all)
     };
-    let (code, first, stderr) = run(&[
-        "--run",
-        "r1",
-        "--step",
-        "s1",
-        oncebox_artifacts::CHARGE,
-        &args,
-    ]);
+    let (code, first, stderr) = run(&["--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &args]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(first["status"], "completed");
     assert_eq!(first["replayed"], false);
     assert_eq!(first["attempts"], 1);
     assert_eq!(first["operation_key"].as_str().map(str::len), Some(64));
 
-    let (code, again, _) = run(&[
-        "--run",
-        "r1",
-        "--step",
-        "s1",
-        oncebox_artifacts::CHARGE,
-        &args,
-    ]);
+    let (code, again, _) = run(&["--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &args]);
     assert_eq!(code, 0);
     assert_eq!(again["replayed"], true);
     assert_eq!(again["output"], first["output"]);
@@ -78,14 +44,7 @@ async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
 
     let mut changed = charge("o-1");
     changed["amount_cents"] = 1.into();
-    let (code, conflict, _) = run(&[
-        "--run",
-        "r1",
-        "--step",
-        "s1",
-        oncebox_artifacts::CHARGE,
-        &changed.to_string(),
-    ]);
+    let (code, conflict, _) = run(&["--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &changed.to_string()]);
     assert_eq!(code, 1, "a conflict is a tool outcome, not a usage error");
     assert_eq!(conflict["status"], "conflict");
     assert_eq!(conflict["error"]["class"], "conflict");
@@ -93,40 +52,17 @@ async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
     let (code, _, stderr) = run(&[oncebox_artifacts::CHARGE, &args]);
     assert_eq!(code, 2);
     assert!(stderr.contains("--run and --step"), "{stderr}");
-    let (code, _, stderr) = run(&[
-        "--run",
-        "r1",
-        "--step",
-        "s2",
-        oncebox_artifacts::CHARGE,
-        "{oops",
-    ]);
+    let (code, _, stderr) = run(&["--run", "r1", "--step", "s2", oncebox_artifacts::CHARGE, "{oops"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("not valid JSON"), "{stderr}");
 
-    let (code, listed, _) = oncebox(&[
-        "ledger",
-        "list",
-        "--ledger",
-        ledger.to_str().expect("utf8"),
-        "--run",
-        "r1",
-    ]);
+    let (code, listed, _) = oncebox(&["ledger", "list", "--ledger", ledger.to_str().expect("utf8"), "--run", "r1"]);
     assert_eq!(code, 0);
     assert_eq!(listed["status"], "completed");
     let key = first["operation_key"].as_str().expect("key");
-    let (code, shown, _) = oncebox(&[
-        "ledger",
-        "show",
-        "--ledger",
-        ledger.to_str().expect("utf8"),
-        key,
-    ]);
+    let (code, shown, _) = oncebox(&["ledger", "show", "--ledger", ledger.to_str().expect("utf8"), key]);
     assert_eq!(code, 0);
-    assert_eq!(
-        shown["operation"]["args"]["payment_method"],
-        oncebox::REDACTED
-    );
+    assert_eq!(shown["operation"]["args"]["payment_method"], oncebox::REDACTED);
     assert_eq!(shown["effects"].as_array().map(Vec::len), Some(1));
     assert_eq!(shown["attempts"][0]["outcome"], "ok");
 }
@@ -137,13 +73,7 @@ fn inspect_shows_the_manifest_and_refuses_a_liar() {
     assert_eq!(code, 0);
     assert_eq!(m["name"], "fulfill");
     assert_eq!(m["class"], "irreversible");
-    assert!(
-        m["exports"]
-            .as_array()
-            .expect("exports")
-            .iter()
-            .any(|e| e == "oncebox:tool/reconcile@0.1.0")
-    );
+    assert!(m["exports"].as_array().expect("exports").iter().any(|e| e == "oncebox:tool/reconcile@0.1.0"));
     assert!(m["input_schema"]["properties"]["items"].is_object());
 
     let (code, _, stderr) = oncebox(&["inspect", oncebox_artifacts::LYING_READER]);
@@ -153,17 +83,9 @@ fn inspect_shows_the_manifest_and_refuses_a_liar() {
 
 #[test]
 fn the_demo_charges_once_per_order_through_oncebox() {
-    let output = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(["demo", "--orders", "2"])
-        .output()
-        .expect("demo");
+    let output = Command::new(env!("CARGO_BIN_EXE_oncebox")).args(["demo", "--orders", "2"]).output().expect("demo");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let last = stdout.lines().last().expect("a summary line");
     assert_eq!(last, "demo: orders=2 naive_charges=4 oncebox_charges=2");
 }

@@ -10,22 +10,13 @@ use crate::support::{Fixture, charge, host_for};
 #[tokio::test]
 async fn a_lost_response_is_retried_with_the_same_key_and_charges_once() {
     let f = Fixture::new().await;
-    f.provider
-        .arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
 
     let outcome = f.call("run-1", "charge", "charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(outcome.attempts, 2);
-    assert_eq!(
-        f.provider.counts("o-1").payments,
-        1,
-        "the provider committed exactly one charge"
-    );
-    assert_eq!(
-        f.provider.requests(),
-        2,
-        "the second request was the same key, answered from the provider's record"
-    );
+    assert_eq!(f.provider.counts("o-1").payments, 1, "the provider committed exactly one charge");
+    assert_eq!(f.provider.requests(), 2, "the second request was the same key, answered from the provider's record");
 
     let key = outcome.operation_key.expect("key");
     let effects = f.host.ledger().effects(&key).expect("effects");
@@ -41,36 +32,20 @@ async fn a_lost_response_is_retried_with_the_same_key_and_charges_once() {
 #[tokio::test]
 async fn without_key_support_a_lost_response_stays_unknown() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let provider = oncebox_example_provider::Provider::start()
-        .await
-        .expect("provider");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
     let host = host_for(&dir.path().join("l.redb"), &provider, false).await;
     provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
 
-    let outcome = host
-        .call(oncebox::Call::step(
-            "run-1",
-            "charge",
-            "charge",
-            charge("o-1").to_string(),
-        ))
-        .await
-        .expect("call");
+    let outcome =
+        host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await.expect("call");
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
     assert_eq!(outcome.attempts, 1, "no blind retry");
     assert_eq!(outcome.error.expect("error").class, "unknown-outcome");
     assert_eq!(provider.counts("o-1").payments, 1);
     assert_eq!(provider.requests(), 1);
 
-    let again = host
-        .call(oncebox::Call::step(
-            "run-1",
-            "charge",
-            "charge",
-            charge("o-1").to_string(),
-        ))
-        .await
-        .expect("call");
+    let again =
+        host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await.expect("call");
     assert_eq!(again.status, Status::Unknown);
     assert!(again.replayed);
     assert_eq!(provider.requests(), 1, "asking again dispatches nothing");
@@ -79,8 +54,7 @@ async fn without_key_support_a_lost_response_stays_unknown() {
 #[tokio::test]
 async fn an_irreversible_tool_never_resends_even_where_keys_are_honoured() {
     let f = Fixture::new().await;
-    f.provider
-        .arm(Fault::new(Route::Fulfillments, FaultKind::LoseResponse).for_order("o-1"));
+    f.provider.arm(Fault::new(Route::Fulfillments, FaultKind::LoseResponse).for_order("o-1"));
     let args = json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
     let outcome = f.call("run-1", "fulfill", "fulfill", &args).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
@@ -92,24 +66,15 @@ async fn an_irreversible_tool_never_resends_even_where_keys_are_honoured() {
 #[tokio::test]
 async fn rate_limits_and_errors_before_commit_are_retried_with_the_same_key() {
     let f = Fixture::new().await;
-    f.provider.arm(
-        Fault::new(Route::Payments, FaultKind::RateLimit { retry_after_ms: 20 }).for_order("o-1"),
-    );
-    f.provider
-        .arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-1"));
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::RateLimit { retry_after_ms: 20 }).for_order("o-1"));
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-1"));
     let outcome = f.call("run-1", "charge", "charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(outcome.attempts, 3);
     assert_eq!(f.provider.counts("o-1").payments, 1);
     let key = outcome.operation_key.expect("key");
-    let classes: Vec<String> = f
-        .host
-        .ledger()
-        .attempts(&key)
-        .expect("attempts")
-        .into_iter()
-        .map(|a| a.outcome)
-        .collect();
+    let classes: Vec<String> =
+        f.host.ledger().attempts(&key).expect("attempts").into_iter().map(|a| a.outcome).collect();
     assert_eq!(classes, ["rate-limited", "transient", "ok"]);
 }
 
@@ -136,43 +101,19 @@ async fn a_reservation_is_made_once_however_often_it_is_asked_for() {
     let replayed = f.call("run-1", "reserve", "reserve", &reserve("o-1")).await;
     assert!(replayed.replayed);
     // A new step for the same order finds the reservation and does not count it again.
-    let new_step = f
-        .call("run-1", "reserve-again", "reserve", &reserve("o-1"))
-        .await;
-    assert_eq!(
-        new_step.output.as_ref().expect("output")["reserved_total"],
-        2
-    );
+    let new_step = f.call("run-1", "reserve-again", "reserve", &reserve("o-1")).await;
+    assert_eq!(new_step.output.as_ref().expect("output")["reserved_total"], 2);
     let other = f.call("run-2", "reserve", "reserve", &reserve("o-2")).await;
     assert_eq!(other.output.as_ref().expect("output")["reserved_total"], 4);
 
-    let stored = f
-        .host
-        .ledger()
-        .kv_get("default", "reserved/sku-1")
-        .expect("kv")
-        .expect("counter");
+    let stored = f.host.ledger().kv_get("default", "reserved/sku-1").expect("kv").expect("counter");
     assert_eq!(stored, b"4", "the ledger's own KV holds 2 + 2");
 
-    let released = f
-        .call("run-1", "release", "release", &json!({"order_id": "o-1"}))
-        .await;
+    let released = f.call("run-1", "release", "release", &json!({"order_id": "o-1"})).await;
     assert_eq!(released.output.as_ref().expect("output")["released"], 2);
-    let released_again = f
-        .call("run-1", "release-2", "release", &json!({"order_id": "o-1"}))
-        .await;
-    assert_eq!(
-        released_again.output.as_ref().expect("output")["released"],
-        0
-    );
-    assert_eq!(
-        f.host
-            .ledger()
-            .kv_get("default", "reserved/sku-1")
-            .expect("kv")
-            .expect("counter"),
-        b"2"
-    );
+    let released_again = f.call("run-1", "release-2", "release", &json!({"order_id": "o-1"})).await;
+    assert_eq!(released_again.output.as_ref().expect("output")["released"], 0);
+    assert_eq!(f.host.ledger().kv_get("default", "reserved/sku-1").expect("kv").expect("counter"), b"2");
 }
 
 #[tokio::test]
@@ -197,24 +138,9 @@ async fn effects_of_a_failed_attempt_are_answered_from_the_ledger_on_the_next() 
     let key = outcome.operation_key.expect("key");
     let attempts = f.host.ledger().attempts(&key).expect("attempts");
     let sources: Vec<EffectSource> = attempts.iter().map(|a| a.effects[0].source).collect();
-    assert_eq!(
-        sources,
-        [
-            EffectSource::Fresh,
-            EffectSource::Deduplicated,
-            EffectSource::Deduplicated
-        ]
-    );
+    assert_eq!(sources, [EffectSource::Fresh, EffectSource::Deduplicated, EffectSource::Deduplicated]);
     assert_eq!(f.host.ledger().effects(&key).expect("effects").len(), 1);
-    assert_eq!(
-        f.host
-            .ledger()
-            .operation(&key)
-            .expect("op")
-            .expect("op")
-            .status,
-        OperationStatus::Failed
-    );
+    assert_eq!(f.host.ledger().operation(&key).expect("op").expect("op").status, OperationStatus::Failed);
 }
 
 #[tokio::test]
@@ -225,29 +151,17 @@ async fn sensitive_args_never_reach_the_ledger_file() {
     args["payment_method"] = card.into();
     let outcome = f.call("run-1", "charge", "charge", &args).await;
     assert_eq!(outcome.status, Status::Completed);
-    let op = f
-        .host
-        .ledger()
-        .operation(outcome.operation_key.as_deref().expect("key"))
-        .expect("read")
-        .expect("op");
+    let op = f.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
     assert_eq!(op.args["payment_method"], oncebox::REDACTED);
     drop(f.host);
     let bytes = std::fs::read(f.dir.path().join("ledger.redb")).expect("read ledger file");
-    assert!(
-        !bytes.windows(card.len()).any(|w| w == card.as_bytes()),
-        "the card number is in the ledger file"
-    );
+    assert!(!bytes.windows(card.len()).any(|w| w == card.as_bytes()), "the card number is in the ledger file");
 }
 
 #[tokio::test]
 async fn a_read_only_tool_runs_without_a_step_and_records_nothing() {
     let f = Fixture::new().await;
-    let outcome = f
-        .host
-        .call(oncebox::Call::unrecorded("stock", r#"{"sku":"sku-1"}"#))
-        .await
-        .expect("call");
+    let outcome = f.host.call(oncebox::Call::unrecorded("stock", r#"{"sku":"sku-1"}"#)).await.expect("call");
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(outcome.output.expect("output")["available"], 10);
     assert_eq!(outcome.operation_key, None);

@@ -8,18 +8,9 @@ async fn host() -> Host {
 
 #[tokio::test]
 async fn a_read_only_tool_that_imports_effects_is_refused() {
-    let err = host()
-        .await
-        .load(oncebox_artifacts::LYING_READER)
-        .await
-        .expect_err("must refuse");
+    let err = host().await.load(oncebox_artifacts::LYING_READER).await.expect_err("must refuse");
     match &err {
-        Error::Load(LoadError::ClassMismatch {
-            tool,
-            class,
-            reason,
-            ..
-        }) => {
+        Error::Load(LoadError::ClassMismatch { tool, class, reason, .. }) => {
             assert_eq!(tool, "lying-reader");
             assert_eq!(*class, ReplayClass::ReadOnly);
             assert!(reason.contains("oncebox:tool/effects@0.1.0"), "{reason}");
@@ -30,11 +21,7 @@ async fn a_read_only_tool_that_imports_effects_is_refused() {
 
 #[tokio::test]
 async fn a_component_importing_sockets_is_refused_by_name() {
-    let err = host()
-        .await
-        .load(oncebox_artifacts::SOCKET_USER)
-        .await
-        .expect_err("must refuse");
+    let err = host().await.load(oncebox_artifacts::SOCKET_USER).await.expect_err("must refuse");
     match &err {
         Error::Load(LoadError::ForbiddenImport { import, .. }) => {
             assert!(import.starts_with("wasi:sockets/"), "{import}")
@@ -54,14 +41,8 @@ async fn files_that_are_not_components_are_refused() {
     let host = host().await;
     let err = host.load(&core).await.expect_err("core module");
     assert!(err.to_string().contains("core module"), "{err}");
-    assert!(matches!(
-        host.load(&junk).await,
-        Err(Error::Load(LoadError::NotAComponent { .. }))
-    ));
-    assert!(matches!(
-        host.load(dir.path().join("missing.wasm")).await,
-        Err(Error::Load(LoadError::Io { .. }))
-    ));
+    assert!(matches!(host.load(&junk).await, Err(Error::Load(LoadError::NotAComponent { .. }))));
+    assert!(matches!(host.load(dir.path().join("missing.wasm")).await, Err(Error::Load(LoadError::Io { .. }))));
 }
 
 #[tokio::test]
@@ -72,17 +53,11 @@ async fn the_manifest_is_read_and_a_duplicate_name_is_refused() {
     assert_eq!(manifest.class, ReplayClass::Compensatable);
     assert_eq!(manifest.compensated_by.as_deref(), Some("refund"));
     assert_eq!(manifest.sensitive, ["/payment_method"]);
-    assert_eq!(
-        manifest.input_schema["required"].as_array().map(Vec::len),
-        Some(4)
-    );
+    assert_eq!(manifest.input_schema["required"].as_array().map(Vec::len), Some(4));
     let (imports, exports) = host.interface("charge").expect("interface");
     assert!(exports.iter().any(|e| e == "oncebox:tool/reconcile@0.1.0"));
     assert!(imports.iter().all(|i| !i.starts_with("wasi:filesystem")));
-    assert!(matches!(
-        host.load(oncebox_artifacts::CHARGE).await,
-        Err(Error::DuplicateTool { .. })
-    ));
+    assert!(matches!(host.load(oncebox_artifacts::CHARGE).await, Err(Error::DuplicateTool { .. })));
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! A host that stops between the write-ahead record and the answer.
 
-use oncebox::Status;
 use oncebox::ledger::{EffectStatus, OperationStatus};
+use oncebox::{Reconciliation, Status};
 use oncebox_example_provider::{Fault, FaultKind, Provider, Route};
 
 use crate::support::{charge, eventually, host_for};
@@ -12,8 +12,7 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     let ledger = dir.path().join("ledger.redb");
     let provider = Provider::start().await.expect("provider");
     // The provider commits, then holds the answer long enough for the host to die waiting.
-    provider
-        .arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
+    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
 
     let host = host_for(&ledger, &provider, true).await;
     let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
@@ -21,10 +20,7 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
         let host = host.clone();
         async move { host.call(call).await }
     });
-    eventually("the provider committed the charge", || {
-        provider.counts("o-1").payments == 1
-    })
-    .await;
+    eventually("the provider committed the charge", || provider.counts("o-1").payments == 1).await;
     // The process dies: the call is cancelled mid-dispatch and every handle on the ledger goes.
     in_flight.abort();
     assert!(in_flight.await.is_err_and(|e| e.is_cancelled()));
@@ -33,34 +29,101 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     let restarted = host_for(&ledger, &provider, true).await;
     let requests = provider.requests();
     let outcome = restarted
-        .call(oncebox::Call::step(
-            "run-1",
-            "charge",
-            "charge",
-            charge("o-1").to_string(),
-        ))
+        .call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string()))
         .await
         .expect("call");
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
     assert!(outcome.replayed, "answered from the ledger");
     assert!(outcome.error.expect("error").message.contains("reconcile"));
-    assert_eq!(
-        provider.requests(),
-        requests,
-        "the next call dispatched nothing"
-    );
+    assert_eq!(provider.requests(), requests, "the next call dispatched nothing");
     assert_eq!(provider.counts("o-1").payments, 1);
 
     let key = outcome.operation_key.expect("key");
-    let op = restarted
-        .ledger()
-        .operation(&key)
-        .expect("read")
-        .expect("op");
+    let op = restarted.ledger().operation(&key).expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown);
     let effects = restarted.ledger().effects(&key).expect("effects");
     assert_eq!(effects.len(), 1);
     assert_eq!(effects[0].status, EffectStatus::Unknown);
+
+    // Reconciliation asks the provider by the effect key, and completes the step without a dispatch.
+    let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
+    let reconciled = restarted.reconcile(call.clone()).await.expect("reconcile");
+    let Reconciliation::Committed { outcome } = reconciled else { panic!("expected committed, got {reconciled:?}") };
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.output.as_ref().expect("output")["order_id"], "o-1");
+    let after = restarted.call(call).await.expect("call");
+    assert!(after.replayed && after.is_completed(), "{after:?}");
+    assert_eq!(after.output, outcome.output);
+    assert_eq!(provider.requests(), requests, "reconciling and replaying dispatched nothing");
+    assert_eq!(provider.counts("o-1").payments, 1);
+}
+
+/// A downstream that answers lookups with 404 but never answers a write: the write's outcome is
+/// unknown, and reconciliation learns it never took place.
+async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                if buf[..n].starts_with(b"GET ") {
+                    let body = r#"{"error":"not_found"}"#;
+                    let head = format!(
+                        "HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(format!("{head}{body}").as_bytes()).await;
+                } else {
+                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let (hole, hole_task) = black_hole().await;
+    let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
+    let first_key = {
+        let host = oncebox::Host::builder(&ledger)
+            .http_target(
+                hole.to_string(),
+                oncebox::HttpTarget { timeout: std::time::Duration::from_millis(300), ..Default::default() },
+            )
+            .tool_config("charge", "base_url", format!("http://{hole}"))
+            .build()
+            .await
+            .expect("host");
+        host.load(oncebox_artifacts::CHARGE).await.expect("load");
+        let outcome = host.call(call.clone()).await.expect("call");
+        assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+        let reconciled = host.reconcile(call.clone()).await.expect("reconcile");
+        assert!(matches!(reconciled, Reconciliation::NotCommitted { .. }), "{reconciled:?}");
+        let key = outcome.operation_key.expect("key");
+        host.ledger().effects(&key).expect("effects")[0].key.clone()
+    };
+    hole_task.abort();
+    let _ = hole_task.await;
+
+    // The same address now answers (the downstream came back): the effect goes out again, with its
+    // first key. (A different URL would be a different request: the guard would call it divergence.)
+    let provider = Provider::start_on(hole.port()).await.expect("provider on the same port");
+    let host = host_for(&ledger, &provider, true).await;
+    let outcome = host.call(call).await.expect("call");
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(provider.counts("o-1").payments, 1);
+    let effects = host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    assert_eq!(effects.len(), 1);
+    assert_eq!(effects[0].key, first_key, "the resend reused the effect key");
+    let stored = reqwest::get(format!("{}/payments/by-key/{first_key}", provider.base_url())).await.expect("lookup");
+    assert_eq!(stored.status(), 200, "the provider recorded the charge under the first key");
 }
 
 #[tokio::test]
@@ -70,25 +133,11 @@ async fn a_ledger_survives_a_restart_and_replays_from_disk() {
     let provider = Provider::start().await.expect("provider");
     let first = {
         let host = host_for(&ledger, &provider, true).await;
-        host.call(oncebox::Call::step(
-            "run-1",
-            "charge",
-            "charge",
-            charge("o-1").to_string(),
-        ))
-        .await
-        .expect("call")
+        host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await.expect("call")
     };
     let host = host_for(&ledger, &provider, true).await;
-    let again = host
-        .call(oncebox::Call::step(
-            "run-1",
-            "charge",
-            "charge",
-            charge("o-1").to_string(),
-        ))
-        .await
-        .expect("call");
+    let again =
+        host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await.expect("call");
     assert!(again.replayed);
     assert_eq!(again.output, first.output);
     assert_eq!(provider.counts("o-1").payments, 1);
@@ -98,19 +147,10 @@ async fn a_ledger_survives_a_restart_and_replays_from_disk() {
 async fn a_second_host_on_an_open_ledger_gets_a_clear_error() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("ledger.redb");
-    let _first = oncebox::Host::builder(&ledger)
-        .build()
-        .await
-        .expect("first");
-    let err = oncebox::Host::builder(&ledger)
-        .build()
-        .await
-        .expect_err("second must fail");
+    let _first = oncebox::Host::builder(&ledger).build().await.expect("first");
+    let err = oncebox::Host::builder(&ledger).build().await.expect_err("second must fail");
     let message = err.to_string();
-    assert!(
-        message.contains("open in another process") || message.contains("already open"),
-        "{message}"
-    );
+    assert!(message.contains("open in another process") || message.contains("already open"), "{message}");
 }
 
 #[tokio::test]
@@ -118,14 +158,7 @@ async fn a_corrupt_ledger_file_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("ledger.redb");
     std::fs::write(&ledger, vec![0x5a; 8192]).expect("write junk");
-    let err = oncebox::Host::builder(&ledger)
-        .build()
-        .await
-        .expect_err("junk is not a ledger");
+    let err = oncebox::Host::builder(&ledger).build().await.expect_err("junk is not a ledger");
     assert!(err.to_string().contains("ledger.redb"), "{err}");
-    assert_eq!(
-        std::fs::read(&ledger).expect("read"),
-        vec![0x5a; 8192],
-        "the file was left as it was"
-    );
+    assert_eq!(std::fs::read(&ledger).expect("read"), vec![0x5a; 8192], "the file was left as it was");
 }

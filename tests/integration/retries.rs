@@ -10,30 +10,19 @@ use crate::support::Fixture;
 #[tokio::test]
 async fn transient_failures_are_retried_up_to_three_attempts() {
     let f = Fixture::new().await;
-    let outcome = f
-        .call("run-1", "s", "panicky", &json!({"mode": "transient"}))
-        .await;
+    let outcome = f.call("run-1", "s", "panicky", &json!({"mode": "transient"})).await;
     assert_eq!(outcome.status, Status::Failed);
     assert_eq!(outcome.attempts, 3);
     let key = outcome.operation_key.expect("key");
     let attempts = f.host.ledger().attempts(&key).expect("attempts");
-    assert_eq!(
-        attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(),
-        [1, 2, 3]
-    );
-    assert!(
-        attempts
-            .iter()
-            .all(|a| a.outcome == "transient" && a.max_attempts == 3)
-    );
+    assert_eq!(attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+    assert!(attempts.iter().all(|a| a.outcome == "transient" && a.max_attempts == 3));
 }
 
 #[tokio::test]
 async fn permanent_failures_stop_at_once() {
     let f = Fixture::new().await;
-    let outcome = f
-        .call("run-1", "s", "panicky", &json!({"mode": "permanent"}))
-        .await;
+    let outcome = f.call("run-1", "s", "panicky", &json!({"mode": "permanent"})).await;
     assert_eq!(outcome.status, Status::Failed);
     assert_eq!(outcome.attempts, 1);
     assert_eq!(outcome.error.expect("error").class, "permanent");
@@ -42,43 +31,25 @@ async fn permanent_failures_stop_at_once() {
 #[tokio::test]
 async fn an_unknown_outcome_stops_and_is_recorded_unknown() {
     let f = Fixture::new().await;
-    let outcome = f
-        .call("run-1", "s", "panicky", &json!({"mode": "unknown"}))
-        .await;
+    let outcome = f.call("run-1", "s", "panicky", &json!({"mode": "unknown"})).await;
     assert_eq!(outcome.status, Status::Unknown);
     assert_eq!(outcome.attempts, 1);
-    let op = f
-        .host
-        .ledger()
-        .operation(&outcome.operation_key.expect("key"))
-        .expect("read")
-        .expect("op");
+    let op = f.host.ledger().operation(&outcome.operation_key.expect("key")).expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown);
 }
 
 #[tokio::test]
 async fn a_trap_leaves_the_host_serving_the_next_call() {
     let f = Fixture::new().await;
-    let trapped = f
-        .call("run-1", "boom", "panicky", &json!({"mode": "trap"}))
-        .await;
+    let trapped = f.call("run-1", "boom", "panicky", &json!({"mode": "trap"})).await;
     assert_eq!(trapped.status, Status::Failed);
     let error = trapped.error.expect("error");
     assert_eq!(error.class, "trap");
     assert!(error.message.contains("trapped"), "{}", error.message);
 
-    let next = f
-        .call(
-            "run-1",
-            "fine",
-            "panicky",
-            &json!({"mode": "ok", "echo": "still here"}),
-        )
-        .await;
+    let next = f.call("run-1", "fine", "panicky", &json!({"mode": "ok", "echo": "still here"})).await;
     assert_eq!(next.status, Status::Completed, "{next:?}");
     assert_eq!(next.output.expect("output")["echo"], "still here");
-    let charged = f
-        .call("run-1", "charge", "charge", &crate::support::charge("o-1"))
-        .await;
+    let charged = f.call("run-1", "charge", "charge", &crate::support::charge("o-1")).await;
     assert!(charged.is_completed());
 }

@@ -23,38 +23,17 @@ impl Fixture {
         let provider = Provider::start().await.expect("start provider");
         provider.set_stock("sku-1", 10);
         let host = host_for(&dir.path().join("ledger.redb"), &provider, true).await;
-        Fixture {
-            dir,
-            provider,
-            host,
-        }
+        Fixture { dir, provider, host }
     }
 
-    pub async fn call(
-        &self,
-        run: &str,
-        step: &str,
-        tool: &str,
-        args: &serde_json::Value,
-    ) -> Outcome {
-        self.host
-            .call(Call::step(run, step, tool, args.to_string()))
-            .await
-            .expect("call runs")
+    pub async fn call(&self, run: &str, step: &str, tool: &str, args: &serde_json::Value) -> Outcome {
+        self.host.call(Call::step(run, step, tool, args.to_string())).await.expect("call runs")
     }
 }
 
 /// A builder for a host on `ledger` talking to `provider`, with fast retries for the tests.
-pub fn builder_for(
-    ledger: &std::path::Path,
-    provider: &ProviderHandle,
-    honours_keys: bool,
-) -> HostBuilder {
-    let target = HttpTarget {
-        honours_keys,
-        key_retention: Duration::from_secs(24 * 3600),
-        timeout: EFFECT_TIMEOUT,
-    };
+pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_keys: bool) -> HostBuilder {
+    let target = HttpTarget { honours_keys, key_retention: Duration::from_secs(24 * 3600), timeout: EFFECT_TIMEOUT };
     let mut builder = Host::builder(ledger).http_target(provider.addr().to_string(), target);
     for tool in ["stock", "charge", "refund", "fulfill"] {
         builder = builder.tool_config(tool, "base_url", provider.base_url());
@@ -69,24 +48,14 @@ pub fn builder_for(
     builder
 }
 
-pub async fn host_for(
-    ledger: &std::path::Path,
-    provider: &ProviderHandle,
-    honours_keys: bool,
-) -> Host {
-    let host = builder_for(ledger, provider, honours_keys)
-        .build()
-        .await
-        .expect("build host");
+pub async fn host_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_keys: bool) -> Host {
+    let host = builder_for(ledger, provider, honours_keys).build().await.expect("build host");
     load_all(&host).await;
     host
 }
 
 pub async fn load_all(host: &Host) {
-    for tool in oncebox_artifacts::EXAMPLE_TOOLS
-        .iter()
-        .chain([&oncebox_artifacts::PANICKY])
-    {
+    for tool in oncebox_artifacts::EXAMPLE_TOOLS.iter().chain([&oncebox_artifacts::PANICKY]) {
         host.load(tool).await.expect("load tool");
     }
 }

@@ -48,9 +48,7 @@ impl Reconcile for Charge {
             return Reconciliation::StillUnknown;
         };
         match http::get(&format!("{base}/payments/by-key/{effect_key}")) {
-            Ok(r) if r.status == 200 => r
-                .json()
-                .map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
+            Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
             Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
             _ => Reconciliation::StillUnknown,
         }

@@ -41,9 +41,7 @@ impl Tool for Fulfill {
         let response = http::post_json("ship", &format!("{}/fulfillments", base_url()?), &args)?;
         match response.status {
             200 => response.json(),
-            status => Err(ToolError::permanent(format!(
-                "fulfillment answered {status}"
-            ))),
+            status => Err(ToolError::permanent(format!("fulfillment answered {status}"))),
         }
     }
 }
@@ -54,9 +52,7 @@ impl Reconcile for Fulfill {
             return Reconciliation::StillUnknown;
         };
         match http::get(&format!("{base}/fulfillments/by-key/{effect_key}")) {
-            Ok(r) if r.status == 200 => r
-                .json()
-                .map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
+            Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
             Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
             _ => Reconciliation::StillUnknown,
         }

@@ -30,10 +30,7 @@ impl Tool for Notify {
     fn invoke(args: Args) -> Result<Queued, ToolError> {
         let topic = "email";
         outbox::send("email", topic, &args)?;
-        Ok(Queued {
-            order_id: args.order_id,
-            topic: topic.into(),
-        })
+        Ok(Queued { order_id: args.order_id, topic: topic.into() })
     }
 }
 

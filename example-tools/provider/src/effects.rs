@@ -46,11 +46,7 @@ pub(crate) async fn handle(provider: &Provider, route: Route, request: Request<I
     }
 }
 
-async fn process(
-    provider: &Provider,
-    route: Route,
-    request: Request<Incoming>,
-) -> Result<Reply, ApiError> {
+async fn process(provider: &Provider, route: Route, request: Request<Incoming>) -> Result<Reply, ApiError> {
     let (parts, body) = request.into_parts();
     let key = idempotency_key(&parts.headers)?;
     let value = http::read_json(&parts.headers, body).await?;
@@ -94,9 +90,7 @@ async fn process(
         Some(FaultKind::LoseResponse | FaultKind::Delay { .. }) | None => {}
     }
 
-    let stored = provider
-        .store
-        .commit(claim.as_ref(), |ledger| effect.commit(ledger));
+    let stored = provider.store.commit(claim.as_ref(), |ledger| effect.commit(ledger));
     let reply = match fault {
         Some(FaultKind::LoseResponse) => Reply::Lose,
         Some(FaultKind::Delay { delay_ms }) => {
@@ -115,12 +109,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    let key = value.to_str().map_err(|_| {
-        ApiError::bad_request(
-            "invalid_idempotency_key",
-            "Idempotency-Key must be visible ASCII",
-        )
-    })?;
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("invalid_idempotency_key", "Idempotency-Key must be visible ASCII"))?;
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(ApiError::bad_request(
             "invalid_idempotency_key",
@@ -132,9 +123,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 fn replayed(stored: &StoredResponse) -> Resp {
     let mut response = stored_response(stored);
-    response
-        .headers_mut()
-        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     response
 }
 
@@ -218,10 +207,7 @@ impl EffectRequest {
             EffectRequest::Payment(_) | EffectRequest::Refund(_) => None,
         };
         match problem {
-            Some(problem) => Err(ApiError::bad_request(
-                "invalid_request",
-                format!("invalid request: {problem}"),
-            )),
+            Some(problem) => Err(ApiError::bad_request("invalid_request", format!("invalid request: {problem}"))),
             None => Ok(request),
         }
     }
@@ -241,12 +227,7 @@ impl EffectRequest {
             EffectRequest::Payment(p) if p.payment_method == DECLINED_METHOD => {
                 // A decline is a definitive answer, replayed like any other, but no
                 // money moved, so it is not counted.
-                ApiError::new(
-                    StatusCode::PAYMENT_REQUIRED,
-                    "card_declined",
-                    "the card was declined",
-                )
-                .to_stored()
+                ApiError::new(StatusCode::PAYMENT_REQUIRED, "card_declined", "the card was declined").to_stored()
             }
             EffectRequest::Payment(p) => {
                 ledger.record(&p.order_id, Route::Payments);

@@ -36,12 +36,7 @@ fn one() -> u32 {
 impl Fault {
     /// A fault for `route` on any order, applying once.
     pub fn new(route: Route, kind: FaultKind) -> Fault {
-        Fault {
-            route,
-            order_id: None,
-            kind,
-            times: 1,
-        }
+        Fault { route, order_id: None, kind, times: 1 }
     }
 
     /// Restricts the fault to requests for `order_id`.
@@ -134,18 +129,9 @@ mod tests {
         board.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).times(2));
 
         assert_eq!(board.take(Route::Refunds, "a"), None);
-        assert_eq!(
-            board.take(Route::Payments, "a"),
-            Some(FaultKind::LoseResponse)
-        );
-        assert_eq!(
-            board.take(Route::Payments, "b"),
-            Some(FaultKind::ErrorBeforeCommit)
-        );
-        assert_eq!(
-            board.take(Route::Payments, "b"),
-            Some(FaultKind::LoseResponse)
-        );
+        assert_eq!(board.take(Route::Payments, "a"), Some(FaultKind::LoseResponse));
+        assert_eq!(board.take(Route::Payments, "b"), Some(FaultKind::ErrorBeforeCommit));
+        assert_eq!(board.take(Route::Payments, "b"), Some(FaultKind::LoseResponse));
         assert_eq!(board.take(Route::Payments, "b"), None);
     }
 
@@ -158,15 +144,9 @@ mod tests {
 
     #[test]
     fn wire_format_flattens_the_kind() {
-        let fault: Result<Fault, _> = serde_json::from_str(
-            r#"{"route":"refunds","kind":"rate-limit","retry_after_ms":1500}"#,
-        );
-        let expected = Fault::new(
-            Route::Refunds,
-            FaultKind::RateLimit {
-                retry_after_ms: 1500,
-            },
-        );
+        let fault: Result<Fault, _> =
+            serde_json::from_str(r#"{"route":"refunds","kind":"rate-limit","retry_after_ms":1500}"#);
+        let expected = Fault::new(Route::Refunds, FaultKind::RateLimit { retry_after_ms: 1500 });
         assert_eq!(fault.ok(), Some(expected));
     }
 }

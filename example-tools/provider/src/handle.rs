@@ -26,10 +26,7 @@ impl Provider {
     pub async fn start_on(port: u16) -> std::io::Result<ProviderHandle> {
         let provider = Arc::new(Provider::default());
         let server = Server::start(port, Arc::clone(&provider)).await?;
-        Ok(ProviderHandle {
-            provider,
-            server: Arc::new(server),
-        })
+        Ok(ProviderHandle { provider, server: Arc::new(server) })
     }
 }
 

@@ -35,11 +35,7 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
+        ApiError { status, code, message: message.into() }
     }
 
     pub(crate) fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
@@ -53,10 +49,7 @@ impl ApiError {
     /// The error as a serialized body, so it can be stored under an idempotency key.
     pub(crate) fn to_stored(&self) -> StoredResponse {
         let body = serde_json::json!({ "error": self.code, "message": self.message });
-        StoredResponse {
-            status: self.status,
-            body: Bytes::from(body.to_string()),
-        }
+        StoredResponse { status: self.status, body: Bytes::from(body.to_string()) }
     }
 
     pub(crate) fn into_response(self) -> Resp {
@@ -67,17 +60,12 @@ impl ApiError {
 /// Serializes `body` into a response stored for replay.
 pub(crate) fn stored_json(status: StatusCode, body: &impl Serialize) -> StoredResponse {
     match serde_json::to_vec(body) {
-        Ok(bytes) => StoredResponse {
-            status,
-            body: Bytes::from(bytes),
-        },
+        Ok(bytes) => StoredResponse { status, body: Bytes::from(bytes) },
         // Only reachable if a response type stops being serializable; answer rather than panic.
-        Err(err) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("could not serialize response: {err}"),
-        )
-        .to_stored(),
+        Err(err) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("could not serialize response: {err}"))
+                .to_stored()
+        }
     }
 }
 
@@ -88,9 +76,7 @@ pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Resp {
 pub(crate) fn stored_response(stored: &StoredResponse) -> Resp {
     let mut response = Response::new(Full::new(stored.body.clone()));
     *response.status_mut() = stored.status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
@@ -103,15 +89,10 @@ pub(crate) fn no_content() -> Resp {
 /// Reads the body (at most [`MAX_BODY_BYTES`]) and parses it as JSON.
 pub(crate) async fn read_json(headers: &HeaderMap, mut body: Incoming) -> Result<Value, ApiError> {
     // A declared oversize body is refused without buffering any of it.
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    let bytes = if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-        None
-    } else {
-        read_limited(&mut body).await?
-    };
+    let declared =
+        headers.get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
+    let bytes =
+        if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) { None } else { read_limited(&mut body).await? };
     let Some(bytes) = bytes else {
         discard(&mut body).await;
         return Err(ApiError::new(
@@ -120,24 +101,16 @@ pub(crate) async fn read_json(headers: &HeaderMap, mut body: Incoming) -> Result
             format!("request body exceeds {MAX_BODY_BYTES} bytes"),
         ));
     };
-    serde_json::from_slice(&bytes).map_err(|err| {
-        ApiError::bad_request(
-            "invalid_json",
-            format!("request body is not valid JSON: {err}"),
-        )
-    })
+    serde_json::from_slice(&bytes)
+        .map_err(|err| ApiError::bad_request("invalid_json", format!("request body is not valid JSON: {err}")))
 }
 
 /// The whole body, or `None` as soon as it grows past [`MAX_BODY_BYTES`].
 async fn read_limited(body: &mut Incoming) -> Result<Option<Bytes>, ApiError> {
     let mut buffer = BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|err| {
-            ApiError::bad_request(
-                "invalid_body",
-                format!("could not read the request body: {err}"),
-            )
-        })?;
+        let frame = frame
+            .map_err(|err| ApiError::bad_request("invalid_body", format!("could not read the request body: {err}")))?;
         if let Some(data) = frame.data_ref() {
             if buffer.len() + data.len() > MAX_BODY_BYTES {
                 return Ok(None);
@@ -171,12 +144,8 @@ pub(crate) fn parse<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
 
 /// Decodes `%XX` escapes in a path segment (keys and SKUs may contain reserved characters).
 pub(crate) fn percent_decode(segment: &str) -> Result<String, ApiError> {
-    let invalid = || {
-        ApiError::bad_request(
-            "invalid_path",
-            format!("path segment {segment:?} has an invalid percent-escape"),
-        )
-    };
+    let invalid =
+        || ApiError::bad_request("invalid_path", format!("path segment {segment:?} has an invalid percent-escape"));
     let bytes = segment.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -195,9 +164,7 @@ pub(crate) fn percent_decode(segment: &str) -> Result<String, ApiError> {
 }
 
 fn hex_digit(byte: &u8) -> Option<u8> {
-    char::from(*byte)
-        .to_digit(16)
-        .and_then(|d| u8::try_from(d).ok())
+    char::from(*byte).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }
 
 #[cfg(test)]
@@ -219,9 +186,6 @@ mod tests {
         let stored = ApiError::bad_request("invalid_json", "nope").to_stored();
         let body: Value = serde_json::from_slice(&stored.body).unwrap_or_default();
         assert_eq!(stored.status, StatusCode::BAD_REQUEST);
-        assert_eq!(
-            body,
-            serde_json::json!({"error": "invalid_json", "message": "nope"})
-        );
+        assert_eq!(body, serde_json::json!({"error": "invalid_json", "message": "nope"}));
     }
 }

@@ -44,9 +44,7 @@ fn parse_port(args: Vec<String>) -> Result<u16, String> {
     match args.as_slice() {
         [] => Ok(0),
         [flag] if flag == "-h" || flag == "--help" => Err(String::new()),
-        [port] => port
-            .parse()
-            .map_err(|_| format!("invalid port {port:?}: expected 0 to 65535")),
+        [port] => port.parse().map_err(|_| format!("invalid port {port:?}: expected 0 to 65535")),
         _ => Err("too many arguments".to_owned()),
     }
 }

@@ -74,16 +74,11 @@ fn by_key(provider: &Provider, route: Route, key: &str) -> Result<Resp, ApiError
         .store
         .by_key(route, &key)
         .map(|stored| http::stored_response(&stored))
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no committed {route} request with key {key:?}"))
-        })
+        .ok_or_else(|| ApiError::not_found(format!("no committed {route} request with key {key:?}")))
 }
 
 fn stock_response(provider: &Provider, sku: &str) -> Resp {
-    json_response(
-        StatusCode::OK,
-        &json!({ "sku": sku, "available": provider.store.stock(sku) }),
-    )
+    json_response(StatusCode::OK, &json!({ "sku": sku, "available": provider.store.stock(sku) }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,11 +87,7 @@ struct SetStock {
 }
 
 /// `POST /inventory/{sku}`: an admin route for test setup, not an effect.
-async fn set_stock(
-    provider: &Provider,
-    sku: &str,
-    request: Request<Incoming>,
-) -> Result<Resp, ApiError> {
+async fn set_stock(provider: &Provider, sku: &str, request: Request<Incoming>) -> Result<Resp, ApiError> {
     let (parts, body) = request.into_parts();
     let SetStock { available } = http::parse(http::read_json(&parts.headers, body).await?)?;
     provider.store.set_stock(sku, available);
@@ -109,25 +100,17 @@ async fn arm_fault(provider: &Provider, request: Request<Incoming>) -> Result<Re
     if fault.times == 0 {
         // Over the Rust API such a fault is silently spent; over HTTP it is
         // almost certainly a mistake in the test that sent it.
-        return Err(ApiError::bad_request(
-            "invalid_request",
-            "invalid request: `times` must be at least 1",
-        ));
+        return Err(ApiError::bad_request("invalid_request", "invalid request: `times` must be at least 1"));
     }
     provider.faults.arm(fault);
     Ok(no_content())
 }
 
 fn method_not_allowed(allow: &'static str) -> Resp {
-    let mut response = ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("allowed methods: {allow}"),
-    )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(ALLOW, HeaderValue::from_static(allow));
+    let mut response =
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("allowed methods: {allow}"))
+            .into_response();
+    response.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
     response
 }
 

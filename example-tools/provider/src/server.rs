@@ -44,11 +44,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept_loop(listener, provider, stopped));
-        Ok(Server {
-            addr,
-            stop: Mutex::new(Some(stop)),
-            task: Mutex::new(Some(task)),
-        })
+        Ok(Server { addr, stop: Mutex::new(Some(stop)), task: Mutex::new(Some(task)) })
     }
 
     pub(crate) fn addr(&self) -> SocketAddr {
@@ -72,11 +68,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    provider: Arc<Provider>,
-    mut stopped: oneshot::Receiver<()>,
-) {
+async fn accept_loop(listener: TcpListener, provider: Arc<Provider>, mut stopped: oneshot::Receiver<()>) {
     // Owning the connection tasks lets shutdown end them too, so a stopped
     // provider really is gone rather than still finishing a delayed response.
     let mut connections = JoinSet::new();

@@ -101,10 +101,7 @@ impl Ledger<'_> {
 
     /// Counts one committed effect on `route` for `order_id`.
     pub(crate) fn record(&mut self, order_id: &str, route: Route) {
-        self.counts
-            .entry(order_id.to_owned())
-            .or_default()
-            .record(route);
+        self.counts.entry(order_id.to_owned()).or_default().record(route);
     }
 }
 
@@ -136,18 +133,8 @@ impl Store {
                 Progress::Processing | Progress::Responding(_) => Claim::InUse,
             };
         }
-        state.keys.insert(
-            key.to_owned(),
-            KeyEntry {
-                route,
-                request: request.clone(),
-                progress: Progress::Processing,
-            },
-        );
-        Claim::Fresh(KeyClaim {
-            store: self,
-            key: key.to_owned(),
-        })
+        state.keys.insert(key.to_owned(), KeyEntry { route, request: request.clone(), progress: Progress::Processing });
+        Claim::Fresh(KeyClaim { store: self, key: key.to_owned() })
     }
 
     /// Commits an effect and, for a keyed request, stores its response under the key.
@@ -158,10 +145,7 @@ impl Store {
     ) -> StoredResponse {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let response = effect(&mut Ledger {
-            counts: &mut state.counts,
-            next_ids: &mut state.next_ids,
-        });
+        let response = effect(&mut Ledger { counts: &mut state.counts, next_ids: &mut state.next_ids });
         if let Some(entry) = claim.and_then(|claim| state.keys.get_mut(&claim.key)) {
             entry.progress = Progress::Responding(response.clone());
         }
@@ -179,18 +163,11 @@ impl Store {
     }
 
     pub(crate) fn counts(&self, order_id: &str) -> Counts {
-        self.lock()
-            .counts
-            .get(order_id)
-            .copied()
-            .unwrap_or_default()
+        self.lock().counts.get(order_id).copied().unwrap_or_default()
     }
 
     pub(crate) fn totals(&self) -> Counts {
-        self.lock()
-            .counts
-            .values()
-            .fold(Counts::default(), |sum, counts| sum.add(*counts))
+        self.lock().counts.values().fold(Counts::default(), |sum, counts| sum.add(*counts))
     }
 
     pub(crate) fn note_effect_request(&self) {
@@ -221,10 +198,7 @@ mod tests {
     use super::*;
 
     fn ok(body: &'static str) -> StoredResponse {
-        StoredResponse {
-            status: StatusCode::OK,
-            body: Bytes::from_static(body.as_bytes()),
-        }
+        StoredResponse { status: StatusCode::OK, body: Bytes::from_static(body.as_bytes()) }
     }
 
     fn pay(ledger: &mut Ledger<'_>) -> StoredResponse {
@@ -238,15 +212,9 @@ mod tests {
         let body = serde_json::json!({"a": 1});
         let claim = store.claim("k", Route::Payments, &body);
         assert!(matches!(claim, Claim::Fresh(_)));
-        assert!(matches!(
-            store.claim("k", Route::Payments, &body),
-            Claim::InUse
-        ));
+        assert!(matches!(store.claim("k", Route::Payments, &body), Claim::InUse));
         drop(claim);
-        assert!(matches!(
-            store.claim("k", Route::Payments, &body),
-            Claim::Fresh(_)
-        ));
+        assert!(matches!(store.claim("k", Route::Payments, &body), Claim::Fresh(_)));
     }
 
     #[test]
@@ -257,10 +225,7 @@ mod tests {
             panic!("a new key must be fresh");
         };
         store.commit(Some(&claim), pay);
-        assert!(matches!(
-            store.claim("k", Route::Payments, &body),
-            Claim::InUse
-        ));
+        assert!(matches!(store.claim("k", Route::Payments, &body), Claim::InUse));
         assert_eq!(store.by_key(Route::Payments, "k"), Some(ok("paid")));
         drop(claim);
         match store.claim("k", Route::Payments, &body) {
@@ -278,19 +243,10 @@ mod tests {
             store.commit(Some(&claim), pay);
         }
         let reordered = serde_json::json!({"b": 2, "a": 1});
-        assert!(matches!(
-            store.claim("k", Route::Payments, &reordered),
-            Claim::Replay(_)
-        ));
+        assert!(matches!(store.claim("k", Route::Payments, &reordered), Claim::Replay(_)));
         let other = serde_json::json!({"a": 2, "b": 2});
-        assert!(matches!(
-            store.claim("k", Route::Payments, &other),
-            Claim::Reused
-        ));
-        assert!(matches!(
-            store.claim("k", Route::Refunds, &body),
-            Claim::Reused
-        ));
+        assert!(matches!(store.claim("k", Route::Payments, &other), Claim::Reused));
+        assert!(matches!(store.claim("k", Route::Refunds, &body), Claim::Reused));
         assert_eq!(store.by_key(Route::Refunds, "k"), None);
     }
 

@@ -24,10 +24,7 @@ struct Reply {
 impl Harness {
     async fn start() -> Harness {
         let provider = Provider::start().await.expect("provider starts");
-        Harness {
-            provider,
-            client: reqwest::Client::new(),
-        }
+        Harness { provider, client: reqwest::Client::new() }
     }
 
     fn url(&self, path: &str) -> String {
@@ -36,17 +33,9 @@ impl Harness {
 
     /// POSTs `body` to `path`, with an `Idempotency-Key` if given; errors are the
     /// client's (e.g. a connection closed without a response).
-    async fn try_post(
-        &self,
-        path: &str,
-        key: Option<&str>,
-        body: &Value,
-    ) -> reqwest::Result<Reply> {
-        let mut request = self
-            .client
-            .post(self.url(path))
-            .header("content-type", "application/json")
-            .body(body.to_string());
+    async fn try_post(&self, path: &str, key: Option<&str>, body: &Value) -> reqwest::Result<Reply> {
+        let mut request =
+            self.client.post(self.url(path)).header("content-type", "application/json").body(body.to_string());
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
@@ -54,15 +43,11 @@ impl Harness {
     }
 
     async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> Reply {
-        self.try_post(path, key, body)
-            .await
-            .expect("provider answers")
+        self.try_post(path, key, body).await.expect("provider answers")
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
-        read(request.send().await.expect("provider answers"))
-            .await
-            .expect("body is readable")
+        read(request.send().await.expect("provider answers")).await.expect("body is readable")
     }
 
     async fn get(&self, path: &str) -> Reply {
@@ -72,18 +57,10 @@ impl Harness {
 
 async fn read(response: reqwest::Response) -> reqwest::Result<Reply> {
     let status = response.status();
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|value| value == "true");
+    let replayed = response.headers().get("idempotent-replayed").is_some_and(|value| value == "true");
     let text = response.text().await?;
     let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Ok(Reply {
-        status,
-        replayed,
-        text,
-        json,
-    })
+    Ok(Reply { status, replayed, text, json })
 }
 
 fn payment(order_id: &str, amount_cents: u64) -> Value {
@@ -96,10 +73,7 @@ fn payment(order_id: &str, amount_cents: u64) -> Value {
 }
 
 fn payments(n: u64) -> Counts {
-    Counts {
-        payments: n,
-        ..Counts::default()
-    }
+    Counts { payments: n, ..Counts::default() }
 }
 
 #[tokio::test]
@@ -120,10 +94,7 @@ async fn first_payment_succeeds_and_counts_one() {
 
     // The same count over HTTP, per order and in total.
     let counts = h.get("/counts/o-1").await;
-    assert_eq!(
-        counts.json,
-        json!({"payments": 1, "refunds": 0, "fulfillments": 0})
-    );
+    assert_eq!(counts.json, json!({"payments": 1, "refunds": 0, "fulfillments": 0}));
     assert_eq!(h.get("/counts").await.json["payments"], 1);
 }
 
@@ -142,14 +113,8 @@ async fn replayed_key_returns_the_first_response_without_a_new_effect() {
 
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(second.status, StatusCode::OK);
-    assert!(
-        second.replayed,
-        "a replay carries Idempotent-Replayed: true"
-    );
-    assert_eq!(
-        second.text, first.text,
-        "the stored body is replayed byte for byte"
-    );
+    assert!(second.replayed, "a replay carries Idempotent-Replayed: true");
+    assert_eq!(second.text, first.text, "the stored body is replayed byte for byte");
     assert_eq!(h.provider.counts("o-1"), payments(1));
     assert_eq!(h.provider.requests(), 2);
 }
@@ -186,12 +151,9 @@ async fn requests_without_a_key_are_each_a_new_effect() {
 #[tokio::test]
 async fn lost_response_is_committed_and_a_retry_gets_the_stored_answer() {
     let h = Harness::start().await;
-    h.provider
-        .arm(Fault::new(Route::Payments, FaultKind::LoseResponse));
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse));
 
-    let lost = h
-        .try_post("/payments", Some("k1"), &payment("o-1", 700))
-        .await;
+    let lost = h.try_post("/payments", Some("k1"), &payment("o-1", 700)).await;
     let err = lost.expect_err("the connection closes without a response");
     assert!(!err.is_timeout(), "closed, not timed out: {err}");
     assert_eq!(h.provider.counts("o-1"), payments(1));
@@ -208,12 +170,7 @@ async fn lost_response_is_committed_and_a_retry_gets_the_stored_answer() {
 #[tokio::test]
 async fn rate_limit_commits_nothing_and_the_same_key_then_succeeds() {
     let h = Harness::start().await;
-    h.provider.arm(Fault::new(
-        Route::Payments,
-        FaultKind::RateLimit {
-            retry_after_ms: 1500,
-        },
-    ));
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::RateLimit { retry_after_ms: 1500 }));
 
     let response = h
         .client
@@ -224,13 +181,7 @@ async fn rate_limit_commits_nothing_and_the_same_key_then_succeeds() {
         .await
         .expect("provider answers");
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header = |name: &str| response.headers().get(name).and_then(|value| value.to_str().ok()).map(str::to_owned);
     assert_eq!(header("retry-after").as_deref(), Some("2"), "rounded up");
     assert_eq!(header("retry-after-ms").as_deref(), Some("1500"));
     assert_eq!(h.provider.counts("o-1"), Counts::default());
@@ -244,17 +195,13 @@ async fn rate_limit_commits_nothing_and_the_same_key_then_succeeds() {
 #[tokio::test]
 async fn error_before_commit_commits_nothing() {
     let h = Harness::start().await;
-    h.provider
-        .arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit));
+    h.provider.arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit));
     let refund = json!({"order_id": "o-1", "amount_cents": 300});
 
     let failed = h.post("/refunds", Some("r1"), &refund).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(h.provider.counts("o-1"), Counts::default());
-    assert_eq!(
-        h.get("/refunds/by-key/r1").await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(h.get("/refunds/by-key/r1").await.status, StatusCode::NOT_FOUND);
 
     let retry = h.post("/refunds", Some("r1"), &refund).await;
     assert_eq!(retry.status, StatusCode::OK);
@@ -265,22 +212,12 @@ async fn error_before_commit_commits_nothing() {
 #[tokio::test]
 async fn same_key_while_the_first_request_is_delayed_gets_409() {
     let h = Harness::start().await;
-    h.provider.arm(Fault::new(
-        Route::Payments,
-        FaultKind::Delay { delay_ms: 1500 },
-    ));
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 1500 }));
 
     let client = h.client.clone();
     let url = h.url("/payments");
     let body = payment("o-1", 900).to_string();
-    let first = tokio::spawn(async move {
-        client
-            .post(url)
-            .header("idempotency-key", "k1")
-            .body(body)
-            .send()
-            .await
-    });
+    let first = tokio::spawn(async move { client.post(url).header("idempotency-key", "k1").body(body).send().await });
     // The effect is committed before the delay starts, so once it is counted the
     // first request is certainly in flight.
     for _ in 0..500 {
@@ -295,10 +232,7 @@ async fn same_key_while_the_first_request_is_delayed_gets_409() {
     assert_eq!(concurrent.status, StatusCode::CONFLICT);
     assert_eq!(concurrent.json["error"], "idempotency_key_in_use");
 
-    let first = first
-        .await
-        .expect("task completes")
-        .expect("delayed response arrives");
+    let first = first.await.expect("task completes").expect("delayed response arrives");
     assert_eq!(first.status(), StatusCode::OK);
     let after = h.post("/payments", Some("k1"), &payment("o-1", 900)).await;
     assert!(after.replayed);
@@ -324,24 +258,15 @@ async fn lookup_by_key_finds_committed_responses_only() {
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert_eq!(unknown.json["error"], "not_found");
     // A key is looked up under the route it was used on.
-    assert_eq!(
-        h.get("/payments/by-key/f1").await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(h.get("/payments/by-key/f1").await.status, StatusCode::NOT_FOUND);
     assert_eq!(h.provider.counts("o-1").fulfillments, 1);
 }
 
 #[tokio::test]
 async fn bad_requests_get_400_naming_the_problem_and_commit_nothing() {
     let h = Harness::start().await;
-    let malformed = h
-        .send(
-            h.client
-                .post(h.url("/payments"))
-                .header("idempotency-key", "k1")
-                .body("{\"order_id\": "),
-        )
-        .await;
+    let malformed =
+        h.send(h.client.post(h.url("/payments")).header("idempotency-key", "k1").body("{\"order_id\": ")).await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     assert_eq!(malformed.json["error"], "invalid_json");
 
@@ -378,8 +303,7 @@ async fn declined_card_is_stored_and_replayed_but_not_counted() {
 async fn replays_do_not_consume_faults() {
     let h = Harness::start().await;
     h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
-    h.provider
-        .arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit));
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit));
 
     let replay = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
     assert_eq!(replay.status, StatusCode::OK);
@@ -393,24 +317,14 @@ async fn replays_do_not_consume_faults() {
 #[tokio::test]
 async fn faults_match_order_and_are_spent_after_times() {
     let h = Harness::start().await;
-    h.provider.arm(
-        Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit)
-            .for_order("o-2")
-            .times(2),
-    );
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-2").times(2));
 
-    assert_eq!(
-        h.post("/payments", None, &payment("o-1", 1)).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(h.post("/payments", None, &payment("o-1", 1)).await.status, StatusCode::OK);
     for _ in 0..2 {
         let failed = h.post("/payments", None, &payment("o-2", 1)).await;
         assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
-    assert_eq!(
-        h.post("/payments", None, &payment("o-2", 1)).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(h.post("/payments", None, &payment("o-2", 1)).await.status, StatusCode::OK);
     assert_eq!(h.provider.totals(), payments(2));
 }
 
@@ -418,27 +332,17 @@ async fn faults_match_order_and_are_spent_after_times() {
 async fn faults_can_be_armed_and_cleared_over_http() {
     let h = Harness::start().await;
     let fault = json!({"route": "refunds", "kind": "error-before-commit", "times": 5});
-    let armed = h
-        .send(h.client.post(h.url("/faults")).body(fault.to_string()))
-        .await;
+    let armed = h.send(h.client.post(h.url("/faults")).body(fault.to_string())).await;
     assert_eq!(armed.status, StatusCode::NO_CONTENT);
 
     let refund = json!({"order_id": "o-1", "amount_cents": 1});
-    assert_eq!(
-        h.post("/refunds", None, &refund).await.status,
-        StatusCode::INTERNAL_SERVER_ERROR
-    );
+    assert_eq!(h.post("/refunds", None, &refund).await.status, StatusCode::INTERNAL_SERVER_ERROR);
     let cleared = h.send(h.client.delete(h.url("/faults"))).await;
     assert_eq!(cleared.status, StatusCode::NO_CONTENT);
-    assert_eq!(
-        h.post("/refunds", None, &refund).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(h.post("/refunds", None, &refund).await.status, StatusCode::OK);
 
     let bad = json!({"route": "nowhere", "kind": "lose-response"});
-    let rejected = h
-        .send(h.client.post(h.url("/faults")).body(bad.to_string()))
-        .await;
+    let rejected = h.send(h.client.post(h.url("/faults")).body(bad.to_string())).await;
     assert_eq!(rejected.status, StatusCode::BAD_REQUEST);
 }
 
@@ -451,13 +355,7 @@ async fn inventory_reads_and_sets_stock() {
     h.provider.set_stock("widget", 7);
     assert_eq!(h.get("/inventory/widget").await.json["available"], 7);
 
-    let set = h
-        .send(
-            h.client
-                .post(h.url("/inventory/gadget"))
-                .body(json!({"available": 3}).to_string()),
-        )
-        .await;
+    let set = h.send(h.client.post(h.url("/inventory/gadget")).body(json!({"available": 3}).to_string())).await;
     assert_eq!(set.status, StatusCode::OK);
     assert_eq!(h.provider.stock("gadget"), 3);
     // An admin route is not an effect request.
@@ -504,14 +402,9 @@ async fn binary_prints_its_address_and_serves() {
         .expect("binary starts");
     let mut line = String::new();
     if let Some(stdout) = child.stdout.take() {
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("address line is readable");
+        std::io::BufReader::new(stdout).read_line(&mut line).expect("address line is readable");
     }
-    let answer = reqwest::Client::new()
-        .get(format!("{}/counts", line.trim()))
-        .send()
-        .await;
+    let answer = reqwest::Client::new().get(format!("{}/counts", line.trim())).send().await;
     // Stop the child before asserting, so a failure does not leave it running.
     child.kill().expect("child can be killed");
     child.wait().expect("child is reaped");

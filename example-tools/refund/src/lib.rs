@@ -28,8 +28,7 @@ impl Tool for RefundTool {
     const DESCRIPTION: &'static str = "Refunds an order's charge.";
 
     fn invoke(args: Args) -> Result<Refund, ToolError> {
-        let base = config("base_url")
-            .ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
+        let base = config("base_url").ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
         let response = http::post_json("refund", &format!("{base}/refunds"), &args)?;
         match response.status {
             200 => response.json(),

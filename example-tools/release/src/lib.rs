@@ -33,23 +33,13 @@ impl Tool for Release {
     fn invoke(args: Args) -> Result<Released, ToolError> {
         let key = format!("reservation/{}", args.order_id);
         let Some(reservation) = kv::get_json::<Reservation>(&key)? else {
-            return Ok(Released {
-                order_id: args.order_id,
-                released: 0,
-            });
+            return Ok(Released { order_id: args.order_id, released: 0 });
         };
         let counter = format!("reserved/{}", reservation.sku);
         let reserved = kv::get_json::<u64>(&counter)?.unwrap_or(0);
-        kv::set_json(
-            "reserved-count",
-            &counter,
-            &reserved.saturating_sub(reservation.quantity),
-        )?;
+        kv::set_json("reserved-count", &counter, &reserved.saturating_sub(reservation.quantity))?;
         kv::delete("reservation", &key)?;
-        Ok(Released {
-            order_id: args.order_id,
-            released: reservation.quantity,
-        })
+        Ok(Released { order_id: args.order_id, released: reservation.quantity })
     }
 }
 

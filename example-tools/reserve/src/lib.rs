@@ -45,12 +45,8 @@ impl Tool for Reserve {
         let counter = format!("reserved/{}", args.sku);
         let reserved_total = kv::get_json::<u64>(&counter)?.unwrap_or(0) + args.quantity;
         kv::set_json("reserved-count", &counter, &reserved_total)?;
-        let reservation = Reservation {
-            order_id: args.order_id,
-            sku: args.sku,
-            quantity: args.quantity,
-            reserved_total,
-        };
+        let reservation =
+            Reservation { order_id: args.order_id, sku: args.sku, quantity: args.quantity, reserved_total };
         kv::set_json("reservation", &key, &reservation)?;
         Ok(reservation)
     }

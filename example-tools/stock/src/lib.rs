@@ -25,8 +25,7 @@ impl Tool for StockTool {
     const DESCRIPTION: &'static str = "Tells how many units of a SKU are available.";
 
     fn invoke(args: Args) -> Result<Stock, ToolError> {
-        let base = config("base_url")
-            .ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
+        let base = config("base_url").ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
         let response = http::get(&format!("{base}/inventory/{}", args.sku))?;
         match response.status {
             200 => response.json(),

@@ -19,30 +19,10 @@ struct Class {
 }
 
 const CLASSES: [Class; 4] = [
-    Class {
-        keyword: "read_only",
-        world: "read-only-tool",
-        variant: "ReadOnly",
-        reconciles: false,
-    },
-    Class {
-        keyword: "idempotent_write",
-        world: "idempotent-tool",
-        variant: "IdempotentWrite",
-        reconciles: false,
-    },
-    Class {
-        keyword: "compensatable",
-        world: "compensatable-tool",
-        variant: "Compensatable",
-        reconciles: true,
-    },
-    Class {
-        keyword: "irreversible",
-        world: "irreversible-tool",
-        variant: "Irreversible",
-        reconciles: true,
-    },
+    Class { keyword: "read_only", world: "read-only-tool", variant: "ReadOnly", reconciles: false },
+    Class { keyword: "idempotent_write", world: "idempotent-tool", variant: "IdempotentWrite", reconciles: false },
+    Class { keyword: "compensatable", world: "compensatable-tool", variant: "Compensatable", reconciles: true },
+    Class { keyword: "irreversible", world: "irreversible-tool", variant: "Irreversible", reconciles: true },
 ];
 
 /// Exports a tool as a component of its class's world.
@@ -62,17 +42,12 @@ pub fn export(input: TokenStream) -> TokenStream {
 }
 
 fn expand(input: TokenStream) -> Result<TokenStream, String> {
-    let usage = "usage: oncebox_sdk::export!(MyTool, class = read_only | idempotent_write | compensatable | irreversible)";
+    let usage =
+        "usage: oncebox_sdk::export!(MyTool, class = read_only | idempotent_write | compensatable | irreversible)";
     let tokens: Vec<TokenTree> = input.into_iter().collect();
-    let comma = tokens
-        .iter()
-        .position(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ','))
-        .ok_or(usage)?;
+    let comma = tokens.iter().position(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ',')).ok_or(usage)?;
     let ty: String = tokens[..comma].iter().map(ToString::to_string).collect();
-    let rest: Vec<String> = tokens[comma + 1..]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let rest: Vec<String> = tokens[comma + 1..].iter().map(ToString::to_string).collect();
     let keyword = match rest.as_slice() {
         [key, eq, class] if key == "class" && eq == "=" => class.as_str(),
         _ => return Err(usage.to_string()),
@@ -149,12 +124,9 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
             r#""oncebox:tool/effects@0.1.0": ::oncebox_sdk::__private::bindings::oncebox::tool::effects,"#
         },
     );
-    code.parse()
-        .map_err(|e| format!("oncebox_sdk::export!: internal expansion error: {e}"))
+    code.parse().map_err(|e| format!("oncebox_sdk::export!: internal expansion error: {e}"))
 }
 
 fn compile_error(message: &str) -> TokenStream {
-    format!("compile_error!({message:?});")
-        .parse()
-        .unwrap_or_default()
+    format!("compile_error!({message:?});").parse().unwrap_or_default()
 }

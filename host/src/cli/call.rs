@@ -35,21 +35,24 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
+    let (host, call) = open(args).await?;
+    let outcome = host.call(call).await?;
+    print_json(&outcome)?;
+    Ok(if outcome.status == Status::Completed { Exit::Ok } else { Exit::ToolFailed })
+}
+
+/// Builds the host the flags describe, loads the tool and shapes the call.
+pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     let mut builder = Host::builder(&args.ledger);
     let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {
-        let settings = HttpTarget {
-            honours_keys: true,
-            key_retention: Duration::from_secs(24 * 3600),
-            timeout,
-        };
+        let settings = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout };
         builder = builder.http_target(target.clone(), settings);
     }
     let mut config = Vec::new();
     for pair in &args.config {
-        let (key, value) = pair
-            .split_once('=')
-            .ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
+        let (key, value) =
+            pair.split_once('=').ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
         config.push((key.to_string(), value.to_string()));
     }
     let host = builder.build().await?;
@@ -60,11 +63,5 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         (None, None) => Call::unrecorded(&manifest.name, args.args),
         _ => return Err(Usage("--run and --step go together".into()).into()),
     };
-    let outcome = host.call(call).await?;
-    print_json(&outcome)?;
-    Ok(if outcome.status == Status::Completed {
-        Exit::Ok
-    } else {
-        Exit::ToolFailed
-    })
+    Ok((host, call))
 }

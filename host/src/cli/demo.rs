@@ -44,15 +44,9 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let naive_provider = start_provider(&orders).await?;
     let oncebox_provider = start_provider(&orders).await?;
 
-    let temp = args
-        .ledger
-        .is_none()
-        .then(|| std::env::temp_dir().join(format!("oncebox-demo-{}.redb", std::process::id())));
-    let ledger = args
-        .ledger
-        .clone()
-        .or_else(|| temp.clone())
-        .context("no ledger path")?;
+    let temp =
+        args.ledger.is_none().then(|| std::env::temp_dir().join(format!("oncebox-demo-{}.redb", std::process::id())));
+    let ledger = args.ledger.clone().or_else(|| temp.clone()).context("no ledger path")?;
     let host = oncebox_host(&ledger, &oncebox_provider).await?;
 
     let client = reqwest::Client::builder().timeout(TIMEOUT).build()?;
@@ -78,22 +72,13 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     print_table(&rows);
     let naive: u64 = rows.iter().map(|r| r.naive_charges).sum();
     let once: u64 = rows.iter().map(|r| r.oncebox_charges).sum();
-    println!(
-        "demo: orders={} naive_charges={naive} oncebox_charges={once}",
-        orders.len()
-    );
+    println!("demo: orders={} naive_charges={naive} oncebox_charges={once}", orders.len());
     let exactly_once = rows.iter().all(|r| r.oncebox_charges == 1);
-    Ok(if exactly_once {
-        Exit::Ok
-    } else {
-        Exit::ToolFailed
-    })
+    Ok(if exactly_once { Exit::Ok } else { Exit::ToolFailed })
 }
 
 async fn start_provider(orders: &[String]) -> anyhow::Result<ProviderHandle> {
-    let provider = Provider::start()
-        .await
-        .context("starting the example provider")?;
+    let provider = Provider::start().await.context("starting the example provider")?;
     provider.set_stock("sku-1", 100);
     for order in orders {
         provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order(order.clone()));
@@ -123,11 +108,7 @@ async fn naive_charge(client: &reqwest::Client, base: &str, order: &str) -> u32 
 }
 
 async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> anyhow::Result<Host> {
-    let target = HttpTarget {
-        honours_keys: true,
-        key_retention: Duration::from_secs(24 * 3600),
-        timeout: TIMEOUT,
-    };
+    let target = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout: TIMEOUT };
     let base = provider.base_url();
     let host = Host::builder(ledger)
         .http_target(provider.addr().to_string(), target)
@@ -135,12 +116,9 @@ async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> an
         .tool_config("charge", "base_url", base)
         .build()
         .await?;
-    for tool in [
-        oncebox_artifacts::STOCK,
-        oncebox_artifacts::RESERVE,
-        oncebox_artifacts::CHARGE,
-        oncebox_artifacts::NOTIFY,
-    ] {
+    for tool in
+        [oncebox_artifacts::STOCK, oncebox_artifacts::RESERVE, oncebox_artifacts::CHARGE, oncebox_artifacts::NOTIFY]
+    {
         host.load(tool).await?;
     }
     Ok(host)
@@ -152,15 +130,9 @@ async fn oncebox_order(host: &Host, order: &str) -> anyhow::Result<(Outcome, Out
     let run = format!("checkout-{order}");
     let steps = [
         ("stock", json!({"sku": "sku-1"})),
-        (
-            "reserve",
-            json!({"order_id": order, "sku": "sku-1", "quantity": 1}),
-        ),
+        ("reserve", json!({"order_id": order, "sku": "sku-1", "quantity": 1})),
         ("charge", charge_args(order)),
-        (
-            "notify",
-            json!({"order_id": order, "email": "buyer@example.com", "template": "receipt"}),
-        ),
+        ("notify", json!({"order_id": order, "email": "buyer@example.com", "template": "receipt"})),
     ];
     let mut charge = None;
     for (tool, args) in steps {
@@ -174,14 +146,7 @@ async fn oncebox_order(host: &Host, order: &str) -> anyhow::Result<(Outcome, Out
             charge = Some(outcome);
         }
     }
-    let retry = host
-        .call(Call::step(
-            &run,
-            "charge-1",
-            "charge",
-            charge_args(order).to_string(),
-        ))
-        .await?;
+    let retry = host.call(Call::step(&run, "charge-1", "charge", charge_args(order).to_string())).await?;
     Ok((charge.context("the charge step did not run")?, retry))
 }
 
@@ -189,34 +154,16 @@ fn print_table(rows: &[Row]) {
     println!("The provider commits the first charge of each order, then loses the response.\n");
     println!(
         "{:<10} | {:>13} {:>13} | {:>9} {:>8} {:>15} {:>15}",
-        "order",
-        "naive tries",
-        "naive charges",
-        "oncebox",
-        "attempts",
-        "oncebox charges",
-        "step retried"
+        "order", "naive tries", "naive charges", "oncebox", "attempts", "oncebox charges", "step retried"
     );
     println!("{}", "-".repeat(94));
     for r in rows {
-        let status = serde_json::to_value(r.outcome.status)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
-        let retry = if r.retry.replayed {
-            "replayed"
-        } else {
-            "ran again"
-        };
+        let status =
+            serde_json::to_value(r.outcome.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        let retry = if r.retry.replayed { "replayed" } else { "ran again" };
         println!(
             "{:<10} | {:>13} {:>13} | {:>9} {:>8} {:>15} {:>15}",
-            r.order,
-            r.naive_attempts,
-            r.naive_charges,
-            status,
-            r.outcome.attempts,
-            r.oncebox_charges,
-            retry
+            r.order, r.naive_attempts, r.naive_charges, status, r.outcome.attempts, r.oncebox_charges, retry
         );
     }
     println!();

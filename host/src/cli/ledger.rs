@@ -42,9 +42,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
         }
         Command::Show { ledger, key } => {
             let ledger = open(ledger)?;
-            let op = ledger
-                .operation(&key)?
-                .ok_or_else(|| Usage(format!("no operation with key {key}")))?;
+            let op = ledger.operation(&key)?.ok_or_else(|| Usage(format!("no operation with key {key}")))?;
             print_json(&serde_json::json!({
                 "operation": op,
                 "effects": ledger.effects(&key)?,

@@ -7,17 +7,14 @@ mod call;
 mod demo;
 mod inspect;
 mod ledger;
+mod reconcile;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "oncebox",
-    version,
-    about = "Run WebAssembly agent tools so that every side effect happens once"
-)]
+#[command(name = "oncebox", version, about = "Run WebAssembly agent tools so that every side effect happens once")]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -38,6 +35,8 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Call a tool for one step of a run.
     Call(call::Args),
+    /// Ask the tool's authority what became of a step whose outcome is unknown.
+    Reconcile(call::Args),
     /// Read the ledger.
     #[command(subcommand)]
     Ledger(ledger::Command),
@@ -64,6 +63,7 @@ pub async fn run(command: Command) -> Exit {
     let result = match command {
         Command::Inspect(args) => inspect::run(args).await,
         Command::Call(args) => call::run(args).await,
+        Command::Reconcile(args) => reconcile::run(args).await,
         Command::Ledger(command) => ledger::run(command).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,
@@ -81,8 +81,7 @@ pub async fn run(command: Command) -> Exit {
 fn exit_for(e: &anyhow::Error) -> Exit {
     use oncebox::{CallError, Error, LoadError};
     let usage = |e: &Error| {
-        matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
-            || matches!(e, Error::DuplicateTool { .. })
+        matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_))) || matches!(e, Error::DuplicateTool { .. })
     };
     let call_usage = |e: &CallError| !matches!(e, CallError::Ledger(_));
     if e.downcast_ref::<Error>().is_some_and(usage)
@@ -103,9 +102,7 @@ pub struct Usage(pub String);
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONCEBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

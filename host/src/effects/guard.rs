@@ -24,11 +24,7 @@ pub enum Begin {
     Replay(String),
     /// Written ahead; perform it now with `record.key` as the idempotency key.
     /// `resendable`: if its outcome turns out unknown, a later attempt may send it again.
-    Dispatch {
-        record: EffectRecord,
-        source: EffectSource,
-        resendable: bool,
-    },
+    Dispatch { record: Box<EffectRecord>, source: EffectSource, resendable: bool },
 }
 
 /// How a dispatched effect ended.
@@ -58,10 +54,7 @@ impl EffectCtx {
         let counter = self.occurrences.entry(label.to_string()).or_insert(0);
         let occurrence = *counter;
         *counter += 1;
-        Ok((
-            keys::effect_key(&operation_key, label, occurrence),
-            occurrence,
-        ))
+        Ok((keys::effect_key(&operation_key, label, occurrence), occurrence))
     }
 
     pub(super) async fn begin(&mut self, request: Request<'_>) -> Result<Begin, ToolError> {
@@ -69,10 +62,7 @@ impl EffectCtx {
         let scope = self.scope()?.clone();
         let op = scope.operation_key.clone();
         let lookup_key = key.clone();
-        let existing = self
-            .ledger(move |l| l.effect(&op, &lookup_key))
-            .await
-            .map_err(host_error)?;
+        let existing = self.ledger(move |l| l.effect(&op, &lookup_key)).await.map_err(host_error)?;
         let now = now_ms();
 
         let (record, source) = match existing {
@@ -89,13 +79,9 @@ impl EffectCtx {
             }
             Some(recorded)
                 if recorded.status.in_doubt()
-                    && !(scope.redispatch_in_doubt
-                        && (request.resend_allowed)(recorded.first_dispatched_ms)) =>
+                    && !(scope.redispatch_in_doubt && (request.resend_allowed)(recorded.first_dispatched_ms)) =>
             {
-                self.in_doubt.push(InDoubt {
-                    key: recorded.key.clone(),
-                    resendable: false,
-                });
+                self.in_doubt.push(InDoubt { key: recorded.key.clone(), resendable: false });
                 self.note(&recorded, EffectSource::Deduplicated);
                 return Err(ToolError::UnknownOutcome(format!(
                     "effect `{}` ({key}) may have taken place and cannot safely be sent again; reconcile it",
@@ -127,23 +113,16 @@ impl EffectCtx {
                 EffectSource::Fresh,
             ),
         };
-        let resendable =
-            scope.redispatch_in_doubt && (request.resend_allowed)(record.first_dispatched_ms);
+        let resendable = scope.redispatch_in_doubt && (request.resend_allowed)(record.first_dispatched_ms);
         // Write-ahead: durable before anything leaves the host.
         let ahead = record.clone();
-        self.ledger(move |l| l.put_effect(scope.fence, &ahead))
-            .await
-            .map_err(host_error)?;
-        Ok(Begin::Dispatch {
-            record,
-            source,
-            resendable,
-        })
+        self.ledger(move |l| l.put_effect(scope.fence, &ahead)).await.map_err(host_error)?;
+        Ok(Begin::Dispatch { record: Box::new(record), source, resendable })
     }
 
     pub(super) async fn finish(
         &mut self,
-        mut record: EffectRecord,
+        mut record: Box<EffectRecord>,
         source: EffectSource,
         resendable: bool,
         outcome: Dispatched,
@@ -165,19 +144,13 @@ impl EffectCtx {
             Dispatched::Unknown(message) => {
                 record.status = EffectStatus::Unknown;
                 record.error = Some(message.clone());
-                Err(ToolError::UnknownOutcome(format!(
-                    "effect `{}` ({}): {message}",
-                    record.label, record.key
-                )))
+                Err(ToolError::UnknownOutcome(format!("effect `{}` ({}): {message}", record.label, record.key)))
             }
         };
         let stored = record.clone();
         if let Err(e) = self.ledger(move |l| l.put_effect(fence, &stored)).await {
             // The effect went out but its answer is not on disk: from the ledger's view it is in doubt.
-            self.in_doubt.push(InDoubt {
-                key: record.key.clone(),
-                resendable: false,
-            });
+            self.in_doubt.push(InDoubt { key: record.key.clone(), resendable: false });
             self.note(&record, source);
             return Err(ToolError::UnknownOutcome(format!(
                 "effect {} was sent but its answer could not be recorded: {e}",
@@ -185,10 +158,7 @@ impl EffectCtx {
             )));
         }
         if record.status.in_doubt() {
-            self.in_doubt.push(InDoubt {
-                key: record.key.clone(),
-                resendable,
-            });
+            self.in_doubt.push(InDoubt { key: record.key.clone(), resendable });
         }
         self.note(&record, source);
         result
@@ -208,8 +178,6 @@ impl EffectCtx {
 pub(super) fn host_error(e: crate::ledger::LedgerError) -> ToolError {
     match e {
         crate::ledger::LedgerError::Fenced { .. } => ToolError::Permanent(format!("host: {e}")),
-        e => ToolError::Transient(format!(
-            "host: the ledger refused the write-ahead record, nothing was sent: {e}"
-        )),
+        e => ToolError::Transient(format!("host: the ledger refused the write-ahead record, nothing was sent: {e}")),
     }
 }

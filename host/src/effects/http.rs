@@ -19,13 +19,7 @@ use super::{EffectCtx, Shared};
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Headers a tool may not set: the host owns routing, framing and the key.
-const RESERVED_HEADERS: [&str; 5] = [
-    "host",
-    "idempotency-key",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-];
+const RESERVED_HEADERS: [&str; 5] = ["host", "idempotency-key", "content-length", "transfer-encoding", "connection"];
 
 /// An HTTP answer as the ledger keeps it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -44,12 +38,7 @@ impl From<&HttpResponse> for RecordedResponse {
             Ok(text) => (Some(text.to_string()), None),
             Err(_) => (None, Some(hex::encode(&r.body))),
         };
-        RecordedResponse {
-            status: r.status,
-            headers: r.headers.clone(),
-            body,
-            body_hex,
-        }
+        RecordedResponse { status: r.status, headers: r.headers.clone(), body, body_hex }
     }
 }
 
@@ -57,15 +46,10 @@ impl RecordedResponse {
     fn into_response(self) -> Result<HttpResponse, ToolError> {
         let body = match (self.body, self.body_hex) {
             (Some(text), _) => text.into_bytes(),
-            (None, Some(h)) => hex::decode(h)
-                .map_err(|e| ToolError::Permanent(format!("host: recorded body: {e}")))?,
+            (None, Some(h)) => hex::decode(h).map_err(|e| ToolError::Permanent(format!("host: recorded body: {e}")))?,
             (None, None) => Vec::new(),
         };
-        Ok(HttpResponse {
-            status: self.status,
-            headers: self.headers,
-            body,
-        })
+        Ok(HttpResponse { status: self.status, headers: self.headers, body })
     }
 }
 
@@ -78,13 +62,9 @@ fn target_of(url: &reqwest::Url) -> Result<String, ToolError> {
         )));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(ToolError::Permanent(
-            "URLs with credentials are refused: the host attaches credentials".into(),
-        ));
+        return Err(ToolError::Permanent("URLs with credentials are refused: the host attaches credentials".into()));
     }
-    let host = url
-        .host_str()
-        .ok_or_else(|| ToolError::Permanent(format!("URL without a host: {url}")))?;
+    let host = url.host_str().ok_or_else(|| ToolError::Permanent(format!("URL without a host: {url}")))?;
     let port = url.port_or_known_default().unwrap_or(80);
     Ok(format!("{host}:{port}"))
 }
@@ -104,13 +84,8 @@ fn builder(
         .map_err(|_| ToolError::Permanent(format!("invalid HTTP method `{method}`")))?;
     let mut request = client.request(method, url).timeout(timeout);
     for (name, value) in headers {
-        if RESERVED_HEADERS
-            .iter()
-            .any(|r| name.eq_ignore_ascii_case(r))
-        {
-            return Err(ToolError::Permanent(format!(
-                "a tool may not set the `{name}` header"
-            )));
+        if RESERVED_HEADERS.iter().any(|r| name.eq_ignore_ascii_case(r)) {
+            return Err(ToolError::Permanent(format!("a tool may not set the `{name}` header")));
         }
         let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| ToolError::Permanent(format!("invalid header name `{name}`")))?;
@@ -149,59 +124,32 @@ async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
         .headers()
         .iter()
         .filter(|(name, _)| *name != reqwest::header::SET_COOKIE)
-        .map(|(name, value)| {
-            (
-                name.to_string(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect();
     match response.bytes().await {
         Ok(mut body) => {
             body.truncate(MAX_RESPONSE_BYTES);
-            let answer = HttpResponse {
-                status,
-                headers,
-                body: body.to_vec(),
-            };
+            let answer = HttpResponse { status, headers, body: body.to_vec() };
             match serde_json::to_string(&RecordedResponse::from(&answer)) {
                 Ok(json) => Dispatched::Committed(json),
-                Err(e) => {
-                    Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}"))
-                }
+                Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
             }
         }
-        Err(e) => Dispatched::Unknown(format!(
-            "{target} answered {status} but the body was lost: {}",
-            describe(&e)
-        )),
+        Err(e) => Dispatched::Unknown(format!("{target} answered {status} but the body was lost: {}", describe(&e))),
     }
 }
 
 fn describe(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        "timed out".into()
-    } else {
-        e.to_string()
-    }
+    if e.is_timeout() { "timed out".into() } else { e.to_string() }
 }
 
 fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     get("retry-after-ms").or_else(|| get("retry-after").map(|s| s.saturating_mul(1000)))
 }
 
 /// A read: GET or HEAD, never recorded.
-pub(super) async fn get(
-    shared: &Shared,
-    url: &str,
-    headers: Vec<(String, String)>,
-) -> Result<HttpResponse, ToolError> {
+pub(super) async fn get(shared: &Shared, url: &str, headers: Vec<(String, String)>) -> Result<HttpResponse, ToolError> {
     let url = parse_url(url)?;
     let target = target_of(&url)?;
     let timeout = shared.targets.get(&target).timeout;
@@ -221,34 +169,19 @@ fn decode(json: &str) -> Result<HttpResponse, ToolError> {
 }
 
 impl EffectCtx {
-    pub(super) async fn http_effect(
-        &mut self,
-        label: String,
-        request: HttpRequest,
-    ) -> Result<HttpResponse, ToolError> {
+    pub(super) async fn http_effect(&mut self, label: String, request: HttpRequest) -> Result<HttpResponse, ToolError> {
         let url = parse_url(&request.url)?;
         let target = target_of(&url)?;
         let settings = self.shared.targets.get(&target);
         // Validate everything the guest controls before the write-ahead record exists.
-        let prepared = builder(
-            &self.shared.http,
-            &request.method,
-            url,
-            &request.headers,
-            settings.timeout,
-        )?;
+        let prepared = builder(&self.shared.http, &request.method, url, &request.headers, settings.timeout)?;
         let fingerprint = keys::effect_fingerprint(
             "http",
-            &[
-                request.method.to_ascii_uppercase().as_bytes(),
-                request.url.as_bytes(),
-                &request.body,
-            ],
+            &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );
         let resend_allowed = |first_ms: u64| {
             settings.honours_keys
-                && crate::clock::now_ms().saturating_sub(first_ms)
-                    < settings.key_retention.as_millis() as u64
+                && crate::clock::now_ms().saturating_sub(first_ms) < settings.key_retention.as_millis() as u64
         };
         let begin = self
             .begin(Request {
@@ -261,15 +194,9 @@ impl EffectCtx {
             .await?;
         let (record, source, resendable) = match begin {
             Begin::Replay(json) => return decode(&json),
-            Begin::Dispatch {
-                record,
-                source,
-                resendable,
-            } => (record, source, resendable),
+            Begin::Dispatch { record, source, resendable } => (record, source, resendable),
         };
-        let prepared = prepared
-            .header("idempotency-key", record.key.as_str())
-            .body(request.body);
+        let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
         let outcome = perform(prepared, &target).await;
         let json = self.finish(record, source, resendable, outcome).await?;

@@ -10,19 +10,11 @@ use super::EffectCtx;
 use super::guard::host_error;
 
 impl EffectCtx {
-    pub(super) async fn local_effect(
-        &mut self,
-        label: String,
-        write: LocalWrite,
-    ) -> Result<(), ToolError> {
+    pub(super) async fn local_effect(&mut self, label: String, write: LocalWrite) -> Result<(), ToolError> {
         let (key, occurrence) = self.next_key(&label)?;
         let scope = self.scope()?.clone();
         let (kind, target, fingerprint) = match &write {
-            LocalWrite::KvSet {
-                namespace,
-                key,
-                value,
-            } => (
+            LocalWrite::KvSet { namespace, key, value } => (
                 "kv-set",
                 namespace.clone(),
                 keys::effect_fingerprint("kv-set", &[namespace.as_bytes(), key.as_bytes(), value]),
@@ -32,11 +24,9 @@ impl EffectCtx {
                 namespace.clone(),
                 keys::effect_fingerprint("kv-delete", &[namespace.as_bytes(), key.as_bytes()]),
             ),
-            LocalWrite::Outbox { topic, payload } => (
-                "outbox",
-                topic.clone(),
-                keys::effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]),
-            ),
+            LocalWrite::Outbox { topic, payload } => {
+                ("outbox", topic.clone(), keys::effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]))
+            }
         };
         let now = now_ms();
         let record = EffectRecord {
@@ -55,10 +45,7 @@ impl EffectCtx {
             updated_ms: now,
         };
         let stored = record.clone();
-        let outcome = self
-            .ledger(move |l| l.apply_local(scope.fence, &stored, &write))
-            .await
-            .map_err(host_error)?;
+        let outcome = self.ledger(move |l| l.apply_local(scope.fence, &stored, &write)).await.map_err(host_error)?;
         match outcome {
             LocalOutcome::Applied => self.note(&record, EffectSource::Fresh),
             LocalOutcome::AlreadyApplied => self.note(&record, EffectSource::Deduplicated),

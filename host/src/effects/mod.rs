@@ -60,26 +60,13 @@ pub struct InDoubt {
 }
 
 impl EffectCtx {
-    pub fn new(
-        shared: Arc<Shared>,
-        config: Arc<HashMap<String, String>>,
-        scope: Option<Scope>,
-    ) -> Self {
-        EffectCtx {
-            shared,
-            config,
-            scope,
-            occurrences: HashMap::new(),
-            effects: Vec::new(),
-            in_doubt: Vec::new(),
-        }
+    pub fn new(shared: Arc<Shared>, config: Arc<HashMap<String, String>>, scope: Option<Scope>) -> Self {
+        EffectCtx { shared, config, scope, occurrences: HashMap::new(), effects: Vec::new(), in_doubt: Vec::new() }
     }
 
     fn scope(&self) -> Result<&Scope, ToolError> {
         self.scope.as_ref().ok_or_else(|| {
-            ToolError::Permanent(
-                "effects need an operation: call this tool with a run and a step".into(),
-            )
+            ToolError::Permanent("effects need an operation: call this tool with a run and a step".into())
         })
     }
 
@@ -91,11 +78,7 @@ impl EffectCtx {
         let ledger = self.shared.ledger.clone();
         tokio::task::spawn_blocking(move || f(&ledger))
             .await
-            .unwrap_or_else(|e| {
-                Err(LedgerError::Corrupt {
-                    what: format!("a ledger task panicked: {e}"),
-                })
-            })
+            .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
     }
 }
 
@@ -146,59 +129,27 @@ impl tool::effects::Host for EffectCtx {
         self.http_effect(label, request).await
     }
 
-    async fn kv_set(
-        &mut self,
-        label: String,
-        key: String,
-        value: Vec<u8>,
-    ) -> Result<(), ToolError> {
+    async fn kv_set(&mut self, label: String, key: String, value: Vec<u8>) -> Result<(), ToolError> {
         let namespace = self.shared.kv_namespace.clone();
-        self.local_effect(
-            label,
-            crate::ledger::LocalWrite::KvSet {
-                namespace,
-                key,
-                value,
-            },
-        )
-        .await
+        self.local_effect(label, crate::ledger::LocalWrite::KvSet { namespace, key, value }).await
     }
 
     async fn kv_delete(&mut self, label: String, key: String) -> Result<(), ToolError> {
         let namespace = self.shared.kv_namespace.clone();
-        self.local_effect(
-            label,
-            crate::ledger::LocalWrite::KvDelete { namespace, key },
-        )
-        .await
+        self.local_effect(label, crate::ledger::LocalWrite::KvDelete { namespace, key }).await
     }
 
-    async fn outbox(
-        &mut self,
-        label: String,
-        topic: String,
-        payload: Vec<u8>,
-    ) -> Result<(), ToolError> {
-        let payload = String::from_utf8(payload).map_err(|_| {
-            ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into())
-        })?;
-        self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload })
-            .await
+    async fn outbox(&mut self, label: String, topic: String, payload: Vec<u8>) -> Result<(), ToolError> {
+        let payload = String::from_utf8(payload)
+            .map_err(|_| ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into()))?;
+        self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload }).await
     }
 
-    async fn provider(
-        &mut self,
-        label: String,
-        name: String,
-        request: String,
-    ) -> Result<String, ToolError> {
+    async fn provider(&mut self, label: String, name: String, request: String) -> Result<String, ToolError> {
         self.provider_effect(label, name, request).await
     }
 
     async fn operation_key(&mut self) -> String {
-        self.scope
-            .as_ref()
-            .map(|s| s.operation_key.clone())
-            .unwrap_or_default()
+        self.scope.as_ref().map(|s| s.operation_key.clone()).unwrap_or_default()
     }
 }

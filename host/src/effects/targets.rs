@@ -17,11 +17,7 @@ pub struct HttpTarget {
 impl Default for HttpTarget {
     /// An unknown downstream: keys are sent but not trusted.
     fn default() -> Self {
-        HttpTarget {
-            honours_keys: false,
-            key_retention: Duration::ZERO,
-            timeout: Duration::from_secs(10),
-        }
+        HttpTarget { honours_keys: false, key_retention: Duration::ZERO, timeout: Duration::from_secs(10) }
     }
 }
 

@@ -11,23 +11,18 @@ pub enum LedgerError {
     )]
     AlreadyOpen { path: String },
     #[error("cannot open the ledger {path}: {source}")]
-    Open {
-        path: String,
-        source: redb::DatabaseError,
-    },
+    Open { path: String, source: redb::DatabaseError },
     #[error("ledger storage: {0}")]
     Storage(#[from] redb::Error),
     #[error("corrupt ledger: {what}")]
     Corrupt { what: String },
+    #[error("operation {operation_key} is no longer in doubt; another caller resolved it")]
+    NotInDoubt { operation_key: String },
     #[error(
         "operation {operation_key} was taken over (this writer holds fence {fence}, the ledger {current}); \
          the write is refused"
     )]
-    Fenced {
-        operation_key: String,
-        fence: u64,
-        current: u64,
-    },
+    Fenced { operation_key: String, fence: u64, current: u64 },
 }
 
 impl LedgerError {
@@ -49,9 +44,4 @@ macro_rules! from_redb {
         }
     )*};
 }
-from_redb!(
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+from_redb!(redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);

@@ -53,19 +53,9 @@ pub enum Claim {
 /// A local effect, applied in the same transaction as its record.
 #[derive(Debug, Clone)]
 pub enum LocalWrite {
-    KvSet {
-        namespace: String,
-        key: String,
-        value: Vec<u8>,
-    },
-    KvDelete {
-        namespace: String,
-        key: String,
-    },
-    Outbox {
-        topic: String,
-        payload: String,
-    },
+    KvSet { namespace: String, key: String, value: Vec<u8> },
+    KvDelete { namespace: String, key: String },
+    Outbox { topic: String, payload: String },
 }
 
 /// What became of a local effect.
@@ -75,7 +65,7 @@ pub enum LocalOutcome {
     /// Already recorded with the same request: not applied again.
     AlreadyApplied,
     /// Recorded with a different request: the tool diverged from its first run.
-    Diverged(EffectRecord),
+    Diverged(Box<EffectRecord>),
 }
 
 #[derive(Clone)]
@@ -97,10 +87,7 @@ impl Ledger {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let db = Database::create(&path).map_err(|e| LedgerError::open(&path, e))?;
-        let ledger = Ledger {
-            db: Arc::new(db),
-            path,
-        };
+        let ledger = Ledger { db: Arc::new(db), path };
         ledger.init()?;
         ledger.recover(crate::clock::now_ms())?;
         Ok(ledger)
@@ -112,10 +99,7 @@ impl Ledger {
         let db = Database::builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| LedgerError::open(Path::new(":memory:"), e))?;
-        let ledger = Ledger {
-            db: Arc::new(db),
-            path: PathBuf::from(":memory:"),
-        };
+        let ledger = Ledger { db: Arc::new(db), path: PathBuf::from(":memory:") };
         ledger.init()?;
         Ok(ledger)
     }
@@ -175,11 +159,7 @@ impl Ledger {
                         effect.status = EffectStatus::Unknown;
                         effect.error = Some("the host stopped before the answer arrived".into());
                         effect.updated_ms = now_ms;
-                        put(
-                            &mut effects,
-                            (op.key.as_str(), effect.key.as_str()),
-                            &effect,
-                        )?;
+                        put(&mut effects, (op.key.as_str(), effect.key.as_str()), &effect)?;
                     }
                     if effect.status.in_doubt() {
                         in_doubt.get_or_insert(effect.key);
@@ -220,10 +200,7 @@ impl Ledger {
                     op.lease_until_ms = req.now_ms + req.lease_ms;
                     op.updated_ms = req.now_ms;
                     put(&mut ops, req.key.as_str(), &op)?;
-                    Claim::Owned {
-                        fence: op.fence,
-                        previous_attempts: op.attempts,
-                    }
+                    Claim::Owned { fence: op.fence, previous_attempts: op.attempts }
                 }
                 None => {
                     let op = OperationRecord {
@@ -246,14 +223,8 @@ impl Ledger {
                     };
                     put(&mut ops, req.key.as_str(), &op)?;
                     let mut steps = txn.open_table(RUN_STEPS)?;
-                    steps.insert(
-                        (req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()),
-                        req.key.as_str(),
-                    )?;
-                    Claim::Owned {
-                        fence: 1,
-                        previous_attempts: 0,
-                    }
+                    steps.insert((req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()), req.key.as_str())?;
+                    Claim::Owned { fence: 1, previous_attempts: 0 }
                 }
             }
         };
@@ -287,11 +258,7 @@ impl Ledger {
             }
             put(&mut ops, op.key.as_str(), &op)?;
             let mut attempts = txn.open_table(ATTEMPTS)?;
-            put(
-                &mut attempts,
-                (attempt.operation_key.as_str(), attempt.attempt),
-                attempt,
-            )?;
+            put(&mut attempts, (attempt.operation_key.as_str(), attempt.attempt), attempt)?;
         }
         txn.commit()?;
         Ok(())
@@ -304,11 +271,7 @@ impl Ledger {
             let ops = txn.open_table(OPERATIONS)?;
             owned_operation(&ops, &effect.operation_key, fence)?;
             let mut effects = txn.open_table(EFFECTS)?;
-            put(
-                &mut effects,
-                (effect.operation_key.as_str(), effect.key.as_str()),
-                effect,
-            )?;
+            put(&mut effects, (effect.operation_key.as_str(), effect.key.as_str()), effect)?;
         }
         txn.commit()?;
         Ok(())
@@ -329,22 +292,16 @@ impl Ledger {
             let id = (effect.operation_key.as_str(), effect.key.as_str());
             match get::<_, EffectRecord>(&effects, id)? {
                 Some(existing) if existing.fingerprint != effect.fingerprint => {
-                    LocalOutcome::Diverged(existing)
+                    LocalOutcome::Diverged(Box::new(existing))
                 }
                 Some(_) => LocalOutcome::AlreadyApplied,
                 None => {
                     match write {
-                        LocalWrite::KvSet {
-                            namespace,
-                            key,
-                            value,
-                        } => {
-                            txn.open_table(KV)?
-                                .insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+                        LocalWrite::KvSet { namespace, key, value } => {
+                            txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
                         }
                         LocalWrite::KvDelete { namespace, key } => {
-                            txn.open_table(KV)?
-                                .remove((namespace.as_str(), key.as_str()))?;
+                            txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
                         }
                         LocalWrite::Outbox { topic, payload } => {
                             let mut meta = txn.open_table(META)?;
@@ -371,6 +328,51 @@ impl Ledger {
             txn.abort()?;
         }
         Ok(outcome)
+    }
+
+    /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
+    pub fn resolve(
+        &self,
+        operation_key: &str,
+        effect_key: &str,
+        resolution: &Resolution,
+        now_ms: u64,
+    ) -> Result<OperationRecord, LedgerError> {
+        let txn = self.db.begin_write()?;
+        let op = {
+            let mut ops = txn.open_table(OPERATIONS)?;
+            let mut effects = txn.open_table(EFFECTS)?;
+            let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
+            let mut op: OperationRecord = get(&ops, operation_key)?.ok_or_else(not_in_doubt)?;
+            let mut effect: EffectRecord = get(&effects, (operation_key, effect_key))?.ok_or_else(not_in_doubt)?;
+            if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
+                return Err(not_in_doubt());
+            }
+            effect.updated_ms = now_ms;
+            op.updated_ms = now_ms;
+            op.lease_until_ms = 0;
+            match resolution {
+                Resolution::Committed { output } => {
+                    effect.status = EffectStatus::Completed;
+                    effect.error = Some("reconciled: the authority confirmed it took place".into());
+                    op.status = OperationStatus::Completed;
+                    op.output = Some(output.clone());
+                    op.error = None;
+                }
+                Resolution::NotCommitted => {
+                    // Claimed with an expired lease: the next call takes it over and resends.
+                    effect.status = EffectStatus::Retryable;
+                    effect.error = Some("reconciled: the authority has no record of it".into());
+                    op.status = OperationStatus::Claimed;
+                    op.error = None;
+                }
+            }
+            put(&mut effects, (operation_key, effect_key), &effect)?;
+            put(&mut ops, operation_key, &op)?;
+            op
+        };
+        txn.commit()?;
+        Ok(op)
     }
 
     pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
@@ -406,11 +408,7 @@ impl Ledger {
         Ok(out)
     }
 
-    pub fn effect(
-        &self,
-        operation_key: &str,
-        effect_key: &str,
-    ) -> Result<Option<EffectRecord>, LedgerError> {
+    pub fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
         get(&txn.open_table(EFFECTS)?, (operation_key, effect_key))
     }
@@ -455,15 +453,10 @@ fn owned_operation(
     key: &str,
     fence: u64,
 ) -> Result<OperationRecord, LedgerError> {
-    let op: OperationRecord = get(ops, key)?.ok_or_else(|| LedgerError::Corrupt {
-        what: format!("operation {key} is missing"),
-    })?;
+    let op: OperationRecord =
+        get(ops, key)?.ok_or_else(|| LedgerError::Corrupt { what: format!("operation {key} is missing") })?;
     if op.fence != fence || op.status != OperationStatus::Claimed {
-        return Err(LedgerError::Fenced {
-            operation_key: key.to_string(),
-            fence,
-            current: op.fence,
-        });
+        return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.fence });
     }
     Ok(op)
 }
@@ -481,11 +474,7 @@ fn effects_of(
         }
         out.push(decode("effects", effect, value.value())?);
     }
-    out.sort_by(|a, b| {
-        a.first_dispatched_ms
-            .cmp(&b.first_dispatched_ms)
-            .then(a.label.cmp(&b.label))
-    });
+    out.sort_by(|a, b| a.first_dispatched_ms.cmp(&b.first_dispatched_ms).then(a.label.cmp(&b.label)));
     Ok(out)
 }
 
@@ -505,15 +494,13 @@ fn put<'k, K: redb::Key + 'static, T: Serialize>(
     key: impl std::borrow::Borrow<K::SelfType<'k>>,
     value: &T,
 ) -> Result<(), LedgerError> {
-    let bytes = serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt {
-        what: format!("encoding a record: {e}"),
-    })?;
+    let bytes =
+        serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt { what: format!("encoding a record: {e}") })?;
     table.insert(key, bytes.as_slice())?;
     Ok(())
 }
 
 fn decode<T: DeserializeOwned>(table: &str, key: &str, bytes: &[u8]) -> Result<T, LedgerError> {
-    serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
-        what: format!("table {table}, key {key}: undecodable record: {e}"),
-    })
+    serde_json::from_slice(bytes)
+        .map_err(|e| LedgerError::Corrupt { what: format!("table {table}, key {key}: undecodable record: {e}") })
 }

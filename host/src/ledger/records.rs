@@ -142,3 +142,12 @@ pub struct OutboxMessage {
     pub payload: String,
     pub enqueued_ms: u64,
 }
+
+/// What reconciliation learnt about an operation's one in-doubt effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// It took place; `output` (JSON) is the operation's result.
+    Committed { output: String },
+    /// It did not: the operation may run again, with the same keys.
+    NotCommitted,
+}

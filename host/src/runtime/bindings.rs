@@ -9,9 +9,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+pub use self::oncebox::tool::effects::HttpRequest;
+pub use self::oncebox::tool::types::{HttpResponse, Manifest, RateLimit, ReplayClass as WitReplayClass, ToolError};
 pub use exports::oncebox::tool::reconcile::{GuestIndices as ReconcileIndices, Reconciliation};
 pub use exports::oncebox::tool::tool::GuestIndices as ToolIndices;
-pub use oncebox::tool::effects::HttpRequest;
-pub use oncebox::tool::types::{
-    HttpResponse, Manifest, RateLimit, ReplayClass as WitReplayClass, ToolError,
-};

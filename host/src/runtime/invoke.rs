@@ -43,12 +43,10 @@ impl Runtime {
         // The epoch deadline stops guests that spin; this timeout stops ones waiting on the host.
         let outcome = match tokio::time::timeout(deadline, run).await {
             Err(_) => Invocation::DeadlineExceeded,
-            Ok(Ok(Ok(output))) if output.len() > MAX_OUTPUT_BYTES => {
-                Invocation::Failed(ToolError::Permanent(format!(
-                    "the tool's output is {} bytes, over the limit of {MAX_OUTPUT_BYTES}",
-                    output.len()
-                )))
-            }
+            Ok(Ok(Ok(output))) if output.len() > MAX_OUTPUT_BYTES => Invocation::Failed(ToolError::Permanent(format!(
+                "the tool's output is {} bytes, over the limit of {MAX_OUTPUT_BYTES}",
+                output.len()
+            ))),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
             Ok(Ok(Err(error))) => Invocation::Failed(error),
             Ok(Err(trap)) if is_deadline(&trap) => Invocation::DeadlineExceeded,
@@ -91,10 +89,7 @@ impl Runtime {
 }
 
 fn is_deadline(e: &wasmtime::Error) -> bool {
-    matches!(
-        e.downcast_ref::<wasmtime::Trap>(),
-        Some(wasmtime::Trap::Interrupt)
-    )
+    matches!(e.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt))
 }
 
 fn log_stdio(tool: &str, state: &StoreState) {

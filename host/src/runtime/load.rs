@@ -33,10 +33,7 @@ const ALLOWED_IMPORTS: [&str; 8] = [
 #[non_exhaustive]
 pub enum LoadError {
     #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a valid WebAssembly component: {reason}")]
     NotAComponent { path: PathBuf, reason: String },
     #[error(
@@ -46,12 +43,7 @@ pub enum LoadError {
     #[error("{path} is not an oncebox tool: {reason}")]
     NotATool { path: PathBuf, reason: String },
     #[error("{path}: tool `{tool}` declares class {class} but {reason}")]
-    ClassMismatch {
-        path: PathBuf,
-        tool: String,
-        class: ReplayClass,
-        reason: String,
-    },
+    ClassMismatch { path: PathBuf, tool: String, class: ReplayClass, reason: String },
     #[error("{path}: invalid manifest: {reason}")]
     BadManifest { path: PathBuf, reason: String },
     #[error("wasm engine: {0}")]
@@ -84,83 +76,46 @@ pub struct LoadedTool {
 
 impl std::fmt::Debug for LoadedTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedTool")
-            .field("path", &self.path)
-            .field("manifest", &self.manifest)
-            .finish()
+        f.debug_struct("LoadedTool").field("path", &self.path).field("manifest", &self.manifest).finish()
     }
 }
 
 impl Runtime {
     pub async fn load(&self, path: &Path, shared: Arc<Shared>) -> Result<LoadedTool, LoadError> {
         let path = path.to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let not_component = |reason: String| LoadError::NotAComponent {
-            path: path.clone(),
-            reason,
-        };
+        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
+        let not_component = |reason: String| LoadError::NotAComponent { path: path.clone(), reason };
         if is_core_module(&bytes) {
-            return Err(not_component(
-                "it is a core module; build the tool for wasm32-wasip2".into(),
-            ));
+            return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));
         }
-        let component =
-            Component::new(&self.engine, &bytes).map_err(|e| not_component(format!("{e:#}")))?;
+        let component = Component::new(&self.engine, &bytes).map_err(|e| not_component(format!("{e:#}")))?;
 
         let ty = component.component_type();
-        let imports: Vec<String> = ty
-            .imports(&self.engine)
-            .map(|(name, _)| name.to_string())
-            .collect();
-        let exports: Vec<String> = ty
-            .exports(&self.engine)
-            .map(|(name, _)| name.to_string())
-            .collect();
-        if let Some(import) = imports
-            .iter()
-            .find(|i| !ALLOWED_IMPORTS.iter().any(|a| i.starts_with(a)))
-        {
-            return Err(LoadError::ForbiddenImport {
-                path,
-                import: import.clone(),
-            });
+        let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        if let Some(import) = imports.iter().find(|i| !ALLOWED_IMPORTS.iter().any(|a| i.starts_with(a))) {
+            return Err(LoadError::ForbiddenImport { path, import: import.clone() });
         }
         if !exports.iter().any(|e| e == TOOL_EXPORT) {
-            return Err(LoadError::NotATool {
-                path,
-                reason: format!("it does not export `{TOOL_EXPORT}`"),
-            });
+            return Err(LoadError::NotATool { path, reason: format!("it does not export `{TOOL_EXPORT}`") });
         }
 
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| not_component(format!("{e:#}")))?;
-        let tool = ToolIndices::new(&pre).map_err(|e| LoadError::NotATool {
-            path: path.clone(),
-            reason: format!("{e:#}"),
-        })?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(format!("{e:#}")))?;
+        let tool =
+            ToolIndices::new(&pre).map_err(|e| LoadError::NotATool { path: path.clone(), reason: format!("{e:#}") })?;
         let reconcile = if exports.iter().any(|e| e == RECONCILE_EXPORT) {
             Some(
-                ReconcileIndices::new(&pre).map_err(|e| LoadError::NotATool {
-                    path: path.clone(),
-                    reason: format!("{e:#}"),
-                })?,
+                ReconcileIndices::new(&pre)
+                    .map_err(|e| LoadError::NotATool { path: path.clone(), reason: format!("{e:#}") })?,
             )
         } else {
             None
         };
 
-        let manifest =
-            self.describe(&pre, &tool, shared)
-                .await
-                .map_err(|reason| LoadError::NotATool {
-                    path: path.clone(),
-                    reason: format!("describe() failed: {reason}"),
-                })?;
+        let manifest = self.describe(&pre, &tool, shared).await.map_err(|reason| LoadError::NotATool {
+            path: path.clone(),
+            reason: format!("describe() failed: {reason}"),
+        })?;
         let manifest = check_manifest(&path, manifest)?;
 
         let mismatch = |reason: String| LoadError::ClassMismatch {
@@ -169,36 +124,15 @@ impl Runtime {
             class: manifest.class,
             reason,
         };
-        if !manifest.class.writes()
-            && imports
-                .iter()
-                .any(|i| i.starts_with("oncebox:tool/effects@"))
-        {
-            return Err(mismatch(format!(
-                "it imports `{EFFECTS_IMPORT}`: a read-only tool cannot link an effect"
-            )));
+        if !manifest.class.writes() && imports.iter().any(|i| i.starts_with("oncebox:tool/effects@")) {
+            return Err(mismatch(format!("it imports `{EFFECTS_IMPORT}`: a read-only tool cannot link an effect")));
         }
         if manifest.class.reconciles() && reconcile.is_none() {
-            return Err(mismatch(format!(
-                "it does not export `{RECONCILE_EXPORT}`, which its class requires"
-            )));
+            return Err(mismatch(format!("it does not export `{RECONCILE_EXPORT}`, which its class requires")));
         }
-        let schema = jsonschema::validator_for(&manifest.input_schema).map_err(|e| {
-            LoadError::BadManifest {
-                path: path.clone(),
-                reason: format!("input schema: {e}"),
-            }
-        })?;
-        Ok(LoadedTool {
-            path,
-            manifest,
-            imports,
-            exports,
-            pre,
-            tool,
-            reconcile,
-            schema,
-        })
+        let schema = jsonschema::validator_for(&manifest.input_schema)
+            .map_err(|e| LoadError::BadManifest { path: path.clone(), reason: format!("input schema: {e}") })?;
+        Ok(LoadedTool { path, manifest, imports, exports, pre, tool, reconcile, schema })
     }
 
     async fn describe(
@@ -212,43 +146,25 @@ impl Runtime {
         store.limiter(|s| s.limiter());
         store.set_epoch_deadline(super::invoke::ticks(std::time::Duration::from_secs(5)));
         store.epoch_deadline_trap();
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        let guest = tool
-            .load(&mut store, &instance)
-            .map_err(|e| format!("{e:#}"))?;
-        guest
-            .call_describe(&mut store)
-            .await
-            .map_err(|e| format!("{e:#}"))
+        let instance = pre.instantiate_async(&mut store).await.map_err(|e| format!("{e:#}"))?;
+        let guest = tool.load(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        guest.call_describe(&mut store).await.map_err(|e| format!("{e:#}"))
     }
 }
 
 fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManifest, LoadError> {
-    let bad = |reason: String| LoadError::BadManifest {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let bad = |reason: String| LoadError::BadManifest { path: path.to_path_buf(), reason };
     let valid_name = !m.name.is_empty()
         && m.name.len() <= 64
-        && m.name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        && m.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid_name {
-        return Err(bad(format!(
-            "tool name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
-            m.name
-        )));
+        return Err(bad(format!("tool name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`", m.name)));
     }
-    let input_schema: serde_json::Value = serde_json::from_str(&m.input_schema)
-        .map_err(|e| bad(format!("input schema is not JSON: {e}")))?;
+    let input_schema: serde_json::Value =
+        serde_json::from_str(&m.input_schema).map_err(|e| bad(format!("input schema is not JSON: {e}")))?;
     for pointer in &m.sensitive {
         if !pointer.is_empty() && !pointer.starts_with('/') {
-            return Err(bad(format!(
-                "sensitive field `{pointer}` is not a JSON pointer"
-            )));
+            return Err(bad(format!("sensitive field `{pointer}` is not a JSON pointer")));
         }
     }
     let class = match m.class {

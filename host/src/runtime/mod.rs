@@ -56,11 +56,7 @@ impl Runtime {
                 }
             })
             .map_err(|e| LoadError::Engine(format!("cannot start the epoch thread: {e}")))?;
-        Ok(Runtime {
-            engine,
-            linker,
-            ticker_stop,
-        })
+        Ok(Runtime { engine, linker, ticker_stop })
     }
 }
 

@@ -32,18 +32,8 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(MAX_MEMORY_BYTES)
-            .instances(16)
-            .build();
-        StoreState {
-            wasi,
-            table: ResourceTable::new(),
-            effects,
-            limits,
-            stdout,
-            stderr,
-        }
+        let limits = StoreLimitsBuilder::new().memory_size(MAX_MEMORY_BYTES).instances(16).build();
+        StoreState { wasi, table: ResourceTable::new(), effects, limits, stdout, stderr }
     }
 
     pub fn limiter(&mut self) -> &mut dyn ResourceLimiter {
@@ -53,10 +43,7 @@ impl StoreState {
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 

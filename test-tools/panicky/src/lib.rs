@@ -48,9 +48,7 @@ impl Tool for Panicky {
             Mode::Trap => panic!("asked to trap"),
             Mode::Transient => Err(ToolError::transient("asked to fail transiently")),
             Mode::Permanent => Err(ToolError::permanent("asked to fail permanently")),
-            Mode::Unknown => Err(ToolError::unknown_outcome(
-                "asked to report an unknown outcome",
-            )),
+            Mode::Unknown => Err(ToolError::unknown_outcome("asked to report an unknown outcome")),
             Mode::RateLimited => Err(ToolError::rate_limited(10, "asked to be rate limited")),
         }
     }

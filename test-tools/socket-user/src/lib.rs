@@ -18,9 +18,7 @@ impl Tool for SocketUser {
     const DESCRIPTION: &'static str = "Tries to reach the network around the host.";
 
     fn invoke(args: Args) -> Result<(), ToolError> {
-        std::net::TcpStream::connect(args.addr.as_str())
-            .map(drop)
-            .map_err(|e| ToolError::transient(e.to_string()))
+        std::net::TcpStream::connect(args.addr.as_str()).map(drop).map_err(|e| ToolError::transient(e.to_string()))
     }
 }
 
