@@ -32,6 +32,8 @@ pub enum Error {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Call(#[from] CallError),
+    #[error(transparent)]
+    Policy(#[from] crate::policy_file::PolicyError),
     #[error("a tool named `{name}` is already loaded from {existing}")]
     DuplicateTool { name: String, existing: String },
 }

@@ -6,18 +6,23 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::attempt_log;
 use crate::call::{Call, Outcome, Status};
 use crate::clock::now_ms;
 use crate::effects::{EffectCtx, Scope};
 use crate::error::CallError;
+use crate::failure::{self, End, GuestError};
 use crate::host::Inner;
 use crate::keys;
-use crate::ledger::{AttemptRecord, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError, OperationStatus};
+use crate::ledger::{
+    AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError, OperationStatus,
+};
+use crate::policy::ReplayClass;
 use crate::policy::RetryPolicy;
-use crate::redact::redact;
+use crate::redact::{redact, scrub, sensitive_values};
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::bindings::ToolError;
-use crate::runtime::{Invocation, LoadedTool};
+use crate::runtime::{Invocation, LoadedTool, MAX_OUTPUT_BYTES};
 
 /// A call's args validated and its keys derived.
 pub(crate) struct Prepared {
@@ -50,21 +55,29 @@ pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallErr
 pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Outcome, CallError> {
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
-    let policy = host.policies.get(name).cloned().unwrap_or_else(|| RetryPolicy::for_class(class));
+    let policy = host
+        .policies
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| RetryPolicy::for_class(class));
 
     if call.run_id.is_none() && call.step_id.is_none() && !class.writes() {
         let args = validate(tool, &call.args)?;
-        return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy).await);
+        let secrets = sensitive_values(&args, &tool.manifest.sensitive);
+        return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy, &secrets).await);
     }
     let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint } =
         prepare(tool, call)?;
 
+    let secrets = sensitive_values(&args, &tool.manifest.sensitive);
     let request = ClaimRequest {
         key: operation_key.clone(),
         fingerprint,
         args: redact(&args, &tool.manifest.sensitive),
-        run_id,
-        step_id,
+        run_id: run_id.clone(),
+        step_id: step_id.clone(),
         tool: name.to_string(),
         class,
         owner: host.owner.clone(),
@@ -73,7 +86,10 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
     };
     let (fence, previous_attempts) = match blocking(&host.shared.ledger, move |l| l.claim(&request)).await? {
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
-        Claim::Recorded(op) => return Ok(Outcome::replay(&op)),
+        Claim::Recorded(op) => {
+            attempt_log::replayed(&op.run_id, &op.step_id, &op.tool, &op.key, op.status.as_str());
+            return Ok(Outcome::replay(&op));
+        }
         Claim::Conflict(op) => {
             let message = format!(
                 "step `{}` of run `{}` was called before with different args; nothing was dispatched. \
@@ -89,6 +105,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
     };
 
     let scope = Scope { operation_key: operation_key.clone(), fence, redispatch_in_doubt: policy.redispatch_in_doubt };
+    let call_started = Instant::now();
     let mut attempt = previous_attempts;
     loop {
         attempt += 1;
@@ -96,11 +113,13 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let started = Instant::now();
         let ctx = EffectCtx::new(host.shared.clone(), config_of(host, name), Some(scope.clone()));
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
-        let verdict = classify(invocation, &ctx);
+        let verdict = classify(invocation, &ctx, class).scrubbed(&secrets);
 
         let decision = match &verdict {
             Verdict::Ok(_) => None,
-            Verdict::Failed { failure, .. } => Some(retry::decide(failure, &policy, attempt)),
+            Verdict::Failed { failure, .. } => {
+                Some(retry::decide(failure, &policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt)))
+            }
         };
         let finish = match (&verdict, &decision) {
             (Verdict::Ok(output), _) => Some((OperationStatus::Completed, Some(output.to_string()), None)),
@@ -112,8 +131,11 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             }
             _ => None,
         };
-        let record = AttemptRecord {
+        let mut record = AttemptRecord {
             operation_key: operation_key.clone(),
+            run_id: run_id.clone(),
+            step_id: step_id.clone(),
+            tool: name.to_string(),
             attempt,
             max_attempts: policy.max_attempts,
             fence,
@@ -121,18 +143,12 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             duration_us: started.elapsed().as_micros() as u64,
             outcome: verdict.class().to_string(),
             message: verdict.message(),
+            source: AttemptSource::of(&ctx.effects),
+            downstream_accepted: None,
             effects: ctx.effects,
         };
-        tracing::info!(
-            tool = name,
-            operation_key = %operation_key,
-            attempt,
-            max_attempts = policy.max_attempts,
-            outcome = %record.outcome,
-            duration_us = record.duration_us,
-            effects = record.effects.len(),
-            "attempt"
-        );
+        record.downstream_accepted = attempt_log::downstream_accepted(&record);
+        attempt_log::emit(&record);
         let status = finish.as_ref().map(|f| f.0);
         blocking(&host.shared.ledger, move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
 
@@ -151,16 +167,25 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
 }
 
 /// A read-only call outside any run: retried under the policy, never recorded.
-async fn run_unrecorded(host: &Inner, tool: &Arc<LoadedTool>, canonical: &str, policy: &RetryPolicy) -> Outcome {
+async fn run_unrecorded(
+    host: &Inner,
+    tool: &Arc<LoadedTool>,
+    canonical: &str,
+    policy: &RetryPolicy,
+    secrets: &[String],
+) -> Outcome {
+    let call_started = Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
         let ctx = EffectCtx::new(host.shared.clone(), config_of(host, &tool.manifest.name), None);
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline).await;
-        let verdict = classify(invocation, &ctx);
+        let verdict = classify(invocation, &ctx, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),
-            Verdict::Failed { failure, .. } => retry::decide(failure, policy, attempt),
+            Verdict::Failed { failure, .. } => {
+                retry::decide(failure, policy, attempt, call_started.elapsed(), jitter(canonical, attempt))
+            }
         };
         match decision {
             Decision::Retry { after } => tokio::time::sleep(after).await,
@@ -210,6 +235,16 @@ impl Verdict {
         }
     }
 
+    fn scrubbed(self, secrets: &[String]) -> Self {
+        match self {
+            Verdict::Failed { failure, mut error } => {
+                error.message = scrub(&error.message, secrets);
+                Verdict::Failed { failure, error }
+            }
+            ok => ok,
+        }
+    }
+
     fn into_outcome(self, status: Status, attempts: u32, operation_key: Option<String>) -> Outcome {
         let (output, error) = match self {
             Verdict::Ok(output) => (Some(output), None),
@@ -219,49 +254,61 @@ impl Verdict {
     }
 }
 
-/// Maps an invocation to a failure class. An effect left in doubt overrides whatever the guest
-/// said: if something may have happened, the attempt's outcome is unknown.
-fn classify(invocation: Invocation, ctx: &EffectCtx) -> Verdict {
-    let failed = |failure: Failure, class: &str, message: String| Verdict::Failed {
-        failure,
-        error: ErrorRecord { class: class.into(), message },
-    };
-    if !ctx.in_doubt.is_empty() {
-        let keys: Vec<&str> = ctx.in_doubt.iter().map(|d| d.key.as_str()).collect();
-        let redispatchable = ctx.in_doubt.iter().all(|d| d.resendable);
-        let why = match &invocation {
-            Invocation::Returned(_) => "the tool returned".to_string(),
-            Invocation::Failed(e) => format!("the tool failed ({})", tool_error_message(e)),
-            Invocation::Trapped(t) => format!("the tool trapped ({t})"),
-            Invocation::DeadlineExceeded => "the attempt ran out of time".to_string(),
-        };
-        let message = format!("{why} while effect(s) {} were in doubt; reconcile before retrying", keys.join(", "));
-        return failed(Failure::UnknownOutcome { redispatchable }, "unknown-outcome", message);
-    }
-    match invocation {
-        Invocation::Returned(output) => match serde_json::from_str(&output) {
-            Ok(value) => Verdict::Ok(value),
-            Err(e) => failed(Failure::Permanent, "permanent", format!("the tool returned invalid JSON: {e}")),
+/// Maps an invocation to a verdict: the output, or the failure class (see `failure.rs`) with a
+/// message for the records.
+fn classify(invocation: Invocation, ctx: &EffectCtx, class: ReplayClass) -> Verdict {
+    let (end, message, output) = match invocation {
+        Invocation::Returned(output) => match serde_json::from_str::<Value>(&output) {
+            Ok(value) => (End::Returned, String::new(), Some(value)),
+            Err(e) => (End::InvalidOutput, format!("the tool returned invalid JSON: {e}"), None),
         },
         Invocation::Failed(error) => {
-            let message = tool_error_message(&error);
-            match error {
-                ToolError::Transient(_) => failed(Failure::Transient, "transient", message),
-                ToolError::RateLimited(r) => failed(
-                    Failure::RateLimited { retry_after: Duration::from_millis(r.retry_after_ms) },
-                    "rate-limited",
-                    message,
-                ),
-                ToolError::Permanent(_) => failed(Failure::Permanent, "permanent", message),
-                ToolError::UnknownOutcome(_) => {
-                    failed(Failure::UnknownOutcome { redispatchable: false }, "unknown-outcome", message)
+            let guest = match &error {
+                ToolError::Transient(_) => GuestError::Transient,
+                ToolError::RateLimited(r) => {
+                    GuestError::RateLimited { retry_after: Duration::from_millis(r.retry_after_ms) }
                 }
+                ToolError::Permanent(_) => GuestError::Permanent,
+                ToolError::UnknownOutcome(_) => GuestError::UnknownOutcome,
+            };
+            (End::Guest(guest), tool_error_message(&error), None)
+        }
+        Invocation::Trapped(trap) => (End::Trap, format!("the tool trapped: {trap}"), None),
+        Invocation::DeadlineExceeded => (End::Deadline, "the attempt ran out of time".into(), None),
+        Invocation::MemoryLimit(message) => (End::MemoryLimit, message, None),
+        Invocation::OutputTooLarge(len) => {
+            (End::InvalidOutput, format!("the output is {len} bytes, over the limit of {MAX_OUTPUT_BYTES}"), None)
+        }
+    };
+    let in_doubt: Vec<bool> = ctx.in_doubt.iter().map(|d| d.resendable).collect();
+    match (failure::attempt(&end, &in_doubt, class), output) {
+        (None, Some(output)) => Verdict::Ok(output),
+        (None, None) => Verdict::Failed {
+            failure: Failure::Permanent,
+            error: ErrorRecord { class: "invalid-output".into(), message: "the tool returned no output".into() },
+        },
+        (Some(classified), _) => {
+            let message = if ctx.in_doubt.is_empty() {
+                message
+            } else {
+                let keys: Vec<&str> = ctx.in_doubt.iter().map(|d| d.key.as_str()).collect();
+                let why = if message.is_empty() { "the tool returned".to_string() } else { message };
+                format!("{why}; effect(s) {} may have taken place", keys.join(", "))
+            };
+            Verdict::Failed {
+                failure: classified.failure,
+                error: ErrorRecord { class: classified.name.into(), message },
             }
         }
-        // Nothing was in doubt, so nothing happened: another attempt is safe.
-        Invocation::Trapped(trap) => failed(Failure::Transient, "trap", format!("the tool trapped: {trap}")),
-        Invocation::DeadlineExceeded => failed(Failure::Transient, "deadline", "the attempt ran out of time".into()),
     }
+}
+
+/// A number in [0, 1) that differs between operations and attempts, so that callers retrying
+/// at once do not retry in step. Derived, not random: a replayed log explains the same waits.
+fn jitter(operation_key: &str, attempt: u32) -> f64 {
+    let digest = keys::effect_key(operation_key, "oncebox/jitter", attempt);
+    let n = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
+    n as f64 / (1u64 << 52) as f64
 }
 
 fn tool_error_message(error: &ToolError) -> String {

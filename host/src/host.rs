@@ -10,6 +10,7 @@ use crate::effects::{EffectProvider, HttpTarget, Shared};
 use crate::error::{CallError, Error};
 use crate::ledger::Ledger;
 use crate::policy::RetryPolicy;
+use crate::policy_file::{PolicyFile, Source};
 use crate::runtime::{LoadedTool, Runtime, ToolManifest};
 
 /// How long a claim is held before another caller may take the operation over.
@@ -23,6 +24,7 @@ pub struct HostBuilder {
     config: HashMap<String, HashMap<String, String>>,
     providers: HashMap<String, Arc<dyn EffectProvider>>,
     policies: HashMap<String, RetryPolicy>,
+    policy_file: PolicyFile,
     kv_namespace: String,
     lease: Duration,
 }
@@ -41,6 +43,7 @@ impl HostBuilder {
             config: HashMap::new(),
             providers: HashMap::new(),
             policies: HashMap::new(),
+            policy_file: PolicyFile::empty(),
             kv_namespace: "default".into(),
             lease: DEFAULT_LEASE,
         }
@@ -64,7 +67,23 @@ impl HostBuilder {
         self
     }
 
-    /// Overrides the class's default retry policy for one tool.
+    /// The operator's policy file: per-tool retry settings and config, per-host key semantics.
+    /// Settings given to this builder directly take precedence over the file's.
+    pub fn policy_file(mut self, file: PolicyFile) -> Self {
+        for (host, target) in file.hosts() {
+            self.targets.entry(host).or_insert(target);
+        }
+        for tool in file.tool_names() {
+            let config = self.config.entry(tool.clone()).or_default();
+            for (key, value) in file.config(&tool) {
+                config.entry(key).or_insert(value);
+            }
+        }
+        self.policy_file = file;
+        self
+    }
+
+    /// Overrides the retry policy for one tool (over the policy file and the class's defaults).
     pub fn retry_policy(mut self, tool: impl Into<String>, policy: RetryPolicy) -> Self {
         self.policies.insert(tool.into(), policy);
         self
@@ -94,7 +113,9 @@ impl HostBuilder {
                 shared,
                 tools: RwLock::new(HashMap::new()),
                 config: RwLock::new(self.config.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
-                policies: self.policies,
+                policies: RwLock::new(self.policies.clone()),
+                overrides: self.policies,
+                policy_file: self.policy_file,
                 lease: self.lease,
                 owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
             }),
@@ -113,7 +134,11 @@ pub(crate) struct Inner {
     pub shared: Arc<Shared>,
     pub tools: RwLock<HashMap<String, Arc<LoadedTool>>>,
     pub config: RwLock<HashMap<String, Arc<HashMap<String, String>>>>,
-    pub policies: HashMap<String, RetryPolicy>,
+    /// The effective retry policy of each loaded tool.
+    pub policies: RwLock<HashMap<String, RetryPolicy>>,
+    /// Policies the embedder set in code; they win over the file.
+    overrides: HashMap<String, RetryPolicy>,
+    policy_file: PolicyFile,
     pub lease: Duration,
     /// Names this host's claims in the ledger.
     pub owner: String,
@@ -148,15 +173,25 @@ impl Host {
         self.tool(tool).ok().map(|t| (t.imports.clone(), t.exports.clone()))
     }
 
-    /// Loads and verifies a component; refuses a second tool with the same name.
+    /// Loads and verifies a component; refuses a second tool with the same name, and a policy the
+    /// tool's class forbids.
     pub async fn load(&self, path: impl AsRef<Path>) -> Result<ToolManifest, Error> {
         let tool = self.inner.runtime.load(path.as_ref(), self.inner.shared.clone()).await?;
         let manifest = tool.manifest.clone();
+        let policy = match self.inner.overrides.get(&manifest.name) {
+            Some(policy) => policy.clone(),
+            None => self.inner.policy_file.effective(&manifest.name, manifest.class)?.policy,
+        };
         let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(existing) = tools.get(&manifest.name) {
             return Err(Error::DuplicateTool { name: manifest.name, existing: existing.path.display().to_string() });
         }
         tools.insert(manifest.name.clone(), Arc::new(tool));
+        self.inner
+            .policies
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(manifest.name.clone(), policy);
         Ok(manifest)
     }
 
@@ -171,6 +206,17 @@ impl Host {
     pub async fn reconcile(&self, call: Call) -> Result<crate::Reconciliation, CallError> {
         let tool = self.tool(&call.tool)?;
         crate::reconcile::reconcile(&self.inner, &tool, call).await
+    }
+
+    /// A loaded tool's effective retry policy, and where each value came from.
+    pub fn policy(&self, tool: &str) -> Option<crate::policy_file::Effective> {
+        let manifest = self.manifest(tool)?;
+        let mut effective = self.inner.policy_file.effective(tool, manifest.class).ok()?;
+        if let Some(policy) = self.inner.overrides.get(tool) {
+            effective.policy = policy.clone();
+            effective.sources = effective.sources.into_iter().map(|(field, _)| (field, Source::Embedder)).collect();
+        }
+        Some(effective)
     }
 
     pub fn ledger(&self) -> &Ledger {

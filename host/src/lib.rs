@@ -17,12 +17,13 @@
 //! - `call`: [`Call`] and [`Outcome`].
 //! - `keys`: operation and effect keys, fingerprints, canonical JSON (pure).
 //! - `policy`: replay classes and their retry policies (pure).
-//! - `retry`: `decide(failure, policy, attempt)` (pure).
+//! - `failure`: every way an attempt or an HTTP exchange can end, mapped to a class (pure).
+//! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
 //! - `ledger/`: the redb ledger: tables, records, recovery, fencing.
 //! - `runtime/`: the engine, the one `bindgen!`, loading and verifying components, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
-//! - `executor`: the call pipeline, top to bottom.
+//! - `executor`: the call pipeline, top to bottom; `attempt_log`: its tracing events.
 //! - `reconcile`: asking the authority about an unknown outcome.
 //! - `host`: [`Host`] and [`HostBuilder`].
 //!
@@ -32,15 +33,18 @@
 //! rolled into [`Error`]. A tool that fails is not an error: it is an [`Outcome`] with a status.
 //! `anyhow` appears only in the binary.
 
+mod attempt_log;
 mod call;
 mod clock;
 mod effects;
 mod error;
 mod executor;
+pub mod failure;
 mod host;
 pub mod keys;
 pub mod ledger;
 pub mod policy;
+pub mod policy_file;
 mod reconcile;
 mod redact;
 pub mod retry;

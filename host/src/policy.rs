@@ -57,6 +57,8 @@ pub struct RetryPolicy {
     pub redispatch_in_doubt: bool,
     /// Wall-clock limit for one attempt.
     pub attempt_deadline: Duration,
+    /// Wall-clock limit for the whole call, every attempt and wait included.
+    pub call_deadline: Duration,
 }
 
 impl RetryPolicy {
@@ -68,6 +70,7 @@ impl RetryPolicy {
             max_backoff: Duration::from_secs(2),
             redispatch_in_doubt: true,
             attempt_deadline: Duration::from_secs(30),
+            call_deadline: Duration::from_secs(120),
         };
         match class {
             ReplayClass::ReadOnly | ReplayClass::IdempotentWrite | ReplayClass::Compensatable => base,

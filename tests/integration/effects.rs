@@ -167,3 +167,56 @@ async fn a_read_only_tool_runs_without_a_step_and_records_nothing() {
     assert_eq!(outcome.operation_key, None);
     assert!(f.host.ledger().operations(None).expect("list").is_empty());
 }
+
+/// An embedder's effect that counts what reaches it.
+#[derive(Default)]
+struct CountingBank {
+    keys: std::sync::Mutex<Vec<String>>,
+}
+
+impl oncebox::EffectProvider for CountingBank {
+    fn call<'a>(
+        &'a self,
+        effect_key: &'a str,
+        request: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = oncebox::ProviderOutcome> + Send + 'a>> {
+        Box::pin(async move {
+            self.keys.lock().expect("lock").push(effect_key.to_string());
+            oncebox::ProviderOutcome::Committed(format!(r#"{{"seen":{request}}}"#))
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_embedder_provider_gets_keys_and_deduplication_for_free() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let bank = std::sync::Arc::new(CountingBank::default());
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .provider("bank", bank.clone())
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let call = |step: &str, args: serde_json::Value| oncebox::Call::step("run-1", step, "panicky", args.to_string());
+
+    // Three attempts, one provider call: the later attempts are answered from the ledger.
+    let flaky =
+        host.call(call("flaky", json!({"mode": "transient", "provider": "bank", "echo": "a"}))).await.expect("call");
+    assert_eq!(flaky.attempts, 3);
+    assert_eq!(bank.keys.lock().expect("lock").len(), 1);
+
+    let ok = host.call(call("ok", json!({"mode": "ok", "provider": "bank", "echo": "b"}))).await.expect("call");
+    assert_eq!(ok.output.as_ref().expect("output")["provided"], json!({"seen": "b"}));
+    let again = host.call(call("ok", json!({"mode": "ok", "provider": "bank", "echo": "b"}))).await.expect("call");
+    assert!(again.replayed);
+    let keys = bank.keys.lock().expect("lock").clone();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_ne!(keys[0], keys[1], "each operation's effect has its own key");
+    let recorded = host.ledger().effects(ok.operation_key.as_deref().expect("key")).expect("effects");
+    assert_eq!(recorded[0].key, keys[1], "the provider saw the ledger's effect key");
+
+    let missing = host.call(call("missing", json!({"mode": "ok", "provider": "nobody"}))).await.expect("call");
+    assert_eq!(missing.status, Status::Failed);
+    assert!(missing.error.expect("error").message.contains("nobody"));
+}

@@ -11,3 +11,4 @@ mod loading;
 mod recovery;
 mod replay;
 mod retries;
+mod retry_matrix;

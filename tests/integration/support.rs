@@ -39,7 +39,10 @@ pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_
         builder = builder.tool_config(tool, "base_url", provider.base_url());
     }
     for (tool, class) in [
+        ("stock", ReplayClass::ReadOnly),
         ("charge", ReplayClass::Compensatable),
+        ("refund", ReplayClass::IdempotentWrite),
+        ("fulfill", ReplayClass::Irreversible),
         ("panicky", ReplayClass::IdempotentWrite),
         ("reserve", ReplayClass::IdempotentWrite),
     ] {

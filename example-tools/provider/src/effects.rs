@@ -29,11 +29,12 @@ const MAX_KEY_LEN: usize = 255;
 /// The payment method that is always declined, so tests can provoke a decline.
 const DECLINED_METHOD: &str = "card_declined";
 
-/// What the connection does with the outcome of an effect request.
+/// What the connection does with the outcome of a request.
 #[derive(Debug)]
 pub(crate) enum Reply {
     Send(Resp),
-    /// Close the connection without a response (the `LoseResponse` fault).
+    /// Close the connection without a response (the `LoseResponse` fault, on an
+    /// effect route or an inventory read).
     Lose,
 }
 
@@ -78,14 +79,10 @@ async fn process(provider: &Provider, route: Route, request: Request<Incoming>) 
     let fault = provider.faults.take(route, effect.order_id());
     match &fault {
         Some(FaultKind::RateLimit { retry_after_ms }) => {
-            return Ok(Reply::Send(rate_limited(*retry_after_ms)));
+            return Ok(Reply::Send(http::rate_limited(*retry_after_ms)));
         }
         Some(FaultKind::ErrorBeforeCommit) => {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                "injected fault: failed before committing",
-            ));
+            return Err(ApiError::injected_failure("injected fault: failed before committing"));
         }
         Some(FaultKind::LoseResponse | FaultKind::Delay { .. }) | None => {}
     }
@@ -124,21 +121,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 fn replayed(stored: &StoredResponse) -> Resp {
     let mut response = stored_response(stored);
     response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-    response
-}
-
-fn rate_limited(retry_after_ms: u64) -> Resp {
-    let mut response = ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
-        format!("rate limited: retry after {retry_after_ms} ms"),
-    )
-    .into_response();
-    // `Retry-After` only has whole seconds; round up so a client that obeys it
-    // never comes back early. `Retry-After-Ms` carries the exact wait.
-    let headers = response.headers_mut();
-    headers.insert("retry-after", retry_after_ms.div_ceil(1000).into());
-    headers.insert("retry-after-ms", retry_after_ms.into());
     response
 }
 
@@ -200,6 +182,8 @@ impl EffectRequest {
             Route::Payments => EffectRequest::Payment(http::parse(value)?),
             Route::Refunds => EffectRequest::Refund(http::parse(value)?),
             Route::Fulfillments => EffectRequest::Fulfillment(http::parse(value)?),
+            // Routing never sends a read here; refuse rather than panic if it did.
+            Route::Inventory => return Err(ApiError::not_found("inventory is not an effect route")),
         };
         let problem = match &request {
             _ if request.order_id().is_empty() => Some("`order_id` must not be empty"),

@@ -1,9 +1,12 @@
-//! Fault injection: what can go wrong on an effect route, and the board of armed faults.
+//! Fault injection: what can go wrong on a route, and the board of armed faults.
 //!
 //! Faults model the failures that make "exactly once" hard for a client: a
 //! response lost after the provider committed, a slow response, and refusals that
-//! commit nothing. They are consumed only by requests that would be processed
-//! fresh; a replayed idempotency key never reaches the board.
+//! commit nothing. On an effect route they are consumed only by requests that
+//! would be processed fresh; a replayed idempotency key never reaches the board.
+//! On the inventory read route ([`Route::Inventory`]) every `GET /inventory/{sku}`
+//! consults the board, so a read-only client can be driven through the same
+//! failures.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -11,16 +14,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Route;
 
-/// A fault armed against an effect route.
+/// A fault armed against a route.
 ///
 /// On the wire the kind is flattened into the fault, e.g.
 /// `{"route": "payments", "order_id": "o-1", "kind": "delay", "delay_ms": 500, "times": 1}`.
 /// `order_id` may be omitted (any order) and `times` defaults to 1.
+///
+/// For [`Route::Inventory`] the `order_id` field names the SKU instead, since a
+/// read has no order: `{"route": "inventory", "sku": "widget", "kind": "lose-response"}`.
+/// On the wire `sku` is accepted as another name for `order_id` (giving both is
+/// an error); in Rust, [`Fault::for_sku`] reads better than [`Fault::for_order`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
     pub route: Route,
-    /// `None` matches requests for any order.
-    #[serde(default)]
+    /// The order the fault is restricted to or, for [`Route::Inventory`], the SKU.
+    /// `None` matches requests for any order (or SKU).
+    #[serde(default, alias = "sku")]
     pub order_id: Option<String>,
     #[serde(flatten)]
     pub kind: FaultKind,
@@ -34,7 +43,7 @@ fn one() -> u32 {
 }
 
 impl Fault {
-    /// A fault for `route` on any order, applying once.
+    /// A fault for `route` on any order (or SKU), applying once.
     pub fn new(route: Route, kind: FaultKind) -> Fault {
         Fault { route, order_id: None, kind, times: 1 }
     }
@@ -45,24 +54,36 @@ impl Fault {
         self
     }
 
+    /// Restricts a [`Route::Inventory`] fault to reads of `sku`. The same as
+    /// [`Fault::for_order`]: both set `order_id`, which names the SKU for reads.
+    pub fn for_sku(self, sku: impl Into<String>) -> Fault {
+        self.for_order(sku)
+    }
+
     /// Makes the fault apply to `times` matching requests.
     pub fn times(mut self, times: u32) -> Fault {
         self.times = times;
         self
     }
 
-    fn matches(&self, route: Route, order_id: &str) -> bool {
-        self.route == route && self.order_id.as_deref().is_none_or(|id| id == order_id)
+    /// `target` is the request's order id, or its SKU for an inventory read.
+    fn matches(&self, route: Route, target: &str) -> bool {
+        self.route == route && self.order_id.as_deref().is_none_or(|id| id == target)
     }
 }
 
 /// What an armed fault does to the request it applies to.
+///
+/// On the inventory read route nothing is ever committed: `LoseResponse` just
+/// closes the connection without a response, `Delay` waits and then reads and
+/// answers as usual, and the other two refuse the read as they refuse an effect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum FaultKind {
     /// Commit the effect, then close the connection without sending any response.
     LoseResponse,
-    /// Commit the effect, then wait `delay_ms` before responding.
+    /// Commit the effect, then wait `delay_ms` before responding. (A read waits
+    /// first, then reads the stock it answers with.)
     Delay { delay_ms: u64 },
     /// Commit nothing; respond 429 with `Retry-After` (seconds, rounded up) and
     /// `Retry-After-Ms` (exact).
@@ -72,7 +93,8 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    /// Whether the provider commits the effect before the fault takes hold.
+    /// Whether, on an effect route, the provider commits the effect before the
+    /// fault takes hold. (Reads never commit anything.)
     pub fn commits(&self) -> bool {
         matches!(self, FaultKind::LoseResponse | FaultKind::Delay { .. })
     }
@@ -99,9 +121,10 @@ impl FaultBoard {
 
     /// Consumes one application of the first armed fault matching the request,
     /// removing the fault once it is spent.
-    pub(crate) fn take(&self, route: Route, order_id: &str) -> Option<FaultKind> {
+    /// `target` is the request's order id, or its SKU for an inventory read.
+    pub(crate) fn take(&self, route: Route, target: &str) -> Option<FaultKind> {
         let mut armed = self.lock();
-        let index = armed.iter().position(|f| f.matches(route, order_id))?;
+        let index = armed.iter().position(|f| f.matches(route, target))?;
         let fault = &mut armed[index];
         fault.times -= 1;
         let kind = fault.kind.clone();
@@ -148,5 +171,34 @@ mod tests {
             serde_json::from_str(r#"{"route":"refunds","kind":"rate-limit","retry_after_ms":1500}"#);
         let expected = Fault::new(Route::Refunds, FaultKind::RateLimit { retry_after_ms: 1500 });
         assert_eq!(fault.ok(), Some(expected));
+    }
+
+    #[test]
+    fn inventory_faults_match_the_sku() {
+        let board = FaultBoard::default();
+        board.arm(Fault::new(Route::Inventory, FaultKind::ErrorBeforeCommit).for_sku("widget"));
+
+        assert_eq!(board.take(Route::Payments, "widget"), None);
+        assert_eq!(board.take(Route::Inventory, "gadget"), None);
+        assert_eq!(board.take(Route::Inventory, "widget"), Some(FaultKind::ErrorBeforeCommit));
+        assert_eq!(board.take(Route::Inventory, "widget"), None);
+    }
+
+    #[test]
+    fn wire_format_accepts_sku_for_order_id() {
+        let expected = Fault::new(Route::Inventory, FaultKind::LoseResponse).for_sku("widget").times(2);
+        for text in [
+            r#"{"route":"inventory","sku":"widget","kind":"lose-response","times":2}"#,
+            r#"{"route":"inventory","order_id":"widget","kind":"lose-response","times":2}"#,
+        ] {
+            let fault: Result<Fault, _> = serde_json::from_str(text);
+            assert_eq!(fault.ok(), Some(expected.clone()), "{text}");
+        }
+        let both: Result<Fault, _> =
+            serde_json::from_str(r#"{"route":"inventory","sku":"a","order_id":"b","kind":"lose-response"}"#);
+        assert!(both.is_err(), "sku and order_id are the same field");
+        // Serializing keeps the original field name, so older readers still understand it.
+        let written = serde_json::to_value(&expected).ok();
+        assert_eq!(written.as_ref().and_then(|v| v.get("order_id")), Some(&serde_json::json!("widget")));
     }
 }

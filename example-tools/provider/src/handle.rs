@@ -76,6 +76,12 @@ impl ProviderHandle {
         self.provider.store.effect_requests()
     }
 
+    /// `GET /inventory/{sku}` requests received, whatever became of them (faulted
+    /// and malformed ones included). Reads commit nothing, so they are not in [`Counts`].
+    pub fn reads(&self) -> u64 {
+        self.provider.store.reads()
+    }
+
     /// Units of `sku` available, as `GET /inventory/{sku}` reports them.
     pub fn stock(&self, sku: &str) -> u64 {
         self.provider.store.stock(sku)

@@ -46,6 +46,11 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    /// The 500 an `ErrorBeforeCommit` fault answers with.
+    pub(crate) fn injected_failure(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+    }
+
     /// The error as a serialized body, so it can be stored under an idempotency key.
     pub(crate) fn to_stored(&self) -> StoredResponse {
         let body = serde_json::json!({ "error": self.code, "message": self.message });
@@ -77,6 +82,22 @@ pub(crate) fn stored_response(stored: &StoredResponse) -> Resp {
     let mut response = Response::new(Full::new(stored.body.clone()));
     *response.status_mut() = stored.status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The 429 a `RateLimit` fault answers with.
+pub(crate) fn rate_limited(retry_after_ms: u64) -> Resp {
+    let mut response = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("rate limited: retry after {retry_after_ms} ms"),
+    )
+    .into_response();
+    // `Retry-After` only has whole seconds; round up so a client that obeys it
+    // never comes back early. `Retry-After-Ms` carries the exact wait.
+    let headers = response.headers_mut();
+    headers.insert("retry-after", retry_after_ms.div_ceil(1000).into());
+    headers.insert("retry-after-ms", retry_after_ms.into());
     response
 }
 

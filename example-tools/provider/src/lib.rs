@@ -4,7 +4,9 @@
 //!
 //! It behaves like a Stripe-style API with `Idempotency-Key` semantics, and it
 //! can be told to misbehave (see [`FaultKind`]): lose a response after
-//! committing, delay one, rate-limit, or fail before committing. Above all it
+//! committing, delay one, rate-limit, or fail before committing. The inventory
+//! read `GET /inventory/{sku}` can be faulted too ([`Route::Inventory`], matched
+//! by SKU), and [`ProviderHandle::reads`] counts the reads received. Above all it
 //! counts the effects it actually committed, per order ([`Counts`]), so a test
 //! can check that "exactly once" really was exactly once, whatever the client
 //! believed.
@@ -26,7 +28,8 @@
 //! | --- | --- |
 //! | `POST /payments`, `/refunds`, `/fulfillments` | commit an effect; honour `Idempotency-Key` |
 //! | `GET /{payments,refunds,fulfillments}/by-key/{key}` | the response committed under a key, or 404 |
-//! | `GET /inventory/{sku}`, `POST /inventory/{sku}` | read or set stock (an admin route, not an effect) |
+//! | `GET /inventory/{sku}` | read stock (faults on route `inventory` apply; nothing is committed) |
+//! | `POST /inventory/{sku}` | set stock (an admin route, not an effect; never faulted) |
 //! | `GET /counts`, `GET /counts/{order_id}` | committed effects, in total or for one order |
 //! | `POST /faults`, `DELETE /faults` | arm a [`Fault`], or clear them all |
 //!

@@ -4,14 +4,18 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// One of the three effect routes: the only routes that commit side effects,
-/// honour `Idempotency-Key` and can have faults armed against them.
+/// A route that faults can be armed against: one of the three effect routes
+/// (the only routes that commit side effects and honour `Idempotency-Key`), or
+/// the inventory read route `GET /inventory/{sku}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Route {
     Payments,
     Refunds,
     Fulfillments,
+    /// `GET /inventory/{sku}`: a read, which commits nothing. Faults on it match
+    /// the SKU where effect faults match the order (see [`crate::Fault`]).
+    Inventory,
 }
 
 impl Route {
@@ -21,7 +25,14 @@ impl Route {
             Route::Payments => "payments",
             Route::Refunds => "refunds",
             Route::Fulfillments => "fulfillments",
+            Route::Inventory => "inventory",
         }
+    }
+
+    /// Whether this is an effect route (`POST /payments`, `/refunds`, `/fulfillments`)
+    /// rather than the inventory read.
+    pub fn is_effect(self) -> bool {
+        !matches!(self, Route::Inventory)
     }
 
     /// Parses a first path segment back into a route.
@@ -30,6 +41,7 @@ impl Route {
             "payments" => Some(Route::Payments),
             "refunds" => Some(Route::Refunds),
             "fulfillments" => Some(Route::Fulfillments),
+            "inventory" => Some(Route::Inventory),
             _ => None,
         }
     }
@@ -51,12 +63,14 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Adds one committed effect on `route`.
+    /// Adds one committed effect on `route`. Reads commit nothing, so an
+    /// inventory route leaves the counts unchanged.
     pub(crate) fn record(&mut self, route: Route) {
         let slot = match route {
             Route::Payments => &mut self.payments,
             Route::Refunds => &mut self.refunds,
             Route::Fulfillments => &mut self.fulfillments,
+            Route::Inventory => return,
         };
         *slot += 1;
     }

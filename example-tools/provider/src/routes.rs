@@ -1,6 +1,8 @@
 //! Request routing, and the handlers that are not effects: reconciliation
 //! lookups, inventory, counts and fault administration.
 
+use std::time::Duration;
+
 use hyper::body::Incoming;
 use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, StatusCode};
@@ -9,7 +11,7 @@ use serde_json::json;
 
 use crate::Provider;
 use crate::effects::{self, Reply};
-use crate::faults::Fault;
+use crate::faults::{Fault, FaultKind};
 use crate::http::{self, ApiError, Resp, json_response, no_content, percent_decode};
 use crate::model::Route;
 
@@ -38,22 +40,28 @@ pub(crate) async fn dispatch(provider: &Provider, request: Request<Incoming>) ->
             }
             _ => Ok(method_not_allowed("POST, DELETE")),
         },
-        ["inventory", sku] => match percent_decode(sku) {
-            Err(err) => Err(err),
-            Ok(sku) => match method {
-                Method::GET => Ok(stock_response(provider, &sku)),
-                Method::POST => set_stock(provider, &sku, request).await,
-                _ => Ok(method_not_allowed("GET, POST")),
-            },
-        },
-        [name] => match Route::from_segment(name) {
+        ["inventory", sku] => {
+            if method == Method::GET {
+                // Counted on arrival, so faulted and malformed reads count too.
+                provider.store.note_read();
+            }
+            match percent_decode(sku) {
+                Err(err) => Err(err),
+                Ok(sku) => match method {
+                    Method::GET => return read_stock(provider, &sku).await,
+                    Method::POST => set_stock(provider, &sku, request).await,
+                    _ => Ok(method_not_allowed("GET, POST")),
+                },
+            }
+        }
+        [name] => match effect_route(name) {
             Some(route) if method == Method::POST => {
                 return effects::handle(provider, route, request).await;
             }
             Some(_) => Ok(method_not_allowed("POST")),
             None => Err(unknown_route(&path)),
         },
-        [name, "by-key", key] => match Route::from_segment(name) {
+        [name, "by-key", key] => match effect_route(name) {
             Some(route) if method == Method::GET => by_key(provider, route, key),
             Some(_) => Ok(method_not_allowed("GET")),
             None => Err(unknown_route(&path)),
@@ -75,6 +83,29 @@ fn by_key(provider: &Provider, route: Route, key: &str) -> Result<Resp, ApiError
         .by_key(route, &key)
         .map(|stored| http::stored_response(&stored))
         .ok_or_else(|| ApiError::not_found(format!("no committed {route} request with key {key:?}")))
+}
+
+/// The effect route named by a first path segment; `inventory` is not one.
+fn effect_route(segment: &str) -> Option<Route> {
+    Route::from_segment(segment).filter(|route| route.is_effect())
+}
+
+/// `GET /inventory/{sku}`: reads the stock, unless a [`Route::Inventory`] fault
+/// for the SKU intervenes. A read commits nothing, so every fault kind acts
+/// before (or instead of) reading.
+async fn read_stock(provider: &Provider, sku: &str) -> Reply {
+    match provider.faults.take(Route::Inventory, sku) {
+        None => Reply::Send(stock_response(provider, sku)),
+        Some(FaultKind::LoseResponse) => Reply::Lose,
+        Some(FaultKind::Delay { delay_ms }) => {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            Reply::Send(stock_response(provider, sku))
+        }
+        Some(FaultKind::RateLimit { retry_after_ms }) => Reply::Send(http::rate_limited(retry_after_ms)),
+        Some(FaultKind::ErrorBeforeCommit) => {
+            Reply::Send(ApiError::injected_failure("injected fault: the read failed").into_response())
+        }
+    }
 }
 
 fn stock_response(provider: &Provider, sku: &str) -> Resp {

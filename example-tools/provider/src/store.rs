@@ -117,6 +117,7 @@ struct State {
 pub(crate) struct Store {
     state: Mutex<State>,
     effect_requests: AtomicU64,
+    reads: AtomicU64,
 }
 
 impl Store {
@@ -176,6 +177,14 @@ impl Store {
 
     pub(crate) fn effect_requests(&self) -> u64 {
         self.effect_requests.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     pub(crate) fn stock(&self, sku: &str) -> u64 {

@@ -16,6 +16,7 @@ struct Harness {
 #[derive(Debug)]
 struct Reply {
     status: StatusCode,
+    headers: reqwest::header::HeaderMap,
     replayed: bool,
     text: String,
     json: Value,
@@ -53,14 +54,20 @@ impl Harness {
     async fn get(&self, path: &str) -> Reply {
         self.send(self.client.get(self.url(path))).await
     }
+
+    /// GETs `path`; errors are the client's (e.g. a connection closed without a response).
+    async fn try_get(&self, path: &str) -> reqwest::Result<Reply> {
+        read(self.client.get(self.url(path)).send().await?).await
+    }
 }
 
 async fn read(response: reqwest::Response) -> reqwest::Result<Reply> {
     let status = response.status();
+    let headers = response.headers().clone();
     let replayed = response.headers().get("idempotent-replayed").is_some_and(|value| value == "true");
     let text = response.text().await?;
     let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Ok(Reply { status, replayed, text, json })
+    Ok(Reply { status, headers, replayed, text, json })
 }
 
 fn payment(order_id: &str, amount_cents: u64) -> Value {
@@ -358,8 +365,131 @@ async fn inventory_reads_and_sets_stock() {
     let set = h.send(h.client.post(h.url("/inventory/gadget")).body(json!({"available": 3}).to_string())).await;
     assert_eq!(set.status, StatusCode::OK);
     assert_eq!(h.provider.stock("gadget"), 3);
-    // An admin route is not an effect request.
+    // An admin route is not an effect request, nor a read.
     assert_eq!(h.provider.requests(), 0);
+    assert_eq!(h.provider.reads(), 2);
+}
+
+fn header(reply: &Reply, name: &str) -> Option<String> {
+    reply.headers.get(name).and_then(|value| value.to_str().ok()).map(str::to_owned)
+}
+
+#[tokio::test]
+async fn inventory_lost_response_closes_the_connection_until_spent() {
+    let h = Harness::start().await;
+    h.provider.set_stock("widget", 4);
+    h.provider.arm(Fault::new(Route::Inventory, FaultKind::LoseResponse).for_sku("widget").times(2));
+
+    // Another SKU is not affected and does not use up the fault.
+    assert_eq!(h.get("/inventory/gadget").await.status, StatusCode::OK);
+    for _ in 0..2 {
+        let lost = h.try_get("/inventory/widget").await;
+        let err = lost.expect_err("the connection closes without a response");
+        assert!(!err.is_timeout(), "closed, not timed out: {err}");
+    }
+    let read = h.get("/inventory/widget").await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.json, json!({"sku": "widget", "available": 4}));
+
+    // Every read arrived exactly once (the client did not resend a lost one), and
+    // none of them is an effect.
+    assert_eq!(h.provider.reads(), 4);
+    assert_eq!(h.provider.requests(), 0);
+    assert_eq!(h.provider.totals(), Counts::default());
+    assert_eq!(h.provider.stock("widget"), 4);
+}
+
+#[tokio::test]
+async fn inventory_delay_waits_then_answers_with_the_stock_at_that_time() {
+    let h = Harness::start().await;
+    h.provider.set_stock("widget", 1);
+    h.provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1000 }));
+    // Armed behind the delay: it only applies once the delay is spent.
+    h.provider.arm(Fault::new(Route::Inventory, FaultKind::ErrorBeforeCommit));
+
+    let client = h.client.clone();
+    let url = h.url("/inventory/widget");
+    let delayed = tokio::spawn(async move { client.get(url).send().await });
+    // A read is counted on arrival, before the delay: then change the stock.
+    for _ in 0..500 {
+        if h.provider.reads() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.provider.reads(), 1);
+    h.provider.set_stock("widget", 9);
+
+    let delayed = delayed.await.expect("task completes").expect("delayed response arrives");
+    let delayed = read(delayed).await.expect("body is readable");
+    assert_eq!(delayed.status, StatusCode::OK);
+    assert_eq!(delayed.json, json!({"sku": "widget", "available": 9}), "read after the wait");
+
+    // The delay was used once: the next read meets the fault armed behind it.
+    assert_eq!(h.get("/inventory/widget").await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h.get("/inventory/widget").await.status, StatusCode::OK);
+    assert_eq!(h.provider.reads(), 3);
+}
+
+#[tokio::test]
+async fn inventory_rate_limit_armed_over_http_answers_429_until_spent() {
+    let h = Harness::start().await;
+    h.provider.set_stock("widget", 2);
+    let fault =
+        json!({"route": "inventory", "sku": "widget", "kind": "rate-limit", "retry_after_ms": 1500, "times": 2});
+    let armed = h.send(h.client.post(h.url("/faults")).body(fault.to_string())).await;
+    assert_eq!(armed.status, StatusCode::NO_CONTENT, "{}", armed.text);
+
+    for _ in 0..2 {
+        let limited = h.get("/inventory/widget").await;
+        assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(limited.json["error"], "rate_limited");
+        assert_eq!(header(&limited, "retry-after").as_deref(), Some("2"), "rounded up");
+        assert_eq!(header(&limited, "retry-after-ms").as_deref(), Some("1500"));
+    }
+    let read = h.get("/inventory/widget").await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.json["available"], 2);
+    assert_eq!(h.provider.reads(), 3);
+}
+
+#[tokio::test]
+async fn inventory_error_answers_500_for_the_matching_sku_once() {
+    let h = Harness::start().await;
+    // For inventory faults `order_id` names the SKU.
+    h.provider.arm(Fault::new(Route::Inventory, FaultKind::ErrorBeforeCommit).for_order("widget"));
+
+    assert_eq!(h.get("/inventory/gadget").await.status, StatusCode::OK);
+    let failed = h.get("/inventory/widget").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(failed.json["error"], "internal_error");
+    assert_eq!(h.get("/inventory/widget").await.status, StatusCode::OK);
+    assert_eq!(h.provider.reads(), 3);
+}
+
+#[tokio::test]
+async fn inventory_and_effect_faults_do_not_cross() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit));
+    assert_eq!(h.get("/inventory/widget").await.status, StatusCode::OK);
+    h.provider.clear_faults();
+
+    h.provider.arm(Fault::new(Route::Inventory, FaultKind::ErrorBeforeCommit));
+    assert_eq!(h.post("/payments", None, &payment("o-1", 1)).await.status, StatusCode::OK);
+    // Setting stock is an admin route, never faulted, and not a read.
+    let set = h.send(h.client.post(h.url("/inventory/widget")).body(json!({"available": 3}).to_string())).await;
+    assert_eq!(set.status, StatusCode::OK);
+    assert_eq!(h.get("/inventory/widget").await.status, StatusCode::INTERNAL_SERVER_ERROR);
+
+    // `inventory` is still not an effect route.
+    assert_eq!(h.post("/inventory", None, &json!({})).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(h.get("/inventory/by-key/k1").await.status, StatusCode::NOT_FOUND);
+
+    // A malformed read is still a read received.
+    assert_eq!(h.get("/inventory/bad%zz").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(h.provider.reads(), 3);
+    assert_eq!(h.provider.requests(), 1);
+    assert_eq!(h.provider.totals(), payments(1));
 }
 
 #[tokio::test]

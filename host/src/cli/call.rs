@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use oncebox::policy_file::PolicyFile;
 use oncebox::{Call, Host, HttpTarget, Status};
 
 use super::{Exit, Usage, print_json};
@@ -25,6 +26,10 @@ pub struct Args {
     /// effect whose answer was lost may be resent with its key.
     #[arg(long = "key-target", value_name = "HOST:PORT")]
     pub key_targets: Vec<String>,
+    /// The operator's policy file (oncebox.toml): retry settings and config per tool, key
+    /// semantics per downstream host. Flags given here win over the file.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
     /// How long to wait for a downstream's answer before the outcome is unknown.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -44,6 +49,9 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 /// Builds the host the flags describe, loads the tool and shapes the call.
 pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     let mut builder = Host::builder(&args.ledger);
+    if let Some(path) = &args.policy {
+        builder = builder.policy_file(PolicyFile::load(path)?);
+    }
     let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {
         let settings = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout };

@@ -7,6 +7,7 @@ mod call;
 mod demo;
 mod inspect;
 mod ledger;
+mod policy;
 mod reconcile;
 
 use std::process::ExitCode;
@@ -37,6 +38,9 @@ pub enum Command {
     Call(call::Args),
     /// Ask the tool's authority what became of a step whose outcome is unknown.
     Reconcile(call::Args),
+    /// Show the effective retry policy of a tool.
+    #[command(subcommand)]
+    Policy(policy::Command),
     /// Read the ledger.
     #[command(subcommand)]
     Ledger(ledger::Command),
@@ -65,6 +69,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Call(args) => call::run(args).await,
         Command::Reconcile(args) => reconcile::run(args).await,
         Command::Ledger(command) => ledger::run(command).await,
+        Command::Policy(command) => policy::run(command).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,
     };
@@ -79,14 +84,17 @@ pub async fn run(command: Command) -> Exit {
 
 /// Blames the input or the host, from the error's type.
 fn exit_for(e: &anyhow::Error) -> Exit {
+    use oncebox::policy_file::PolicyError;
     use oncebox::{CallError, Error, LoadError};
     let usage = |e: &Error| {
-        matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_))) || matches!(e, Error::DuplicateTool { .. })
+        matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
+            || matches!(e, Error::DuplicateTool { .. } | Error::Policy(_))
     };
     let call_usage = |e: &CallError| !matches!(e, CallError::Ledger(_));
     if e.downcast_ref::<Error>().is_some_and(usage)
         || e.downcast_ref::<CallError>().is_some_and(call_usage)
         || e.downcast_ref::<Usage>().is_some()
+        || e.downcast_ref::<PolicyError>().is_some()
     {
         Exit::Usage
     } else {

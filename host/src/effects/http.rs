@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::failure::{self, HttpObservation, HttpVerdict};
 use crate::keys;
+use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
 use super::guard::{Begin, Dispatched, Request};
@@ -96,30 +98,41 @@ fn builder(
     Ok(request)
 }
 
-/// Sends and classifies. `Ok` holds a definitive answer.
+/// Sends, observes, and lets `failure::http` say what the observation means.
 async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
-    let response = match request.send().await {
-        Ok(r) => r,
-        Err(e) if e.is_connect() => {
-            return Dispatched::Retryable(ToolError::Transient(format!(
-                "could not connect to {target}; nothing was sent"
-            )));
-        }
-        Err(e) => {
-            return Dispatched::Unknown(format!("sent to {target}, no answer: {}", describe(&e)));
+    let (observation, response) = match request.send().await {
+        Err(e) if e.is_connect() => (HttpObservation::NotConnected, Err(format!("could not connect to {target}"))),
+        Err(e) => (HttpObservation::SentNoAnswer, Err(format!("sent to {target}, no answer: {}", describe(&e)))),
+        Ok(r) => {
+            let observation =
+                HttpObservation::Answered { status: r.status().as_u16(), retry_after: retry_after(r.headers()) };
+            (observation, Ok(r))
         }
     };
-    let status = response.status().as_u16();
-    if status == 429 {
-        let retry_after_ms = retry_after_ms(response.headers()).unwrap_or(1000);
-        return Dispatched::Retryable(ToolError::RateLimited(RateLimit {
-            retry_after_ms,
-            message: format!("{target} answered 429"),
-        }));
+    let status = match &observation {
+        HttpObservation::Answered { status, .. } => *status,
+        _ => 0,
+    };
+    let message = |detail: &str| format!("{target} answered {status}{detail}");
+    match (failure::http(&observation), response) {
+        (HttpVerdict::NotTaken(failure), response) => {
+            let message = response.err().unwrap_or_else(|| message(""));
+            Dispatched::Retryable(match failure {
+                Failure::RateLimited { retry_after } => ToolError::RateLimited(RateLimit {
+                    retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                    message,
+                }),
+                _ => ToolError::Transient(format!("{message}; nothing took effect")),
+            })
+        }
+        (HttpVerdict::InDoubt, response) => Dispatched::Unknown(response.err().unwrap_or_else(|| message(""))),
+        (HttpVerdict::Definitive, Err(message)) => Dispatched::Unknown(message),
+        (HttpVerdict::Definitive, Ok(response)) => read_answer(response, status, target).await,
     }
-    if status == 409 || status >= 500 {
-        return Dispatched::Retryable(ToolError::Transient(format!("{target} answered {status}")));
-    }
+}
+
+/// Reads a definitive answer's body; losing the body loses the answer, so the outcome is unknown.
+async fn read_answer(response: reqwest::Response, status: u16, target: &str) -> Dispatched {
     let headers = response
         .headers()
         .iter()
@@ -143,9 +156,9 @@ fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() { "timed out".into() } else { e.to_string() }
 }
 
-fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-    get("retry-after-ms").or_else(|| get("retry-after").map(|s| s.saturating_mul(1000)))
+    get("retry-after-ms").map(Duration::from_millis).or_else(|| get("retry-after").map(Duration::from_secs))
 }
 
 /// A read: GET or HEAD, never recorded.

@@ -117,10 +117,33 @@ pub struct AttemptEffect {
     pub status: EffectStatus,
 }
 
+/// Where an attempt's effects came from, taken together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttemptSource {
+    /// At least one effect went out (or the attempt had none).
+    Fresh,
+    /// Every effect was answered from the ledger.
+    Deduplicated,
+}
+
+impl AttemptSource {
+    pub fn of(effects: &[AttemptEffect]) -> Self {
+        if !effects.is_empty() && effects.iter().all(|e| e.source == EffectSource::Deduplicated) {
+            AttemptSource::Deduplicated
+        } else {
+            AttemptSource::Fresh
+        }
+    }
+}
+
 /// One attempt of one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {
     pub operation_key: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub tool: String,
     pub attempt: u32,
     pub max_attempts: u32,
     pub fence: u64,
@@ -129,6 +152,9 @@ pub struct AttemptRecord {
     /// `ok` or the failure class.
     pub outcome: String,
     pub message: Option<String>,
+    pub source: AttemptSource,
+    /// Whether every effect got a definitive answer; `None` when the attempt had no effect.
+    pub downstream_accepted: Option<bool>,
     pub effects: Vec<AttemptEffect>,
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use wasmtime::Store;
 
 use super::bindings::{Reconciliation, ToolError};
-use super::{EPOCH_TICK, LoadedTool, MAX_OUTPUT_BYTES, Runtime, StoreState};
+use super::{EPOCH_TICK, LoadedTool, MAX_OUTPUT_BYTES, MemoryLimitExceeded, Runtime, StoreState};
 use crate::effects::EffectCtx;
 
 /// How an invocation ended, before any policy looked at it.
@@ -18,6 +18,10 @@ pub enum Invocation {
     Trapped(String),
     /// The attempt ran out of time.
     DeadlineExceeded,
+    /// The guest tried to grow its memory past the limit.
+    MemoryLimit(String),
+    /// The guest returned more output than the host keeps.
+    OutputTooLarge(usize),
 }
 
 /// Epoch ticks covering `d`, at least one.
@@ -43,13 +47,13 @@ impl Runtime {
         // The epoch deadline stops guests that spin; this timeout stops ones waiting on the host.
         let outcome = match tokio::time::timeout(deadline, run).await {
             Err(_) => Invocation::DeadlineExceeded,
-            Ok(Ok(Ok(output))) if output.len() > MAX_OUTPUT_BYTES => Invocation::Failed(ToolError::Permanent(format!(
-                "the tool's output is {} bytes, over the limit of {MAX_OUTPUT_BYTES}",
-                output.len()
-            ))),
+            Ok(Ok(Ok(output))) if output.len() > MAX_OUTPUT_BYTES => Invocation::OutputTooLarge(output.len()),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
             Ok(Ok(Err(error))) => Invocation::Failed(error),
             Ok(Err(trap)) if is_deadline(&trap) => Invocation::DeadlineExceeded,
+            Ok(Err(trap)) if trap.downcast_ref::<MemoryLimitExceeded>().is_some() => {
+                Invocation::MemoryLimit(format!("{trap}"))
+            }
             Ok(Err(trap)) => Invocation::Trapped(format!("{trap:#}")),
         };
         let state = store.into_data();

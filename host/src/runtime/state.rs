@@ -2,20 +2,20 @@
 //! interfaces plus the WASI a Rust `std` guest needs to print, read clocks and panic (cli, io,
 //! clocks, random). No filesystem, no sockets, no wasi:http: deny by default.
 
+use wasmtime::ResourceLimiter;
 use wasmtime::component::{HasData, Linker, ResourceTable};
-use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::oncebox::tool;
-use super::{MAX_MEMORY_BYTES, MAX_STDIO_BYTES};
+use super::{MAX_MEMORY_BYTES, MAX_STDIO_BYTES, MAX_TABLE_ELEMENTS};
 use crate::effects::{EffectCtx, HasEffects};
 
 pub struct StoreState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub effects: EffectCtx,
-    limits: StoreLimits,
+    limits: Limits,
     pub stdout: MemoryOutputPipe,
     pub stderr: MemoryOutputPipe,
 }
@@ -32,12 +32,40 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        let limits = StoreLimitsBuilder::new().memory_size(MAX_MEMORY_BYTES).instances(16).build();
+        let limits = Limits { memory_bytes: MAX_MEMORY_BYTES, table_elements: MAX_TABLE_ELEMENTS };
         StoreState { wasi, table: ResourceTable::new(), effects, limits, stdout, stderr }
     }
 
     pub fn limiter(&mut self) -> &mut dyn ResourceLimiter {
         &mut self.limits
+    }
+}
+
+/// A guest asked for more memory than an attempt may have. Raised as a trap (not a failed
+/// `memory.grow`, which a Rust guest would turn into an abort that looks like any panic), so the
+/// host can tell this failure apart.
+#[derive(Debug, thiserror::Error)]
+#[error("the tool tried to grow its memory to {desired} bytes, over the limit of {limit}")]
+pub struct MemoryLimitExceeded {
+    pub desired: usize,
+    pub limit: usize,
+}
+
+struct Limits {
+    memory_bytes: usize,
+    table_elements: usize,
+}
+
+impl ResourceLimiter for Limits {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            return Err(wasmtime::Error::new(MemoryLimitExceeded { desired, limit: self.memory_bytes }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= self.table_elements)
     }
 }
 

@@ -1,7 +1,8 @@
-//! Behaves as told: returns, traps, or fails with a given class. Also writes one KV effect first
-//! when asked, so tests can see what a failure after an effect leaves behind.
+//! Behaves as told: returns, traps, or fails with a given class. Before that it can write one KV
+//! effect, or call an embedder's effect provider, so tests can see what a failure after an effect
+//! leaves behind.
 
-use oncebox_sdk::{Tool, ToolError, kv};
+use oncebox_sdk::{Tool, ToolError, kv, provider};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -24,11 +25,15 @@ pub struct Args {
     write_first: bool,
     #[serde(default)]
     echo: Option<String>,
+    /// Calls this embedder provider with `echo` first.
+    #[serde(default)]
+    provider: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
 pub struct Echo {
     echo: Option<String>,
+    provided: Option<serde_json::Value>,
 }
 
 pub struct Panicky;
@@ -43,8 +48,12 @@ impl Tool for Panicky {
         if args.write_first {
             kv::set("before-failing", "panicky/last", b"written")?;
         }
+        let provided = match &args.provider {
+            Some(name) => Some(provider("provided", name, &args.echo)?),
+            None => None,
+        };
         match args.mode {
-            Mode::Ok => Ok(Echo { echo: args.echo }),
+            Mode::Ok => Ok(Echo { echo: args.echo, provided }),
             Mode::Trap => panic!("asked to trap"),
             Mode::Transient => Err(ToolError::transient("asked to fail transiently")),
             Mode::Permanent => Err(ToolError::permanent("asked to fail permanently")),

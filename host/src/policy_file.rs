@@ -1,0 +1,744 @@
+//! The operator's policy file, `oncebox.toml`: per-tool retry overrides and settings, and what each
+//! downstream HTTP host promises. Pure: parsing and checking only; `load` is the one read.
+//!
+//! Everything the file can get wrong without knowing a tool's class is refused at parse, so a bad
+//! file stops the host before any call. What depends on the class (DESIGN section 5: an irreversible
+//! tool is never retried) is refused by [`PolicyFile::effective`], when the tool is loaded. Every
+//! refusal names the file and the line, because the operator fixes a file, not a data structure.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value as Json, json};
+use toml::{Spanned, Value};
+
+use crate::HttpTarget;
+use crate::policy::{ReplayClass, RetryPolicy};
+
+/// The most attempts a file may ask for. More is a loop, not a retry policy.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+
+/// The `RetryPolicy` fields a file may set, as the file spells them, in the struct's order.
+const FIELDS: [&str; 6] =
+    ["max_attempts", "initial_backoff", "max_backoff", "redispatch_in_doubt", "attempt_deadline", "call_deadline"];
+
+/// A parsed and checked policy file. Cheap to clone; holds no handle on the file.
+#[derive(Debug, Clone)]
+pub struct PolicyFile {
+    path: PathBuf,
+    tools: BTreeMap<String, ToolSection>,
+    hosts: BTreeMap<String, HttpTarget>,
+}
+
+/// A value and the 1-based line it came from, kept so that later refusals can point at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct At<T> {
+    value: T,
+    line: usize,
+}
+
+/// One `[tools.NAME]`, already checked for everything that does not depend on the class.
+#[derive(Debug, Clone, Default)]
+struct ToolSection {
+    max_attempts: Option<At<u32>>,
+    initial_backoff: Option<At<Duration>>,
+    max_backoff: Option<At<Duration>>,
+    redispatch_in_doubt: Option<At<bool>>,
+    attempt_deadline: Option<At<Duration>>,
+    call_deadline: Option<At<Duration>>,
+    config: Config,
+}
+
+/// `[tools.NAME.config]`. Its `Debug` shows keys only: operators put credentials here, and a
+/// policy file ends up in logs more easily than a secret store does.
+#[derive(Clone, Default)]
+struct Config(Vec<(String, String)>);
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(k, _)| k)).finish()
+    }
+}
+
+/// A tool's retry policy with, for each field, where its value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    pub policy: RetryPolicy,
+    /// One entry per `RetryPolicy` field, named as in the file, in the struct's order.
+    pub sources: Vec<(&'static str, Source)>,
+}
+
+/// Where one setting came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The class's default (DESIGN section 5): the file does not mention it.
+    ClassDefault(ReplayClass),
+    /// The policy file, at this 1-based line.
+    File { path: PathBuf, line: usize },
+    /// Set in code by the embedder (`HostBuilder::retry_policy`).
+    Embedder,
+}
+
+/// Why a policy file was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The file could not be read at all.
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The file says something impossible, unknown or forbidden, at this 1-based line.
+    #[error("{path}:{line}: {reason}")]
+    Invalid { path: PathBuf, line: usize, reason: String },
+}
+
+impl PolicyFile {
+    /// Reads and parses the file at `path`.
+    pub fn load(path: &Path) -> Result<PolicyFile, PolicyError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| PolicyError::Io { path: path.to_path_buf(), source })?;
+        PolicyFile::parse(&text, path)
+    }
+
+    /// Parses `text`; `path` is used only to name the file in messages and sources.
+    pub fn parse(text: &str, path: &Path) -> Result<PolicyFile, PolicyError> {
+        let lines = Lines { text, path };
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            // toml's Display draws a snippet over several lines; the span gives our one-line form.
+            let line = e.span().map_or(1, |span| lines.line(span.start));
+            PolicyError::Invalid { path: path.to_path_buf(), line, reason: e.message().trim_end().to_string() }
+        })?;
+        let mut tools = BTreeMap::new();
+        for (name, section) in raw.tools {
+            tools.insert(name.into_inner(), lines.tool(section)?);
+        }
+        let mut hosts = BTreeMap::new();
+        for (host, section) in raw.hosts {
+            let target = lines.host(&host, section)?;
+            hosts.insert(host.into_inner(), target);
+        }
+        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts })
+    }
+
+    /// No file: every tool gets its class defaults, every host `HttpTarget::default()`.
+    pub fn empty() -> PolicyFile {
+        PolicyFile { path: PathBuf::new(), tools: BTreeMap::new(), hosts: BTreeMap::new() }
+    }
+
+    /// The path the file was parsed as (empty for [`PolicyFile::empty`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Class defaults overridden by the file's [tools.NAME]; refuses what the class forbids.
+    ///
+    /// Also refuses a combination that only appears once the defaults are filled in (say
+    /// `initial_backoff = "5s"` against a default `max_backoff` of 2 s): the file line that made it is
+    /// named, because that is the line the operator must change.
+    pub fn effective(&self, tool: &str, class: ReplayClass) -> Result<Effective, PolicyError> {
+        let mut policy = RetryPolicy::for_class(class);
+        let mut sources: Vec<(&'static str, Source)> =
+            FIELDS.iter().map(|&field| (field, Source::ClassDefault(class))).collect();
+        let Some(section) = self.tools.get(tool) else {
+            return Ok(Effective { policy, sources });
+        };
+        let mut from_file = |field: &str, line: usize| {
+            if let Some((_, source)) = sources.iter_mut().find(|(f, _)| *f == field) {
+                *source = Source::File { path: self.path.clone(), line };
+            }
+        };
+        if let Some(at) = section.max_attempts {
+            if class == ReplayClass::Irreversible && at.value > 1 {
+                return Err(self.invalid(
+                    at.line,
+                    format!(
+                        "`max_attempts = {}` for `{tool}`: an irreversible tool is never retried automatically",
+                        at.value
+                    ),
+                ));
+            }
+            policy.max_attempts = at.value;
+            from_file("max_attempts", at.line);
+        }
+        if let Some(at) = section.redispatch_in_doubt {
+            if class == ReplayClass::Irreversible && at.value {
+                return Err(self.invalid(
+                    at.line,
+                    format!(
+                        "`redispatch_in_doubt = true` for `{tool}`: an irreversible tool's unknown outcome is \
+                         reconciled, then left to a person, never sent again"
+                    ),
+                ));
+            }
+            policy.redispatch_in_doubt = at.value;
+            from_file("redispatch_in_doubt", at.line);
+        }
+        let durations = [
+            ("initial_backoff", section.initial_backoff, &mut policy.initial_backoff),
+            ("max_backoff", section.max_backoff, &mut policy.max_backoff),
+            ("attempt_deadline", section.attempt_deadline, &mut policy.attempt_deadline),
+            ("call_deadline", section.call_deadline, &mut policy.call_deadline),
+        ];
+        for (field, at, slot) in durations {
+            if let Some(at) = at {
+                *slot = at.value;
+                from_file(field, at.line);
+            }
+        }
+        // Both given is caught at parse; here one side is a class default.
+        let pairs = [
+            (
+                "initial_backoff",
+                section.initial_backoff,
+                policy.initial_backoff,
+                "max_backoff",
+                section.max_backoff,
+                policy.max_backoff,
+            ),
+            (
+                "attempt_deadline",
+                section.attempt_deadline,
+                policy.attempt_deadline,
+                "call_deadline",
+                section.call_deadline,
+                policy.call_deadline,
+            ),
+        ];
+        for (small, small_at, small_value, big, big_at, big_value) in pairs {
+            if small_value > big_value {
+                let line = small_at.or(big_at).map_or(1, |at| at.line);
+                return Err(self.invalid(
+                    line,
+                    format!(
+                        "`{small}` ({}) exceeds `{big}` ({}) for `{tool}` once the {class} defaults are filled in",
+                        humantime::format_duration(small_value),
+                        humantime::format_duration(big_value)
+                    ),
+                ));
+            }
+        }
+        Ok(Effective { policy, sources })
+    }
+
+    /// [tools.NAME.config] as (key, value) pairs, sorted by key; empty when the file has none.
+    pub fn config(&self, tool: &str) -> Vec<(String, String)> {
+        self.tools.get(tool).map(|section| section.config.0.clone()).unwrap_or_default()
+    }
+
+    /// Every [hosts."H"] as (host, HttpTarget), defaults filled from HttpTarget::default().
+    pub fn hosts(&self) -> Vec<(String, HttpTarget)> {
+        self.hosts.iter().map(|(host, target)| (host.clone(), target.clone())).collect()
+    }
+
+    /// Tool names the file mentions (so the host can warn about a section for a tool never loaded).
+    pub fn tool_names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    fn invalid(&self, line: usize, reason: String) -> PolicyError {
+        PolicyError::Invalid { path: self.path.clone(), line, reason }
+    }
+}
+
+impl Effective {
+    /// Where `field` (spelled as in the file) came from.
+    pub fn source(&self, field: &str) -> Option<&Source> {
+        self.sources.iter().find(|(f, _)| *f == field).map(|(_, source)| source)
+    }
+
+    /// `{"policy": {...}, "sources": {...}}`, durations as humantime strings ("100ms"), sources as
+    /// their Display ("default for compensatable", "oncebox.toml:12").
+    pub fn to_json(&self) -> Json {
+        let p = &self.policy;
+        let duration = |d: Duration| Json::String(humantime::format_duration(d).to_string());
+        let sources: Map<String, Json> =
+            self.sources.iter().map(|(field, source)| (field.to_string(), Json::String(source.to_string()))).collect();
+        json!({
+            "policy": {
+                "max_attempts": p.max_attempts,
+                "initial_backoff": duration(p.initial_backoff),
+                "max_backoff": duration(p.max_backoff),
+                "redispatch_in_doubt": p.redispatch_in_doubt,
+                "attempt_deadline": duration(p.attempt_deadline),
+                "call_deadline": duration(p.call_deadline),
+            },
+            "sources": sources,
+        })
+    }
+}
+
+// By hand because `RetryPolicy` is not `Serialize`, and durations read better as "100ms" than as
+// serde's `{secs, nanos}`.
+impl serde::Serialize for Effective {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(serializer)
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::ClassDefault(class) => write!(f, "default for {class}"),
+            Source::File { path, line } => write!(f, "{}:{line}", path.display()),
+            Source::Embedder => f.write_str("set by the embedder"),
+        }
+    }
+}
+
+impl serde::Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+// The file as toml sees it. Values are `toml::Value` rather than typed so that a wrong type is
+// refused with a message naming the field, not serde's "invalid type: integer, expected a string".
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    tools: BTreeMap<Spanned<String>, RawTool>,
+    #[serde(default)]
+    hosts: BTreeMap<Spanned<String>, RawHost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    max_attempts: Option<Spanned<Value>>,
+    initial_backoff: Option<Spanned<Value>>,
+    max_backoff: Option<Spanned<Value>>,
+    redispatch_in_doubt: Option<Spanned<Value>>,
+    attempt_deadline: Option<Spanned<Value>>,
+    call_deadline: Option<Spanned<Value>>,
+    #[serde(default)]
+    config: BTreeMap<Spanned<String>, Spanned<Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    honours_keys: Option<Spanned<Value>>,
+    key_retention: Option<Spanned<Value>>,
+    timeout: Option<Spanned<Value>>,
+}
+
+/// The text being parsed, to turn byte offsets into lines and refusals into errors.
+struct Lines<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Lines<'_> {
+    fn line(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    }
+
+    fn invalid(&self, span: Range<usize>, reason: String) -> PolicyError {
+        PolicyError::Invalid { path: self.path.to_path_buf(), line: self.line(span.start), reason }
+    }
+
+    fn tool(&self, raw: RawTool) -> Result<ToolSection, PolicyError> {
+        let section = ToolSection {
+            max_attempts: raw.max_attempts.map(|v| self.attempts(v)).transpose()?,
+            initial_backoff: raw.initial_backoff.map(|v| self.positive("initial_backoff", v)).transpose()?,
+            max_backoff: raw.max_backoff.map(|v| self.positive("max_backoff", v)).transpose()?,
+            redispatch_in_doubt: raw.redispatch_in_doubt.map(|v| self.boolean("redispatch_in_doubt", v)).transpose()?,
+            attempt_deadline: raw.attempt_deadline.map(|v| self.positive("attempt_deadline", v)).transpose()?,
+            call_deadline: raw.call_deadline.map(|v| self.positive("call_deadline", v)).transpose()?,
+            config: Config(
+                raw.config.into_iter().map(|(key, value)| self.config_value(key, value)).collect::<Result<_, _>>()?,
+            ),
+        };
+        ordered(self.path, ("initial_backoff", section.initial_backoff), ("max_backoff", section.max_backoff))?;
+        ordered(self.path, ("attempt_deadline", section.attempt_deadline), ("call_deadline", section.call_deadline))?;
+        Ok(section)
+    }
+
+    fn host(&self, name: &Spanned<String>, raw: RawHost) -> Result<HttpTarget, PolicyError> {
+        if !is_host_port(name.get_ref()) {
+            // The effect path looks hosts up as `host:port`; any other key would silently never match.
+            return Err(self.invalid(
+                name.span(),
+                format!("host `{}` must be written `host:port`, as in \"127.0.0.1:8080\"", name.get_ref()),
+            ));
+        }
+        let mut target = HttpTarget::default();
+        let honours_keys = raw.honours_keys.map(|v| self.boolean("honours_keys", v)).transpose()?;
+        if let Some(at) = honours_keys {
+            target.honours_keys = at.value;
+        }
+        if let Some(value) = raw.key_retention {
+            if !target.honours_keys {
+                return Err(self.invalid(
+                    value.span(),
+                    format!(
+                        "`key_retention` for `{}` needs `honours_keys = true`: a downstream that ignores keys \
+                         retains none",
+                        name.get_ref()
+                    ),
+                ));
+            }
+            // Zero is allowed: a downstream that honours keys but forgets them at once never allows a resend.
+            target.key_retention = self.duration("key_retention", value)?.value;
+        }
+        if let Some(value) = raw.timeout {
+            target.timeout = self.positive("timeout", value)?.value;
+        }
+        Ok(target)
+    }
+
+    fn attempts(&self, value: Spanned<Value>) -> Result<At<u32>, PolicyError> {
+        let span = value.span();
+        let n = match value.into_inner() {
+            Value::Integer(n) => n,
+            other => {
+                return Err(self.invalid(span, format!("`max_attempts` must be an integer, not {}", other.type_str())));
+            }
+        };
+        match u32::try_from(n) {
+            Ok(0) => Err(self.invalid(
+                span,
+                "`max_attempts = 0`: the first attempt counts, so it must be at least 1 (1 disables retries)".into(),
+            )),
+            Ok(n) if n <= MAX_ATTEMPTS_LIMIT => Ok(At { value: n, line: self.line(span.start) }),
+            _ => Err(self.invalid(
+                span,
+                format!("`max_attempts = {n}`: must be from 1 to {MAX_ATTEMPTS_LIMIT}, the first attempt included"),
+            )),
+        }
+    }
+
+    fn boolean(&self, field: &str, value: Spanned<Value>) -> Result<At<bool>, PolicyError> {
+        let span = value.span();
+        match value.into_inner() {
+            Value::Boolean(b) => Ok(At { value: b, line: self.line(span.start) }),
+            other => Err(self.invalid(span, format!("`{field}` must be true or false, not {}", other.type_str()))),
+        }
+    }
+
+    /// A humantime duration, zero allowed.
+    fn duration(&self, field: &str, value: Spanned<Value>) -> Result<At<Duration>, PolicyError> {
+        let span = value.span();
+        let text = match value.into_inner() {
+            Value::String(text) => text,
+            other => {
+                return Err(self.invalid(
+                    span,
+                    format!(
+                        "`{field}` must be a duration string such as \"250ms\" or \"2s\", not {}",
+                        other.type_str()
+                    ),
+                ));
+            }
+        };
+        if text.trim_start().starts_with('-') {
+            return Err(self.invalid(span, format!("`{field} = \"{text}\"`: a duration cannot be negative")));
+        }
+        match humantime::parse_duration(&text) {
+            Ok(d) => Ok(At { value: d, line: self.line(span.start) }),
+            Err(e) => Err(self.invalid(
+                span,
+                format!("`{field} = \"{text}\"` is not a duration ({e}); write e.g. \"250ms\", \"2s\", \"24h\""),
+            )),
+        }
+    }
+
+    /// A duration that must be more than zero: a zero backoff spins, a zero deadline or timeout
+    /// fails every attempt before it starts.
+    fn positive(&self, field: &str, value: Spanned<Value>) -> Result<At<Duration>, PolicyError> {
+        let span = value.span();
+        let at = self.duration(field, value)?;
+        if at.value.is_zero() {
+            return Err(self.invalid(span, format!("`{field}` must be more than zero")));
+        }
+        Ok(at)
+    }
+
+    fn config_value(&self, key: Spanned<String>, value: Spanned<Value>) -> Result<(String, String), PolicyError> {
+        let span = value.span();
+        match value.into_inner() {
+            Value::String(s) => Ok((key.into_inner(), s)),
+            // A tool reads config as strings; converting silently would hide a quoting mistake.
+            other => Err(self.invalid(
+                span,
+                format!("config `{}` must be a string (quote it), not {}", key.get_ref(), other.type_str()),
+            )),
+        }
+    }
+}
+
+/// Refuses `small > big` when the file gives both, at the line of `small`.
+fn ordered(
+    path: &Path,
+    (small, small_at): (&str, Option<At<Duration>>),
+    (big, big_at): (&str, Option<At<Duration>>),
+) -> Result<(), PolicyError> {
+    match (small_at, big_at) {
+        (Some(s), Some(b)) if s.value > b.value => Err(PolicyError::Invalid {
+            path: path.to_path_buf(),
+            line: s.line,
+            reason: format!(
+                "`{small}` ({}) exceeds `{big}` ({}, line {})",
+                humantime::format_duration(s.value),
+                humantime::format_duration(b.value),
+                b.line
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `host:port` as the effect path builds it from a URL: a non-empty host, a numeric port, no
+/// scheme or path.
+fn is_host_port(key: &str) -> bool {
+    match key.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"# oncebox policy
+[tools.charge]
+max_attempts = 5
+initial_backoff = "100ms"
+max_backoff = "5s"
+attempt_deadline = "10s"
+call_deadline = "1m"
+
+[tools.charge.config]
+base_url = "http://127.0.0.1:8080"
+currency = "eur"
+
+[tools.notify]
+redispatch_in_doubt = false
+
+[hosts."127.0.0.1:8080"]
+honours_keys = true
+key_retention = "24h"
+timeout = "2s"
+
+[hosts."mail.internal:25"]
+timeout = "30s"
+"#;
+
+    fn parse(text: &str) -> Result<PolicyFile, PolicyError> {
+        PolicyFile::parse(text, Path::new("oncebox.toml"))
+    }
+
+    /// The line and reason of a refusal; panics on anything else so a test fails loudly.
+    fn refusal(result: Result<impl fmt::Debug, PolicyError>) -> (usize, String) {
+        match result {
+            Err(PolicyError::Invalid { path, line, reason }) => {
+                assert_eq!(path, Path::new("oncebox.toml"));
+                (line, reason)
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn file_at(line: usize) -> Source {
+        Source::File { path: PathBuf::from("oncebox.toml"), line }
+    }
+
+    #[test]
+    fn a_full_file_overrides_the_class_defaults_and_says_where() {
+        let file = parse(FULL).expect("valid file");
+        let eff = file.effective("charge", ReplayClass::Compensatable).expect("allowed");
+        let defaults = RetryPolicy::for_class(ReplayClass::Compensatable);
+        assert_eq!(
+            eff.policy,
+            RetryPolicy {
+                max_attempts: 5,
+                initial_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                attempt_deadline: Duration::from_secs(10),
+                call_deadline: Duration::from_secs(60),
+                ..defaults
+            }
+        );
+        assert_eq!(eff.source("max_attempts"), Some(&file_at(3)));
+        assert_eq!(eff.source("initial_backoff"), Some(&file_at(4)));
+        assert_eq!(eff.source("max_backoff"), Some(&file_at(5)));
+        assert_eq!(eff.source("attempt_deadline"), Some(&file_at(6)));
+        assert_eq!(eff.source("call_deadline"), Some(&file_at(7)));
+        assert_eq!(eff.source("redispatch_in_doubt"), Some(&Source::ClassDefault(ReplayClass::Compensatable)));
+        assert_eq!(eff.sources.len(), FIELDS.len());
+        assert_eq!(file.tool_names(), vec!["charge".to_string(), "notify".to_string()]);
+    }
+
+    #[test]
+    fn sources_display_and_json() {
+        let eff = parse(FULL).expect("valid").effective("charge", ReplayClass::Compensatable).expect("allowed");
+        let json = eff.to_json();
+        assert_eq!(json["policy"]["initial_backoff"], "100ms");
+        assert_eq!(json["policy"]["call_deadline"], "1m");
+        assert_eq!(json["policy"]["max_attempts"], 5);
+        assert_eq!(json["sources"]["max_attempts"], "oncebox.toml:3");
+        assert_eq!(json["sources"]["redispatch_in_doubt"], "default for compensatable");
+        assert_eq!(serde_json::to_value(&eff).expect("serializes"), json);
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_with_its_line_and_name() {
+        let (line, reason) = refusal(parse("[tools.x]\nmax_attempts = 2\nmax_retries = 4\n"));
+        assert_eq!(line, 3);
+        assert!(reason.contains("max_retries"), "{reason}");
+        let (line, reason) = refusal(parse("[hosts.\"a:1\"]\n\ntimeout = \"1s\"\nretention = \"1s\"\n"));
+        assert_eq!(line, 4);
+        assert!(reason.contains("retention"), "{reason}");
+        let (line, _) = refusal(parse("\n[tool.x]\n"));
+        assert_eq!(line, 2);
+    }
+
+    #[test]
+    fn zero_or_too_many_attempts_are_refused() {
+        let (line, reason) = refusal(parse("[tools.x]\n\nmax_attempts = 0\n"));
+        assert_eq!(line, 3);
+        assert!(reason.contains("at least 1"), "{reason}");
+        let (line, _) = refusal(parse("[tools.x]\nmax_attempts = 101\n"));
+        assert_eq!(line, 2);
+        let (_, reason) = refusal(parse("[tools.x]\nmax_attempts = \"3\"\n"));
+        assert!(reason.contains("integer"), "{reason}");
+    }
+
+    #[test]
+    fn negative_unparsable_and_zero_durations_are_refused() {
+        let (line, reason) = refusal(parse("[tools.x]\ninitial_backoff = \"-5s\"\n"));
+        assert_eq!(line, 2);
+        assert!(reason.contains("negative"), "{reason}");
+        let (line, reason) = refusal(parse("[tools.x]\nmax_attempts = 2\ncall_deadline = \"soon\"\n"));
+        assert_eq!(line, 3);
+        assert!(reason.contains("not a duration"), "{reason}");
+        let (_, reason) = refusal(parse("[tools.x]\nattempt_deadline = \"0s\"\n"));
+        assert!(reason.contains("more than zero"), "{reason}");
+        let (_, reason) = refusal(parse("[hosts.\"h:80\"]\ntimeout = 5\n"));
+        assert!(reason.contains("duration string"), "{reason}");
+    }
+
+    #[test]
+    fn backoffs_and_deadlines_must_be_ordered() {
+        let (line, reason) = refusal(parse("[tools.x]\nmax_backoff = \"1s\"\ninitial_backoff = \"2s\"\n"));
+        assert_eq!(line, 3);
+        assert!(reason.contains("exceeds `max_backoff`"), "{reason}");
+        let (line, _) = refusal(parse("[tools.x]\nattempt_deadline = \"2m\"\ncall_deadline = \"1m\"\n"));
+        assert_eq!(line, 2);
+        // One side from the class defaults: caught when the class is known.
+        let file = parse("[tools.x]\ninitial_backoff = \"5s\"\n").expect("parses");
+        let (line, reason) = refusal(file.effective("x", ReplayClass::ReadOnly));
+        assert_eq!(line, 2);
+        assert!(reason.contains("defaults"), "{reason}");
+    }
+
+    #[test]
+    fn irreversible_refuses_retries_other_classes_accept_them() {
+        let file = parse("[tools.wire]\ninitial_backoff = \"1s\"\nmax_attempts = 3\n").expect("parses");
+        let (line, reason) = refusal(file.effective("wire", ReplayClass::Irreversible));
+        assert_eq!(line, 3);
+        assert!(reason.contains("never retried automatically"), "{reason}");
+        let eff = file.effective("wire", ReplayClass::IdempotentWrite).expect("allowed");
+        assert_eq!(eff.policy.max_attempts, 3);
+
+        let file = parse("[tools.wire]\n\nredispatch_in_doubt = true\n").expect("parses");
+        let (line, _) = refusal(file.effective("wire", ReplayClass::Irreversible));
+        assert_eq!(line, 3);
+        // Tightening is always allowed, and saying the default again is not a loosening.
+        let file = parse("[tools.wire]\nmax_attempts = 1\nredispatch_in_doubt = false\n").expect("parses");
+        assert!(file.effective("wire", ReplayClass::Irreversible).is_ok());
+    }
+
+    #[test]
+    fn hosts_fill_defaults() {
+        let hosts = parse(FULL).expect("valid").hosts();
+        assert_eq!(
+            hosts,
+            vec![
+                (
+                    "127.0.0.1:8080".to_string(),
+                    HttpTarget {
+                        honours_keys: true,
+                        key_retention: Duration::from_secs(24 * 3600),
+                        timeout: Duration::from_secs(2)
+                    }
+                ),
+                (
+                    "mail.internal:25".to_string(),
+                    HttpTarget { timeout: Duration::from_secs(30), ..HttpTarget::default() }
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn key_retention_needs_honoured_keys_and_hosts_need_a_port() {
+        let (line, reason) = refusal(parse("[hosts.\"h:80\"]\nhonours_keys = false\nkey_retention = \"1h\"\n"));
+        assert_eq!(line, 3);
+        assert!(reason.contains("honours_keys = true"), "{reason}");
+        assert!(parse("[hosts.\"h:80\"]\nkey_retention = \"1h\"\n").is_err());
+        let (line, reason) = refusal(parse("\n[hosts.\"http://h\"]\ntimeout = \"1s\"\n"));
+        assert_eq!(line, 2);
+        assert!(reason.contains("host:port"), "{reason}");
+    }
+
+    #[test]
+    fn config_is_string_pairs() {
+        let file = parse(FULL).expect("valid");
+        assert_eq!(
+            file.config("charge"),
+            vec![
+                ("base_url".to_string(), "http://127.0.0.1:8080".to_string()),
+                ("currency".to_string(), "eur".to_string())
+            ]
+        );
+        assert!(file.config("notify").is_empty() && file.config("absent").is_empty());
+        let (line, reason) = refusal(parse("[tools.x.config]\nretries = 3\n"));
+        assert_eq!(line, 2);
+        assert!(reason.contains("`retries` must be a string"), "{reason}");
+        // Values stay out of Debug output: config often carries credentials.
+        let debug = format!("{:?}", parse("[tools.x.config]\ntoken = \"s3cret\"\n").expect("parses"));
+        assert!(debug.contains("token") && !debug.contains("s3cret"), "{debug}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_line() {
+        let (line, reason) = refusal(parse("[tools.x]\nmax_attempts = 2\ninitial_backoff = \"1s\n"));
+        assert_eq!(line, 3);
+        assert!(!reason.contains('\n'), "{reason}");
+        let (line, _) = refusal(parse("[tools.x]\nmax_attempts = 2\nmax_attempts = 3\n"));
+        assert_eq!(line, 3);
+    }
+
+    #[test]
+    fn no_file_means_class_defaults() {
+        for class in
+            [ReplayClass::ReadOnly, ReplayClass::IdempotentWrite, ReplayClass::Compensatable, ReplayClass::Irreversible]
+        {
+            let eff = PolicyFile::empty().effective("anything", class).expect("defaults are valid");
+            assert_eq!(eff.policy, RetryPolicy::for_class(class));
+            assert!(eff.sources.iter().all(|(_, s)| *s == Source::ClassDefault(class)));
+        }
+        assert!(PolicyFile::empty().hosts().is_empty() && PolicyFile::empty().tool_names().is_empty());
+        let empty_text = parse("").expect("an empty file is valid");
+        assert_eq!(
+            empty_text.effective("x", ReplayClass::Compensatable).expect("ok").policy,
+            RetryPolicy::for_class(ReplayClass::Compensatable)
+        );
+    }
+
+    #[test]
+    fn load_reports_a_missing_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("oncebox.toml");
+        assert!(matches!(PolicyFile::load(&missing), Err(PolicyError::Io { .. })));
+        std::fs::write(&missing, FULL).expect("write");
+        assert_eq!(PolicyFile::load(&missing).expect("loads").tool_names().len(), 2);
+    }
+}

@@ -1,0 +1,288 @@
+//! The retry matrix of DESIGN section 5, one test per cell: a real component, the example
+//! provider's fault injection, and the provider's own count of what it committed.
+//!
+//! | class            | transient        | rate-limited    | unknown outcome                       | attempts |
+//! |------------------|------------------|-----------------|---------------------------------------|----------|
+//! | read-only        | retry            | wait, retry     | retry                                 | 3        |
+//! | idempotent-write | retry, same keys | wait, retry     | same key while the downstream keeps it | 3        |
+//! | compensatable    | retry            | wait, retry     | same key only with key support        | 3        |
+//! | irreversible     | no               | no              | unknown, reconcile                    | 1        |
+
+use oncebox::ledger::OperationStatus;
+use oncebox::{Call, Host, Outcome, Status};
+use oncebox_example_provider::{Counts, Fault, FaultKind, Provider, ProviderHandle, Route};
+use serde_json::{Value, json};
+
+use crate::support::{charge, host_for};
+
+struct Cell {
+    provider: ProviderHandle,
+    host: Host,
+    _dir: tempfile::TempDir,
+}
+
+impl Cell {
+    async fn new(honours_keys: bool, faults: Vec<Fault>) -> Cell {
+        let dir = tempfile::tempdir().expect("dir");
+        let provider = Provider::start().await.expect("provider");
+        provider.set_stock("sku-1", 7);
+        for fault in faults {
+            provider.arm(fault);
+        }
+        let host = host_for(&dir.path().join("l.redb"), &provider, honours_keys).await;
+        Cell { provider, host, _dir: dir }
+    }
+
+    async fn call(&self, tool: &str, args: &Value) -> Outcome {
+        self.host.call(Call::step("run-1", "step-1", tool, args.to_string())).await.expect("call")
+    }
+
+    /// The outcome classes of the attempts the ledger recorded.
+    fn attempts(&self, outcome: &Outcome) -> Vec<String> {
+        let key = outcome.operation_key.as_deref().expect("key");
+        self.host.ledger().attempts(key).expect("attempts").into_iter().map(|a| a.outcome).collect()
+    }
+
+    fn counts(&self) -> Counts {
+        self.provider.counts("o-1")
+    }
+}
+
+fn refund() -> Value {
+    json!({"order_id": "o-1", "amount_cents": 500})
+}
+
+fn fulfill() -> Value {
+    json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]})
+}
+
+fn stock() -> Value {
+    json!({"sku": "sku-1"})
+}
+
+fn fault(route: Route, kind: FaultKind, times: u32) -> Fault {
+    let f = Fault::new(route, kind).times(times);
+    if route == Route::Inventory { f.for_sku("sku-1") } else { f.for_order("o-1") }
+}
+
+fn rate_limit() -> FaultKind {
+    FaultKind::RateLimit { retry_after_ms: 20 }
+}
+
+// read-only
+
+#[tokio::test]
+async fn read_only_transient_is_retried() {
+    let cell = Cell::new(true, vec![fault(Route::Inventory, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = cell.call("stock", &stock()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
+    assert_eq!(cell.provider.reads(), 2);
+    assert_eq!(outcome.output.expect("output")["available"], 7);
+}
+
+#[tokio::test]
+async fn read_only_rate_limited_waits_and_retries() {
+    let cell = Cell::new(true, vec![fault(Route::Inventory, rate_limit(), 1)]).await;
+    let outcome = cell.call("stock", &stock()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.provider.reads(), 2);
+}
+
+#[tokio::test]
+async fn read_only_lost_answer_is_retried() {
+    let cell = Cell::new(false, vec![fault(Route::Inventory, FaultKind::LoseResponse, 1)]).await;
+    let outcome = cell.call("stock", &stock()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome).len(), 2, "a read changes nothing, so a lost answer is just retried");
+    assert_eq!(cell.provider.reads(), 2);
+}
+
+#[tokio::test]
+async fn read_only_stops_after_three_attempts() {
+    let cell = Cell::new(true, vec![fault(Route::Inventory, FaultKind::ErrorBeforeCommit, 5)]).await;
+    let outcome = cell.call("stock", &stock()).await;
+    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    assert_eq!(cell.provider.reads(), 3);
+}
+
+// idempotent-write
+
+#[tokio::test]
+async fn idempotent_transient_is_retried_with_the_same_key() {
+    let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
+    assert_eq!(cell.counts().refunds, 1);
+    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    assert_eq!((effects.len(), effects[0].dispatches), (1, 2), "one key, sent twice");
+}
+
+#[tokio::test]
+async fn idempotent_rate_limited_waits_and_retries() {
+    let cell = Cell::new(true, vec![fault(Route::Refunds, rate_limit(), 1)]).await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.counts().refunds, 1);
+}
+
+#[tokio::test]
+async fn idempotent_unknown_is_resent_with_the_same_key_while_the_downstream_keeps_it() {
+    let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::LoseResponse, 1)]).await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(cell.counts().refunds, 1);
+    assert_eq!(cell.provider.requests(), 2);
+}
+
+#[tokio::test]
+async fn idempotent_unknown_past_the_key_retention_waits_for_reconciliation() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(fault(Route::Refunds, FaultKind::LoseResponse, 1));
+    let target = oncebox::HttpTarget {
+        honours_keys: true,
+        key_retention: std::time::Duration::ZERO,
+        timeout: crate::support::EFFECT_TIMEOUT,
+    };
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .http_target(provider.addr().to_string(), target)
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let outcome = host.call(Call::step("run-1", "step-1", "refund", refund().to_string())).await.expect("call");
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    assert_eq!(provider.requests(), 1, "never a blind resend");
+}
+
+#[tokio::test]
+async fn idempotent_stops_after_three_attempts() {
+    let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 5)]).await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    assert_eq!(cell.counts().refunds, 0);
+    assert_eq!(cell.provider.requests(), 3);
+}
+
+// compensatable
+
+#[tokio::test]
+async fn compensatable_transient_is_retried() {
+    let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = cell.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
+    assert_eq!(cell.counts().payments, 1);
+}
+
+#[tokio::test]
+async fn compensatable_rate_limited_waits_and_retries() {
+    let cell = Cell::new(true, vec![fault(Route::Payments, rate_limit(), 1)]).await;
+    let outcome = cell.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.counts().payments, 1);
+}
+
+#[tokio::test]
+async fn compensatable_unknown_is_resent_only_with_key_support() {
+    let with = Cell::new(true, vec![fault(Route::Payments, FaultKind::LoseResponse, 1)]).await;
+    let outcome = with.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(with.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(with.counts().payments, 1);
+
+    let without = Cell::new(false, vec![fault(Route::Payments, FaultKind::LoseResponse, 1)]).await;
+    let outcome = without.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(without.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(without.counts().payments, 1);
+    assert_eq!(without.provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn compensatable_stops_after_three_attempts() {
+    let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 5)]).await;
+    let outcome = cell.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(cell.attempts(&outcome).len(), 3);
+    assert_eq!(cell.counts().payments, 0);
+}
+
+// irreversible
+
+#[tokio::test]
+async fn irreversible_transient_is_not_retried() {
+    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = cell.call("fulfill", &fulfill()).await;
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient"]);
+    assert_eq!(cell.counts().fulfillments, 0);
+    assert_eq!(cell.provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn irreversible_rate_limited_is_not_retried() {
+    let cell = Cell::new(true, vec![fault(Route::Fulfillments, rate_limit(), 1)]).await;
+    let outcome = cell.call("fulfill", &fulfill()).await;
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["rate-limited"]);
+    assert_eq!(cell.provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn irreversible_unknown_goes_to_reconciliation_even_with_key_support() {
+    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::LoseResponse, 1)]).await;
+    let outcome = cell.call("fulfill", &fulfill()).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(cell.counts().fulfillments, 1);
+    assert_eq!(cell.provider.requests(), 1);
+    let reconciled = cell.host.reconcile(Call::step("run-1", "step-1", "fulfill", fulfill().to_string())).await;
+    assert!(matches!(reconciled, Ok(oncebox::Reconciliation::Committed { .. })), "{reconciled:?}");
+    assert_eq!(cell.provider.requests(), 1, "reconciliation only looked");
+}
+
+#[tokio::test]
+async fn irreversible_makes_one_attempt() {
+    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 5)]).await;
+    let outcome = cell.call("fulfill", &fulfill()).await;
+    assert_eq!(outcome.attempts, 1);
+    let op = cell.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    assert_eq!(op.status, OperationStatus::Failed);
+}
+
+// every class
+
+#[tokio::test]
+async fn permanent_is_never_retried() {
+    let cell = Cell::new(true, vec![]).await;
+    let mut declined = charge("o-1");
+    declined["payment_method"] = "card_declined".into();
+    let outcome = cell.call("charge", &declined).await;
+    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(cell.attempts(&outcome), ["permanent"]);
+    assert_eq!(cell.provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn a_transport_retry_is_an_attempt_and_a_repeated_call_is_not() {
+    let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let first = cell.call("charge", &charge("o-1")).await;
+    assert_eq!((first.attempts, first.replayed), (2, false), "the transport retry counted as an attempt");
+    let requests = cell.provider.requests();
+    let again = cell.call("charge", &charge("o-1")).await;
+    assert_eq!((again.attempts, again.replayed), (2, true), "the model asking again is answered from the ledger");
+    assert_eq!(cell.attempts(&again).len(), 2, "and recorded no new attempt");
+    assert_eq!(cell.provider.requests(), requests);
+    assert_eq!(cell.counts().payments, 1);
+}
