@@ -19,11 +19,11 @@ pub fn emit(record: &AttemptRecord) {
         effect_keys = ?effect_keys,
         attempt = record.attempt,
         max_attempts = record.max_attempts,
-        source = ?record.source,
-        downstream_accepted = ?record.downstream_accepted,
+        source = record.source.as_str(),
+        downstream_accepted = record.downstream_accepted.map_or("no-effects", |a| if a { "yes" } else { "no" }),
         outcome = %record.outcome,
         duration_us = record.duration_us,
-        message = record.message.as_deref().unwrap_or(""),
+        error = record.message.as_deref().unwrap_or(""),
         "attempt"
     );
 }

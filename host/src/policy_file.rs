@@ -324,6 +324,9 @@ struct RawHost {
     honours_keys: Option<Spanned<Value>>,
     key_retention: Option<Spanned<Value>>,
     timeout: Option<Spanned<Value>>,
+    /// Credentials the host attaches at dispatch, e.g. `authorization = "Bearer ..."`.
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<Value>>,
 }
 
 /// The text being parsed, to turn byte offsets into lines and refusals into errors.
@@ -388,6 +391,18 @@ impl Lines<'_> {
         }
         if let Some(value) = raw.timeout {
             target.timeout = self.positive("timeout", value)?.value;
+        }
+        for (name, value) in raw.headers {
+            let span = value.span();
+            match value.into_inner() {
+                Value::String(value) => target.headers.push((name.into_inner().to_ascii_lowercase(), value)),
+                other => {
+                    return Err(self.invalid(
+                        span,
+                        format!("header `{}` must be a string, not {}", name.get_ref(), other.type_str()),
+                    ));
+                }
+            }
         }
         Ok(target)
     }
@@ -666,7 +681,8 @@ timeout = "30s"
                     HttpTarget {
                         honours_keys: true,
                         key_retention: Duration::from_secs(24 * 3600),
-                        timeout: Duration::from_secs(2)
+                        timeout: Duration::from_secs(2),
+                        ..HttpTarget::default()
                     }
                 ),
                 (
@@ -675,6 +691,17 @@ timeout = "30s"
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn host_headers_are_credentials_kept_out_of_debug() {
+        let file = parse("[hosts.\"h:80\".headers]\nAuthorization = \"Bearer s3cret\"\n").expect("valid");
+        let hosts = file.hosts();
+        assert_eq!(hosts[0].1.headers, [("authorization".to_string(), "Bearer s3cret".to_string())]);
+        assert!(!format!("{:?}", hosts[0].1).contains("s3cret"));
+        let (line, reason) = refusal(parse("[hosts.\"h:80\".headers]\nauthorization = 7\n"));
+        assert_eq!(line, 2);
+        assert!(reason.contains("must be a string"), "{reason}");
     }
 
     #[test]

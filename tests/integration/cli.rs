@@ -89,3 +89,25 @@ fn the_demo_charges_once_per_order_through_oncebox() {
     let last = stdout.lines().last().expect("a summary line");
     assert_eq!(last, "demo: orders=2 naive_charges=4 oncebox_charges=2");
 }
+
+#[test]
+fn policy_show_names_where_each_value_came_from() {
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("oncebox.toml");
+    std::fs::write(&policy, "[tools.charge]\nmax_attempts = 4\n").expect("write");
+    let policy = policy.to_str().expect("utf8");
+    let (code, shown, stderr) = oncebox(&["policy", "show", oncebox_artifacts::CHARGE, "--policy", policy]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(shown["tool"], "charge");
+    assert_eq!(shown["policy"]["max_attempts"], 4);
+    assert_eq!(shown["sources"]["max_attempts"], format!("{policy}:2"));
+    assert_eq!(shown["sources"]["initial_backoff"], "default for compensatable");
+
+    // An impossible value anywhere in the file refuses the file, naming the line.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[tools.charge]\nmax_attempts = 4\n\n[tools.refund]\nmax_attempts = 0\n").expect("write");
+    let bad = bad.to_str().expect("utf8");
+    let (code, _, stderr) = oncebox(&["policy", "show", oncebox_artifacts::CHARGE, "--policy", bad]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains(&format!("{bad}:5")), "{stderr}");
+}

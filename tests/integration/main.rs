@@ -12,3 +12,4 @@ mod recovery;
 mod replay;
 mod retries;
 mod retry_matrix;
+mod secrets;

@@ -149,6 +149,7 @@ async fn idempotent_unknown_past_the_key_retention_waits_for_reconciliation() {
         honours_keys: true,
         key_retention: std::time::Duration::ZERO,
         timeout: crate::support::EFFECT_TIMEOUT,
+        ..Default::default()
     };
     let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
         .http_target(provider.addr().to_string(), target)
@@ -285,4 +286,73 @@ async fn a_transport_retry_is_an_attempt_and_a_repeated_call_is_not() {
     assert_eq!(cell.attempts(&again).len(), 2, "and recorded no new attempt");
     assert_eq!(cell.provider.requests(), requests);
     assert_eq!(cell.counts().payments, 1);
+}
+
+// the policy file
+
+/// A host configured only by a policy file (no overrides in code).
+async fn host_with_policy(provider: &ProviderHandle, toml: &str) -> (Result<Host, oncebox::Error>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("oncebox.toml");
+    let text = format!(
+        "{toml}\n[tools.charge.config]\nbase_url = \"{base}\"\n\n[tools.fulfill.config]\nbase_url = \"{base}\"\n\n\
+         [hosts.\"{addr}\"]\nhonours_keys = true\nkey_retention = \"24h\"\ntimeout = \"2s\"\n",
+        base = provider.base_url(),
+        addr = provider.addr(),
+    );
+    std::fs::write(&path, text).expect("write policy");
+    let file = oncebox::policy_file::PolicyFile::load(&path).expect("a valid policy file");
+    let host = Host::builder(dir.path().join("l.redb")).policy_file(file).build().await.expect("host");
+    for tool in [oncebox_artifacts::CHARGE, oncebox_artifacts::FULFILL] {
+        if let Err(e) = host.load(tool).await {
+            return (Err(e), dir);
+        }
+    }
+    (Ok(host), dir)
+}
+
+#[tokio::test]
+async fn a_policy_file_gives_a_tool_more_attempts() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(fault(Route::Payments, FaultKind::ErrorBeforeCommit, 4));
+    let (host, _dir) = host_with_policy(
+        &provider,
+        "[tools.charge]\nmax_attempts = 5\ninitial_backoff = \"1ms\"\nmax_backoff = \"2ms\"\n",
+    )
+    .await;
+    let host = host.expect("loads");
+    let outcome = host.call(Call::step("r", "s", "charge", charge("o-1").to_string())).await.expect("call");
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(outcome.attempts, 5);
+    assert_eq!(provider.counts("o-1").payments, 1);
+    assert_eq!(provider.requests(), 5);
+    let effective = host.policy("charge").expect("policy");
+    assert_eq!(
+        effective.source("max_attempts").map(ToString::to_string).as_deref(),
+        Some(&*format!("{}:2", _dir.path().join("oncebox.toml").display()))
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_past_the_call_deadline_fails_as_rate_limited() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(fault(Route::Payments, FaultKind::RateLimit { retry_after_ms: 60_000 }, 1));
+    let (host, _dir) =
+        host_with_policy(&provider, "[tools.charge]\nattempt_deadline = \"5s\"\ncall_deadline = \"10s\"\n").await;
+    let host = host.expect("loads");
+    let outcome = host.call(Call::step("r", "s", "charge", charge("o-1").to_string())).await.expect("call");
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(outcome.attempts, 1, "waiting a minute would outlive the call's 10 s");
+    assert_eq!(outcome.error.expect("error").class, "rate-limited");
+    assert_eq!(provider.counts("o-1").payments, 0);
+}
+
+#[tokio::test]
+async fn a_loosening_the_class_forbids_is_refused_at_load_with_file_and_line() {
+    let provider = Provider::start().await.expect("provider");
+    let (host, dir) = host_with_policy(&provider, "[tools.fulfill]\nmax_attempts = 3\n").await;
+    let err = host.expect_err("an irreversible tool with retries is refused");
+    let message = err.to_string();
+    assert!(message.contains(&format!("{}:2", dir.path().join("oncebox.toml").display())), "{message}");
+    assert!(message.contains("irreversible"), "{message}");
 }

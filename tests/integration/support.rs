@@ -33,7 +33,12 @@ impl Fixture {
 
 /// A builder for a host on `ledger` talking to `provider`, with fast retries for the tests.
 pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_keys: bool) -> HostBuilder {
-    let target = HttpTarget { honours_keys, key_retention: Duration::from_secs(24 * 3600), timeout: EFFECT_TIMEOUT };
+    let target = HttpTarget {
+        honours_keys,
+        key_retention: Duration::from_secs(24 * 3600),
+        timeout: EFFECT_TIMEOUT,
+        ..Default::default()
+    };
     let mut builder = Host::builder(ledger).http_target(provider.addr().to_string(), target);
     for tool in ["stock", "charge", "refund", "fulfill"] {
         builder = builder.tool_config(tool, "base_url", provider.base_url());

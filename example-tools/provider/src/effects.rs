@@ -41,6 +41,8 @@ pub(crate) enum Reply {
 /// Runs one request on an effect route.
 pub(crate) async fn handle(provider: &Provider, route: Route, request: Request<Incoming>) -> Reply {
     provider.store.note_effect_request();
+    let authorization = request.headers().get("authorization").and_then(|v| v.to_str().ok()).map(String::from);
+    provider.store.note_authorization(authorization);
     match process(provider, route, request).await {
         Ok(reply) => reply,
         Err(err) => Reply::Send(err.into_response()),

@@ -70,6 +70,11 @@ impl ProviderHandle {
         self.provider.store.totals()
     }
 
+    /// The `Authorization` header of the latest effect request, if it had one.
+    pub fn last_authorization(&self) -> Option<String> {
+        self.provider.store.last_authorization()
+    }
+
     /// POST requests received on the effect routes, whatever became of them
     /// (replays, refusals and bad requests included).
     pub fn requests(&self) -> u64 {

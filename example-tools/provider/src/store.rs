@@ -118,6 +118,9 @@ pub(crate) struct Store {
     state: Mutex<State>,
     effect_requests: AtomicU64,
     reads: AtomicU64,
+    /// The `Authorization` header of the latest effect request, so tests can check that the
+    /// client's credentials arrived (a real service would verify them instead).
+    last_authorization: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -169,6 +172,14 @@ impl Store {
 
     pub(crate) fn totals(&self) -> Counts {
         self.lock().counts.values().fold(Counts::default(), |sum, counts| sum.add(*counts))
+    }
+
+    pub(crate) fn note_authorization(&self, value: Option<String>) {
+        *self.last_authorization.lock().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+
+    pub(crate) fn last_authorization(&self) -> Option<String> {
+        self.last_authorization.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub(crate) fn note_effect_request(&self) {

@@ -54,7 +54,12 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     }
     let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {
-        let settings = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout };
+        let settings = HttpTarget {
+            honours_keys: true,
+            key_retention: Duration::from_secs(24 * 3600),
+            timeout,
+            ..Default::default()
+        };
         builder = builder.http_target(target.clone(), settings);
     }
     let mut config = Vec::new();

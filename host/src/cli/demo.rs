@@ -108,7 +108,12 @@ async fn naive_charge(client: &reqwest::Client, base: &str, order: &str) -> u32 
 }
 
 async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> anyhow::Result<Host> {
-    let target = HttpTarget { honours_keys: true, key_retention: Duration::from_secs(24 * 3600), timeout: TIMEOUT };
+    let target = HttpTarget {
+        honours_keys: true,
+        key_retention: Duration::from_secs(24 * 3600),
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
     let base = provider.base_url();
     let host = Host::builder(ledger)
         .http_target(provider.addr().to_string(), target)

@@ -15,7 +15,7 @@ use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
 use super::guard::{Begin, Dispatched, Request};
-use super::{EffectCtx, Shared};
+use super::{EffectCtx, HttpTarget, Shared};
 
 /// The largest response body the host reads and records; longer bodies are cut here.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
@@ -80,12 +80,16 @@ fn builder(
     method: &str,
     url: reqwest::Url,
     headers: &[(String, String)],
-    timeout: Duration,
+    target: &HttpTarget,
 ) -> Result<reqwest::RequestBuilder, ToolError> {
     let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
         .map_err(|_| ToolError::Permanent(format!("invalid HTTP method `{method}`")))?;
-    let mut request = client.request(method, url).timeout(timeout);
+    let mut request = client.request(method, url).timeout(target.timeout);
     for (name, value) in headers {
+        // The operator's credentials for this downstream replace whatever the tool put there.
+        if target.headers.iter().any(|(credential, _)| credential.eq_ignore_ascii_case(name)) {
+            continue;
+        }
         if RESERVED_HEADERS.iter().any(|r| name.eq_ignore_ascii_case(r)) {
             return Err(ToolError::Permanent(format!("a tool may not set the `{name}` header")));
         }
@@ -94,6 +98,12 @@ fn builder(
         let value = reqwest::header::HeaderValue::from_str(value)
             .map_err(|_| ToolError::Permanent(format!("invalid value for header `{name}`")))?;
         request = request.header(name, value);
+    }
+    for (name, value) in &target.headers {
+        let mut value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| ToolError::Permanent(format!("host: the configured `{name}` header is not a valid value")))?;
+        value.set_sensitive(true);
+        request = request.header(name.as_str(), value);
     }
     Ok(request)
 }
@@ -165,8 +175,8 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 pub(super) async fn get(shared: &Shared, url: &str, headers: Vec<(String, String)>) -> Result<HttpResponse, ToolError> {
     let url = parse_url(url)?;
     let target = target_of(&url)?;
-    let timeout = shared.targets.get(&target).timeout;
-    let request = builder(&shared.http, "GET", url, &headers, timeout)?;
+    let settings = shared.targets.get(&target);
+    let request = builder(&shared.http, "GET", url, &headers, &settings)?;
     match perform(request, &target).await {
         Dispatched::Committed(json) => decode(&json),
         Dispatched::Retryable(e) => Err(e),
@@ -187,7 +197,7 @@ impl EffectCtx {
         let target = target_of(&url)?;
         let settings = self.shared.targets.get(&target);
         // Validate everything the guest controls before the write-ahead record exists.
-        let prepared = builder(&self.shared.http, &request.method, url, &request.headers, settings.timeout)?;
+        let prepared = builder(&self.shared.http, &request.method, url, &request.headers, &settings)?;
         let fingerprint = keys::effect_fingerprint(
             "http",
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// A downstream's settings, keyed by `host:port`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpTarget {
     /// Whether it deduplicates by `Idempotency-Key` (Stripe does; most APIs do not).
     pub honours_keys: bool,
@@ -12,12 +12,32 @@ pub struct HttpTarget {
     pub key_retention: Duration,
     /// How long to wait for an answer before the effect's outcome becomes unknown.
     pub timeout: Duration,
+    /// Credentials the host attaches to every request to this downstream (`authorization`, say).
+    /// They never enter the sandbox, and no log, record or output shows their values.
+    pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for HttpTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("HttpTarget")
+            .field("honours_keys", &self.honours_keys)
+            .field("key_retention", &self.key_retention)
+            .field("timeout", &self.timeout)
+            .field("headers", &header_names)
+            .finish()
+    }
 }
 
 impl Default for HttpTarget {
     /// An unknown downstream: keys are sent but not trusted.
     fn default() -> Self {
-        HttpTarget { honours_keys: false, key_retention: Duration::ZERO, timeout: Duration::from_secs(10) }
+        HttpTarget {
+            honours_keys: false,
+            key_retention: Duration::ZERO,
+            timeout: Duration::from_secs(10),
+            headers: Vec::new(),
+        }
     }
 }
 

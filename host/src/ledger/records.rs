@@ -128,6 +128,13 @@ pub enum AttemptSource {
 }
 
 impl AttemptSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptSource::Fresh => "fresh",
+            AttemptSource::Deduplicated => "deduplicated",
+        }
+    }
+
     pub fn of(effects: &[AttemptEffect]) -> Self {
         if !effects.is_empty() && effects.iter().all(|e| e.source == EffectSource::Deduplicated) {
             AttemptSource::Deduplicated
