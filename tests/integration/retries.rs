@@ -53,3 +53,41 @@ async fn a_trap_leaves_the_host_serving_the_next_call() {
     let charged = f.call("run-1", "charge", "charge", &crate::support::charge("o-1")).await;
     assert!(charged.is_completed());
 }
+
+#[tokio::test]
+async fn a_memory_bomb_is_stopped_at_the_limit_and_not_retried() {
+    let f = Fixture::new().await;
+    let outcome = f.call("run-1", "bomb", "panicky", &json!({"mode": "memory-bomb"})).await;
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(outcome.attempts, 1, "the same code asks for the same memory again");
+    let error = outcome.error.expect("error");
+    assert_eq!(error.class, "memory-limit", "{}", error.message);
+    let next = f.call("run-1", "after", "panicky", &json!({"mode": "ok"})).await;
+    assert!(next.is_completed());
+}
+
+#[tokio::test]
+async fn a_spinning_guest_is_interrupted_at_its_deadline() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let policy = oncebox::RetryPolicy {
+        max_attempts: 2,
+        attempt_deadline: std::time::Duration::from_millis(200),
+        ..crate::support::fast(oncebox::ReplayClass::IdempotentWrite)
+    };
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .retry_policy("panicky", policy)
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let outcome = host
+        .call(oncebox::Call::step("r", "spin", "panicky", json!({"mode": "spin"}).to_string()))
+        .await
+        .expect("call");
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(outcome.attempts, 2);
+    assert_eq!(outcome.error.expect("error").class, "deadline");
+    let op = host.ledger().operation(&outcome.operation_key.expect("key")).expect("read").expect("op");
+    assert_eq!(op.status, OperationStatus::Failed, "never left claimed");
+}

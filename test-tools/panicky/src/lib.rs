@@ -15,6 +15,10 @@ pub enum Mode {
     Permanent,
     Unknown,
     RateLimited,
+    /// Asks for far more memory than an attempt may have.
+    MemoryBomb,
+    /// Never returns.
+    Spin,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -59,6 +63,16 @@ impl Tool for Panicky {
             Mode::Permanent => Err(ToolError::permanent("asked to fail permanently")),
             Mode::Unknown => Err(ToolError::unknown_outcome("asked to report an unknown outcome")),
             Mode::RateLimited => Err(ToolError::rate_limited(10, "asked to be rate limited")),
+            Mode::MemoryBomb => {
+                let bomb = vec![1u8; 1 << 30];
+                Ok(Echo { echo: Some(bomb.len().to_string()), provided })
+            }
+            Mode::Spin => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
         }
     }
 }
