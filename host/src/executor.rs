@@ -14,9 +14,7 @@ use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
 use crate::host::Inner;
 use crate::keys;
-use crate::ledger::{
-    AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError, OperationStatus,
-};
+use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, OperationStatus};
 use crate::policy::ReplayClass;
 use crate::policy::RetryPolicy;
 use crate::redact::{redact, scrub, sensitive_values};
@@ -55,13 +53,7 @@ pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallErr
 pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Outcome, CallError> {
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
-    let policy = host
-        .policies
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(name)
-        .cloned()
-        .unwrap_or_else(|| RetryPolicy::for_class(class));
+    let policy = policy_of(host, tool);
 
     if call.run_id.is_none() && call.step_id.is_none() && !class.writes() {
         let args = validate(tool, &call.args)?;
@@ -84,7 +76,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
     };
-    let (fence, previous_attempts) = match blocking(&host.shared.ledger, move |l| l.claim(&request)).await? {
+    let (fence, previous_attempts) = match host.shared.ledger.blocking(move |l| l.claim(&request)).await? {
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
         Claim::Recorded(op) => {
             attempt_log::replayed(&op.run_id, &op.step_id, &op.tool, &op.key, op.status.as_str());
@@ -150,7 +142,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         record.downstream_accepted = attempt_log::downstream_accepted(&record);
         attempt_log::emit(&record);
         let status = finish.as_ref().map(|f| f.0);
-        blocking(&host.shared.ledger, move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
+        host.shared.ledger.blocking(move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
 
         match (verdict, decision) {
             (Verdict::Failed { .. }, Some(Decision::Retry { after })) => tokio::time::sleep(after).await,
@@ -318,17 +310,13 @@ fn tool_error_message(error: &ToolError) -> String {
     }
 }
 
+/// The tool's effective retry policy (set at load), or its class's defaults.
+pub(crate) fn policy_of(host: &Inner, tool: &LoadedTool) -> RetryPolicy {
+    let policies = host.policies.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    policies.get(&tool.manifest.name).cloned().unwrap_or_else(|| RetryPolicy::for_class(tool.manifest.class))
+}
+
 pub(crate) fn config_of(host: &Inner, tool: &str) -> Arc<std::collections::HashMap<String, String>> {
     let config = host.config.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     config.get(tool).cloned().unwrap_or_default()
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    ledger: &Ledger,
-    f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
-) -> Result<T, LedgerError> {
-    let ledger = ledger.clone();
-    tokio::task::spawn_blocking(move || f(&ledger))
-        .await
-        .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::call::{Call, Outcome};
 use crate::effects::EffectCtx;
 use crate::error::CallError;
-use crate::executor::{blocking, prepare};
+use crate::executor::prepare;
 use crate::host::Inner;
 use crate::ledger::{OperationStatus, Resolution};
 use crate::runtime::LoadedTool;
@@ -35,7 +35,7 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     let prepared = prepare(tool, call)?;
     let key = prepared.operation_key.clone();
     let lookup = key.clone();
-    let Some(op) = blocking(&host.shared.ledger, move |l| l.operation(&lookup)).await? else {
+    let Some(op) = host.shared.ledger.blocking(move |l| l.operation(&lookup)).await? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
     if op.status != OperationStatus::Unknown || op.fingerprint != prepared.fingerprint {
@@ -43,7 +43,10 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     }
     let still = |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason });
     let lookup = key.clone();
-    let in_doubt: Vec<_> = blocking(&host.shared.ledger, move |l| l.effects(&lookup))
+    let in_doubt: Vec<_> = host
+        .shared
+        .ledger
+        .blocking(move |l| l.effects(&lookup))
         .await?
         .into_iter()
         .filter(|e| e.status.in_doubt())
@@ -55,7 +58,7 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     };
 
     let ctx = EffectCtx::new(host.shared.clone(), crate::executor::config_of(host, &tool.manifest.name), None);
-    let deadline = crate::policy::RetryPolicy::for_class(tool.manifest.class).attempt_deadline;
+    let deadline = crate::executor::policy_of(host, tool).attempt_deadline;
     let answer = match host.runtime.reconcile(tool, ctx, &effect.key, &prepared.canonical_args, deadline).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
@@ -71,9 +74,11 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     };
     tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
     let (op_key, effect_key) = (key.clone(), effect.key.clone());
-    let resolved =
-        blocking(&host.shared.ledger, move |l| l.resolve(&op_key, &effect_key, &resolution, crate::clock::now_ms()))
-            .await?;
+    let resolved = host
+        .shared
+        .ledger
+        .blocking(move |l| l.resolve(&op_key, &effect_key, &resolution, crate::clock::now_ms()))
+        .await?;
     Ok(match resolved.status {
         OperationStatus::Completed => {
             Reconciliation::Committed { outcome: Outcome { replayed: false, ..Outcome::replay(&resolved) } }

@@ -62,7 +62,7 @@ impl EffectCtx {
         let scope = self.scope()?.clone();
         let op = scope.operation_key.clone();
         let lookup_key = key.clone();
-        let existing = self.ledger(move |l| l.effect(&op, &lookup_key)).await.map_err(host_error)?;
+        let existing = self.shared.ledger.blocking(move |l| l.effect(&op, &lookup_key)).await.map_err(host_error)?;
         let now = now_ms();
 
         let (record, source) = match existing {
@@ -116,7 +116,7 @@ impl EffectCtx {
         let resendable = scope.redispatch_in_doubt && (request.resend_allowed)(record.first_dispatched_ms);
         // Write-ahead: durable before anything leaves the host.
         let ahead = record.clone();
-        self.ledger(move |l| l.put_effect(scope.fence, &ahead)).await.map_err(host_error)?;
+        self.shared.ledger.blocking(move |l| l.put_effect(scope.fence, &ahead)).await.map_err(host_error)?;
         Ok(Begin::Dispatch { record: Box::new(record), source, resendable })
     }
 
@@ -148,7 +148,7 @@ impl EffectCtx {
             }
         };
         let stored = record.clone();
-        if let Err(e) = self.ledger(move |l| l.put_effect(fence, &stored)).await {
+        if let Err(e) = self.shared.ledger.blocking(move |l| l.put_effect(fence, &stored)).await {
             // The effect went out but its answer is not on disk: from the ledger's view it is in doubt.
             self.in_doubt.push(InDoubt { key: record.key.clone(), resendable: false });
             self.note(&record, source);

@@ -45,7 +45,12 @@ impl EffectCtx {
             updated_ms: now,
         };
         let stored = record.clone();
-        let outcome = self.ledger(move |l| l.apply_local(scope.fence, &stored, &write)).await.map_err(host_error)?;
+        let outcome = self
+            .shared
+            .ledger
+            .blocking(move |l| l.apply_local(scope.fence, &stored, &write))
+            .await
+            .map_err(host_error)?;
         match outcome {
             LocalOutcome::Applied => self.note(&record, EffectSource::Fresh),
             LocalOutcome::AlreadyApplied => self.note(&record, EffectSource::Deduplicated),

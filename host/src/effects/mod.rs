@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub use provider::{EffectProvider, ProviderOutcome};
 pub use targets::{HttpTarget, Targets};
 
-use crate::ledger::{AttemptEffect, Ledger, LedgerError};
+use crate::ledger::{AttemptEffect, Ledger};
 use crate::runtime::bindings::{ToolError, oncebox::tool};
 
 /// What every invocation of a host shares: the ledger, the HTTP client, the downstreams' settings
@@ -69,17 +69,6 @@ impl EffectCtx {
             ToolError::Permanent("effects need an operation: call this tool with a run and a step".into())
         })
     }
-
-    /// Runs a blocking ledger method off the async executor.
-    async fn ledger<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
-    ) -> Result<T, LedgerError> {
-        let ledger = self.shared.ledger.clone();
-        tokio::task::spawn_blocking(move || f(&ledger))
-            .await
-            .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
-    }
 }
 
 /// The `HasData` marker that hands bindings the narrow context instead of the whole store state.
@@ -110,7 +99,7 @@ impl tool::reads::Host for EffectCtx {
         let namespace = self.shared.kv_namespace.clone();
         // A read the ledger cannot serve is reported as absent and logged: the trait gives the
         // guest no error channel for reads, and a later write still goes through the guard.
-        match self.ledger(move |l| l.kv_get(&namespace, &key)).await {
+        match self.shared.ledger.blocking(move |l| l.kv_get(&namespace, &key)).await {
             Ok(value) => value,
             Err(e) => {
                 tracing::error!(error = %e, "kv read failed");

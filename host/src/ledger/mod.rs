@@ -104,6 +104,17 @@ impl Ledger {
         Ok(ledger)
     }
 
+    /// Runs ledger methods on tokio's blocking pool: redb blocks (and fsyncs), the callers are async.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let ledger = self.clone();
+        tokio::task::spawn_blocking(move || f(&ledger))
+            .await
+            .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

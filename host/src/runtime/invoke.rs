@@ -83,7 +83,7 @@ impl Runtime {
         })
     }
 
-    fn store(&self, effects: EffectCtx, deadline: Duration) -> Store<StoreState> {
+    pub(super) fn store(&self, effects: EffectCtx, deadline: Duration) -> Store<StoreState> {
         let mut store = Store::new(&self.engine, StoreState::new(effects));
         store.limiter(|s| s.limiter());
         store.set_epoch_deadline(ticks(deadline));

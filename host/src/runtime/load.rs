@@ -8,13 +8,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sha2::{Digest, Sha256};
 
 use serde::Serialize;
-use wasmtime::Store;
 use wasmtime::component::{Component, InstancePre};
 
 use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
 use super::{Runtime, StoreState};
 use crate::effects::{EffectCtx, Shared};
 use crate::policy::ReplayClass;
+
+/// How long `describe()` may take: it only builds a manifest.
+const DESCRIBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub const TOOL_EXPORT: &str = "oncebox:tool/tool@0.1.0";
 pub const RECONCILE_EXPORT: &str = "oncebox:tool/reconcile@0.1.0";
@@ -145,10 +147,7 @@ impl Runtime {
         shared: Arc<Shared>,
     ) -> Result<super::bindings::Manifest, String> {
         let effects = EffectCtx::new(shared, Default::default(), None);
-        let mut store = Store::new(&self.engine, StoreState::new(effects));
-        store.limiter(|s| s.limiter());
-        store.set_epoch_deadline(super::invoke::ticks(std::time::Duration::from_secs(5)));
-        store.epoch_deadline_trap();
+        let mut store = self.store(effects, DESCRIBE_DEADLINE);
         let instance = pre.instantiate_async(&mut store).await.map_err(|e| format!("{e:#}"))?;
         let guest = tool.load(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
         guest.call_describe(&mut store).await.map_err(|e| format!("{e:#}"))
