@@ -6,6 +6,7 @@ mod support;
 
 mod args;
 mod cli;
+mod concurrency;
 mod effects;
 mod loading;
 mod recovery;

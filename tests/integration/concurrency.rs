@@ -1,0 +1,33 @@
+//! Many callers, one ledger: the claim decides who is first, atomically.
+
+use oncebox::Status;
+use oncebox_example_provider::{Fault, FaultKind, Route};
+
+use crate::support::{Fixture, charge};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_callers_on_one_step_dispatch_once() {
+    let f = Fixture::new().await;
+    // Hold the charge long enough that every caller arrives while the first is still running.
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 500 }).for_order("o-1"));
+    let calls = (0..64).map(|_| {
+        let host = f.host.clone();
+        tokio::spawn(async move {
+            host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await
+        })
+    });
+    let mut statuses = Vec::new();
+    for call in calls.collect::<Vec<_>>() {
+        statuses.push(call.await.expect("task").expect("call").status);
+    }
+    let completed = statuses.iter().filter(|s| **s == Status::Completed).count();
+    let in_progress = statuses.iter().filter(|s| **s == Status::InProgress).count();
+    assert_eq!(completed, 1, "{statuses:?}");
+    assert_eq!(in_progress, 63, "{statuses:?}");
+    assert_eq!(f.provider.requests(), 1, "exactly one attempt dispatched");
+    assert_eq!(f.provider.counts("o-1").payments, 1);
+
+    // Once it is recorded, every caller gets the same answer from the ledger.
+    let again = f.call("run-1", "charge", "charge", &charge("o-1")).await;
+    assert!(again.replayed && again.is_completed());
+}
