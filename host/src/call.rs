@@ -45,6 +45,17 @@ pub enum Status {
     InProgress,
 }
 
+impl From<OperationStatus> for Status {
+    fn from(status: OperationStatus) -> Self {
+        match status {
+            OperationStatus::Completed => Status::Completed,
+            OperationStatus::Failed => Status::Failed,
+            OperationStatus::Unknown => Status::Unknown,
+            OperationStatus::Claimed => Status::InProgress,
+        }
+    }
+}
+
 /// What a call returns. Serialized as-is by `oncebox call`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome {
@@ -67,14 +78,8 @@ impl Outcome {
 
     /// The outcome an operation's record stands for, as a replay.
     pub(crate) fn replay(op: &OperationRecord) -> Self {
-        let status = match op.status {
-            OperationStatus::Completed => Status::Completed,
-            OperationStatus::Failed => Status::Failed,
-            OperationStatus::Unknown => Status::Unknown,
-            OperationStatus::Claimed => Status::InProgress,
-        };
         Outcome {
-            status,
+            status: op.status.into(),
             replayed: true,
             attempts: op.attempts,
             operation_key: Some(op.key.clone()),

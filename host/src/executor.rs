@@ -107,21 +107,16 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
         let verdict = classify(invocation, &ctx, class).scrubbed(&secrets);
 
-        let decision = match &verdict {
-            Verdict::Ok(_) => None,
+        let next = match &verdict {
+            Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
             Verdict::Failed { failure, .. } => {
-                Some(retry::decide(failure, &policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt)))
+                match retry::decide(failure, &policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt))
+                {
+                    Decision::Retry { after } => Next::Retry(after),
+                    Decision::Fail => Next::Finish(OperationStatus::Failed),
+                    Decision::Unknown => Next::Finish(OperationStatus::Unknown),
+                }
             }
-        };
-        let finish = match (&verdict, &decision) {
-            (Verdict::Ok(output), _) => Some((OperationStatus::Completed, Some(output.to_string()), None)),
-            (Verdict::Failed { error, .. }, Some(Decision::Fail)) => {
-                Some((OperationStatus::Failed, None, Some(error.clone())))
-            }
-            (Verdict::Failed { error, .. }, Some(Decision::Unknown)) => {
-                Some((OperationStatus::Unknown, None, Some(error.clone())))
-            }
-            _ => None,
         };
         let mut record = AttemptRecord {
             operation_key: operation_key.clone(),
@@ -141,19 +136,16 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         };
         record.downstream_accepted = attempt_log::downstream_accepted(&record);
         attempt_log::emit(&record);
-        let status = finish.as_ref().map(|f| f.0);
+        // The attempt, and the operation's final state when this was the last one, in one commit.
+        let finish = match next {
+            Next::Finish(status) => Some((status, verdict.output_json(), verdict.error())),
+            Next::Retry(_) => None,
+        };
         host.shared.ledger.blocking(move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
 
-        match (verdict, decision) {
-            (Verdict::Failed { .. }, Some(Decision::Retry { after })) => tokio::time::sleep(after).await,
-            (verdict, _) => {
-                let status = match status {
-                    Some(OperationStatus::Completed) => Status::Completed,
-                    Some(OperationStatus::Unknown) => Status::Unknown,
-                    _ => Status::Failed,
-                };
-                return Ok(verdict.into_outcome(status, attempt, Some(operation_key)));
-            }
+        match next {
+            Next::Retry(after) => tokio::time::sleep(after).await,
+            Next::Finish(status) => return Ok(verdict.into_outcome(status.into(), attempt, Some(operation_key))),
         }
     }
 }
@@ -206,6 +198,13 @@ fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
     Ok(value)
 }
 
+/// What follows an attempt.
+#[derive(Clone, Copy)]
+enum Next {
+    Retry(Duration),
+    Finish(OperationStatus),
+}
+
 /// What one attempt amounted to.
 enum Verdict {
     Ok(Value),
@@ -217,6 +216,20 @@ impl Verdict {
         match self {
             Verdict::Ok(_) => "ok",
             Verdict::Failed { error, .. } => &error.class,
+        }
+    }
+
+    fn output_json(&self) -> Option<String> {
+        match self {
+            Verdict::Ok(output) => Some(output.to_string()),
+            Verdict::Failed { .. } => None,
+        }
+    }
+
+    fn error(&self) -> Option<ErrorRecord> {
+        match self {
+            Verdict::Ok(_) => None,
+            Verdict::Failed { error, .. } => Some(error.clone()),
         }
     }
 
