@@ -111,3 +111,49 @@ fn policy_show_names_where_each_value_came_from() {
     assert_eq!(code, 2);
     assert!(stderr.contains(&format!("{bad}:5")), "{stderr}");
 }
+
+// Multi-threaded: the provider keeps serving while this thread waits on child processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispatches_nothing() {
+    use oncebox_example_provider::{Fault, FaultKind, Route};
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 30_000 }).for_order("o-1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let base = format!("base_url={}", provider.base_url());
+    let target = provider.addr().to_string();
+    let args = charge("o-1").to_string();
+    let call = [
+        "call",
+        "--ledger",
+        ledger.to_str().expect("utf8"),
+        "--config",
+        &base,
+        "--key-target",
+        &target,
+        "--timeout-ms",
+        "60000",
+        "--run",
+        "r1",
+        "--step",
+        "s1",
+        oncebox_artifacts::CHARGE,
+        &args,
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(call)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn oncebox");
+    crate::support::eventually("the provider committed the charge", || provider.counts("o-1").payments == 1).await;
+    child.kill().expect("kill -9 the host mid-dispatch");
+    child.wait().expect("reap");
+
+    let (code, outcome, stderr) = oncebox(&call);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(outcome["status"], "unknown", "{outcome}");
+    assert_eq!(outcome["replayed"], true);
+    assert_eq!(provider.requests(), 1, "the second process dispatched nothing");
+    assert_eq!(provider.counts("o-1").payments, 1);
+}
