@@ -13,6 +13,9 @@ pub struct Call {
     pub tool: String,
     /// JSON text.
     pub args: String,
+    /// When another caller is running this step: wait up to this long for its result instead of
+    /// returning `in-progress` at once.
+    pub wait: Option<std::time::Duration>,
 }
 
 impl Call {
@@ -23,12 +26,24 @@ impl Call {
         tool: impl Into<String>,
         args: impl Into<String>,
     ) -> Self {
-        Call { run_id: Some(run_id.into()), step_id: Some(step_id.into()), tool: tool.into(), args: args.into() }
+        Call {
+            run_id: Some(run_id.into()),
+            step_id: Some(step_id.into()),
+            tool: tool.into(),
+            args: args.into(),
+            wait: None,
+        }
     }
 
     /// A call outside any run: only read-only tools accept it, and nothing is recorded.
     pub fn unrecorded(tool: impl Into<String>, args: impl Into<String>) -> Self {
-        Call { run_id: None, step_id: None, tool: tool.into(), args: args.into() }
+        Call { run_id: None, step_id: None, tool: tool.into(), args: args.into(), wait: None }
+    }
+
+    /// Waits up to `wait` for another caller's result (see [`Call::wait`]).
+    pub fn waiting(mut self, wait: std::time::Duration) -> Self {
+        self.wait = Some(wait);
+        self
     }
 }
 

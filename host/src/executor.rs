@@ -60,6 +60,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let secrets = sensitive_values(&args, &tool.manifest.sensitive);
         return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy, &secrets).await);
     }
+    let wait = call.wait.unwrap_or_default();
     let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint } =
         prepare(tool, call)?;
 
@@ -76,7 +77,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
     };
-    let (fence, previous_attempts) = match host.shared.ledger.blocking(move |l| l.claim(&request)).await? {
+    let (fence, previous_attempts) = match claim(host, request, wait).await? {
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
         Claim::Recorded(op) => {
             attempt_log::replayed(&op.run_id, &op.step_id, &op.tool, &op.key, op.status.as_str());
@@ -147,6 +148,24 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             Next::Retry(after) => tokio::time::sleep(after).await,
             Next::Finish(status) => return Ok(verdict.into_outcome(status.into(), attempt, Some(operation_key))),
         }
+    }
+}
+
+/// Asks the ledger who runs the operation; while another caller holds it and this one asked to
+/// wait, asks again until the result lands, the lease expires (then this caller takes over), or
+/// the wait is over.
+async fn claim(host: &Inner, request: ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
+    /// How often a waiting caller looks again.
+    const POLL: Duration = Duration::from_millis(25);
+    let until = Instant::now() + wait;
+    loop {
+        let mut request = request.clone();
+        request.now_ms = now_ms();
+        let claim = host.shared.ledger.blocking(move |l| l.claim(&request)).await?;
+        if !matches!(claim, Claim::InProgress(_)) || Instant::now() + POLL > until {
+            return Ok(claim);
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -31,3 +31,23 @@ async fn sixty_four_callers_on_one_step_dispatch_once() {
     let again = f.call("run-1", "charge", "charge", &charge("o-1")).await;
     assert!(again.replayed && again.is_completed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_asks_to_wait_gets_the_result_when_it_lands() {
+    let f = Fixture::new().await;
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 400 }).for_order("o-1"));
+    let first = tokio::spawn({
+        let host = f.host.clone();
+        async move { host.call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())).await }
+    });
+    crate::support::eventually("the first call reached the provider", || f.provider.requests() == 1).await;
+    let waiting = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string())
+        .waiting(std::time::Duration::from_secs(10));
+    let second = f.host.call(waiting).await.expect("call");
+    let first = first.await.expect("task").expect("call");
+    assert_eq!(first.status, Status::Completed);
+    assert_eq!(second.status, Status::Completed, "{second:?}");
+    assert!(second.replayed, "the waiting caller got the recorded result");
+    assert_eq!(second.output, first.output);
+    assert_eq!(f.provider.requests(), 1);
+}

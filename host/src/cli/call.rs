@@ -30,6 +30,9 @@ pub struct Args {
     /// semantics per downstream host. Flags given here win over the file.
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// If another caller is running this step, wait up to this many seconds for its result.
+    #[arg(long, value_name = "SECS")]
+    pub wait: Option<f64>,
     /// How long to wait for a downstream's answer before the outcome is unknown.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -72,7 +75,15 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     let manifest = host.load(&args.tool).await?;
     host.set_tool_config(&manifest.name, config);
     let call = match (args.run, args.step) {
-        (Some(run), Some(step)) => Call::step(run, step, &manifest.name, args.args),
+        (Some(run), Some(step)) => {
+            let call = Call::step(run, step, &manifest.name, args.args);
+            match args.wait {
+                Some(secs) => call.waiting(
+                    Duration::try_from_secs_f64(secs).map_err(|_| Usage(format!("--wait {secs}: not a duration")))?,
+                ),
+                None => call,
+            }
+        }
         (None, None) => Call::unrecorded(&manifest.name, args.args),
         _ => return Err(Usage("--run and --step go together".into()).into()),
     };

@@ -20,6 +20,9 @@ use super::{EffectCtx, HttpTarget, Shared};
 /// The largest response body the host reads and records; longer bodies are cut here.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
+/// Response headers the ledger never keeps.
+const SECRET_HEADERS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "set-cookie"];
+
 /// Headers a tool may not set: the host owns routing, framing and the key.
 const RESERVED_HEADERS: [&str; 5] = ["host", "idempotency-key", "content-length", "transfer-encoding", "connection"];
 
@@ -146,7 +149,8 @@ async fn read_answer(response: reqwest::Response, status: u16, target: &str) -> 
     let headers = response
         .headers()
         .iter()
-        .filter(|(name, _)| *name != reqwest::header::SET_COOKIE)
+        // Credentials and cookies never reach the record (and so never reach the guest on a replay).
+        .filter(|(name, _)| !SECRET_HEADERS.contains(&name.as_str()))
         .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect();
     match response.bytes().await {
