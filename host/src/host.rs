@@ -102,7 +102,12 @@ impl HostBuilder {
             .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??;
         let shared = Arc::new(Shared {
             ledger,
-            http: reqwest::Client::new(),
+            // Redirects are answers, not instructions: following one would send the effect (and its
+            // key and credentials) to a host nobody configured. The tool sees the 3xx instead.
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| crate::LoadError::Engine(format!("cannot build the HTTP client: {e}")))?,
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
             kv_namespace: self.kv_namespace,

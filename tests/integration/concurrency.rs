@@ -51,3 +51,41 @@ async fn a_caller_that_asks_to_wait_gets_the_result_when_it_lands() {
     assert_eq!(second.output, first.output);
     assert_eq!(f.provider.requests(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stalled_past_its_lease_is_fenced_out() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .lease(std::time::Duration::from_millis(200))
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let args = serde_json::json!({"mode": "sleep", "sleep_ms": 2000, "write_first": true, "echo": "done"}).to_string();
+    let call = || oncebox::Call::step("run-1", "slow", "panicky", args.clone());
+
+    // Worker A claims, writes its effect, then stalls far past its 200 ms lease.
+    let stalled = tokio::spawn({
+        let host = host.clone();
+        let call = call();
+        async move { host.call(call).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Worker B finds the lease expired and takes over with a new fencing token.
+    let taken_over = host.call(call()).await.expect("the new owner's call");
+    assert_eq!(taken_over.status, Status::Completed, "{taken_over:?}");
+
+    // A wakes up: everything it tries to record is refused by token, and B's result stands.
+    let fenced = stalled.await.expect("task");
+    assert!(matches!(fenced, Err(oncebox::CallError::Ledger(oncebox::LedgerError::Fenced { .. }))), "{fenced:?}");
+    let key = taken_over.operation_key.expect("key");
+    let op = host.ledger().operation(&key).expect("read").expect("op");
+    assert_eq!(op.fence, 2);
+    assert_eq!(op.status, oncebox::ledger::OperationStatus::Completed);
+    assert_eq!(op.output.as_deref().map(|o| o.contains("done")), Some(true));
+    let effects = host.ledger().effects(&key).expect("effects");
+    assert_eq!(effects.len(), 1, "the KV effect A wrote was deduplicated for B, not written twice");
+    let attempts = host.ledger().attempts(&key).expect("attempts");
+    assert!(attempts.iter().all(|a| a.fence == 2), "nothing of A's was recorded after the takeover");
+}

@@ -19,6 +19,8 @@ pub enum Mode {
     MemoryBomb,
     /// Never returns.
     Spin,
+    /// Sleeps `sleep_ms`, then returns: a worker that stalls.
+    Sleep,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -29,6 +31,8 @@ pub struct Args {
     write_first: bool,
     #[serde(default)]
     echo: Option<String>,
+    #[serde(default)]
+    sleep_ms: u64,
     /// Calls this embedder provider with `echo` first.
     #[serde(default)]
     provider: Option<String>,
@@ -66,6 +70,10 @@ impl Tool for Panicky {
             Mode::MemoryBomb => {
                 let bomb = vec![1u8; 1 << 30];
                 Ok(Echo { echo: Some(bomb.len().to_string()), provided })
+            }
+            Mode::Sleep => {
+                std::thread::sleep(std::time::Duration::from_millis(args.sleep_ms));
+                Ok(Echo { echo: args.echo, provided })
             }
             Mode::Spin => {
                 let mut n: u64 = 0;
