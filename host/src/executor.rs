@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::attempt_log;
 use crate::call::{Call, Outcome, Status};
 use crate::clock::now_ms;
-use crate::effects::{EffectCtx, Scope};
+use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
 use crate::host::Inner;
@@ -106,7 +106,8 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let started = Instant::now();
         let ctx = EffectCtx::new(host.shared.clone(), config_of(host, name), Some(scope.clone()));
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
-        let verdict = classify(invocation, &ctx, class).scrubbed(&secrets);
+        let in_doubt = in_doubt_after(host, &operation_key, &ctx, &policy).await?;
+        let verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
 
         let next = match &verdict {
             Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
@@ -183,7 +184,7 @@ async fn run_unrecorded(
         attempt += 1;
         let ctx = EffectCtx::new(host.shared.clone(), config_of(host, &tool.manifest.name), None);
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline).await;
-        let verdict = classify(invocation, &ctx, tool.manifest.class).scrubbed(secrets);
+        let verdict = classify(invocation, &ctx.in_doubt, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),
             Verdict::Failed { failure, .. } => {
@@ -278,9 +279,31 @@ impl Verdict {
     }
 }
 
+/// The attempt's own in-doubt effects, plus any that an earlier attempt (or a stopped owner) left
+/// in doubt and this attempt did not settle: until each is settled, the operation cannot be called
+/// done or failed, whatever the guest returned.
+async fn in_doubt_after(
+    host: &Inner,
+    operation_key: &str,
+    ctx: &EffectCtx,
+    policy: &RetryPolicy,
+) -> Result<Vec<InDoubt>, CallError> {
+    let key = operation_key.to_string();
+    let recorded = host.shared.ledger.blocking(move |l| l.effects(&key)).await?;
+    let now = now_ms();
+    let mut in_doubt = ctx.in_doubt.clone();
+    for effect in recorded.iter().filter(|e| e.status.in_doubt()) {
+        if !in_doubt.iter().any(|d| d.key == effect.key) {
+            let resendable = host.shared.resendable(effect, policy.redispatch_in_doubt, now);
+            in_doubt.push(InDoubt { key: effect.key.clone(), resendable });
+        }
+    }
+    Ok(in_doubt)
+}
+
 /// Maps an invocation to a verdict: the output, or the failure class (see `failure.rs`) with a
 /// message for the records.
-fn classify(invocation: Invocation, ctx: &EffectCtx, class: ReplayClass) -> Verdict {
+fn classify(invocation: Invocation, in_doubt: &[InDoubt], class: ReplayClass) -> Verdict {
     let (end, message, output) = match invocation {
         Invocation::Returned(output) => match serde_json::from_str::<Value>(&output) {
             Ok(value) => (End::Returned, String::new(), Some(value)),
@@ -304,18 +327,18 @@ fn classify(invocation: Invocation, ctx: &EffectCtx, class: ReplayClass) -> Verd
             (End::InvalidOutput, format!("the output is {len} bytes, over the limit of {MAX_OUTPUT_BYTES}"), None)
         }
     };
-    let in_doubt: Vec<bool> = ctx.in_doubt.iter().map(|d| d.resendable).collect();
-    match (failure::attempt(&end, &in_doubt, class), output) {
+    let resendable: Vec<bool> = in_doubt.iter().map(|d| d.resendable).collect();
+    match (failure::attempt(&end, &resendable, class), output) {
         (None, Some(output)) => Verdict::Ok(output),
         (None, None) => Verdict::Failed {
             failure: Failure::Permanent,
             error: ErrorRecord { class: "invalid-output".into(), message: "the tool returned no output".into() },
         },
         (Some(classified), _) => {
-            let message = if ctx.in_doubt.is_empty() {
+            let message = if in_doubt.is_empty() {
                 message
             } else {
-                let keys: Vec<&str> = ctx.in_doubt.iter().map(|d| d.key.as_str()).collect();
+                let keys: Vec<&str> = in_doubt.iter().map(|d| d.key.as_str()).collect();
                 let why = if message.is_empty() { "the tool returned".to_string() } else { message };
                 format!("{why}; effect(s) {} may have taken place", keys.join(", "))
             };

@@ -220,3 +220,42 @@ async fn an_embedder_provider_gets_keys_and_deduplication_for_free() {
     assert_eq!(missing.status, Status::Failed);
     assert!(missing.error.expect("error").message.contains("nobody"));
 }
+
+/// An embedder's effect whose answer is always lost, at a provider that deduplicates by key.
+struct LosingBank;
+
+impl oncebox::EffectProvider for LosingBank {
+    fn call<'a>(
+        &'a self,
+        _effect_key: &'a str,
+        _request: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = oncebox::ProviderOutcome> + Send + 'a>> {
+        Box::pin(async { oncebox::ProviderOutcome::Unknown("the answer was lost".into()) })
+    }
+
+    fn honours_keys(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn an_effect_left_in_doubt_keeps_the_operation_from_completing_even_if_a_later_attempt_skips_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .provider("bank", std::sync::Arc::new(LosingBank))
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    // Attempt 1 calls the bank and loses the answer; later attempts take another path and "succeed".
+    let args = json!({"mode": "flip", "provider": "bank", "echo": "x"});
+    let outcome = host.call(oncebox::Call::step("run-1", "flip", "panicky", args.to_string())).await.expect("call");
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    let error = outcome.error.expect("error");
+    assert_eq!(error.class, "unknown-outcome");
+    let key = outcome.operation_key.expect("key");
+    let op = host.ledger().operation(&key).expect("read").expect("op");
+    assert_eq!(op.status, OperationStatus::Unknown, "never completed while the bank's effect is in doubt");
+    assert!(op.output.is_none());
+}

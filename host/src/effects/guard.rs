@@ -43,8 +43,6 @@ pub struct Request<'a> {
     pub label: &'a str,
     pub target: &'a str,
     pub fingerprint: String,
-    /// Whether the target deduplicates by key and still remembers a key first sent at a time.
-    pub resend_allowed: &'a (dyn Fn(u64) -> bool + Sync),
 }
 
 impl EffectCtx {
@@ -78,8 +76,7 @@ impl EffectCtx {
                 return Ok(Begin::Replay(recorded.response.unwrap_or_default()));
             }
             Some(recorded)
-                if recorded.status.in_doubt()
-                    && !(scope.redispatch_in_doubt && (request.resend_allowed)(recorded.first_dispatched_ms)) =>
+                if recorded.status.in_doubt() && !self.shared.resendable(&recorded, scope.redispatch_in_doubt, now) =>
             {
                 self.in_doubt.push(InDoubt { key: recorded.key.clone(), resendable: false });
                 self.note(&recorded, EffectSource::Deduplicated);
@@ -113,7 +110,7 @@ impl EffectCtx {
                 EffectSource::Fresh,
             ),
         };
-        let resendable = scope.redispatch_in_doubt && (request.resend_allowed)(record.first_dispatched_ms);
+        let resendable = self.shared.resendable(&record, scope.redispatch_in_doubt, now);
         // Write-ahead: durable before anything leaves the host.
         let ahead = record.clone();
         self.shared.ledger.blocking(move |l| l.put_effect(scope.fence, &ahead)).await.map_err(host_error)?;

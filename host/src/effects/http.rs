@@ -206,19 +206,7 @@ impl EffectCtx {
             "http",
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );
-        let resend_allowed = |first_ms: u64| {
-            settings.honours_keys
-                && crate::clock::now_ms().saturating_sub(first_ms) < settings.key_retention.as_millis() as u64
-        };
-        let begin = self
-            .begin(Request {
-                kind: "http",
-                label: &label,
-                target: &target,
-                fingerprint,
-                resend_allowed: &resend_allowed,
-            })
-            .await?;
+        let begin = self.begin(Request { kind: "http", label: &label, target: &target, fingerprint }).await?;
         let (record, source, resendable) = match begin {
             Begin::Replay(json) => return decode(&json),
             Begin::Dispatch { record, source, resendable } => (record, source, resendable),

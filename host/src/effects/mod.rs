@@ -12,11 +12,13 @@ mod targets;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use provider::{EffectProvider, ProviderOutcome};
+
 pub use targets::{HttpTarget, Targets};
 
-use crate::ledger::{AttemptEffect, Ledger};
+use crate::ledger::{AttemptEffect, EffectRecord, Ledger};
 use crate::runtime::bindings::{ToolError, oncebox::tool};
 
 /// What every invocation of a host shares: the ledger, the HTTP client, the downstreams' settings
@@ -28,6 +30,28 @@ pub struct Shared {
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,
     /// The KV namespace every tool of this host shares (per-tool grants are a later issue).
     pub kv_namespace: String,
+}
+
+impl Shared {
+    /// Whether an effect whose outcome is unknown may be sent again with its key: the policy
+    /// allows it, the downstream deduplicates by key, and it still remembers the key's first use.
+    /// Local effects are never in doubt; unknown kinds are never resent.
+    pub fn resendable(&self, effect: &EffectRecord, policy_allows: bool, now_ms: u64) -> bool {
+        if !policy_allows {
+            return false;
+        }
+        match effect.kind.as_str() {
+            "http" => {
+                let target = self.targets.get(&effect.target);
+                let age = Duration::from_millis(now_ms.saturating_sub(effect.first_dispatched_ms));
+                target.honours_keys && age < target.key_retention
+            }
+            kind => kind
+                .strip_prefix("provider:")
+                .and_then(|name| self.providers.get(name))
+                .is_some_and(|provider| provider.honours_keys()),
+        }
+    }
 }
 
 /// The operation an invocation works for.

@@ -46,12 +46,8 @@ impl EffectCtx {
             ToolError::Permanent(format!("no effect provider named `{name}` is registered with this host"))
         })?;
         let fingerprint = keys::effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
-        let honours = provider.honours_keys();
-        let resend_allowed = move |_first_ms: u64| honours;
         let kind = format!("provider:{name}");
-        let begin = self
-            .begin(Request { kind: &kind, label: &label, target: &name, fingerprint, resend_allowed: &resend_allowed })
-            .await?;
+        let begin = self.begin(Request { kind: &kind, label: &label, target: &name, fingerprint }).await?;
         let (record, source, resendable) = match begin {
             Begin::Replay(json) => return Ok(json),
             Begin::Dispatch { record, source, resendable } => (record, source, resendable),

@@ -21,6 +21,9 @@ pub enum Mode {
     Spin,
     /// Sleeps `sleep_ms`, then returns: a worker that stalls.
     Sleep,
+    /// Not deterministic: the first time (no `panicky/flipped` in KV) it writes that key and calls
+    /// the provider; every later time it skips the provider and succeeds.
+    Flip,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -56,6 +59,15 @@ impl Tool for Panicky {
         if args.write_first {
             kv::set("before-failing", "panicky/last", b"written")?;
         }
+        if let Mode::Flip = args.mode {
+            if kv::get("panicky/flipped").is_none() {
+                kv::set("flip", "panicky/flipped", b"yes")?;
+                let name = args.provider.as_deref().unwrap_or("bank");
+                let provided: serde_json::Value = provider("provided", name, &args.echo)?;
+                return Ok(Echo { echo: args.echo, provided: Some(provided) });
+            }
+            return Ok(Echo { echo: Some("skipped the provider".into()), provided: None });
+        }
         let provided = match &args.provider {
             Some(name) => Some(provider("provided", name, &args.echo)?),
             None => None,
@@ -71,6 +83,7 @@ impl Tool for Panicky {
                 let bomb = vec![1u8; 1 << 30];
                 Ok(Echo { echo: Some(bomb.len().to_string()), provided })
             }
+            Mode::Flip => Err(ToolError::permanent("unreachable: flip returns above")),
             Mode::Sleep => {
                 std::thread::sleep(std::time::Duration::from_millis(args.sleep_ms));
                 Ok(Echo { echo: args.echo, provided })
