@@ -20,7 +20,7 @@ use crate::policy::RetryPolicy;
 use crate::redact::{redact, scrub, sensitive_values};
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::bindings::ToolError;
-use crate::runtime::{Invocation, LoadedTool, MAX_OUTPUT_BYTES};
+use crate::runtime::{Invocation, LoadedTool, MAX_ARGS_BYTES, MAX_OUTPUT_BYTES};
 
 /// A call's args validated and its keys derived.
 pub(crate) struct Prepared {
@@ -203,6 +203,9 @@ async fn run_unrecorded(
 /// Parses and validates args against the manifest's schema.
 fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
     let invalid = |reason: String| CallError::InvalidArgs { tool: tool.manifest.name.clone(), reason };
+    if args.len() > MAX_ARGS_BYTES {
+        return Err(invalid(format!("{} bytes, over the limit of {MAX_ARGS_BYTES}", args.len())));
+    }
     let value: Value = serde_json::from_str(args).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
     let problems: Vec<String> = tool
         .schema

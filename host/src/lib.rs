@@ -51,6 +51,7 @@ pub mod retry;
 mod runtime;
 
 pub use call::{Call, Outcome, Status};
+pub use effects::MAX_EFFECT_PAYLOAD_BYTES;
 pub use effects::{EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
@@ -58,4 +59,4 @@ pub use ledger::Ledger;
 pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::Reconciliation;
 pub use redact::{REDACTED, redact};
-pub use runtime::{MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, ToolManifest};
+pub use runtime::{MAX_ARGS_BYTES, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, ToolManifest};

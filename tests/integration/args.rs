@@ -50,3 +50,13 @@ async fn an_unknown_tool_is_named() {
     let err = f.host.call(Call::step("r", "s", "teleport", "{}")).await.expect_err("refused");
     assert!(err.to_string().contains("teleport"), "{err}");
 }
+
+#[tokio::test]
+async fn oversized_args_are_refused_before_parsing() {
+    let f = Fixture::new().await;
+    let huge = format!(r#"{{"mode":"ok","echo":"{}"}}"#, "x".repeat(oncebox::MAX_ARGS_BYTES));
+    let err = f.host.call(Call::step("run-1", "s", "panicky", huge)).await.expect_err("refused");
+    assert!(matches!(err, CallError::InvalidArgs { .. }), "{err:?}");
+    assert!(err.to_string().contains("over the limit"), "{err}");
+    assert!(f.host.ledger().operations(None).expect("list").is_empty());
+}

@@ -95,6 +95,19 @@ impl EffectCtx {
     }
 }
 
+/// The largest payload one effect may carry (an HTTP body, a KV value, an outbox message, a
+/// provider request): a tool that sends more is refused before anything is recorded.
+pub const MAX_EFFECT_PAYLOAD_BYTES: usize = 1 << 20;
+
+fn check_payload(what: &str, len: usize) -> Result<(), ToolError> {
+    if len > MAX_EFFECT_PAYLOAD_BYTES {
+        return Err(ToolError::Permanent(format!(
+            "the {what} is {len} bytes, over the limit of {MAX_EFFECT_PAYLOAD_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
 /// The `HasData` marker that hands bindings the narrow context instead of the whole store state.
 pub struct HasEffects;
 
@@ -139,10 +152,12 @@ impl tool::effects::Host for EffectCtx {
         label: String,
         request: tool::effects::HttpRequest,
     ) -> Result<tool::types::HttpResponse, ToolError> {
+        check_payload("HTTP body", request.body.len())?;
         self.http_effect(label, request).await
     }
 
     async fn kv_set(&mut self, label: String, key: String, value: Vec<u8>) -> Result<(), ToolError> {
+        check_payload("KV value", value.len() + key.len())?;
         let namespace = self.shared.kv_namespace.clone();
         self.local_effect(label, crate::ledger::LocalWrite::KvSet { namespace, key, value }).await
     }
@@ -153,12 +168,14 @@ impl tool::effects::Host for EffectCtx {
     }
 
     async fn outbox(&mut self, label: String, topic: String, payload: Vec<u8>) -> Result<(), ToolError> {
+        check_payload("outbox message", payload.len() + topic.len())?;
         let payload = String::from_utf8(payload)
             .map_err(|_| ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into()))?;
         self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload }).await
     }
 
     async fn provider(&mut self, label: String, name: String, request: String) -> Result<String, ToolError> {
+        check_payload("provider request", request.len())?;
         self.provider_effect(label, name, request).await
     }
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 use wasmtime::component::{Component, InstancePre};
 
 use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
-use super::{Runtime, StoreState};
+use super::{MAX_COMPONENT_BYTES, Runtime, StoreState};
 use crate::effects::{EffectCtx, Shared};
 use crate::policy::ReplayClass;
 
@@ -88,7 +88,15 @@ impl std::fmt::Debug for LoadedTool {
 impl Runtime {
     pub async fn load(&self, path: &Path, shared: Arc<Shared>) -> Result<LoadedTool, LoadError> {
         let path = path.to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
+        let io = |source| LoadError::Io { path: path.clone(), source };
+        let size = std::fs::metadata(&path).map_err(io)?.len();
+        if size > MAX_COMPONENT_BYTES {
+            return Err(LoadError::NotAComponent {
+                path,
+                reason: format!("it is {size} bytes, over the limit of {MAX_COMPONENT_BYTES}"),
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(io)?;
         let not_component = |reason: String| LoadError::NotAComponent { path: path.clone(), reason };
         if is_core_module(&bytes) {
             return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));

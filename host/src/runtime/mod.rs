@@ -24,6 +24,10 @@ pub const MAX_MEMORY_BYTES: usize = 256 << 20;
 pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Bytes of stdout and stderr kept per attempt (the rest is dropped).
 pub const MAX_STDIO_BYTES: usize = 64 << 10;
+/// The largest component file the host will read.
+pub const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+/// The largest args (JSON) a call may carry.
+pub const MAX_ARGS_BYTES: usize = 1 << 20;
 /// The largest output (JSON) a tool may return.
 pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
 
