@@ -17,6 +17,7 @@
 //! - `call`: [`Call`] and [`Outcome`].
 //! - `keys`: operation and effect keys, fingerprints, canonical JSON (pure).
 //! - `policy`: replay classes and their retry policies (pure).
+//! - `policy_file/`: the operator's `oncebox.toml`, checked with file:line errors (pure).
 //! - `failure`: every way an attempt or an HTTP exchange can end, mapped to a class (pure).
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
