@@ -356,3 +356,15 @@ async fn a_loosening_the_class_forbids_is_refused_at_load_with_file_and_line() {
     assert!(message.contains(&format!("{}:2", dir.path().join("oncebox.toml").display())), "{message}");
     assert!(message.contains("irreversible"), "{message}");
 }
+
+#[tokio::test]
+async fn an_effect_timing_out_after_dispatch_is_in_doubt() {
+    // The provider commits and then holds the answer past the host's 1.5 s effect timeout.
+    let cell = Cell::new(false, vec![fault(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }, 1)]).await;
+    let outcome = cell.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
+    let message = outcome.error.expect("error").message;
+    assert!(message.contains("timed out"), "{message}");
+    assert_eq!(cell.counts().payments, 1, "it did take effect: exactly why a blind retry would be wrong");
+}
