@@ -34,6 +34,8 @@ pub enum Error {
     Call(#[from] CallError),
     #[error(transparent)]
     Policy(#[from] crate::policy_file::PolicyError),
+    #[error("cannot build the HTTP client: {0}")]
+    HttpClient(String),
     #[error("a tool named `{name}` is already loaded from {existing}")]
     DuplicateTool { name: String, existing: String },
 }

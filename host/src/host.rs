@@ -27,6 +27,8 @@ pub struct HostBuilder {
     policy_file: PolicyFile,
     kv_namespace: String,
     lease: Duration,
+    /// PEM certificates trusted for HTTPS on top of the system's roots.
+    tls_roots: Vec<Vec<u8>>,
 }
 
 impl HostBuilder {
@@ -46,6 +48,7 @@ impl HostBuilder {
             policy_file: PolicyFile::empty(),
             kv_namespace: "default".into(),
             lease: DEFAULT_LEASE,
+            tls_roots: Vec::new(),
         }
     }
 
@@ -89,6 +92,13 @@ impl HostBuilder {
         self
     }
 
+    /// Trusts this PEM certificate for HTTPS downstreams, besides the system's roots (a private
+    /// CA, or a test server's self-signed certificate).
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots.push(pem.into());
+        self
+    }
+
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -102,12 +112,7 @@ impl HostBuilder {
             .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??;
         let shared = Arc::new(Shared {
             ledger,
-            // Redirects are answers, not instructions: following one would send the effect (and its
-            // key and credentials) to a host nobody configured. The tool sees the 3xx instead.
-            http: reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| crate::LoadError::Engine(format!("cannot build the HTTP client: {e}")))?,
+            http: http_client(&self.tls_roots)?,
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
             kv_namespace: self.kv_namespace,
@@ -126,6 +131,21 @@ impl HostBuilder {
             }),
         })
     }
+}
+
+/// The client every HTTP effect and read goes through.
+fn http_client(tls_roots: &[Vec<u8>]) -> Result<reqwest::Client, Error> {
+    // One crypto provider per process; a second install (another host) is refused harmlessly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Redirects are answers, not instructions: following one would send the effect (and its key
+    // and credentials) to a host nobody configured. The tool sees the 3xx instead.
+    let mut builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    for pem in tls_roots {
+        let certificate = reqwest::Certificate::from_pem(pem)
+            .map_err(|e| Error::HttpClient(format!("a trusted TLS root is not a PEM certificate: {e}")))?;
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder.build().map_err(|e| Error::HttpClient(e.to_string()))
 }
 
 /// A host for tools. Cheap to clone; clones share everything.

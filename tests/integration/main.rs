@@ -14,3 +14,4 @@ mod replay;
 mod retries;
 mod retry_matrix;
 mod secrets;
+mod tls;

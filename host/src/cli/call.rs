@@ -30,6 +30,9 @@ pub struct Args {
     /// semantics per downstream host. Flags given here win over the file.
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// A PEM certificate to trust for HTTPS downstreams besides the system's roots (repeatable).
+    #[arg(long = "tls-root", value_name = "PEM_FILE")]
+    pub tls_roots: Vec<PathBuf>,
     /// If another caller is running this step, wait up to this many seconds for its result.
     #[arg(long, value_name = "SECS")]
     pub wait: Option<f64>,
@@ -54,6 +57,10 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     let mut builder = Host::builder(&args.ledger);
     if let Some(path) = &args.policy {
         builder = builder.policy_file(PolicyFile::load(path)?);
+    }
+    for path in &args.tls_roots {
+        let pem = std::fs::read(path).map_err(|e| Usage(format!("--tls-root {}: {e}", path.display())))?;
+        builder = builder.tls_root_certificate(pem);
     }
     let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {

@@ -60,17 +60,14 @@ impl RecordedResponse {
 
 /// `host:port` of an http(s) URL, or why the URL is unusable.
 fn target_of(url: &reqwest::Url) -> Result<String, ToolError> {
-    if url.scheme() != "http" {
-        return Err(ToolError::Permanent(format!(
-            "unsupported URL scheme `{}` (this build speaks plain http)",
-            url.scheme()
-        )));
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ToolError::Permanent(format!("unsupported URL scheme `{}`: http or https", url.scheme())));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(ToolError::Permanent("URLs with credentials are refused: the host attaches credentials".into()));
     }
     let host = url.host_str().ok_or_else(|| ToolError::Permanent(format!("URL without a host: {url}")))?;
-    let port = url.port_or_known_default().unwrap_or(80);
+    let port = url.port_or_known_default().unwrap_or(if url.scheme() == "https" { 443 } else { 80 });
     Ok(format!("{host}:{port}"))
 }
 
