@@ -41,12 +41,11 @@
 //! }
 //!
 //! impl Reconcile for Charge {
+//!     // The effect's answer was lost: ask the provider whether it knows the key.
 //!     fn reconcile(effect_key: &str, _args: Args) -> Reconciliation<Payment> {
-//!         let Some(base) = config("base_url") else { return Reconciliation::StillUnknown };
-//!         match http::get(&format!("{base}/payments/by-key/{effect_key}")) {
-//!             Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
-//!             Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
-//!             _ => Reconciliation::StillUnknown,
+//!         match config("base_url") {
+//!             Some(base) => Reconciliation::lookup(&format!("{base}/payments/by-key/{effect_key}")),
+//!             None => Reconciliation::StillUnknown,
 //!         }
 //!     }
 //! }

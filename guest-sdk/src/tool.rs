@@ -39,6 +39,19 @@ pub enum Reconciliation<T> {
     StillUnknown,
 }
 
+impl<T: serde::de::DeserializeOwned> Reconciliation<T> {
+    /// Asks an authority that looks effects up by their key (as Stripe-like APIs do): 200 with the
+    /// output is committed, 404 is not committed, anything else (an error, a 5xx, a body that does
+    /// not parse) proves nothing.
+    pub fn lookup(url: &str) -> Self {
+        match crate::http::get(url) {
+            Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
+            Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
+            _ => Reconciliation::StillUnknown,
+        }
+    }
+}
+
 /// Compensatable and irreversible tools also answer "did this effect happen?" by its key.
 pub trait Reconcile: Tool {
     /// Asks the authority about the effect sent with `effect_key` for these args.

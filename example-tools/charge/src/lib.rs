@@ -44,13 +44,9 @@ impl Tool for Charge {
 
 impl Reconcile for Charge {
     fn reconcile(effect_key: &str, _args: Args) -> Reconciliation<Payment> {
-        let Ok(base) = base_url() else {
-            return Reconciliation::StillUnknown;
-        };
-        match http::get(&format!("{base}/payments/by-key/{effect_key}")) {
-            Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
-            Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
-            _ => Reconciliation::StillUnknown,
+        match base_url() {
+            Ok(base) => Reconciliation::lookup(&format!("{base}/payments/by-key/{effect_key}")),
+            Err(_) => Reconciliation::StillUnknown,
         }
     }
 }

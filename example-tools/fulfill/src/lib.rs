@@ -48,13 +48,9 @@ impl Tool for Fulfill {
 
 impl Reconcile for Fulfill {
     fn reconcile(effect_key: &str, _args: Args) -> Reconciliation<Shipment> {
-        let Ok(base) = base_url() else {
-            return Reconciliation::StillUnknown;
-        };
-        match http::get(&format!("{base}/fulfillments/by-key/{effect_key}")) {
-            Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),
-            Ok(r) if r.status == 404 => Reconciliation::NotCommitted,
-            _ => Reconciliation::StillUnknown,
+        match base_url() {
+            Ok(base) => Reconciliation::lookup(&format!("{base}/fulfillments/by-key/{effect_key}")),
+            Err(_) => Reconciliation::StillUnknown,
         }
     }
 }
