@@ -106,7 +106,13 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let started = Instant::now();
         let ctx = EffectCtx::new(host.shared.clone(), config_of(host, name), Some(scope.clone()));
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
-        let in_doubt = in_doubt_after(host, &operation_key, &ctx, &policy).await?;
+        // A fresh claim's first attempt made every effect the operation has: its own context knows
+        // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
+        let in_doubt = if fence == 1 && attempt == 1 {
+            ctx.in_doubt.clone()
+        } else {
+            in_doubt_after(host, &operation_key, &ctx, &policy).await?
+        };
         let verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
 
         let next = match &verdict {
