@@ -6,6 +6,13 @@ use oncebox_example_provider::{Counts, Fault, FaultKind, Provider, ProviderHandl
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// A client for the tests. The workspace builds reqwest with rustls and no built-in crypto
+/// provider (the host installs ring's), so a client outside the host installs it first.
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 /// A running provider plus a client pointed at it.
 struct Harness {
     provider: ProviderHandle,
@@ -25,7 +32,7 @@ struct Reply {
 impl Harness {
     async fn start() -> Harness {
         let provider = Provider::start().await.expect("provider starts");
-        Harness { provider, client: reqwest::Client::new() }
+        Harness { provider, client: client() }
     }
 
     fn url(&self, path: &str) -> String {
@@ -517,7 +524,7 @@ async fn shutdown_releases_the_port() {
     assert_eq!(h.get("/counts").await.status, StatusCode::OK);
 
     h.provider.clone().shutdown().await;
-    let after = reqwest::Client::new().get(url).send().await;
+    let after = client().get(url).send().await;
     assert!(after.is_err(), "nothing listens after shutdown");
 }
 
@@ -534,7 +541,7 @@ async fn binary_prints_its_address_and_serves() {
     if let Some(stdout) = child.stdout.take() {
         std::io::BufReader::new(stdout).read_line(&mut line).expect("address line is readable");
     }
-    let answer = reqwest::Client::new().get(format!("{}/counts", line.trim())).send().await;
+    let answer = client().get(format!("{}/counts", line.trim())).send().await;
     // Stop the child before asserting, so a failure does not leave it running.
     child.kill().expect("child can be killed");
     child.wait().expect("child is reaped");
