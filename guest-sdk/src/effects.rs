@@ -57,29 +57,64 @@ pub mod http {
     }
 }
 
-/// The tool's durable key-value state. Writes commit in the same transaction as their record.
+/// Durable key-value state. The free functions use the tool's own namespace (named after the
+/// tool); [`kv::namespace`] reaches another, which the operator must grant (`kv = ["name"]` under
+/// `[tools.NAME.grants]`). Writes commit in the same transaction as their record.
 pub mod kv {
     use super::*;
 
-    pub fn get(key: &str) -> Option<Vec<u8>> {
-        reads::kv_get(key)
+    /// A KV namespace: the tool's own, or one granted to it.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Namespace<'a>(Option<&'a str>);
+
+    /// Another namespace, shared with the tools it is granted to.
+    pub const fn namespace(name: &str) -> Namespace<'_> {
+        Namespace(Some(name))
     }
 
-    /// Reads a JSON value; a value that does not parse is a permanent error.
+    const OWN: Namespace<'static> = Namespace(None);
+
+    impl Namespace<'_> {
+        pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ToolError> {
+            reads::kv_get(self.0, key)
+        }
+
+        /// Reads a JSON value; a value that does not parse is a permanent error.
+        pub fn get_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, ToolError> {
+            self.get(key)?.map(|bytes| serde_json::from_slice(&bytes)).transpose().map_err(Into::into)
+        }
+
+        pub fn set(&self, label: &str, key: &str, value: &[u8]) -> Result<(), ToolError> {
+            effects::kv_set(label, self.0, key, value)
+        }
+
+        pub fn set_json<T: Serialize>(&self, label: &str, key: &str, value: &T) -> Result<(), ToolError> {
+            self.set(label, key, &serde_json::to_vec(value)?)
+        }
+
+        pub fn delete(&self, label: &str, key: &str) -> Result<(), ToolError> {
+            effects::kv_delete(label, self.0, key)
+        }
+    }
+
+    pub fn get(key: &str) -> Result<Option<Vec<u8>>, ToolError> {
+        OWN.get(key)
+    }
+
     pub fn get_json<T: DeserializeOwned>(key: &str) -> Result<Option<T>, ToolError> {
-        get(key).map(|bytes| serde_json::from_slice(&bytes)).transpose().map_err(Into::into)
+        OWN.get_json(key)
     }
 
     pub fn set(label: &str, key: &str, value: &[u8]) -> Result<(), ToolError> {
-        effects::kv_set(label, key, value)
+        OWN.set(label, key, value)
     }
 
     pub fn set_json<T: Serialize>(label: &str, key: &str, value: &T) -> Result<(), ToolError> {
-        set(label, key, &serde_json::to_vec(value)?)
+        OWN.set_json(label, key, value)
     }
 
     pub fn delete(label: &str, key: &str) -> Result<(), ToolError> {
-        effects::kv_delete(label, key)
+        OWN.delete(label, key)
     }
 }
 

@@ -20,7 +20,7 @@ use crate::policy::RetryPolicy;
 use crate::redact::{redact, scrub, sensitive_values};
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::bindings::ToolError;
-use crate::runtime::{Invocation, LoadedTool, MAX_ARGS_BYTES, MAX_OUTPUT_BYTES};
+use crate::runtime::{Invocation, LoadedTool};
 
 /// A call's args validated and its keys derived.
 pub(crate) struct Prepared {
@@ -104,7 +104,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         attempt += 1;
         let started_ms = now_ms();
         let started = Instant::now();
-        let ctx = EffectCtx::new(host.shared.clone(), config_of(host, name), Some(scope.clone()));
+        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope.clone()));
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
@@ -188,7 +188,7 @@ async fn run_unrecorded(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let ctx = EffectCtx::new(host.shared.clone(), config_of(host, &tool.manifest.name), None);
+        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, &tool.manifest.name), None);
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline).await;
         let verdict = classify(invocation, &ctx.in_doubt, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
@@ -209,8 +209,9 @@ async fn run_unrecorded(
 /// Parses and validates args against the manifest's schema.
 fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
     let invalid = |reason: String| CallError::InvalidArgs { tool: tool.manifest.name.clone(), reason };
-    if args.len() > MAX_ARGS_BYTES {
-        return Err(invalid(format!("{} bytes, over the limit of {MAX_ARGS_BYTES}", args.len())));
+    let max = tool.sandbox.limits.args_bytes;
+    if args.len() > max {
+        return Err(invalid(format!("{} bytes, over the limit of {max}", args.len())));
     }
     let value: Value = serde_json::from_str(args).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
     let problems: Vec<String> = tool
@@ -331,10 +332,9 @@ fn classify(invocation: Invocation, in_doubt: &[InDoubt], class: ReplayClass) ->
         }
         Invocation::Trapped(trap) => (End::Trap, format!("the tool trapped: {trap}"), None),
         Invocation::DeadlineExceeded => (End::Deadline, "the attempt ran out of time".into(), None),
-        Invocation::MemoryLimit(message) => (End::MemoryLimit, message, None),
-        Invocation::OutputTooLarge(len) => {
-            (End::InvalidOutput, format!("the output is {len} bytes, over the limit of {MAX_OUTPUT_BYTES}"), None)
-        }
+        Invocation::LimitExceeded(limit, message) => (End::Limit(limit), message, None),
+        // The guest never ran, so nothing happened: like a trap before any effect.
+        Invocation::Unavailable(message) => (End::Trap, format!("host: {message}"), None),
     };
     let resendable: Vec<bool> = in_doubt.iter().map(|d| d.resendable).collect();
     match (failure::attempt(&end, &resendable, class), output) {

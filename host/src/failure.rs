@@ -55,10 +55,35 @@ pub enum End {
     Trap,
     /// The attempt's deadline passed (epoch interruption or the wall clock).
     Deadline,
-    /// The guest tried to grow its memory past the limit.
-    MemoryLimit,
-    /// The guest returned something that is not the contract's JSON (or too much of it).
+    /// The attempt went past one of its limits (`limits.rs`).
+    Limit(Limit),
+    /// The guest returned something that is not the contract's JSON.
     InvalidOutput,
+}
+
+/// The limit an attempt went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Memory,
+    Table,
+    Stack,
+    Stdio,
+    Output,
+    Effects,
+}
+
+impl Limit {
+    /// The failure class name the records use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory-limit",
+            Limit::Table => "table-limit",
+            Limit::Stack => "stack-overflow",
+            Limit::Stdio => "stdio-limit",
+            Limit::Output => "output-limit",
+            Limit::Effects => "effects-limit",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,8 +125,9 @@ pub fn attempt(end: &End, in_doubt: &[bool], class: ReplayClass) -> Option<Class
         // Nothing was in doubt, so nothing happened: another attempt is safe.
         End::Trap => of(Failure::Transient, "trap"),
         End::Deadline => of(Failure::Transient, "deadline"),
-        // The same code asks for the same memory again: retrying cannot help.
-        End::MemoryLimit => of(Failure::Permanent, "memory-limit"),
+        // The same code with the same args asks for the same memory, stack or output again:
+        // retrying cannot help.
+        End::Limit(limit) => of(Failure::Permanent, limit.name()),
         End::InvalidOutput => of(Failure::Permanent, "invalid-output"),
     }
 }
@@ -135,7 +161,9 @@ mod tests {
     fn what_the_host_observes_has_a_class() {
         assert_eq!(class_of(End::Trap), (Failure::Transient, "trap"));
         assert_eq!(class_of(End::Deadline), (Failure::Transient, "deadline"));
-        assert_eq!(class_of(End::MemoryLimit), (Failure::Permanent, "memory-limit"));
+        assert_eq!(class_of(End::Limit(Limit::Memory)), (Failure::Permanent, "memory-limit"));
+        assert_eq!(class_of(End::Limit(Limit::Stack)), (Failure::Permanent, "stack-overflow"));
+        assert_eq!(class_of(End::Limit(Limit::Effects)), (Failure::Permanent, "effects-limit"));
         assert_eq!(class_of(End::InvalidOutput), (Failure::Permanent, "invalid-output"));
         assert_eq!(attempt(&End::Returned, &[], Compensatable), None);
     }

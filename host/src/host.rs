@@ -6,9 +6,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::call::{Call, Outcome};
+use crate::capabilities::{Grant, Grants, Sandbox};
 use crate::effects::{EffectProvider, HttpTarget, Shared};
 use crate::error::{CallError, Error};
 use crate::ledger::Ledger;
+use crate::limits::Limits;
 use crate::policy::RetryPolicy;
 use crate::policy_file::{PolicyFile, Source};
 use crate::runtime::{LoadedTool, Runtime, ToolManifest};
@@ -25,7 +27,8 @@ pub struct HostBuilder {
     providers: HashMap<String, Arc<dyn EffectProvider>>,
     policies: HashMap<String, RetryPolicy>,
     policy_file: PolicyFile,
-    kv_namespace: String,
+    grants: HashMap<String, Grants>,
+    limits: HashMap<String, Limits>,
     lease: Duration,
     /// PEM certificates trusted for HTTPS on top of the system's roots.
     tls_roots: Vec<Vec<u8>>,
@@ -46,7 +49,8 @@ impl HostBuilder {
             providers: HashMap::new(),
             policies: HashMap::new(),
             policy_file: PolicyFile::empty(),
-            kv_namespace: "default".into(),
+            grants: HashMap::new(),
+            limits: HashMap::new(),
             lease: DEFAULT_LEASE,
             tls_roots: Vec::new(),
         }
@@ -64,7 +68,20 @@ impl HostBuilder {
         self
     }
 
-    /// Registers an embedder's effect provider under `name`.
+    /// Grants `tool` a capability (an HTTP origin, a KV namespace, an outbox topic, a provider, a
+    /// directory), in addition to what the policy file grants it. Nothing is granted by default.
+    pub fn grant(mut self, tool: impl Into<String>, grant: Grant) -> Self {
+        self.grants.entry(tool.into()).or_default().add(grant);
+        self
+    }
+
+    /// Sets `tool`'s per-attempt limits, over the policy file's `[tools.NAME.limits]`.
+    pub fn limits(mut self, tool: impl Into<String>, limits: Limits) -> Self {
+        self.limits.insert(tool.into(), limits);
+        self
+    }
+
+    /// Registers an embedder's effect provider under `name`. Tools still need a grant to call it.
     pub fn provider(mut self, name: impl Into<String>, provider: Arc<dyn EffectProvider>) -> Self {
         self.providers.insert(name.into(), provider);
         self
@@ -115,7 +132,6 @@ impl HostBuilder {
             http: http_client(&self.tls_roots)?,
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
-            kv_namespace: self.kv_namespace,
         });
         Ok(Host {
             inner: Arc::new(Inner {
@@ -126,6 +142,8 @@ impl HostBuilder {
                 policies: RwLock::new(self.policies.clone()),
                 overrides: self.policies,
                 policy_file: self.policy_file,
+                grants: self.grants,
+                limits: self.limits,
                 lease: self.lease,
                 owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
             }),
@@ -164,6 +182,9 @@ pub(crate) struct Inner {
     /// Policies the embedder set in code; they win over the file.
     overrides: HashMap<String, RetryPolicy>,
     policy_file: PolicyFile,
+    /// Grants and limits the embedder set in code, by tool; merged with the file's at load.
+    grants: HashMap<String, Grants>,
+    limits: HashMap<String, Limits>,
     pub lease: Duration,
     /// Names this host's claims in the ledger.
     pub owner: String,
@@ -199,10 +220,27 @@ impl Host {
     }
 
     /// Loads and verifies a component; refuses a second tool with the same name, and a policy the
-    /// tool's class forbids.
+    /// tool's class forbids. The tool gets what the policy file and the builder grant it.
     pub async fn load(&self, path: impl AsRef<Path>) -> Result<ToolManifest, Error> {
-        let tool = self.inner.runtime.load(path.as_ref(), self.inner.shared.clone()).await?;
+        self.load_granting(path, &[]).await
+    }
+
+    /// Like [`Host::load`], granting the tool `extra` too, whatever its name turns out to be (the
+    /// CLI's `--grant`).
+    pub async fn load_granting(&self, path: impl AsRef<Path>, extra: &[Grant]) -> Result<ToolManifest, Error> {
+        let mut tool = self.inner.runtime.load(path.as_ref(), self.inner.shared.clone()).await?;
         let manifest = tool.manifest.clone();
+        let name = &manifest.name;
+        let mut grants = self.inner.policy_file.grants(name);
+        if let Some(granted) = self.inner.grants.get(name) {
+            grants.merge(granted);
+        }
+        for grant in extra {
+            grants.add(grant.clone());
+        }
+        let limits = self.inner.limits.get(name).copied().unwrap_or_else(|| self.inner.policy_file.limits(name));
+        crate::runtime::check_grants(&tool, &grants)?;
+        tool.sandbox = Arc::new(Sandbox { tool: name.clone(), grants, limits });
         let policy = match self.inner.overrides.get(&manifest.name) {
             Some(policy) => policy.clone(),
             None => self.inner.policy_file.effective(&manifest.name, manifest.class)?.policy,
@@ -231,6 +269,11 @@ impl Host {
     pub async fn reconcile(&self, call: Call) -> Result<crate::Reconciliation, CallError> {
         let tool = self.tool(&call.tool)?;
         crate::reconcile::reconcile(&self.inner, &tool, call).await
+    }
+
+    /// What a loaded tool is granted, and its limits.
+    pub fn sandbox(&self, tool: &str) -> Option<Sandbox> {
+        self.tool(tool).ok().map(|t| (*t.sandbox).clone())
     }
 
     /// A loaded tool's effective retry policy, and where each value came from.

@@ -17,6 +17,8 @@
 //! - `call`: [`Call`] and [`Outcome`].
 //! - `keys`: operation and effect keys, fingerprints, canonical JSON (pure).
 //! - `policy`: replay classes and their retry policies (pure).
+//! - `capabilities`: what each tool is granted, and the denial that names the missing grant (pure).
+//! - `limits`: per-attempt resource limits, their defaults and ceilings (pure).
 //! - `policy_file/`: the operator's `oncebox.toml`, checked with file:line errors (pure).
 //! - `failure`: every way an attempt or an HTTP exchange can end, mapped to a class (pure).
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
@@ -36,6 +38,7 @@
 
 mod attempt_log;
 mod call;
+pub mod capabilities;
 mod clock;
 mod effects;
 mod error;
@@ -44,6 +47,7 @@ pub mod failure;
 mod host;
 pub mod keys;
 pub mod ledger;
+pub mod limits;
 pub mod policy;
 pub mod policy_file;
 mod reconcile;
@@ -52,12 +56,13 @@ pub mod retry;
 mod runtime;
 
 pub use call::{Call, Outcome, Status};
-pub use effects::MAX_EFFECT_PAYLOAD_BYTES;
+pub use capabilities::{Grant, Grants, Sandbox};
 pub use effects::{EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::Ledger;
+pub use limits::Limits;
 pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::Reconciliation;
 pub use redact::{REDACTED, redact};
-pub use runtime::{MAX_ARGS_BYTES, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES, MAX_OUTPUT_BYTES, ToolManifest};
+pub use runtime::{MAX_COMPONENT_BYTES, ToolManifest};

@@ -57,7 +57,12 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
         many => return still(format!("{} effects are in doubt; the tool can only vouch for one", many.len())),
     };
 
-    let ctx = EffectCtx::new(host.shared.clone(), crate::executor::config_of(host, &tool.manifest.name), None);
+    let ctx = EffectCtx::new(
+        host.shared.clone(),
+        tool.sandbox.clone(),
+        crate::executor::config_of(host, &tool.manifest.name),
+        None,
+    );
     let deadline = crate::executor::policy_of(host, tool).attempt_deadline;
     let answer = match host.runtime.reconcile(tool, ctx, &effect.key, &prepared.canonical_args, deadline).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),

@@ -54,7 +54,7 @@ async fn an_unknown_tool_is_named() {
 #[tokio::test]
 async fn oversized_args_are_refused_before_parsing() {
     let f = Fixture::new().await;
-    let huge = format!(r#"{{"mode":"ok","echo":"{}"}}"#, "x".repeat(oncebox::MAX_ARGS_BYTES));
+    let huge = format!(r#"{{"mode":"ok","echo":"{}"}}"#, "x".repeat(oncebox::limits::DEFAULT_ARGS_BYTES));
     let err = f.host.call(Call::step("run-1", "s", "panicky", huge)).await.expect_err("refused");
     assert!(matches!(err, CallError::InvalidArgs { .. }), "{err:?}");
     assert!(err.to_string().contains("over the limit"), "{err}");

@@ -21,11 +21,21 @@ async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
     let base = format!("base_url={}", provider.base_url());
+    let grant = format!("http={}", provider.base_url());
     let target = provider.addr().to_string();
     let args = charge("o-1").to_string();
     let run = |extra: &[&str]| {
-        let mut all =
-            vec!["call", "--ledger", ledger.to_str().expect("utf8"), "--config", &base, "--key-target", &target];
+        let mut all = vec![
+            "call",
+            "--ledger",
+            ledger.to_str().expect("utf8"),
+            "--config",
+            &base,
+            "--grant",
+            &grant,
+            "--key-target",
+            &target,
+        ];
         all.extend_from_slice(extra);
         oncebox(&all)
     };
@@ -121,6 +131,7 @@ async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispa
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
     let base = format!("base_url={}", provider.base_url());
+    let grant = format!("http={}", provider.base_url());
     let target = provider.addr().to_string();
     let args = charge("o-1").to_string();
     let call = [
@@ -129,6 +140,8 @@ async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispa
         ledger.to_str().expect("utf8"),
         "--config",
         &base,
+        "--grant",
+        &grant,
         "--key-target",
         &target,
         "--timeout-ms",

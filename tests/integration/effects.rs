@@ -106,14 +106,14 @@ async fn a_reservation_is_made_once_however_often_it_is_asked_for() {
     let other = f.call("run-2", "reserve", "reserve", &reserve("o-2")).await;
     assert_eq!(other.output.as_ref().expect("output")["reserved_total"], 4);
 
-    let stored = f.host.ledger().kv_get("default", "reserved/sku-1").expect("kv").expect("counter");
+    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter");
     assert_eq!(stored, b"4", "the ledger's own KV holds 2 + 2");
 
     let released = f.call("run-1", "release", "release", &json!({"order_id": "o-1"})).await;
     assert_eq!(released.output.as_ref().expect("output")["released"], 2);
     let released_again = f.call("run-1", "release-2", "release", &json!({"order_id": "o-1"})).await;
     assert_eq!(released_again.output.as_ref().expect("output")["released"], 0);
-    assert_eq!(f.host.ledger().kv_get("default", "reserved/sku-1").expect("kv").expect("counter"), b"2");
+    assert_eq!(f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter"), b"2");
 }
 
 #[tokio::test]

@@ -98,6 +98,7 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
                 oncebox::HttpTarget { timeout: std::time::Duration::from_millis(300), ..Default::default() },
             )
             .tool_config("charge", "base_url", format!("http://{hole}"))
+            .grant("charge", oncebox::Grant::Http(format!("http://{hole}").parse().expect("origin")))
             .build()
             .await
             .expect("host");

@@ -296,6 +296,7 @@ async fn host_with_policy(provider: &ProviderHandle, toml: &str) -> (Result<Host
     let path = dir.path().join("oncebox.toml");
     let text = format!(
         "{toml}\n[tools.charge.config]\nbase_url = \"{base}\"\n\n[tools.fulfill.config]\nbase_url = \"{base}\"\n\n\
+         [tools.charge.grants]\nhttp = [\"{base}\"]\n\n[tools.fulfill.grants]\nhttp = [\"{base}\"]\n\n\
          [hosts.\"{addr}\"]\nhonours_keys = true\nkey_retention = \"24h\"\ntimeout = \"2s\"\n",
         base = provider.base_url(),
         addr = provider.addr(),

@@ -24,6 +24,7 @@ async fn card_numbers_and_bearer_tokens_appear_in_no_log_record_or_output() {
         &policy,
         format!(
             "[tools.charge]\ninitial_backoff = \"1ms\"\n\n[tools.charge.config]\nbase_url = \"{base}\"\n\n\
+             [tools.charge.grants]\nhttp = [\"{base}\"]\n\n\
              [hosts.\"{addr}\"]\nhonours_keys = true\nkey_retention = \"24h\"\n\n\
              [hosts.\"{addr}\".headers]\nauthorization = \"Bearer {TOKEN}\"\n",
             base = provider.base_url(),

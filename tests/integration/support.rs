@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use oncebox::{Call, Host, HostBuilder, HttpTarget, Outcome, ReplayClass, RetryPolicy};
+use oncebox::{Call, Grant, Host, HostBuilder, HttpTarget, Outcome, ReplayClass, RetryPolicy};
 use oncebox_example_provider::{Provider, ProviderHandle};
 use serde_json::json;
 use tempfile::TempDir;
@@ -41,8 +41,12 @@ pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_
     };
     let mut builder = Host::builder(ledger).http_target(provider.addr().to_string(), target);
     for tool in ["stock", "charge", "refund", "fulfill"] {
-        builder = builder.tool_config(tool, "base_url", provider.base_url());
+        builder = builder.tool_config(tool, "base_url", provider.base_url()).grant(tool, http_grant(provider));
     }
+    for tool in ["reserve", "release"] {
+        builder = builder.grant(tool, Grant::Kv("reservations".into()));
+    }
+    builder = builder.grant("notify", Grant::Outbox("email".into())).grant("panicky", Grant::Provider("bank".into()));
     for (tool, class) in [
         ("stock", ReplayClass::ReadOnly),
         ("charge", ReplayClass::Compensatable),
@@ -54,6 +58,11 @@ pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_
         builder = builder.retry_policy(tool, fast(class));
     }
     builder
+}
+
+/// The grant of the provider's origin.
+pub fn http_grant(provider: &ProviderHandle) -> Grant {
+    Grant::Http(provider.base_url().parse().expect("the provider's base URL is an origin"))
 }
 
 pub async fn host_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_keys: bool) -> Host {

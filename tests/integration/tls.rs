@@ -72,6 +72,7 @@ async fn tls_server() -> TlsServer {
 async fn host(server: &TlsServer, trust: bool) -> Host {
     let mut builder = Host::builder_in_memory()
         .tool_config("charge", "base_url", format!("https://localhost:{}", server.port))
+        .grant("charge", oncebox::Grant::Http(format!("https://localhost:{}", server.port).parse().expect("origin")))
         .http_target(format!("localhost:{}", server.port), HttpTarget { honours_keys: true, ..Default::default() })
         .retry_policy("charge", crate::support::fast(oncebox::ReplayClass::Compensatable));
     if trust {

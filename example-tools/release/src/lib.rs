@@ -4,6 +4,9 @@ use oncebox_sdk::{Tool, ToolError, kv};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Shared by `reserve` and `release`: the operator grants it to both (`kv = ["reservations"]`).
+const RESERVATIONS: kv::Namespace<'static> = kv::namespace("reservations");
+
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
@@ -32,13 +35,13 @@ impl Tool for Release {
 
     fn invoke(args: Args) -> Result<Released, ToolError> {
         let key = format!("reservation/{}", args.order_id);
-        let Some(reservation) = kv::get_json::<Reservation>(&key)? else {
+        let Some(reservation) = RESERVATIONS.get_json::<Reservation>(&key)? else {
             return Ok(Released { order_id: args.order_id, released: 0 });
         };
         let counter = format!("reserved/{}", reservation.sku);
-        let reserved = kv::get_json::<u64>(&counter)?.unwrap_or(0);
-        kv::set_json("reserved-count", &counter, &reserved.saturating_sub(reservation.quantity))?;
-        kv::delete("reservation", &key)?;
+        let reserved = RESERVATIONS.get_json::<u64>(&counter)?.unwrap_or(0);
+        RESERVATIONS.set_json("reserved-count", &counter, &reserved.saturating_sub(reservation.quantity))?;
+        RESERVATIONS.delete("reservation", &key)?;
         Ok(Released { order_id: args.order_id, released: reservation.quantity })
     }
 }

@@ -5,6 +5,9 @@ use oncebox_sdk::{Tool, ToolError, kv};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Shared by `reserve` and `release`: the operator grants it to both (`kv = ["reservations"]`).
+const RESERVATIONS: kv::Namespace<'static> = kv::namespace("reservations");
+
 #[derive(Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
@@ -33,7 +36,7 @@ impl Tool for Reserve {
 
     fn invoke(args: Args) -> Result<Reservation, ToolError> {
         let key = format!("reservation/{}", args.order_id);
-        if let Some(existing) = kv::get_json::<Reservation>(&key)? {
+        if let Some(existing) = RESERVATIONS.get_json::<Reservation>(&key)? {
             if existing.sku != args.sku || existing.quantity != args.quantity {
                 return Err(ToolError::permanent(format!(
                     "order {} already holds a different reservation",
@@ -43,11 +46,11 @@ impl Tool for Reserve {
             return Ok(existing);
         }
         let counter = format!("reserved/{}", args.sku);
-        let reserved_total = kv::get_json::<u64>(&counter)?.unwrap_or(0) + args.quantity;
-        kv::set_json("reserved-count", &counter, &reserved_total)?;
+        let reserved_total = RESERVATIONS.get_json::<u64>(&counter)?.unwrap_or(0) + args.quantity;
+        RESERVATIONS.set_json("reserved-count", &counter, &reserved_total)?;
         let reservation =
             Reservation { order_id: args.order_id, sku: args.sku, quantity: args.quantity, reserved_total };
-        kv::set_json("reservation", &key, &reservation)?;
+        RESERVATIONS.set_json("reservation", &key, &reservation)?;
         Ok(reservation)
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use oncebox::policy_file::PolicyFile;
-use oncebox::{Call, Host, HttpTarget, Status};
+use oncebox::{Call, Grant, Host, HttpTarget, Status};
 
 use super::{Exit, Usage, print_json};
 
@@ -22,6 +22,10 @@ pub struct Args {
     /// An operator setting for the tool, KEY=VALUE (repeatable).
     #[arg(long = "config", value_name = "KEY=VALUE")]
     pub config: Vec<String>,
+    /// A capability for the tool (repeatable): http=ORIGIN, kv=NAMESPACE, outbox=TOPIC,
+    /// provider=NAME or dir=HOST_DIR:GUEST_DIR[:ro|rw]. Nothing is granted by default.
+    #[arg(long = "grant", value_name = "KIND=VALUE")]
+    pub grants: Vec<String>,
     /// A downstream HOST:PORT that honours Idempotency-Key for 24 hours (repeatable), so an
     /// effect whose answer was lost may be resent with its key.
     #[arg(long = "key-target", value_name = "HOST:PORT")]
@@ -78,8 +82,13 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
             pair.split_once('=').ok_or_else(|| Usage(format!("--config expects KEY=VALUE, got `{pair}`")))?;
         config.push((key.to_string(), value.to_string()));
     }
+    let grants = args
+        .grants
+        .iter()
+        .map(|text| text.parse::<Grant>().map_err(|e| Usage(format!("--grant {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
     let host = builder.build().await?;
-    let manifest = host.load(&args.tool).await?;
+    let manifest = host.load_granting(&args.tool, &grants).await?;
     host.set_tool_config(&manifest.name, config);
     let call = match (args.run, args.step) {
         (Some(run), Some(step)) => {

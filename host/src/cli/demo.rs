@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use oncebox::{Call, Host, HttpTarget, Outcome};
+use oncebox::{Call, Grant, Host, HttpTarget, Outcome};
 use oncebox_example_provider::{Fault, FaultKind, Provider, ProviderHandle, Route};
 use serde_json::json;
 
@@ -118,7 +118,11 @@ async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> an
     let host = Host::builder(ledger)
         .http_target(provider.addr().to_string(), target)
         .tool_config("stock", "base_url", base.clone())
-        .tool_config("charge", "base_url", base)
+        .tool_config("charge", "base_url", base.clone())
+        .grant("stock", Grant::Http(base.parse().map_err(anyhow::Error::msg)?))
+        .grant("charge", Grant::Http(base.parse().map_err(anyhow::Error::msg)?))
+        .grant("reserve", Grant::Kv("reservations".into()))
+        .grant("notify", Grant::Outbox("email".into()))
         .build()
         .await?;
     for tool in

@@ -15,7 +15,7 @@ use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
 use super::guard::{Begin, Dispatched, Request};
-use super::{EffectCtx, HttpTarget, Shared};
+use super::{EffectCtx, HttpTarget};
 
 /// The largest response body the host reads and records; longer bodies are cut here.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
@@ -172,20 +172,6 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     get("retry-after-ms").map(Duration::from_millis).or_else(|| get("retry-after").map(Duration::from_secs))
 }
 
-/// A read: GET or HEAD, never recorded.
-pub(super) async fn get(shared: &Shared, url: &str, headers: Vec<(String, String)>) -> Result<HttpResponse, ToolError> {
-    let url = parse_url(url)?;
-    let target = target_of(&url)?;
-    let settings = shared.targets.get(&target);
-    let request = builder(&shared.http, "GET", url, &headers, &settings)?;
-    match perform(request, &target).await {
-        Dispatched::Committed(json) => decode(&json),
-        Dispatched::Retryable(e) => Err(e),
-        // A read changed nothing, so a lost answer is only a transient failure.
-        Dispatched::Unknown(message) => Err(ToolError::Transient(message)),
-    }
-}
-
 fn decode(json: &str) -> Result<HttpResponse, ToolError> {
     serde_json::from_str::<RecordedResponse>(json)
         .map_err(|e| ToolError::Permanent(format!("host: undecodable recorded response: {e}")))?
@@ -193,9 +179,30 @@ fn decode(json: &str) -> Result<HttpResponse, ToolError> {
 }
 
 impl EffectCtx {
-    pub(super) async fn http_effect(&mut self, label: String, request: HttpRequest) -> Result<HttpResponse, ToolError> {
-        let url = parse_url(&request.url)?;
+    /// The URL parsed once, checked against the tool's grants, and its `host:port`. The request is
+    /// sent to this parsed URL, so what was checked is what is reached.
+    fn granted(&self, url: &str) -> Result<(reqwest::Url, String), ToolError> {
+        let url = parse_url(url)?;
         let target = target_of(&url)?;
+        self.sandbox.grants.check_http(&url).map_err(|d| self.denied(d))?;
+        Ok((url, target))
+    }
+
+    /// A read: GET, never recorded.
+    pub(super) async fn http_read(&self, url: &str, headers: Vec<(String, String)>) -> Result<HttpResponse, ToolError> {
+        let (url, target) = self.granted(url)?;
+        let settings = self.shared.targets.get(&target);
+        let request = builder(&self.shared.http, "GET", url, &headers, &settings)?;
+        match perform(request, &target).await {
+            Dispatched::Committed(json) => decode(&json),
+            Dispatched::Retryable(e) => Err(e),
+            // A read changed nothing, so a lost answer is only a transient failure.
+            Dispatched::Unknown(message) => Err(ToolError::Transient(message)),
+        }
+    }
+
+    pub(super) async fn http_effect(&mut self, label: String, request: HttpRequest) -> Result<HttpResponse, ToolError> {
+        let (url, target) = self.granted(&request.url)?;
         let settings = self.shared.targets.get(&target);
         // Validate everything the guest controls before the write-ahead record exists.
         let prepared = builder(&self.shared.http, &request.method, url, &request.headers, &settings)?;

@@ -18,6 +18,7 @@ pub use provider::{EffectProvider, ProviderOutcome};
 
 pub use targets::{HttpTarget, Targets};
 
+use crate::capabilities::{Denied, Sandbox};
 use crate::ledger::{AttemptEffect, EffectRecord, Ledger};
 use crate::runtime::bindings::{ToolError, oncebox::tool};
 
@@ -28,8 +29,6 @@ pub struct Shared {
     pub http: reqwest::Client,
     pub targets: targets::Targets,
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,
-    /// The KV namespace every tool of this host shares (per-tool grants are a later issue).
-    pub kv_namespace: String,
 }
 
 impl Shared {
@@ -63,16 +62,22 @@ pub struct Scope {
     pub redispatch_in_doubt: bool,
 }
 
-/// One invocation's view: its operation, its config, and what its effects did.
+/// One invocation's view: its tool's sandbox, its operation, its config, and what its effects did.
 pub struct EffectCtx {
     shared: Arc<Shared>,
+    sandbox: Arc<Sandbox>,
     config: Arc<HashMap<String, String>>,
     scope: Option<Scope>,
     occurrences: HashMap<String, u32>,
+    /// Effect imports called in this attempt, refused ones included.
+    calls: u32,
     /// The effects of this attempt, in order.
     pub effects: Vec<AttemptEffect>,
     /// This attempt's effects whose outcome is unknown.
     pub in_doubt: Vec<InDoubt>,
+    /// Set when the attempt made more effect calls than its limit: the attempt fails with
+    /// `effects-limit` whatever the guest does with the refusals.
+    pub flooded: Option<String>,
 }
 
 /// An effect that may or may not have taken place.
@@ -84,8 +89,55 @@ pub struct InDoubt {
 }
 
 impl EffectCtx {
-    pub fn new(shared: Arc<Shared>, config: Arc<HashMap<String, String>>, scope: Option<Scope>) -> Self {
-        EffectCtx { shared, config, scope, occurrences: HashMap::new(), effects: Vec::new(), in_doubt: Vec::new() }
+    pub fn new(
+        shared: Arc<Shared>,
+        sandbox: Arc<Sandbox>,
+        config: Arc<HashMap<String, String>>,
+        scope: Option<Scope>,
+    ) -> Self {
+        EffectCtx {
+            shared,
+            sandbox,
+            config,
+            scope,
+            occurrences: HashMap::new(),
+            calls: 0,
+            effects: Vec::new(),
+            in_doubt: Vec::new(),
+            flooded: None,
+        }
+    }
+
+    /// The sandbox of the tool this invocation runs.
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+
+    /// A refused capability: logged for the operator, returned to the guest as a permanent error
+    /// that names the grant that would allow it.
+    fn denied(&self, denied: Denied) -> ToolError {
+        tracing::warn!(tool = %self.sandbox.tool, capability = denied.key, wanted = %denied.value, "capability denied");
+        ToolError::Permanent(denied.message(&self.sandbox.tool))
+    }
+
+    /// Counts an effect call against the attempt's limit, and bounds its payload.
+    fn admit(&mut self, what: &str, payload_len: usize) -> Result<(), ToolError> {
+        self.calls = self.calls.saturating_add(1);
+        let limit = self.sandbox.limits.effects_per_attempt;
+        if self.calls > limit {
+            let message = format!("the tool made more than {limit} effect calls in one attempt");
+            self.flooded.get_or_insert_with(|| message.clone());
+            return Err(ToolError::Permanent(message));
+        }
+        let max = self.sandbox.limits.effect_payload_bytes;
+        if payload_len > max {
+            return Err(ToolError::Permanent(format!("the {what} is {payload_len} bytes, over the limit of {max}")));
+        }
+        Ok(())
+    }
+
+    fn kv_namespace(&self, requested: Option<&str>) -> Result<String, ToolError> {
+        self.sandbox.grants.kv_namespace(&self.sandbox.tool, requested).map_err(|d| self.denied(d))
     }
 
     fn scope(&self) -> Result<&Scope, ToolError> {
@@ -93,19 +145,6 @@ impl EffectCtx {
             ToolError::Permanent("effects need an operation: call this tool with a run and a step".into())
         })
     }
-}
-
-/// The largest payload one effect may carry (an HTTP body, a KV value, an outbox message, a
-/// provider request): a tool that sends more is refused before anything is recorded.
-pub const MAX_EFFECT_PAYLOAD_BYTES: usize = 1 << 20;
-
-fn check_payload(what: &str, len: usize) -> Result<(), ToolError> {
-    if len > MAX_EFFECT_PAYLOAD_BYTES {
-        return Err(ToolError::Permanent(format!(
-            "the {what} is {len} bytes, over the limit of {MAX_EFFECT_PAYLOAD_BYTES}"
-        )));
-    }
-    Ok(())
 }
 
 /// The `HasData` marker that hands bindings the narrow context instead of the whole store state.
@@ -129,20 +168,12 @@ impl tool::reads::Host for EffectCtx {
         url: String,
         headers: Vec<(String, String)>,
     ) -> Result<tool::types::HttpResponse, ToolError> {
-        http::get(&self.shared, &url, headers).await
+        self.http_read(&url, headers).await
     }
 
-    async fn kv_get(&mut self, key: String) -> Option<Vec<u8>> {
-        let namespace = self.shared.kv_namespace.clone();
-        // A read the ledger cannot serve is reported as absent and logged: the trait gives the
-        // guest no error channel for reads, and a later write still goes through the guard.
-        match self.shared.ledger.blocking(move |l| l.kv_get(&namespace, &key)).await {
-            Ok(value) => value,
-            Err(e) => {
-                tracing::error!(error = %e, "kv read failed");
-                None
-            }
-        }
+    async fn kv_get(&mut self, namespace: Option<String>, key: String) -> Result<Option<Vec<u8>>, ToolError> {
+        let namespace = self.kv_namespace(namespace.as_deref())?;
+        self.shared.ledger.blocking(move |l| l.kv_get(&namespace, &key)).await.map_err(guard::host_error)
     }
 }
 
@@ -152,30 +183,39 @@ impl tool::effects::Host for EffectCtx {
         label: String,
         request: tool::effects::HttpRequest,
     ) -> Result<tool::types::HttpResponse, ToolError> {
-        check_payload("HTTP body", request.body.len())?;
+        self.admit("HTTP body", request.body.len())?;
         self.http_effect(label, request).await
     }
 
-    async fn kv_set(&mut self, label: String, key: String, value: Vec<u8>) -> Result<(), ToolError> {
-        check_payload("KV value", value.len() + key.len())?;
-        let namespace = self.shared.kv_namespace.clone();
+    async fn kv_set(
+        &mut self,
+        label: String,
+        namespace: Option<String>,
+        key: String,
+        value: Vec<u8>,
+    ) -> Result<(), ToolError> {
+        self.admit("KV value", value.len() + key.len())?;
+        let namespace = self.kv_namespace(namespace.as_deref())?;
         self.local_effect(label, crate::ledger::LocalWrite::KvSet { namespace, key, value }).await
     }
 
-    async fn kv_delete(&mut self, label: String, key: String) -> Result<(), ToolError> {
-        let namespace = self.shared.kv_namespace.clone();
+    async fn kv_delete(&mut self, label: String, namespace: Option<String>, key: String) -> Result<(), ToolError> {
+        self.admit("KV key", key.len())?;
+        let namespace = self.kv_namespace(namespace.as_deref())?;
         self.local_effect(label, crate::ledger::LocalWrite::KvDelete { namespace, key }).await
     }
 
     async fn outbox(&mut self, label: String, topic: String, payload: Vec<u8>) -> Result<(), ToolError> {
-        check_payload("outbox message", payload.len() + topic.len())?;
+        self.admit("outbox message", payload.len() + topic.len())?;
+        self.sandbox.grants.check_outbox(&topic).map_err(|d| self.denied(d))?;
         let payload = String::from_utf8(payload)
             .map_err(|_| ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into()))?;
         self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload }).await
     }
 
     async fn provider(&mut self, label: String, name: String, request: String) -> Result<String, ToolError> {
-        check_payload("provider request", request.len())?;
+        self.admit("provider request", request.len())?;
+        self.sandbox.grants.check_provider(&name).map_err(|d| self.denied(d))?;
         self.provider_effect(label, name, request).await
     }
 

@@ -17,6 +17,8 @@ use serde_json::{Map, Value as Json, json};
 use toml::{Spanned, Value};
 
 use crate::HttpTarget;
+use crate::capabilities::{Grant, Grants};
+use crate::limits::{self, Limits};
 use crate::policy::{ReplayClass, RetryPolicy};
 
 /// The most attempts a file may ask for. More is a loop, not a retry policy.
@@ -51,6 +53,8 @@ struct ToolSection {
     attempt_deadline: Option<At<Duration>>,
     call_deadline: Option<At<Duration>>,
     config: Config,
+    grants: Grants,
+    limits: Limits,
 }
 
 /// `[tools.NAME.config]`. Its `Debug` shows keys only: operators put credentials here, and a
@@ -228,6 +232,16 @@ impl PolicyFile {
         self.tools.get(tool).map(|section| section.config.0.clone()).unwrap_or_default()
     }
 
+    /// [tools.NAME.grants]: what the tool may reach. Nothing when the file does not say.
+    pub fn grants(&self, tool: &str) -> Grants {
+        self.tools.get(tool).map(|section| section.grants.clone()).unwrap_or_default()
+    }
+
+    /// [tools.NAME.limits] over the defaults of `limits.rs`.
+    pub fn limits(&self, tool: &str) -> Limits {
+        self.tools.get(tool).map(|section| section.limits).unwrap_or_default()
+    }
+
     /// Every [hosts."H"] as (host, HttpTarget), defaults filled from HttpTarget::default().
     pub fn hosts(&self) -> Vec<(String, HttpTarget)> {
         self.hosts.iter().map(|(host, target)| (host.clone(), target.clone())).collect()
@@ -316,6 +330,21 @@ struct RawTool {
     call_deadline: Option<Spanned<Value>>,
     #[serde(default)]
     config: BTreeMap<Spanned<String>, Spanned<Value>>,
+    #[serde(default)]
+    grants: RawGrants,
+    #[serde(default)]
+    limits: BTreeMap<Spanned<String>, Spanned<Value>>,
+}
+
+/// `[tools.NAME.grants]`: each a list of strings, in the syntax of `capabilities.rs`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGrants {
+    http: Option<Spanned<Value>>,
+    kv: Option<Spanned<Value>>,
+    outbox: Option<Spanned<Value>>,
+    providers: Option<Spanned<Value>>,
+    dirs: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]
@@ -356,10 +385,91 @@ impl Lines<'_> {
             config: Config(
                 raw.config.into_iter().map(|(key, value)| self.config_value(key, value)).collect::<Result<_, _>>()?,
             ),
+            grants: self.grants(raw.grants)?,
+            limits: self.limits(raw.limits)?,
         };
         ordered(self.path, ("initial_backoff", section.initial_backoff), ("max_backoff", section.max_backoff))?;
         ordered(self.path, ("attempt_deadline", section.attempt_deadline), ("call_deadline", section.call_deadline))?;
         Ok(section)
+    }
+
+    fn grants(&self, raw: RawGrants) -> Result<Grants, PolicyError> {
+        let mut grants = Grants::default();
+        let lists = [
+            ("http", raw.http),
+            ("kv", raw.kv),
+            ("outbox", raw.outbox),
+            ("providers", raw.providers),
+            ("dirs", raw.dirs),
+        ];
+        for (field, list) in lists {
+            for (span, text) in self.strings(field, list)? {
+                let kind = match field {
+                    "providers" => "provider",
+                    "dirs" => "dir",
+                    other => other,
+                };
+                let text = if kind == "dir" { self.relative_to_file(&text) } else { text };
+                let grant: Grant = format!("{kind}={text}").parse().map_err(|reason| self.invalid(span, reason))?;
+                grants.add(grant);
+            }
+        }
+        Ok(grants)
+    }
+
+    /// A directory grant's host path, relative paths read from the policy file's directory (the
+    /// operator wrote them next to the file, not next to wherever the host happens to start).
+    fn relative_to_file(&self, grant: &str) -> String {
+        let base = self.path.parent().filter(|p| !p.as_os_str().is_empty());
+        match base {
+            Some(base) if !grant.starts_with('/') => base.join(grant).display().to_string(),
+            _ => grant.to_string(),
+        }
+    }
+
+    /// A list of strings, each with its span.
+    fn strings(&self, field: &str, value: Option<Spanned<Value>>) -> Result<Vec<(Range<usize>, String)>, PolicyError> {
+        let Some(value) = value else { return Ok(Vec::new()) };
+        let span = value.span();
+        let Value::Array(items) = value.into_inner() else {
+            return Err(
+                self.invalid(span, format!("grant `{field}` must be a list of strings, as in {field} = [\"...\"]"))
+            );
+        };
+        items
+            .into_iter()
+            .map(|item| match item {
+                Value::String(text) => Ok((span.clone(), text)),
+                other => {
+                    Err(self.invalid(span.clone(), format!("grant `{field}` holds {}, not a string", other.type_str())))
+                }
+            })
+            .collect()
+    }
+
+    fn limits(&self, raw: BTreeMap<Spanned<String>, Spanned<Value>>) -> Result<Limits, PolicyError> {
+        let mut result = Limits::default();
+        for (field, value) in raw {
+            let span = value.span();
+            let is_size =
+                limits::FIELDS.iter().find(|(name, _)| name == field.get_ref()).is_some_and(|(_, size)| *size);
+            let n = match value.into_inner() {
+                Value::Integer(n) => u64::try_from(n).map_err(|_| {
+                    self.invalid(span.clone(), format!("limit `{}` cannot be negative", field.get_ref()))
+                })?,
+                Value::String(text) if is_size => limits::parse_size(&text)
+                    .map_err(|reason| self.invalid(span.clone(), format!("limit `{}`: {reason}", field.get_ref())))?,
+                other => {
+                    let want = if is_size { "a size such as \"64MiB\" or a number of bytes" } else { "an integer" };
+                    return Err(self.invalid(
+                        span,
+                        format!("limit `{}` must be {want}, not {}", field.get_ref(), other.type_str()),
+                    ));
+                }
+            };
+            result.set(field.get_ref(), n).map_err(|reason| self.invalid(field.span(), reason))?;
+        }
+        Ok(result)
     }
 
     fn host(&self, name: &Spanned<String>, raw: RawHost) -> Result<HttpTarget, PolicyError> {

@@ -246,3 +246,65 @@ fn load_reports_a_missing_file() {
     std::fs::write(&missing, FULL).expect("write");
     assert_eq!(PolicyFile::load(&missing).expect("loads").tool_names().len(), 2);
 }
+
+const SANDBOXED: &str = r#"[tools.charge.grants]
+http = ["http://127.0.0.1:8080", "https://*.stripe.com"]
+providers = ["bank"]
+
+[tools.reserve.grants]
+kv = ["reservations"]
+outbox = ["stock-events"]
+dirs = ["data:/data", "/var/cache/x:/cache:rw"]
+
+[tools.reserve.limits]
+memory = "16MiB"
+effects = 10
+stdio = 4096
+"#;
+
+#[test]
+fn grants_and_limits_are_read_per_tool() {
+    let file = PolicyFile::parse(SANDBOXED, Path::new("/etc/oncebox/oncebox.toml")).expect("valid");
+    let charge = file.grants("charge");
+    let url = |s: &str| url::Url::parse(s).expect("url");
+    assert!(charge.check_http(&url("http://127.0.0.1:8080/v1/payments")).is_ok());
+    assert!(charge.check_http(&url("https://api.stripe.com/v1")).is_ok());
+    assert!(charge.check_http(&url("https://evil.example/")).is_err());
+    assert!(charge.check_provider("bank").is_ok());
+    assert!(charge.check_outbox("stock-events").is_err(), "grants are per tool");
+
+    let reserve = file.grants("reserve");
+    assert_eq!(reserve.kv, vec!["reservations".to_string()]);
+    assert_eq!(reserve.dirs[0].host, Path::new("/etc/oncebox/data"), "relative to the policy file");
+    assert!(!reserve.dirs[0].writable);
+    assert_eq!(reserve.dirs[1].host, Path::new("/var/cache/x"));
+    assert!(reserve.dirs[1].writable);
+
+    let limits = file.limits("reserve");
+    assert_eq!(limits.memory_bytes, 16 << 20);
+    assert_eq!(limits.effects_per_attempt, 10);
+    assert_eq!(limits.stdio_bytes, 4096);
+    assert_eq!(limits.output_bytes, crate::limits::DEFAULT_OUTPUT_BYTES);
+    assert_eq!(file.limits("charge"), crate::limits::Limits::default());
+    assert_eq!(file.grants("stock"), Grants::default(), "a tool the file does not name gets nothing");
+}
+
+#[test]
+fn bad_grants_and_limits_name_their_line() {
+    let (line, reason) = refusal(parse("[tools.x.grants]\nhttp = \"https://a.example\"\n"));
+    assert_eq!(line, 2);
+    assert!(reason.contains("list of strings"), "{reason}");
+    let (line, reason) = refusal(parse("[tools.x.grants]\nkv = []\nhttp = [\"https://a.example/path\"]\n"));
+    assert_eq!(line, 3);
+    assert!(reason.contains("more than an origin"), "{reason}");
+    let (line, reason) = refusal(parse("[tools.x.grants]\nsockets = [\"*\"]\n"));
+    assert_eq!(line, 2);
+    assert!(reason.contains("sockets"), "{reason}");
+    let (line, reason) = refusal(parse("[tools.x.limits]\nmemory = \"8GiB\"\n"));
+    assert_eq!(line, 2);
+    assert!(reason.contains("ceiling"), "{reason}");
+    let (_, reason) = refusal(parse("[tools.x.limits]\nfuel = 5\n"));
+    assert!(reason.contains("unknown limit `fuel`"), "{reason}");
+    let (_, reason) = refusal(parse("[tools.x.limits]\neffects = \"10KiB\"\n"));
+    assert!(reason.contains("must be an integer"), "{reason}");
+}

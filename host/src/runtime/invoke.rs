@@ -6,8 +6,10 @@ use std::time::Duration;
 use wasmtime::Store;
 
 use super::bindings::{Reconciliation, ToolError};
-use super::{EPOCH_TICK, LoadedTool, MAX_OUTPUT_BYTES, MemoryLimitExceeded, Runtime, StoreState};
+use super::state::LimitExceeded;
+use super::{EPOCH_TICK, LoadedTool, Runtime, StoreState};
 use crate::effects::EffectCtx;
+use crate::failure::Limit;
 
 /// How an invocation ended, before any policy looked at it.
 #[derive(Debug)]
@@ -18,10 +20,10 @@ pub enum Invocation {
     Trapped(String),
     /// The attempt ran out of time.
     DeadlineExceeded,
-    /// The guest tried to grow its memory past the limit.
-    MemoryLimit(String),
-    /// The guest returned more output than the host keeps.
-    OutputTooLarge(usize),
+    /// The attempt went past one of its tool's limits.
+    LimitExceeded(Limit, String),
+    /// The host could not set the attempt up (a granted directory is gone); the guest never ran.
+    Unavailable(String),
 }
 
 /// Epoch ticks covering `d`, at least one.
@@ -38,7 +40,11 @@ impl Runtime {
         args: &str,
         deadline: Duration,
     ) -> (Invocation, EffectCtx) {
-        let mut store = self.store(effects, deadline);
+        let mut store = match self.store(effects, deadline) {
+            Ok(store) => store,
+            Err((message, effects)) => return (Invocation::Unavailable(message), *effects),
+        };
+        let limits = tool.sandbox.limits;
         let run = async {
             let instance = tool.pre.instantiate_async(&mut store).await?;
             let guest = tool.tool.load(&mut store, &instance)?;
@@ -47,17 +53,21 @@ impl Runtime {
         // The epoch deadline stops guests that spin; this timeout stops ones waiting on the host.
         let outcome = match tokio::time::timeout(deadline, run).await {
             Err(_) => Invocation::DeadlineExceeded,
-            Ok(Ok(Ok(output))) if output.len() > MAX_OUTPUT_BYTES => Invocation::OutputTooLarge(output.len()),
+            Ok(Ok(Ok(output))) if output.len() > limits.output_bytes => Invocation::LimitExceeded(
+                Limit::Output,
+                format!("the output is {} bytes, over the limit of {}", output.len(), limits.output_bytes),
+            ),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
             Ok(Ok(Err(error))) => Invocation::Failed(error),
-            Ok(Err(trap)) if is_deadline(&trap) => Invocation::DeadlineExceeded,
-            Ok(Err(trap)) if trap.downcast_ref::<MemoryLimitExceeded>().is_some() => {
-                Invocation::MemoryLimit(format!("{trap}"))
-            }
-            Ok(Err(trap)) => Invocation::Trapped(format!("{trap:#}")),
+            Ok(Err(trap)) => trapped(&trap, limits.stdio_bytes),
         };
         let state = store.into_data();
         log_stdio(&tool.manifest.name, &state);
+        // A flood of effect calls fails the attempt even if the guest swallowed the refusals.
+        let outcome = match &state.effects.flooded {
+            Some(message) => Invocation::LimitExceeded(Limit::Effects, message.clone()),
+            None => outcome,
+        };
         (outcome, state.effects)
     }
 
@@ -71,7 +81,10 @@ impl Runtime {
         deadline: Duration,
     ) -> Option<Result<Reconciliation, String>> {
         let indices = tool.reconcile.as_ref()?;
-        let mut store = self.store(effects, deadline);
+        let mut store = match self.store(effects, deadline) {
+            Ok(store) => store,
+            Err((message, _)) => return Some(Err(message)),
+        };
         let run = async {
             let instance = tool.pre.instantiate_async(&mut store).await?;
             let guest = indices.load(&mut store, &instance)?;
@@ -83,17 +96,44 @@ impl Runtime {
         })
     }
 
-    pub(super) fn store(&self, effects: EffectCtx, deadline: Duration) -> Store<StoreState> {
-        let mut store = Store::new(&self.engine, StoreState::new(effects));
+    /// A store under the tool's limits and `deadline`. On failure the context comes back, so the
+    /// caller still holds what it needs to record the attempt.
+    pub(super) fn store(
+        &self,
+        effects: EffectCtx,
+        deadline: Duration,
+    ) -> Result<Store<StoreState>, (String, Box<EffectCtx>)> {
+        let mut store = Store::new(&self.engine, StoreState::new(effects)?);
         store.limiter(|s| s.limiter());
         store.set_epoch_deadline(ticks(deadline));
         store.epoch_deadline_trap();
-        store
+        Ok(store)
     }
 }
 
-fn is_deadline(e: &wasmtime::Error) -> bool {
-    matches!(e.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt))
+/// What a trap means: a deadline, one of the limits, or the guest's own failure (a panic, an
+/// out-of-bounds access).
+fn trapped(trap: &wasmtime::Error, stdio_bytes: usize) -> Invocation {
+    match trap.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => return Invocation::DeadlineExceeded,
+        Some(wasmtime::Trap::StackOverflow) => {
+            let message = format!("the tool overflowed its wasm stack of {} bytes", crate::limits::WASM_STACK_BYTES);
+            return Invocation::LimitExceeded(Limit::Stack, message);
+        }
+        _ => {}
+    }
+    if let Some(exceeded) = trap.downcast_ref::<LimitExceeded>() {
+        let limit = if exceeded.what.starts_with("memory") { Limit::Memory } else { Limit::Table };
+        return Invocation::LimitExceeded(limit, exceeded.to_string());
+    }
+    // wasmtime-wasi's capture pipe refuses a write past its capacity with this trap; matching its
+    // text is the price of reusing the pipe instead of writing our own stream.
+    let text = format!("{trap:#}");
+    if text.contains("beyond capacity of MemoryOutputPipe") {
+        let message = format!("the tool wrote more than {stdio_bytes} bytes to stdout or stderr");
+        return Invocation::LimitExceeded(Limit::Stdio, message);
+    }
+    Invocation::Trapped(text)
 }
 
 fn log_stdio(tool: &str, state: &StoreState) {

@@ -12,6 +12,7 @@ use wasmtime::component::{Component, InstancePre};
 
 use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
 use super::{MAX_COMPONENT_BYTES, Runtime, StoreState};
+use crate::capabilities::{Grants, Sandbox};
 use crate::effects::{EffectCtx, Shared};
 use crate::policy::ReplayClass;
 
@@ -22,8 +23,13 @@ pub const TOOL_EXPORT: &str = "oncebox:tool/tool@0.1.0";
 pub const RECONCILE_EXPORT: &str = "oncebox:tool/reconcile@0.1.0";
 pub const EFFECTS_IMPORT: &str = "oncebox:tool/effects@0.1.0";
 
-/// Import prefixes a tool may use; anything else is refused at load, by name.
-const ALLOWED_IMPORTS: [&str; 8] = [
+/// The contract this host speaks: `oncebox:tool@0.1.x`.
+const CONTRACT: &str = "oncebox:tool/";
+const CONTRACT_VERSION: &str = "@0.1.";
+
+/// Import prefixes a tool may use; anything else is refused at load, by name. wasi:filesystem is
+/// further refused unless the tool is granted a directory (`check_grants`).
+const ALLOWED_IMPORTS: [&str; 9] = [
     "oncebox:tool/types@0.1.",
     "oncebox:tool/reads@0.1.",
     "oncebox:tool/config@0.1.",
@@ -32,7 +38,10 @@ const ALLOWED_IMPORTS: [&str; 8] = [
     "wasi:io/",
     "wasi:clocks/",
     "wasi:random/",
+    FILESYSTEM,
 ];
+
+const FILESYSTEM: &str = "wasi:filesystem/";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -47,6 +56,13 @@ pub enum LoadError {
     ForbiddenImport { path: PathBuf, import: String },
     #[error("{path} is not an oncebox tool: {reason}")]
     NotATool { path: PathBuf, reason: String },
+    #[error(
+        "{path} was built against `{found}`, but this host speaks oncebox:tool@0.1; rebuild the tool with an SDK of \
+         this version"
+    )]
+    ContractVersion { path: PathBuf, found: String },
+    #[error("{path}: tool `{tool}` {reason}")]
+    Ungranted { path: PathBuf, tool: String, reason: String },
     #[error("{path}: tool `{tool}` declares class {class} but {reason}")]
     ClassMismatch { path: PathBuf, tool: String, class: ReplayClass, reason: String },
     #[error("{path}: invalid manifest: {reason}")]
@@ -77,6 +93,8 @@ pub struct LoadedTool {
     pub(super) tool: ToolIndices,
     pub(super) reconcile: Option<ReconcileIndices>,
     pub(crate) schema: jsonschema::Validator,
+    /// What the tool may reach and consume; the host sets it after loading, from its policy.
+    pub sandbox: Arc<Sandbox>,
 }
 
 impl std::fmt::Debug for LoadedTool {
@@ -106,11 +124,19 @@ impl Runtime {
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
         let exports: Vec<String> = ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        let other_version = |name: &&String| name.starts_with(CONTRACT) && !name.contains(CONTRACT_VERSION);
+        if let Some(found) = imports.iter().chain(&exports).find(other_version) {
+            return Err(LoadError::ContractVersion { path, found: found.clone() });
+        }
         if let Some(import) = imports.iter().find(|i| !ALLOWED_IMPORTS.iter().any(|a| i.starts_with(a))) {
             return Err(LoadError::ForbiddenImport { path, import: import.clone() });
         }
         if !exports.iter().any(|e| e == TOOL_EXPORT) {
-            return Err(LoadError::NotATool { path, reason: format!("it does not export `{TOOL_EXPORT}`") });
+            let exported = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+            return Err(LoadError::NotATool {
+                path,
+                reason: format!("it exports {exported}, not `{TOOL_EXPORT}`: it is a component of another world"),
+            });
         }
 
         let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(format!("{e:#}")))?;
@@ -145,7 +171,8 @@ impl Runtime {
         }
         let schema = jsonschema::validator_for(&manifest.input_schema)
             .map_err(|e| LoadError::BadManifest { path: path.clone(), reason: format!("input schema: {e}") })?;
-        Ok(LoadedTool { path, manifest, imports, exports, pre, tool, reconcile, schema })
+        let sandbox = Arc::new(Sandbox { tool: manifest.name.clone(), ..Sandbox::default() });
+        Ok(LoadedTool { path, manifest, imports, exports, pre, tool, reconcile, schema, sandbox })
     }
 
     async fn describe(
@@ -154,12 +181,34 @@ impl Runtime {
         tool: &ToolIndices,
         shared: Arc<Shared>,
     ) -> Result<super::bindings::Manifest, String> {
-        let effects = EffectCtx::new(shared, Default::default(), None);
-        let mut store = self.store(effects, DESCRIBE_DEADLINE);
+        // `describe` runs with nothing granted and the default limits: it only builds a manifest.
+        let effects = EffectCtx::new(shared, Arc::default(), Arc::default(), None);
+        let mut store = self.store(effects, DESCRIBE_DEADLINE).map_err(|(message, _)| message)?;
         let instance = pre.instantiate_async(&mut store).await.map_err(|e| format!("{e:#}"))?;
         let guest = tool.load(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
         guest.call_describe(&mut store).await.map_err(|e| format!("{e:#}"))
     }
+}
+
+/// Refuses a tool whose grants do not cover what it imports, or name a directory that is not there.
+pub fn check_grants(tool: &LoadedTool, grants: &Grants) -> Result<(), LoadError> {
+    let ungranted =
+        |reason: String| LoadError::Ungranted { path: tool.path.clone(), tool: tool.manifest.name.clone(), reason };
+    if grants.dirs.is_empty()
+        && let Some(import) = tool.imports.iter().find(|i| i.starts_with(FILESYSTEM))
+    {
+        return Err(ungranted(format!(
+            "imports `{import}`, and no directory is granted to it; an operator grants one with \
+             `dirs = [\"HOST_DIR:/GUEST_DIR:ro\"]` under [tools.{}.grants]",
+            tool.manifest.name
+        )));
+    }
+    for dir in &grants.dirs {
+        if !dir.host.is_dir() {
+            return Err(ungranted(format!("is granted {}, which is not a directory", dir.host.display())));
+        }
+    }
+    Ok(())
 }
 
 /// Compiles a component once per process: hosts share the engine, so a component loaded by

@@ -13,23 +13,13 @@ use wasmtime::component::Linker;
 use wasmtime::{Config, Engine};
 
 pub use invoke::Invocation;
-pub use load::{LoadError, LoadedTool, ToolManifest};
-pub use state::{MemoryLimitExceeded, StoreState};
+pub use load::{LoadError, LoadedTool, ToolManifest, check_grants};
+pub use state::StoreState;
 
 /// How often the epoch advances; an attempt's CPU deadline is counted in these ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Linear memory one instance may grow to.
-pub const MAX_MEMORY_BYTES: usize = 256 << 20;
-/// Elements a table of one instance may grow to.
-pub const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Bytes of stdout and stderr kept per attempt (the rest is dropped).
-pub const MAX_STDIO_BYTES: usize = 64 << 10;
 /// The largest component file the host will read.
 pub const MAX_COMPONENT_BYTES: u64 = 64 << 20;
-/// The largest args (JSON) a call may carry.
-pub const MAX_ARGS_BYTES: usize = 1 << 20;
-/// The largest output (JSON) a tool may return.
-pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
 
 pub struct Runtime {
     engine: Engine,
@@ -53,7 +43,7 @@ fn shared_engine() -> Result<Engine, LoadError> {
         return Ok(engine.clone());
     }
     let mut config = Config::new();
-    config.wasm_component_model(true).epoch_interruption(true);
+    config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(crate::limits::WASM_STACK_BYTES);
     let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
     // Epochs bound the CPU time of guests that never return to the host. The thread holds the
     // engine weakly, so an engine that lost the race to initialise stops its ticker.

@@ -1,14 +1,14 @@
 //! One store's data, and the linker that gives a tool exactly the allowed imports: the oncebox
 //! interfaces plus the WASI a Rust `std` guest needs to print, read clocks and panic (cli, io,
-//! clocks, random). No filesystem, no sockets, no wasi:http: deny by default.
+//! clocks, random), and wasi:filesystem, which reaches nothing but the directories granted to the
+//! tool. No sockets, no wasi:http: deny by default.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::{HasData, Linker, ResourceTable};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::oncebox::tool;
-use super::{MAX_MEMORY_BYTES, MAX_STDIO_BYTES, MAX_TABLE_ELEMENTS};
 use crate::effects::{EffectCtx, HasEffects};
 
 pub struct StoreState {
@@ -21,19 +21,30 @@ pub struct StoreState {
 }
 
 impl StoreState {
-    pub fn new(effects: EffectCtx) -> Self {
-        let stdout = MemoryOutputPipe::new(MAX_STDIO_BYTES);
-        let stderr = MemoryOutputPipe::new(MAX_STDIO_BYTES);
-        // Empty environment and arguments, empty stdin, captured output, no preopens, no network.
-        let wasi = WasiCtx::builder()
-            .stdout(stdout.clone())
+    /// A store for one attempt of the tool whose sandbox `effects` carries. Fails only when a
+    /// granted directory cannot be opened, and then hands the context back.
+    pub fn new(effects: EffectCtx) -> Result<Self, (String, Box<EffectCtx>)> {
+        let sandbox = effects.sandbox().clone();
+        let stdout = MemoryOutputPipe::new(sandbox.limits.stdio_bytes);
+        let stderr = MemoryOutputPipe::new(sandbox.limits.stdio_bytes);
+        // Empty environment and arguments, empty stdin, captured output, no network, and no
+        // directory but the granted ones.
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
-        let limits = Limits { memory_bytes: MAX_MEMORY_BYTES, table_elements: MAX_TABLE_ELEMENTS };
-        StoreState { wasi, table: ResourceTable::new(), effects, limits, stdout, stderr }
+            .allow_ip_name_lookup(false);
+        for dir in &sandbox.grants.dirs {
+            let perms = if dir.writable { FsPerms::ReadWrite } else { FsPerms::ReadOnly };
+            if let Err(e) = wasi.preopened_dir(&dir.host, &dir.guest, perms) {
+                let message = format!("cannot open the directory {} granted to the tool: {e}", dir.host.display());
+                return Err((message, Box::new(effects)));
+            }
+        }
+        let limits =
+            Limits { memory_bytes: sandbox.limits.memory_bytes, table_elements: sandbox.limits.table_elements };
+        Ok(StoreState { wasi: wasi.build(), table: ResourceTable::new(), effects, limits, stdout, stderr })
     }
 
     pub fn limiter(&mut self) -> &mut dyn ResourceLimiter {
@@ -41,12 +52,13 @@ impl StoreState {
     }
 }
 
-/// A guest asked for more memory than an attempt may have. Raised as a trap (not a failed
-/// `memory.grow`, which a Rust guest would turn into an abort that looks like any panic), so the
-/// host can tell this failure apart.
+/// A guest asked for more linear memory or table space than an attempt may have. Raised as a
+/// trap (not a failed `memory.grow`, which a Rust guest would turn into an abort that looks like
+/// any panic), so the host can tell this failure apart.
 #[derive(Debug, thiserror::Error)]
-#[error("the tool tried to grow its memory to {desired} bytes, over the limit of {limit}")]
-pub struct MemoryLimitExceeded {
+#[error("the tool tried to grow its {what} to {desired}, over the limit of {limit}")]
+pub struct LimitExceeded {
+    pub what: &'static str,
     pub desired: usize,
     pub limit: usize,
 }
@@ -59,13 +71,18 @@ struct Limits {
 impl ResourceLimiter for Limits {
     fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.memory_bytes {
-            return Err(wasmtime::Error::new(MemoryLimitExceeded { desired, limit: self.memory_bytes }));
+            let what = "memory (bytes)";
+            return Err(wasmtime::Error::new(LimitExceeded { what, desired, limit: self.memory_bytes }));
         }
         Ok(true)
     }
 
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= self.table_elements)
+        if desired > self.table_elements {
+            let what = "table (elements)";
+            return Err(wasmtime::Error::new(LimitExceeded { what, desired, limit: self.table_elements }));
+        }
+        Ok(true)
     }
 }
 
@@ -84,7 +101,8 @@ impl HasData for HasIo {
 pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
     use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
-    use wasmtime_wasi::p2::bindings::{cli, clocks, random};
+    use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView as _};
+    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
     use wasmtime_wasi::random::WasiRandom;
     use wasmtime_wasi_io::bindings::wasi::io;
 
@@ -107,6 +125,10 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     cli::terminal_stdin::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
     cli::terminal_stdout::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
     cli::terminal_stderr::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
+    // Linked for every tool, but a tool that imports it is loaded only with a directory grant, and
+    // its store preopens nothing else: without a grant there is no directory to name.
+    filesystem::types::add_to_linker::<StoreState, WasiFilesystem>(l, StoreState::filesystem)?;
+    filesystem::preopens::add_to_linker::<StoreState, WasiFilesystem>(l, StoreState::filesystem)?;
 
     tool::types::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
     tool::reads::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;

@@ -60,7 +60,7 @@ impl Tool for Panicky {
             kv::set("before-failing", "panicky/last", b"written")?;
         }
         if let Mode::Flip = args.mode {
-            if kv::get("panicky/flipped").is_none() {
+            if kv::get("panicky/flipped")?.is_none() {
                 kv::set("flip", "panicky/flipped", b"yes")?;
                 let name = args.provider.as_deref().unwrap_or("bank");
                 let provided: serde_json::Value = provider("provided", name, &args.echo)?;
