@@ -22,6 +22,8 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("LYING_READER", "test-lying-reader", "test-tools/lying-reader"),
     ("SOCKET_USER", "test-socket-user", "test-tools/socket-user"),
     ("PANICKY", "test-panicky", "test-tools/panicky"),
+    ("HOSTILE", "test-hostile", "test-tools/hostile"),
+    ("DIR_USER", "test-dir-user", "test-tools/dir-user"),
 ];
 
 fn main() {

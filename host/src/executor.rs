@@ -105,7 +105,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let started_ms = now_ms();
         let started = Instant::now();
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope.clone()));
-        let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline).await;
+        let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
         let in_doubt = if fence == 1 && attempt == 1 {
@@ -189,7 +189,7 @@ async fn run_unrecorded(
     loop {
         attempt += 1;
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, &tool.manifest.name), None);
-        let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline).await;
+        let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline, secrets).await;
         let verdict = classify(invocation, &ctx.in_doubt, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),

@@ -80,3 +80,47 @@ async fn every_example_tool_loads_with_its_class() {
     ];
     assert_eq!(classes, expected.map(|(n, c)| (n.to_string(), c)));
 }
+
+/// Writes a component given as WebAssembly text and returns its path.
+fn component(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, wat::parse_str(text).expect("valid component text")).expect("write");
+    path
+}
+
+#[tokio::test]
+async fn a_component_of_another_world_is_refused_naming_what_it_exports() {
+    let dir = tempfile::tempdir().expect("dir");
+    let other =
+        component(dir.path(), "other.wasm", r#"(component (instance $i) (export "acme:shop/api" (instance $i)))"#);
+    let err = host().await.load(&other).await.expect_err("another world");
+    match &err {
+        Error::Load(LoadError::NotATool { reason, .. }) => {
+            assert!(reason.contains("acme:shop/api"), "{reason}");
+            assert!(reason.contains("another world"), "{reason}");
+        }
+        other => panic!("expected not-a-tool, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_component_of_another_contract_version_is_refused_with_both_versions() {
+    let dir = tempfile::tempdir().expect("dir");
+    let future = component(dir.path(), "future.wasm", r#"(component (import "oncebox:tool/reads@0.2.0" (instance)))"#);
+    let err = host().await.load(&future).await.expect_err("another version");
+    assert!(
+        matches!(&err, Error::Load(LoadError::ContractVersion { found, .. }) if found == "oncebox:tool/reads@0.2.0")
+    );
+    let message = err.to_string();
+    assert!(message.contains("oncebox:tool/reads@0.2.0") && message.contains("oncebox:tool@0.1"), "{message}");
+}
+
+#[tokio::test]
+async fn a_component_file_over_the_size_limit_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().expect("dir");
+    let huge = dir.path().join("huge.wasm");
+    // Sparse: the limit is checked from the file's metadata, so no disk is spent on this test.
+    std::fs::File::create(&huge).and_then(|f| f.set_len(oncebox::MAX_COMPONENT_BYTES + 1)).expect("sparse file");
+    let err = host().await.load(&huge).await.expect_err("too large");
+    assert!(err.to_string().contains("over the limit"), "{err}");
+}

@@ -13,5 +13,6 @@ mod recovery;
 mod replay;
 mod retries;
 mod retry_matrix;
+mod sandbox;
 mod secrets;
 mod tls;

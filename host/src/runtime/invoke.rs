@@ -33,12 +33,14 @@ pub(super) fn ticks(d: Duration) -> u64 {
 
 impl Runtime {
     /// Runs `invoke(args)` once. Returns the context so the caller can read the attempt's effects.
+    /// `secrets` (the args' sensitive values) are scrubbed from the guest's output before it is logged.
     pub async fn invoke(
         &self,
         tool: &LoadedTool,
         effects: EffectCtx,
         args: &str,
         deadline: Duration,
+        secrets: &[String],
     ) -> (Invocation, EffectCtx) {
         let mut store = match self.store(effects, deadline) {
             Ok(store) => store,
@@ -59,13 +61,19 @@ impl Runtime {
             ),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
             Ok(Ok(Err(error))) => Invocation::Failed(error),
-            Ok(Err(trap)) => trapped(&trap, limits.stdio_bytes),
+            Ok(Err(trap)) => trapped(&trap),
         };
         let state = store.into_data();
-        log_stdio(&tool.manifest.name, &state);
-        // A flood of effect calls fails the attempt even if the guest swallowed the refusals.
+        log_stdio(&tool.manifest.name, &state, secrets);
+        // A flood of effect calls or of output fails the attempt even if the guest swallowed the
+        // refusals (a Rust guest panics when stdout is closed on it, a trap like any other).
+        let stdio_full = [&state.stdout, &state.stderr].iter().any(|pipe| pipe.contents().len() >= limits.stdio_bytes);
         let outcome = match &state.effects.flooded {
             Some(message) => Invocation::LimitExceeded(Limit::Effects, message.clone()),
+            None if stdio_full => Invocation::LimitExceeded(
+                Limit::Stdio,
+                format!("the tool wrote {} bytes or more to stdout or stderr, the limit", limits.stdio_bytes),
+            ),
             None => outcome,
         };
         (outcome, state.effects)
@@ -113,7 +121,7 @@ impl Runtime {
 
 /// What a trap means: a deadline, one of the limits, or the guest's own failure (a panic, an
 /// out-of-bounds access).
-fn trapped(trap: &wasmtime::Error, stdio_bytes: usize) -> Invocation {
+fn trapped(trap: &wasmtime::Error) -> Invocation {
     match trap.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => return Invocation::DeadlineExceeded,
         Some(wasmtime::Trap::StackOverflow) => {
@@ -126,21 +134,17 @@ fn trapped(trap: &wasmtime::Error, stdio_bytes: usize) -> Invocation {
         let limit = if exceeded.what.starts_with("memory") { Limit::Memory } else { Limit::Table };
         return Invocation::LimitExceeded(limit, exceeded.to_string());
     }
-    // wasmtime-wasi's capture pipe refuses a write past its capacity with this trap; matching its
-    // text is the price of reusing the pipe instead of writing our own stream.
-    let text = format!("{trap:#}");
-    if text.contains("beyond capacity of MemoryOutputPipe") {
-        let message = format!("the tool wrote more than {stdio_bytes} bytes to stdout or stderr");
-        return Invocation::LimitExceeded(Limit::Stdio, message);
-    }
-    Invocation::Trapped(text)
+    Invocation::Trapped(format!("{trap:#}"))
 }
 
-fn log_stdio(tool: &str, state: &StoreState) {
+/// The guest's stdout and stderr, at debug level. A tool may print anything it was given, so the
+/// args' sensitive values are scrubbed first (credentials never reach the guest at all).
+fn log_stdio(tool: &str, state: &StoreState, secrets: &[String]) {
     for (stream, pipe) in [("stdout", &state.stdout), ("stderr", &state.stderr)] {
         let bytes = pipe.contents();
         if !bytes.is_empty() {
-            tracing::debug!(tool, stream, output = %String::from_utf8_lossy(&bytes), "guest output");
+            let output = crate::redact::scrub(&String::from_utf8_lossy(&bytes), secrets);
+            tracing::debug!(tool, stream, %output, "guest output");
         }
     }
 }

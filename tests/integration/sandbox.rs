@@ -1,0 +1,300 @@
+//! Hostile tools (test-tools/hostile, dir-user, lying-reader) against the sandbox. Each test
+//! asserts that the host survives and serves the next call, that the right failure class is
+//! recorded and the operation is settled (never left claimed), and that no effect escapes: counted
+//! at the provider, in the ledger, or on disk.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncebox::ledger::OperationStatus;
+use oncebox::{Call, Error, Grant, Host, HostBuilder, LoadError, Outcome, ReplayClass, RetryPolicy, Status};
+use oncebox_example_provider::{Provider, ProviderHandle};
+use serde_json::{Value, json};
+
+use crate::support::http_grant;
+
+/// Fast retries and a short deadline, so the spinning tool costs two short attempts.
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 2,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(2),
+        attempt_deadline: Duration::from_millis(300),
+        call_deadline: Duration::from_secs(5),
+        ..RetryPolicy::for_class(ReplayClass::IdempotentWrite)
+    }
+}
+
+/// For the attacks that take real work before the limit stops them (1,000 effects, 100 MiB).
+fn patient() -> RetryPolicy {
+    RetryPolicy { attempt_deadline: Duration::from_secs(30), call_deadline: Duration::from_secs(60), ..policy() }
+}
+
+fn builder() -> HostBuilder {
+    Host::builder_in_memory().retry_policy("hostile", policy())
+}
+
+async fn loaded(builder: HostBuilder) -> Host {
+    let host = builder.build().await.expect("host");
+    host.load(oncebox_artifacts::HOSTILE).await.expect("load hostile");
+    host
+}
+
+/// Calls `hostile` as step `step` of run `r`.
+async fn hostile(host: &Host, step: &str, args: Value) -> Outcome {
+    host.call(Call::step("r", step, "hostile", args.to_string())).await.expect("the call runs")
+}
+
+/// The attempt failed with `class`, the operation is settled as failed, and the host still serves
+/// a well-behaved call.
+async fn failed_and_served(host: &Host, outcome: &Outcome, class: &str) -> String {
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    let error = outcome.error.clone().expect("an error");
+    assert_eq!(error.class, class, "{}", error.message);
+    let key = outcome.operation_key.as_deref().expect("recorded");
+    let op = host.ledger().operation(key).expect("read").expect("operation");
+    assert_eq!(op.status, OperationStatus::Failed, "settled, not left claimed");
+    let next = hostile(host, &format!("after-{key}"), json!({"mode": "ok", "echo": "still here"})).await;
+    assert_eq!(next.status, Status::Completed, "the host serves the next call: {next:?}");
+    assert_eq!(next.output.expect("output")["echo"], "still here");
+    error.message
+}
+
+#[tokio::test]
+async fn an_infinite_loop_ends_at_its_deadline_each_attempt() {
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "spin", json!({"mode": "spin"})).await;
+    assert_eq!(outcome.attempts, 2, "a deadline is transient: retried up to max_attempts");
+    failed_and_served(&host, &outcome, "deadline").await;
+}
+
+#[tokio::test]
+async fn a_memory_bomb_hits_the_memory_limit_and_a_per_tool_override_lowers_it() {
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "bomb", json!({"mode": "memory-bomb", "mib": 1024})).await;
+    assert_eq!(outcome.attempts, 1, "retrying the same allocation cannot help");
+    failed_and_served(&host, &outcome, "memory-limit").await;
+    // 32 MiB fits the default, not an override of 16 MiB.
+    let fits = hostile(&host, "fits", json!({"mode": "memory-bomb", "mib": 32})).await;
+    assert_eq!(fits.status, Status::Completed, "{fits:?}");
+    let small = oncebox::Limits { memory_bytes: 16 << 20, ..oncebox::Limits::default() };
+    let strict = loaded(builder().limits("hostile", small)).await;
+    let outcome = hostile(&strict, "bomb", json!({"mode": "memory-bomb", "mib": 32})).await;
+    failed_and_served(&strict, &outcome, "memory-limit").await;
+}
+
+#[tokio::test]
+async fn deep_recursion_overflows_the_stack_and_is_not_retried() {
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "recurse", json!({"mode": "recurse"})).await;
+    assert_eq!(outcome.attempts, 1, "{outcome:?}");
+    failed_and_served(&host, &outcome, "stack-overflow").await;
+}
+
+#[tokio::test]
+async fn a_100_mib_output_is_refused_by_the_output_limit() {
+    // Memory enough to build the output, so what stops it is the output limit, not the memory one.
+    let roomy = oncebox::Limits { memory_bytes: 1 << 30, ..oncebox::Limits::default() };
+    let slow =
+        RetryPolicy { attempt_deadline: Duration::from_secs(30), call_deadline: Duration::from_secs(60), ..policy() };
+    let host = loaded(builder().limits("hostile", roomy).retry_policy("hostile", slow)).await;
+    let outcome = hostile(&host, "big", json!({"mode": "big-output", "mib": 100})).await;
+    let message = failed_and_served(&host, &outcome, "output-limit").await;
+    assert!(message.contains(&oncebox::limits::DEFAULT_OUTPUT_BYTES.to_string()), "{message}");
+}
+
+#[tokio::test]
+async fn a_flood_of_effect_calls_stops_at_the_limit_even_when_the_tool_swallows_the_refusals() {
+    let host = loaded(builder().retry_policy("hostile", patient())).await;
+    let outcome = hostile(&host, "flood", json!({"mode": "flood", "count": 5000})).await;
+    failed_and_served(&host, &outcome, "effects-limit").await;
+    let key = outcome.operation_key.expect("key");
+    let recorded = host.ledger().effects(&key).expect("effects");
+    assert_eq!(recorded.len(), oncebox::limits::DEFAULT_EFFECTS_PER_ATTEMPT as usize, "nothing past the limit");
+    assert!(host.ledger().kv_get("hostile", "k999").expect("kv").is_some());
+    assert!(host.ledger().kv_get("hostile", "k1000").expect("kv").is_none(), "the 1001st write never landed");
+}
+
+/// A provider, and a host whose `hostile` tool is granted `grants` only.
+async fn with_provider(grants: &[Grant]) -> (ProviderHandle, Host) {
+    let provider = Provider::start().await.expect("provider");
+    let mut builder = builder();
+    for grant in grants {
+        builder = builder.grant("hostile", grant.clone());
+    }
+    (provider, loaded(builder).await)
+}
+
+#[tokio::test]
+async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_sent() {
+    let (provider, host) = with_provider(&[]).await;
+    let url = format!("{}/payments", provider.base_url());
+    let outcome = hostile(&host, "effect", json!({"mode": "http-effect", "url": url, "echo": "x"})).await;
+    let message = failed_and_served(&host, &outcome, "permanent").await;
+    assert!(message.contains("capability denied"), "{message}");
+    assert!(message.contains(&format!("http = [\"{}\"]", provider.base_url())), "{message}");
+    assert!(message.contains("[tools.hostile.grants]"), "{message}");
+    let read = format!("{}/inventory/sku-1", provider.base_url());
+    let outcome = hostile(&host, "read", json!({"mode": "http-read", "url": read})).await;
+    failed_and_served(&host, &outcome, "permanent").await;
+    assert_eq!((provider.requests(), provider.reads()), (0, 0), "nothing reached the provider");
+    assert!(host.ledger().effects(&outcome.operation_key.expect("key")).expect("effects").is_empty());
+
+    // A grant for another origin is no grant for this one; the granted origin is reachable.
+    let (other, host) = with_provider(&[http_grant(&provider)]).await;
+    let url = format!("{}/payments", other.base_url());
+    let outcome = hostile(&host, "other", json!({"mode": "http-effect", "url": url, "echo": "x"})).await;
+    failed_and_served(&host, &outcome, "permanent").await;
+    let url = format!("{}/payments", provider.base_url());
+    hostile(&host, "granted", json!({"mode": "http-effect", "url": url, "echo": "x"})).await;
+    assert_eq!((other.requests(), provider.requests()), (0, 1));
+}
+
+#[tokio::test]
+async fn a_tool_cannot_set_the_key_or_the_host_header_or_hide_credentials_in_the_url() {
+    let provider = Provider::start().await.expect("provider");
+    let granted = loaded(builder().grant("hostile", http_grant(&provider))).await;
+    let url = format!("{}/payments", provider.base_url());
+    for (step, header, value) in [("key", "Idempotency-Key", "mine"), ("host", "Host", "evil.example")] {
+        let args = json!({"mode": "set-header", "url": url, "header": header, "value": value});
+        let outcome = hostile(&granted, step, args).await;
+        let message = failed_and_served(&granted, &outcome, "permanent").await;
+        assert!(message.contains(&format!("`{header}`")), "{message}");
+    }
+    let sneaky = provider.base_url().replace("http://", "http://user:pw@");
+    let args = json!({"mode": "http-effect", "url": format!("{sneaky}/payments"), "echo": "x"});
+    let outcome = hostile(&granted, "userinfo", args).await;
+    let message = failed_and_served(&granted, &outcome, "permanent").await;
+    assert!(message.contains("credentials"), "{message}");
+    assert_eq!(provider.requests(), 0, "no forged request left the host");
+}
+
+#[tokio::test]
+async fn kv_namespaces_outbox_topics_and_providers_need_grants() {
+    let host = loaded(builder().grant("hostile", Grant::Kv("shared".into()))).await;
+    for (step, args, grant) in [
+        ("kv", json!({"mode": "kv-other", "target": "reservations"}), "kv = [\"reservations\"]"),
+        ("kv-read", json!({"mode": "kv-read-other", "target": "reservations"}), "kv = [\"reservations\"]"),
+        ("outbox", json!({"mode": "outbox", "target": "payments", "echo": "x"}), "outbox = [\"payments\"]"),
+        ("provider", json!({"mode": "provider", "target": "bank", "echo": "x"}), "providers = [\"bank\"]"),
+    ] {
+        let outcome = hostile(&host, step, args).await;
+        let message = failed_and_served(&host, &outcome, "permanent").await;
+        assert!(message.contains(grant), "{message}");
+    }
+    assert!(host.ledger().kv_get("reservations", "stolen").expect("kv").is_none());
+    assert!(host.ledger().outbox().expect("outbox").is_empty());
+    // The granted namespace works.
+    let ok = hostile(&host, "shared", json!({"mode": "kv-other", "target": "shared"})).await;
+    assert_eq!(ok.status, Status::Completed, "{ok:?}");
+    assert_eq!(host.ledger().kv_get("shared", "stolen").expect("kv").as_deref(), Some(&b"yes"[..]));
+}
+
+/// Collects what the tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger() {
+    const SECRET: &str = "sk_live_51HxTopSecret";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // This test's runtime is current-thread, so the guard covers the whole call.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "print", json!({"mode": "print-secret", "secret": SECRET})).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf8");
+    assert!(logs.contains("the secret is"), "the guest's output was logged: {logs}");
+    assert!(!logs.contains(SECRET), "the secret leaked into the logs: {logs}");
+    let key = outcome.operation_key.expect("key");
+    let records = format!(
+        "{:?}{:?}",
+        host.ledger().operation(&key).expect("op"),
+        host.ledger().attempts(&key).expect("attempts")
+    );
+    assert!(!records.contains(SECRET), "{records}");
+}
+
+#[tokio::test]
+async fn a_stdout_flood_ends_the_attempt_with_the_stdio_limit() {
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "flood", json!({"mode": "stdout-flood", "mib": 1})).await;
+    assert_eq!(outcome.attempts, 1, "{outcome:?}");
+    failed_and_served(&host, &outcome, "stdio-limit").await;
+}
+
+#[tokio::test]
+async fn a_new_instance_cannot_read_what_the_previous_one_left_in_memory() {
+    let host = loaded(builder()).await;
+    let secret = "left-behind-by-the-previous-instance";
+    // The scanner works: within one instance it finds what it left.
+    let control = hostile(&host, "control", json!({"mode": "leave-and-scan", "secret": secret})).await;
+    assert_eq!(control.output.as_ref().expect("output")["found"], true, "{control:?}");
+    for round in 0..3 {
+        let left = hostile(&host, &format!("leave-{round}"), json!({"mode": "leave", "secret": secret})).await;
+        assert_eq!(left.status, Status::Completed);
+        let scan = hostile(&host, &format!("scan-{round}"), json!({"mode": "scan", "secret": secret})).await;
+        let output = scan.output.expect("output");
+        assert_eq!(output["found"], false, "instance {round} saw its predecessor's memory");
+        assert!(output["scanned_bytes"].as_u64().expect("bytes") >= 1 << 16, "it scanned its memory");
+    }
+}
+
+#[tokio::test]
+async fn a_tool_whose_manifest_lies_about_its_class_is_refused_at_load() {
+    let host = builder().build().await.expect("host");
+    let err = host.load(oncebox_artifacts::LYING_READER).await.expect_err("refused");
+    assert!(matches!(&err, Error::Load(LoadError::ClassMismatch { .. })), "{err}");
+    assert!(err.to_string().contains("oncebox:tool/effects@0.1.0"), "{err}");
+    host.load(oncebox_artifacts::HOSTILE).await.expect("the host loads the next tool");
+}
+
+#[tokio::test]
+async fn a_directory_is_reachable_only_when_granted_and_read_only_unless_written_rw() {
+    let data = tempfile::tempdir().expect("dir");
+    std::fs::write(data.path().join("note.txt"), "granted content").expect("write");
+    let dir = |access: &str| Grant::Dir(format!("{}:/data:{access}", data.path().display()).parse().expect("grant"));
+
+    // No grant: the component, which imports wasi:filesystem, is refused at load, naming the fix.
+    let host = Host::builder_in_memory().build().await.expect("host");
+    let err = host.load(oncebox_artifacts::DIR_USER).await.expect_err("ungranted");
+    assert!(matches!(&err, Error::Load(LoadError::Ungranted { .. })), "{err}");
+    assert!(err.to_string().contains("wasi:filesystem") && err.to_string().contains("dirs = ["), "{err}");
+
+    let read_only = Host::builder_in_memory().grant("dir-user", dir("ro")).build().await.expect("host");
+    read_only.load(oncebox_artifacts::DIR_USER).await.expect("load");
+    let call = |args: Value| Call::unrecorded("dir-user", args.to_string());
+    let read = read_only.call(call(json!({"path": "/data/note.txt"}))).await.expect("call");
+    assert_eq!(read.output.expect("output")["content"], "granted content");
+    let outside = read_only.call(call(json!({"path": "/etc/passwd"}))).await.expect("call");
+    assert_eq!(outside.status, Status::Failed, "nothing outside the grant: {outside:?}");
+    let escape = read_only.call(call(json!({"path": "/data/../../etc/passwd"}))).await.expect("call");
+    assert_eq!(escape.status, Status::Failed, "no escape through `..`: {escape:?}");
+    let write = read_only.call(call(json!({"path": "/data/new.txt", "write": "x"}))).await.expect("call");
+    assert_eq!(write.status, Status::Failed, "{write:?}");
+    assert!(!data.path().join("new.txt").exists(), "a read-only grant wrote nothing");
+
+    let read_write = Host::builder_in_memory().grant("dir-user", dir("rw")).build().await.expect("host");
+    read_write.load(oncebox_artifacts::DIR_USER).await.expect("load");
+    let write = read_write.call(call(json!({"path": "/data/new.txt", "write": "written"}))).await.expect("call");
+    assert_eq!(write.status, Status::Completed, "{write:?}");
+    assert_eq!(std::fs::read_to_string(data.path().join("new.txt")).expect("on disk"), "written");
+}
