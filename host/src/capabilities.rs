@@ -94,6 +94,22 @@ impl Denied {
 }
 
 impl Grants {
+    /// As `oncebox policy show` prints them, in the policy file's own spelling.
+    pub fn to_json(&self) -> serde_json::Value {
+        let dirs: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|d| format!("{}:{}:{}", d.host.display(), d.guest, if d.writable { "rw" } else { "ro" }))
+            .collect();
+        serde_json::json!({
+            "http": self.http.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "kv": self.kv,
+            "outbox": self.outbox,
+            "providers": self.providers,
+            "dirs": dirs,
+        })
+    }
+
     /// Adds `grant` (once: granting twice changes nothing).
     pub fn add(&mut self, grant: Grant) {
         fn push<T: PartialEq>(list: &mut Vec<T>, item: T) {

@@ -25,7 +25,7 @@ pub const DEFAULT_EFFECTS_PER_ATTEMPT: u32 = 1_000;
 pub const WASM_STACK_BYTES: usize = 512 << 10;
 
 /// One tool's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Limits {
     pub memory_bytes: usize,
     pub table_elements: usize,

@@ -104,13 +104,22 @@ fn the_demo_charges_once_per_order_through_oncebox() {
 fn policy_show_names_where_each_value_came_from() {
     let dir = tempfile::tempdir().expect("dir");
     let policy = dir.path().join("oncebox.toml");
-    std::fs::write(&policy, "[tools.charge]\nmax_attempts = 4\n").expect("write");
+    std::fs::write(
+        &policy,
+        "[tools.charge]\nmax_attempts = 4\n\n[tools.charge.grants]\nhttp = [\"https://api.example.com\"]\n\n\
+         [tools.charge.limits]\nmemory = \"64MiB\"\n",
+    )
+    .expect("write");
     let policy = policy.to_str().expect("utf8");
     let (code, shown, stderr) = oncebox(&["policy", "show", oncebox_artifacts::CHARGE, "--policy", policy]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(shown["tool"], "charge");
     assert_eq!(shown["policy"]["max_attempts"], 4);
     assert_eq!(shown["sources"]["max_attempts"], format!("{policy}:2"));
+    assert_eq!(shown["grants"]["http"], serde_json::json!(["https://api.example.com:443"]));
+    assert_eq!(shown["grants"]["kv"], serde_json::json!([]));
+    assert_eq!(shown["limits"]["memory_bytes"], 64 << 20);
+    assert_eq!(shown["limits"]["effects_per_attempt"], oncebox::limits::DEFAULT_EFFECTS_PER_ATTEMPT);
     assert_eq!(shown["sources"]["initial_backoff"], "default for compensatable");
 
     // An impossible value anywhere in the file refuses the file, naming the line.

@@ -128,6 +128,7 @@ async fn with_provider(grants: &[Grant]) -> (ProviderHandle, Host) {
 
 #[tokio::test]
 async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_sent() {
+    let (captured, _guard) = capture_logs();
     let (provider, host) = with_provider(&[]).await;
     let url = format!("{}/payments", provider.base_url());
     let outcome = hostile(&host, "effect", json!({"mode": "http-effect", "url": url, "echo": "x"})).await;
@@ -135,6 +136,11 @@ async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_se
     assert!(message.contains("capability denied"), "{message}");
     assert!(message.contains(&format!("http = [\"{}\"]", provider.base_url())), "{message}");
     assert!(message.contains("[tools.hostile.grants]"), "{message}");
+    let logs = captured.text();
+    assert!(
+        logs.contains("WARN") && logs.contains("capability denied") && logs.contains("capability=\"http\""),
+        "{logs}"
+    );
     let read = format!("{}/inventory/sku-1", provider.base_url());
     let outcome = hostile(&host, "read", json!({"mode": "http-read", "url": read})).await;
     failed_and_served(&host, &outcome, "permanent").await;
@@ -206,9 +212,15 @@ impl Write for Captured {
     }
 }
 
-#[tokio::test]
-async fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger() {
-    const SECRET: &str = "sk_live_51HxTopSecret";
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+/// Debug logs of this thread, captured until the guard drops. The tests' runtimes are
+/// current-thread, so the guard covers everything the host logs for their calls.
+fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -216,12 +228,17 @@ async fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    // This test's runtime is current-thread, so the guard covers the whole call.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger() {
+    const SECRET: &str = "sk_live_51HxTopSecret";
+    let (captured, _guard) = capture_logs();
     let host = loaded(builder()).await;
     let outcome = hostile(&host, "print", json!({"mode": "print-secret", "secret": SECRET})).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf8");
+    let logs = captured.text();
     assert!(logs.contains("the secret is"), "the guest's output was logged: {logs}");
     assert!(!logs.contains(SECRET), "the secret leaked into the logs: {logs}");
     let key = outcome.operation_key.expect("key");
@@ -297,4 +314,45 @@ async fn a_directory_is_reachable_only_when_granted_and_read_only_unless_written
     let write = read_write.call(call(json!({"path": "/data/new.txt", "write": "written"}))).await.expect("call");
     assert_eq!(write.status, Status::Completed, "{write:?}");
     assert_eq!(std::fs::read_to_string(data.path().join("new.txt")).expect("on disk"), "written");
+}
+
+/// A loopback server that answers every request with a redirect to `location`.
+async fn redirector(location: String) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let location = location.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let reply = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_redirect_is_handed_to_the_tool_never_followed() {
+    let provider = Provider::start().await.expect("provider");
+    let redirect = redirector(format!("{}/payments", provider.base_url())).await;
+    let origin = format!("http://{redirect}");
+    // Even with both origins granted, the host does not follow: the effect was recorded as sent to
+    // the redirector, and a 307 would resend its body, key and credentials somewhere else.
+    let grants = [Grant::Http(origin.parse().expect("origin")), http_grant(&provider)];
+    let mut builder = builder();
+    for grant in grants {
+        builder = builder.grant("hostile", grant);
+    }
+    let host = loaded(builder).await;
+    let args = json!({"mode": "http-effect", "url": format!("{origin}/payments"), "echo": "x"});
+    let outcome = hostile(&host, "redirect", args).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(outcome.output.expect("output")["status"], 307, "the tool sees the redirect itself");
+    assert_eq!(provider.requests(), 0, "the redirect was not followed");
 }

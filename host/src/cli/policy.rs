@@ -9,7 +9,8 @@ use super::{Exit, print_json};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// The retry policy a tool would run under, and where each value came from.
+    /// The retry policy a tool would run under and where each value came from, and what the tool
+    /// is granted and its limits.
     Show {
         /// The component file.
         tool: PathBuf,
@@ -26,8 +27,12 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
     let manifest = host.load(&tool).await?;
     let effective = host.policy(&manifest.name).ok_or_else(|| anyhow::anyhow!("{} has no policy", manifest.name))?;
     let mut json = effective.to_json();
-    json["tool"] = manifest.name.into();
+    json["tool"] = manifest.name.clone().into();
     json["class"] = manifest.class.as_str().into();
+    if let Some(sandbox) = host.sandbox(&manifest.name) {
+        json["grants"] = sandbox.grants.to_json();
+        json["limits"] = serde_json::to_value(sandbox.limits)?;
+    }
     print_json(&json)?;
     Ok(Exit::Ok)
 }

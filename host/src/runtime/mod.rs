@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use wasmtime::component::Linker;
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 pub use invoke::Invocation;
 pub use load::{LoadError, LoadedTool, ToolManifest, check_grants};
@@ -35,6 +35,25 @@ impl Runtime {
     }
 }
 
+/// Pre-reserved slots for instances, memories, tables and async stacks: an attempt's instance
+/// comes from a warm slot instead of fresh mappings. Sized so that every per-tool limit up to its
+/// ceiling fits a slot; a slot is wiped before it is reused, so an instance never sees what the
+/// previous one left (tests/integration/sandbox.rs checks).
+fn pool() -> PoolingAllocationConfig {
+    /// Instances (of components and of their core modules) alive at once across the process.
+    const SLOTS: u32 = 1000;
+    let ceiling = crate::limits::CEILING;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(SLOTS)
+        .total_core_instances(SLOTS)
+        .total_memories(SLOTS)
+        .total_tables(SLOTS)
+        .total_stacks(SLOTS)
+        .max_memory_size(ceiling.memory_bytes)
+        .table_elements(ceiling.table_elements);
+    pool
+}
+
 /// One engine per process, as wasmtime recommends: compiled components and the epoch clock are
 /// shared by every host in the process.
 fn shared_engine() -> Result<Engine, LoadError> {
@@ -44,7 +63,17 @@ fn shared_engine() -> Result<Engine, LoadError> {
     }
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(crate::limits::WASM_STACK_BYTES);
-    let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool()));
+    // The pool reserves its address space up front; where that is refused (a tight `ulimit -v`),
+    // instances are allocated on demand instead: slower to start, equally isolated.
+    let engine = match Engine::new(&config) {
+        Ok(engine) => engine,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot reserve the instance pool; allocating instances on demand");
+            config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+            Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?
+        }
+    };
     // Epochs bound the CPU time of guests that never return to the host. The thread holds the
     // engine weakly, so an engine that lost the race to initialise stops its ticker.
     let ticking = engine.weak();
