@@ -23,6 +23,10 @@ pub enum LedgerError {
          the write is refused"
     )]
     Fenced { operation_key: String, fence: u64, current: u64 },
+    #[error("the group commit this write was part of failed, so nothing of it was recorded: {reason}")]
+    BatchFailed { reason: String },
+    #[error("the ledger writer: {reason}")]
+    Writer { reason: String },
 }
 
 impl LedgerError {

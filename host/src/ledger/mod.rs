@@ -1,20 +1,22 @@
 //! The durable record of operations, effects and attempts: an embedded redb file.
 //!
-//! Every method is one redb transaction, and every write is committed with redb's default
-//! (immediate, fsync'd) durability before it returns: nobody is told "recorded" before the record
-//! is on disk. Writes for an operation carry the fencing token of the claim that made them and
-//! are refused when a newer claim took the operation over.
+//! Every write goes through the group-commit writer (`writer.rs`): concurrent writes share one redb
+//! transaction, committed with redb's default (immediate, fsync'd) durability, and each returns
+//! only after that commit: nobody is told "recorded" before the record is on disk. Reads are redb
+//! read transactions and see committed state. Writes for an operation carry the fencing token of
+//! the claim that made them and are refused when a newer claim took the operation over.
 //!
 //! The methods block; async callers run them on tokio's blocking pool.
 
 mod error;
 mod records;
 mod tables;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, Table};
+use redb::{Database, ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -72,6 +74,7 @@ pub enum LocalOutcome {
 pub struct Ledger {
     db: Arc<Database>,
     path: PathBuf,
+    writer: Arc<writer::Writer>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -86,11 +89,10 @@ impl Ledger {
     /// `unknown`, and the other claims lose their lease so the next call takes them over.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
-        let db = Database::create(&path).map_err(|e| LedgerError::open(&path, e))?;
-        let ledger = Ledger { db: Arc::new(db), path };
-        ledger.init()?;
-        ledger.recover(crate::clock::now_ms())?;
-        Ok(ledger)
+        let db = Arc::new(Database::create(&path).map_err(|e| LedgerError::open(&path, e))?);
+        init(&db, &path)?;
+        recover(&db, crate::clock::now_ms())?;
+        Ledger::serve(db, path)
     }
 
     /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
@@ -99,9 +101,15 @@ impl Ledger {
         let db = Database::builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| LedgerError::open(Path::new(":memory:"), e))?;
-        let ledger = Ledger { db: Arc::new(db), path: PathBuf::from(":memory:") };
-        ledger.init()?;
-        Ok(ledger)
+        let db = Arc::new(db);
+        let path = PathBuf::from(":memory:");
+        init(&db, &path)?;
+        Ledger::serve(db, path)
+    }
+
+    fn serve(db: Arc<Database>, path: PathBuf) -> Result<Self, LedgerError> {
+        let writer = Arc::new(writer::Writer::start(db.clone())?);
+        Ok(Ledger { db, path, writer })
     }
 
     /// Runs ledger methods on tokio's blocking pool: redb blocks (and fsyncs), the callers are async.
@@ -119,132 +127,96 @@ impl Ledger {
         &self.path
     }
 
-    fn init(&self) -> Result<(), LedgerError> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut meta = txn.open_table(META)?;
-            let version = meta.get(SCHEMA_VERSION_KEY)?.map(|v| v.value());
-            match version {
-                None => {
-                    meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
-                }
-                Some(SCHEMA_VERSION) => {}
-                Some(other) => {
-                    return Err(LedgerError::Corrupt {
-                        what: format!(
-                            "{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}",
-                            self.path.display()
-                        ),
-                    });
-                }
-            }
-            // Create every table, so read transactions never meet a missing one.
-            txn.open_table(OPERATIONS)?;
-            txn.open_table(EFFECTS)?;
-            txn.open_table(ATTEMPTS)?;
-            txn.open_table(RUN_STEPS)?;
-            txn.open_table(KV)?;
-            txn.open_table(OUTBOX)?;
-        }
-        txn.commit()?;
-        Ok(())
+    /// Durable write transactions committed since this ledger was opened. Concurrent writes share
+    /// one, so under load this grows slower than the number of writes.
+    pub fn commits(&self) -> u64 {
+        self.writer.commits()
     }
+}
 
-    fn recover(&self, now_ms: u64) -> Result<(), LedgerError> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut ops = txn.open_table(OPERATIONS)?;
-            let mut effects = txn.open_table(EFFECTS)?;
-            let mut claimed = Vec::new();
-            for entry in ops.iter()? {
-                let (key, value) = entry?;
-                let op: OperationRecord = decode("operations", key.value(), value.value())?;
-                if op.status == OperationStatus::Claimed {
-                    claimed.push(op);
-                }
+/// Creates the tables and checks the schema version. Runs before the writer starts.
+fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
+    let txn = db.begin_write()?;
+    {
+        let mut meta = txn.open_table(META)?;
+        let version = meta.get(SCHEMA_VERSION_KEY)?.map(|v| v.value());
+        match version {
+            None => {
+                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
-            for mut op in claimed {
-                let mut in_doubt = None;
-                for mut effect in effects_of(&effects, &op.key)? {
-                    if effect.status == EffectStatus::Dispatched {
-                        effect.status = EffectStatus::Unknown;
-                        effect.error = Some("the host stopped before the answer arrived".into());
-                        effect.updated_ms = now_ms;
-                        put(&mut effects, (op.key.as_str(), effect.key.as_str()), &effect)?;
-                    }
-                    if effect.status.in_doubt() {
-                        in_doubt.get_or_insert(effect.key);
-                    }
-                }
-                if let Some(effect_key) = in_doubt {
-                    op.status = OperationStatus::Unknown;
-                    op.error = Some(ErrorRecord {
-                        class: "unknown-outcome".into(),
-                        message: format!(
-                            "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
-                        ),
-                    });
-                }
-                op.lease_until_ms = 0;
-                op.updated_ms = now_ms;
-                put(&mut ops, op.key.as_str(), &op)?;
+            Some(SCHEMA_VERSION) => {}
+            Some(other) => {
+                return Err(LedgerError::Corrupt {
+                    what: format!(
+                        "{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}",
+                        path.display()
+                    ),
+                });
             }
         }
-        txn.commit()?;
-        Ok(())
+        // Create every table, so read transactions never meet a missing one.
+        txn.open_table(OPERATIONS)?;
+        txn.open_table(EFFECTS)?;
+        txn.open_table(ATTEMPTS)?;
+        txn.open_table(RUN_STEPS)?;
+        txn.open_table(KV)?;
+        txn.open_table(OUTBOX)?;
     }
+    txn.commit()?;
+    Ok(())
+}
 
+/// Effects written ahead but never answered become `unknown`, operations holding one become
+/// `unknown`, and the other claims lose their lease. Runs at open, before the writer starts.
+fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
+    let txn = db.begin_write()?;
+    {
+        let mut ops = txn.open_table(OPERATIONS)?;
+        let mut effects = txn.open_table(EFFECTS)?;
+        let mut claimed = Vec::new();
+        for entry in ops.iter()? {
+            let (key, value) = entry?;
+            let op: OperationRecord = decode("operations", key.value(), value.value())?;
+            if op.status == OperationStatus::Claimed {
+                claimed.push(op);
+            }
+        }
+        for mut op in claimed {
+            let mut in_doubt = None;
+            for mut effect in effects_of(&effects, &op.key)? {
+                if effect.status == EffectStatus::Dispatched {
+                    effect.status = EffectStatus::Unknown;
+                    effect.error = Some("the host stopped before the answer arrived".into());
+                    effect.updated_ms = now_ms;
+                    put(&mut effects, (op.key.as_str(), effect.key.as_str()), &effect)?;
+                }
+                if effect.status.in_doubt() {
+                    in_doubt.get_or_insert(effect.key);
+                }
+            }
+            if let Some(effect_key) = in_doubt {
+                op.status = OperationStatus::Unknown;
+                op.error = Some(ErrorRecord {
+                    class: "unknown-outcome".into(),
+                    message: format!(
+                        "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
+                    ),
+                });
+            }
+            op.lease_until_ms = 0;
+            op.updated_ms = now_ms;
+            put(&mut ops, op.key.as_str(), &op)?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+impl Ledger {
     /// Decides, atomically, who runs an operation.
     pub fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
-        let txn = self.db.begin_write()?;
-        let claim = {
-            let mut ops = txn.open_table(OPERATIONS)?;
-            let existing: Option<OperationRecord> = get(&ops, req.key.as_str())?;
-            match existing {
-                Some(op) if op.fingerprint != req.fingerprint => Claim::Conflict(op),
-                Some(op) if op.status != OperationStatus::Claimed => Claim::Recorded(op),
-                Some(op) if op.lease_until_ms > req.now_ms => Claim::InProgress(op),
-                Some(mut op) => {
-                    // The lease expired: the previous owner stalled or died. Take over.
-                    op.fence += 1;
-                    op.owner.clone_from(&req.owner);
-                    op.lease_until_ms = req.now_ms + req.lease_ms;
-                    op.updated_ms = req.now_ms;
-                    put(&mut ops, req.key.as_str(), &op)?;
-                    Claim::Owned { fence: op.fence, previous_attempts: op.attempts }
-                }
-                None => {
-                    let op = OperationRecord {
-                        key: req.key.clone(),
-                        run_id: req.run_id.clone(),
-                        step_id: req.step_id.clone(),
-                        tool: req.tool.clone(),
-                        class: req.class,
-                        fingerprint: req.fingerprint.clone(),
-                        args: req.args.clone(),
-                        status: OperationStatus::Claimed,
-                        owner: req.owner.clone(),
-                        lease_until_ms: req.now_ms + req.lease_ms,
-                        fence: 1,
-                        attempts: 0,
-                        output: None,
-                        error: None,
-                        created_ms: req.now_ms,
-                        updated_ms: req.now_ms,
-                    };
-                    put(&mut ops, req.key.as_str(), &op)?;
-                    let mut steps = txn.open_table(RUN_STEPS)?;
-                    steps.insert((req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()), req.key.as_str())?;
-                    Claim::Owned { fence: 1, previous_attempts: 0 }
-                }
-            }
-        };
-        if matches!(claim, Claim::Owned { .. }) {
-            txn.commit()?;
-        } else {
-            txn.abort()?;
-        }
-        Ok(claim)
+        let req = req.clone();
+        self.writer.submit(move |txn| claim(txn, &req))
     }
 
     /// Records one attempt and, when the call is over, the operation's final state.
@@ -255,37 +227,14 @@ impl Ledger {
         finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
         now_ms: u64,
     ) -> Result<(), LedgerError> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut ops = txn.open_table(OPERATIONS)?;
-            let mut op = owned_operation(&ops, &attempt.operation_key, fence)?;
-            op.attempts = op.attempts.max(attempt.attempt);
-            op.updated_ms = now_ms;
-            if let Some((status, output, error)) = finish {
-                op.status = status;
-                op.output = output;
-                op.error = error;
-                op.lease_until_ms = 0;
-            }
-            put(&mut ops, op.key.as_str(), &op)?;
-            let mut attempts = txn.open_table(ATTEMPTS)?;
-            put(&mut attempts, (attempt.operation_key.as_str(), attempt.attempt), attempt)?;
-        }
-        txn.commit()?;
-        Ok(())
+        let attempt = attempt.clone();
+        self.writer.submit(move |txn| record_attempt(txn, fence, &attempt, finish, now_ms))
     }
 
     /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`.
     pub fn put_effect(&self, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
-        let txn = self.db.begin_write()?;
-        {
-            let ops = txn.open_table(OPERATIONS)?;
-            owned_operation(&ops, &effect.operation_key, fence)?;
-            let mut effects = txn.open_table(EFFECTS)?;
-            put(&mut effects, (effect.operation_key.as_str(), effect.key.as_str()), effect)?;
-        }
-        txn.commit()?;
-        Ok(())
+        let effect = effect.clone();
+        self.writer.submit(move |txn| put_effect(txn, fence, &effect))
     }
 
     /// Applies a KV or outbox write and its effect record in one transaction: exactly once.
@@ -295,50 +244,8 @@ impl Ledger {
         effect: &EffectRecord,
         write: &LocalWrite,
     ) -> Result<LocalOutcome, LedgerError> {
-        let txn = self.db.begin_write()?;
-        let outcome = {
-            let ops = txn.open_table(OPERATIONS)?;
-            owned_operation(&ops, &effect.operation_key, fence)?;
-            let mut effects = txn.open_table(EFFECTS)?;
-            let id = (effect.operation_key.as_str(), effect.key.as_str());
-            match get::<_, EffectRecord>(&effects, id)? {
-                Some(existing) if existing.fingerprint != effect.fingerprint => {
-                    LocalOutcome::Diverged(Box::new(existing))
-                }
-                Some(_) => LocalOutcome::AlreadyApplied,
-                None => {
-                    match write {
-                        LocalWrite::KvSet { namespace, key, value } => {
-                            txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
-                        }
-                        LocalWrite::KvDelete { namespace, key } => {
-                            txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
-                        }
-                        LocalWrite::Outbox { topic, payload } => {
-                            let mut meta = txn.open_table(META)?;
-                            let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
-                            meta.insert(OUTBOX_SEQ_KEY, seq)?;
-                            let message = OutboxMessage {
-                                seq,
-                                effect_key: effect.key.clone(),
-                                topic: topic.clone(),
-                                payload: payload.clone(),
-                                enqueued_ms: effect.updated_ms,
-                            };
-                            put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
-                        }
-                    }
-                    put(&mut effects, id, effect)?;
-                    LocalOutcome::Applied
-                }
-            }
-        };
-        if outcome == LocalOutcome::Applied {
-            txn.commit()?;
-        } else {
-            txn.abort()?;
-        }
-        Ok(outcome)
+        let (effect, write) = (effect.clone(), write.clone());
+        self.writer.submit(move |txn| apply_local(txn, fence, &effect, &write))
     }
 
     /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
@@ -349,43 +256,165 @@ impl Ledger {
         resolution: &Resolution,
         now_ms: u64,
     ) -> Result<OperationRecord, LedgerError> {
-        let txn = self.db.begin_write()?;
-        let op = {
-            let mut ops = txn.open_table(OPERATIONS)?;
-            let mut effects = txn.open_table(EFFECTS)?;
-            let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
-            let mut op: OperationRecord = get(&ops, operation_key)?.ok_or_else(not_in_doubt)?;
-            let mut effect: EffectRecord = get(&effects, (operation_key, effect_key))?.ok_or_else(not_in_doubt)?;
-            if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
-                return Err(not_in_doubt());
-            }
-            effect.updated_ms = now_ms;
-            op.updated_ms = now_ms;
-            op.lease_until_ms = 0;
-            match resolution {
-                Resolution::Committed { output } => {
-                    effect.status = EffectStatus::Completed;
-                    effect.error = Some("reconciled: the authority confirmed it took place".into());
-                    op.status = OperationStatus::Completed;
-                    op.output = Some(output.clone());
-                    op.error = None;
-                }
-                Resolution::NotCommitted => {
-                    // Claimed with an expired lease: the next call takes it over and resends.
-                    effect.status = EffectStatus::Retryable;
-                    effect.error = Some("reconciled: the authority has no record of it".into());
-                    op.status = OperationStatus::Claimed;
-                    op.error = None;
-                }
-            }
-            put(&mut effects, (operation_key, effect_key), &effect)?;
-            put(&mut ops, operation_key, &op)?;
-            op
-        };
-        txn.commit()?;
-        Ok(op)
+        let (op, effect, resolution) = (operation_key.to_string(), effect_key.to_string(), resolution.clone());
+        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms))
     }
+}
 
+// The write jobs. Each decides before it writes (see `writer.rs`).
+
+fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+    let mut ops = txn.open_table(OPERATIONS)?;
+    let existing: Option<OperationRecord> = get(&ops, req.key.as_str())?;
+    Ok(match existing {
+        Some(op) if op.fingerprint != req.fingerprint => Claim::Conflict(op),
+        Some(op) if op.status != OperationStatus::Claimed => Claim::Recorded(op),
+        Some(op) if op.lease_until_ms > req.now_ms => Claim::InProgress(op),
+        Some(mut op) => {
+            // The lease expired: the previous owner stalled or died. Take over.
+            op.fence += 1;
+            op.owner.clone_from(&req.owner);
+            op.lease_until_ms = req.now_ms + req.lease_ms;
+            op.updated_ms = req.now_ms;
+            put(&mut ops, req.key.as_str(), &op)?;
+            Claim::Owned { fence: op.fence, previous_attempts: op.attempts }
+        }
+        None => {
+            let op = OperationRecord {
+                key: req.key.clone(),
+                run_id: req.run_id.clone(),
+                step_id: req.step_id.clone(),
+                tool: req.tool.clone(),
+                class: req.class,
+                fingerprint: req.fingerprint.clone(),
+                args: req.args.clone(),
+                status: OperationStatus::Claimed,
+                owner: req.owner.clone(),
+                lease_until_ms: req.now_ms + req.lease_ms,
+                fence: 1,
+                attempts: 0,
+                output: None,
+                error: None,
+                created_ms: req.now_ms,
+                updated_ms: req.now_ms,
+            };
+            put(&mut ops, req.key.as_str(), &op)?;
+            let mut steps = txn.open_table(RUN_STEPS)?;
+            steps.insert((req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()), req.key.as_str())?;
+            Claim::Owned { fence: 1, previous_attempts: 0 }
+        }
+    })
+}
+
+fn record_attempt(
+    txn: &WriteTransaction,
+    fence: u64,
+    attempt: &AttemptRecord,
+    finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
+    now_ms: u64,
+) -> Result<(), LedgerError> {
+    let mut ops = txn.open_table(OPERATIONS)?;
+    let mut op = owned_operation(&ops, &attempt.operation_key, fence)?;
+    op.attempts = op.attempts.max(attempt.attempt);
+    op.updated_ms = now_ms;
+    if let Some((status, output, error)) = finish {
+        op.status = status;
+        op.output = output;
+        op.error = error;
+        op.lease_until_ms = 0;
+    }
+    put(&mut ops, op.key.as_str(), &op)?;
+    let mut attempts = txn.open_table(ATTEMPTS)?;
+    put(&mut attempts, (attempt.operation_key.as_str(), attempt.attempt), attempt)
+}
+
+fn put_effect(txn: &WriteTransaction, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
+    owned_operation(&txn.open_table(OPERATIONS)?, &effect.operation_key, fence)?;
+    let mut effects = txn.open_table(EFFECTS)?;
+    put(&mut effects, (effect.operation_key.as_str(), effect.key.as_str()), effect)
+}
+
+fn apply_local(
+    txn: &WriteTransaction,
+    fence: u64,
+    effect: &EffectRecord,
+    write: &LocalWrite,
+) -> Result<LocalOutcome, LedgerError> {
+    owned_operation(&txn.open_table(OPERATIONS)?, &effect.operation_key, fence)?;
+    let mut effects = txn.open_table(EFFECTS)?;
+    let id = (effect.operation_key.as_str(), effect.key.as_str());
+    match get::<_, EffectRecord>(&effects, id)? {
+        Some(existing) if existing.fingerprint != effect.fingerprint => {
+            return Ok(LocalOutcome::Diverged(Box::new(existing)));
+        }
+        Some(_) => return Ok(LocalOutcome::AlreadyApplied),
+        None => {}
+    }
+    match write {
+        LocalWrite::KvSet { namespace, key, value } => {
+            txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+        }
+        LocalWrite::KvDelete { namespace, key } => {
+            txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
+        }
+        LocalWrite::Outbox { topic, payload } => {
+            let mut meta = txn.open_table(META)?;
+            let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
+            meta.insert(OUTBOX_SEQ_KEY, seq)?;
+            let message = OutboxMessage {
+                seq,
+                effect_key: effect.key.clone(),
+                topic: topic.clone(),
+                payload: payload.clone(),
+                enqueued_ms: effect.updated_ms,
+            };
+            put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+        }
+    }
+    put(&mut effects, id, effect)?;
+    Ok(LocalOutcome::Applied)
+}
+
+fn resolve(
+    txn: &WriteTransaction,
+    operation_key: &str,
+    effect_key: &str,
+    resolution: &Resolution,
+    now_ms: u64,
+) -> Result<OperationRecord, LedgerError> {
+    let mut ops = txn.open_table(OPERATIONS)?;
+    let mut effects = txn.open_table(EFFECTS)?;
+    let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
+    let mut op: OperationRecord = get(&ops, operation_key)?.ok_or_else(not_in_doubt)?;
+    let mut effect: EffectRecord = get(&effects, (operation_key, effect_key))?.ok_or_else(not_in_doubt)?;
+    if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
+        return Err(not_in_doubt());
+    }
+    effect.updated_ms = now_ms;
+    op.updated_ms = now_ms;
+    op.lease_until_ms = 0;
+    match resolution {
+        Resolution::Committed { output } => {
+            effect.status = EffectStatus::Completed;
+            effect.error = Some("reconciled: the authority confirmed it took place".into());
+            op.status = OperationStatus::Completed;
+            op.output = Some(output.clone());
+            op.error = None;
+        }
+        Resolution::NotCommitted => {
+            // Claimed with an expired lease: the next call takes it over and resends.
+            effect.status = EffectStatus::Retryable;
+            effect.error = Some("reconciled: the authority has no record of it".into());
+            op.status = OperationStatus::Claimed;
+            op.error = None;
+        }
+    }
+    put(&mut effects, (operation_key, effect_key), &effect)?;
+    put(&mut ops, operation_key, &op)?;
+    Ok(op)
+}
+
+impl Ledger {
     pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
         get(&txn.open_table(OPERATIONS)?, key)

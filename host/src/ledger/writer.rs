@@ -1,0 +1,269 @@
+//! Group commit: one thread owns every write transaction. Callers hand it jobs; it runs whatever
+//! has queued up as one redb transaction, commits it durably, and only then answers each caller.
+//! While one batch is being written and fsync'd the next one queues, so the batch size follows the
+//! load with no timer: one caller alone pays one commit, 64 callers share a handful.
+//!
+//! The rule for a job: decide first, then write. A job that refuses (a fenced write, a conflict)
+//! must do so before it writes anything, so its refusal leaves the shared transaction as it found
+//! it. A storage failure after writing may leave it half-done, so it fails the whole batch: every
+//! caller in it is told nothing was recorded, which is true, since nothing was committed.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+use redb::{Database, WriteTransaction};
+
+use super::LedgerError;
+
+/// The most jobs one transaction carries: bounds how long the first caller of a batch waits for
+/// the last one's work.
+const MAX_BATCH: usize = 512;
+
+type Answer = Result<Box<dyn Any + Send>, LedgerError>;
+
+struct Job {
+    run: Box<dyn FnOnce(&WriteTransaction) -> Answer + Send>,
+    reply: SyncSender<Answer>,
+}
+
+pub(super) struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    commits: Arc<AtomicU64>,
+    /// Jobs handed over and not yet taken into a batch.
+    queued: Arc<AtomicU64>,
+}
+
+impl Writer {
+    pub fn start(db: Arc<Database>) -> Result<Writer, LedgerError> {
+        let (jobs, queue) = mpsc::channel();
+        let (commits, queued) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let counters = (commits.clone(), queued.clone());
+        let thread = std::thread::Builder::new()
+            .name("oncebox-ledger-writer".into())
+            .spawn(move || run(&db, &queue, &counters.0, &counters.1))
+            .map_err(|e| LedgerError::Writer { reason: format!("cannot start the writer thread: {e}") })?;
+        Ok(Writer { jobs: Some(jobs), thread: Some(thread), commits, queued })
+    }
+
+    /// Durable transactions committed so far (each carries one batch).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Runs `job` in the next batch and returns its answer once the batch is durable.
+    pub fn submit<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&WriteTransaction) -> Result<R, LedgerError> + Send + 'static,
+    ) -> Result<R, LedgerError> {
+        let stopped = || LedgerError::Writer { reason: "the writer thread has stopped".into() };
+        let (reply, answer) = mpsc::sync_channel(1);
+        let run = Box::new(move |txn: &WriteTransaction| job(txn).map(|r| Box::new(r) as Box<dyn Any + Send>));
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.jobs.as_ref().ok_or_else(stopped)?.send(Job { run, reply }).map_err(|_| stopped())?;
+        let answer = answer.recv().map_err(|_| stopped())??;
+        // The job above boxed an `R`; nothing else answers on this channel.
+        answer.downcast::<R>().map(|r| *r).map_err(|_| LedgerError::Writer { reason: "mismatched answer".into() })
+    }
+}
+
+impl Drop for Writer {
+    /// Closes the queue and waits for the thread, so the database is closed when the last ledger
+    /// handle is gone (and the file can be opened again at once).
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(db: &Database, queue: &Receiver<Job>, commits: &AtomicU64, queued: &AtomicU64) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        queued.fetch_sub(batch.len() as u64, Ordering::Relaxed);
+        if commit(db, batch) {
+            commits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One transaction for the whole batch; every caller hears back after the commit (or its failure).
+/// Returns whether it committed.
+fn commit(db: &Database, batch: Vec<Job>) -> bool {
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => {
+            fail_all(batch.into_iter().map(|job| job.reply), &e.to_string());
+            return false;
+        }
+    };
+    let mut answered = Vec::with_capacity(batch.len());
+    let mut poisoned = None;
+    for job in batch {
+        if poisoned.is_some() {
+            answered.push((job.reply, None));
+            continue;
+        }
+        let answer = (job.run)(&txn);
+        if let Err(e @ (LedgerError::Storage(_) | LedgerError::Corrupt { .. })) = &answer {
+            poisoned = Some(e.to_string());
+        }
+        answered.push((job.reply, Some(answer)));
+    }
+    let committed = match poisoned {
+        Some(reason) => {
+            let _ = txn.abort();
+            Err(reason)
+        }
+        None => txn.commit().map_err(|e| e.to_string()),
+    };
+    match committed {
+        Ok(()) => {
+            for (reply, answer) in answered {
+                if let Some(answer) = answer {
+                    let _ = reply.send(answer);
+                }
+            }
+            true
+        }
+        Err(reason) => {
+            fail_all(answered.into_iter().map(|(reply, _)| reply), &reason);
+            false
+        }
+    }
+}
+
+fn fail_all(replies: impl Iterator<Item = SyncSender<Answer>>, reason: &str) {
+    for reply in replies {
+        let _ = reply.send(Err(LedgerError::BatchFailed { reason: reason.to_string() }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::{ReadableDatabase, TableDefinition};
+
+    const T: TableDefinition<u64, u64> = TableDefinition::new("t");
+
+    fn writer() -> (Arc<Database>, Arc<Writer>) {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map(Arc::new)
+            .expect("in-memory database");
+        let writer = Arc::new(Writer::start(db.clone()).expect("writer"));
+        (db, writer)
+    }
+
+    fn insert(writer: &Writer, k: u64) -> Result<u64, LedgerError> {
+        writer.submit(move |txn| {
+            txn.open_table(T)?.insert(k, k)?;
+            Ok(k)
+        })
+    }
+
+    fn read(db: &Database, k: u64) -> Option<u64> {
+        let txn = db.begin_read().expect("read");
+        let table = txn.open_table(T).ok()?;
+        table.get(k).expect("get").map(|v| v.value())
+    }
+
+    /// Waits (bounded) until `n` jobs are queued behind the running batch.
+    fn until_queued(writer: &Writer, n: u64) {
+        for _ in 0..1000 {
+            if writer.queued.load(Ordering::Relaxed) == n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("{n} jobs never queued up");
+    }
+
+    /// Holds the writer inside a batch until the returned sender is dropped.
+    fn hold(writer: &Arc<Writer>) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release, held) = mpsc::channel::<()>();
+        let (started, running) = mpsc::channel::<()>();
+        let w = writer.clone();
+        let holder = std::thread::spawn(move || {
+            w.submit(move |_| {
+                let _ = started.send(());
+                let _ = held.recv();
+                Ok(())
+            })
+            .expect("the held job commits");
+        });
+        running.recv().expect("the writer runs the held job");
+        (release, holder)
+    }
+
+    #[test]
+    fn jobs_queued_during_a_commit_share_the_next_one_and_hear_back_only_after_it() {
+        let (db, writer) = writer();
+        let (release, holder) = hold(&writer);
+        let callers: Vec<_> = (0..63)
+            .map(|k| {
+                let w = writer.clone();
+                std::thread::spawn(move || insert(&w, k))
+            })
+            .collect();
+        // Nobody is answered while the batch ahead of them is still open.
+        until_queued(&writer, 63);
+        assert!(callers.iter().all(|c| !c.is_finished()), "a caller was answered before its commit");
+        assert_eq!(read(&db, 0), None);
+        drop(release);
+        holder.join().expect("holder");
+        for (k, caller) in callers.into_iter().enumerate() {
+            assert_eq!(caller.join().expect("caller").expect("recorded"), k as u64);
+            assert_eq!(read(&db, k as u64), Some(k as u64), "answered, so durable and visible");
+        }
+        assert_eq!(writer.commits(), 2, "63 writes queued behind one batch commit together");
+    }
+
+    #[test]
+    fn a_refusal_leaves_its_batch_alone_and_a_storage_failure_fails_the_batch() {
+        let (db, writer) = writer();
+        let (release, holder) = hold(&writer);
+        let w = writer.clone();
+        let refused = std::thread::spawn(move || {
+            w.submit(|_| -> Result<(), LedgerError> {
+                Err(LedgerError::Fenced { operation_key: "op".into(), fence: 1, current: 2 })
+            })
+        });
+        let w = writer.clone();
+        let fine = std::thread::spawn(move || insert(&w, 7));
+        until_queued(&writer, 2);
+        drop(release);
+        holder.join().expect("holder");
+        assert!(matches!(refused.join().expect("thread"), Err(LedgerError::Fenced { .. })));
+        assert_eq!(fine.join().expect("thread").expect("recorded"), 7);
+        assert_eq!(read(&db, 7), Some(7));
+
+        let (release, holder) = hold(&writer);
+        let w = writer.clone();
+        let doomed = std::thread::spawn(move || insert(&w, 8));
+        let w = writer.clone();
+        let poison = std::thread::spawn(move || {
+            w.submit(|txn| -> Result<(), LedgerError> {
+                txn.open_table(T)?.insert(9, 9)?;
+                Err(LedgerError::Corrupt { what: "a write went wrong halfway".into() })
+            })
+        });
+        until_queued(&writer, 2);
+        drop(release);
+        holder.join().expect("holder");
+        assert!(matches!(doomed.join().expect("thread"), Err(LedgerError::BatchFailed { .. })));
+        assert!(matches!(poison.join().expect("thread"), Err(LedgerError::BatchFailed { .. })));
+        assert_eq!((read(&db, 8), read(&db, 9)), (None, None), "nothing of the failed batch was recorded");
+        assert_eq!(insert(&writer, 10).expect("the writer goes on"), 10);
+    }
+}
