@@ -32,6 +32,7 @@ pub struct HostBuilder {
     lease: Duration,
     /// PEM certificates trusted for HTTPS on top of the system's roots.
     tls_roots: Vec<Vec<u8>>,
+    compile_cache: Option<PathBuf>,
 }
 
 impl HostBuilder {
@@ -53,6 +54,7 @@ impl HostBuilder {
             limits: HashMap::new(),
             lease: DEFAULT_LEASE,
             tls_roots: Vec::new(),
+            compile_cache: None,
         }
     }
 
@@ -116,6 +118,14 @@ impl HostBuilder {
         self
     }
 
+    /// Keeps compiled components in `dir` (created if missing), so the next process that loads
+    /// the same component with the same engine skips compiling it. Entries are checksummed; a
+    /// corrupt or stale one is compiled again, never used.
+    pub fn compile_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.compile_cache = Some(dir.into());
+        self
+    }
+
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -135,7 +145,7 @@ impl HostBuilder {
         });
         Ok(Host {
             inner: Arc::new(Inner {
-                runtime: Runtime::new()?,
+                runtime: Runtime::new(self.compile_cache)?,
                 shared,
                 tools: RwLock::new(HashMap::new()),
                 config: RwLock::new(self.config.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),

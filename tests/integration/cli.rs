@@ -8,7 +8,19 @@ use serde_json::Value;
 use crate::support::charge;
 
 fn oncebox(args: &[&str]) -> (i32, Value, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_oncebox")).args(args).output().expect("run oncebox");
+    // The suite's own compile cache, so the tests neither compile every component in every process
+    // nor write to the home directory.
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    oncebox_with(args, &[("ONCEBOX_CACHE", cache.to_str().expect("utf8"))])
+}
+
+fn oncebox_with(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    command.args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("run oncebox");
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null);
     (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
@@ -178,4 +190,40 @@ async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispa
     assert_eq!(outcome["replayed"], true);
     assert_eq!(provider.requests(), 1, "the second process dispatched nothing");
     assert_eq!(provider.counts("o-1").payments, 1);
+}
+
+#[test]
+fn a_second_process_loads_the_compiled_component_from_the_disk_cache_and_a_corrupt_entry_is_recompiled() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cache = dir.path().join("cache");
+    let env = [("ONCEBOX_CACHE", cache.to_str().expect("utf8")), ("ONCEBOX_LOG", "oncebox=debug")];
+    let inspect = || oncebox_with(&["inspect", oncebox_artifacts::CHARGE], &env);
+
+    let (code, first, stderr) = inspect();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("disk cache"), "nothing to load the first time: {stderr}");
+    let entries: Vec<_> = std::fs::read_dir(&cache).expect("cache dir").map(|e| e.expect("entry").path()).collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+
+    let (code, second, stderr) = inspect();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("loaded from the disk cache"), "{stderr}");
+    assert_eq!(first, second, "the cached component describes itself the same");
+
+    // A flipped byte in the middle: the checksum refuses it, the component is compiled again.
+    let mut bytes = std::fs::read(&entries[0]).expect("read entry");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&entries[0], &bytes).expect("corrupt entry");
+    let (code, third, stderr) = inspect();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("corrupt; compiling again"), "{stderr}");
+    assert!(!stderr.contains("loaded from the disk cache"), "{stderr}");
+    assert_eq!(first, third);
+    // A truncated entry too; and the rewritten entry is good again.
+    std::fs::write(&entries[0], &bytes[..10]).expect("truncate entry");
+    let (_, _, stderr) = inspect();
+    assert!(stderr.contains("corrupt; compiling again"), "{stderr}");
+    let (_, _, stderr) = inspect();
+    assert!(stderr.contains("loaded from the disk cache"), "rewritten after the recompile: {stderr}");
 }

@@ -89,3 +89,33 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
     let attempts = host.ledger().attempts(&key).expect("attempts");
     assert!(attempts.iter().all(|a| a.fence == 2), "nothing of A's was recorded after the takeover");
 }
+
+#[tokio::test]
+async fn a_second_process_on_the_same_ledger_gets_a_clear_error_and_the_file_stays_whole() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let host = oncebox::Host::builder(&ledger).build().await.expect("first process");
+    host.load(oncebox_artifacts::PANICKY).await.expect("load");
+    let call = oncebox::Call::step("r", "s", "panicky", serde_json::json!({"mode": "ok", "echo": "kept"}).to_string());
+    assert_eq!(host.call(call.clone()).await.expect("call").status, oncebox::Status::Completed);
+
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["ledger", "list", "--ledger", ledger.to_str().expect("utf8")])
+        .env("ONCEBOX_CACHE", "off")
+        .output()
+        .expect("run a second process");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(3), "a host failure, not a hang: {stderr}");
+    assert!(stderr.contains("open in another process"), "{stderr}");
+    assert!(stderr.contains("serve it from that process, or use a shared backend"), "{stderr}");
+
+    // The first process goes on, and after it closes the file, it opens with every record.
+    let again = host.call(call.clone()).await.expect("call");
+    assert!(again.replayed);
+    drop(host);
+    let reopened = oncebox::Host::builder(&ledger).build().await.expect("reopen after the first process closed");
+    reopened.load(oncebox_artifacts::PANICKY).await.expect("load");
+    let replay = reopened.call(call).await.expect("call");
+    assert!(replay.replayed, "{replay:?}");
+    assert_eq!(replay.output.expect("output")["echo"], "kept");
+}

@@ -58,7 +58,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 
 /// Builds the host the flags describe, loads the tool and shapes the call.
 pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
-    let mut builder = Host::builder(&args.ledger);
+    let mut builder = super::cached(Host::builder(&args.ledger));
     if let Some(path) = &args.policy {
         builder = builder.policy_file(PolicyFile::load(path)?);
     }

@@ -115,7 +115,7 @@ async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> an
         ..Default::default()
     };
     let base = provider.base_url();
-    let host = Host::builder(ledger)
+    let host = super::cached(Host::builder(ledger))
         .http_target(provider.addr().to_string(), target)
         .tool_config("stock", "base_url", base.clone())
         .tool_config("charge", "base_url", base.clone())

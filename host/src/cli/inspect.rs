@@ -13,7 +13,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
-    let host = Host::builder_in_memory().build().await?;
+    let host = super::cached(Host::builder_in_memory()).build().await?;
     let manifest = host.load(&args.tool).await?;
     let (imports, exports) = host.interface(&manifest.name).unwrap_or_default();
     print_json(&serde_json::json!({

@@ -10,6 +10,7 @@ mod ledger;
 mod policy;
 mod reconcile;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -47,6 +48,22 @@ pub enum Command {
     /// Lose the first charge response of a few orders: a naive retry loop charges twice, oncebox once.
     #[cfg(feature = "demo")]
     Demo(demo::Args),
+}
+
+/// Gives a host the CLI's compile cache, so the second run of a command loads its component in
+/// milliseconds: `$ONCEBOX_CACHE` (`off` for none), else `$XDG_CACHE_HOME/oncebox`, else
+/// `$HOME/.cache/oncebox`.
+pub fn cached(builder: oncebox::HostBuilder) -> oncebox::HostBuilder {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let dir = match var("ONCEBOX_CACHE") {
+        Some(dir) if dir.as_os_str() == "off" => None,
+        Some(dir) => Some(dir),
+        None => var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache"))).map(|d| d.join("oncebox")),
+    };
+    match dir {
+        Some(dir) => builder.compile_cache(dir),
+        None => builder,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

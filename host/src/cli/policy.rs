@@ -23,7 +23,7 @@ pub enum Command {
 pub async fn run(command: Command) -> anyhow::Result<Exit> {
     let Command::Show { tool, policy } = command;
     let file = policy.as_deref().map(PolicyFile::load).transpose()?.unwrap_or_else(PolicyFile::empty);
-    let host = Host::builder_in_memory().policy_file(file).build().await?;
+    let host = super::cached(Host::builder_in_memory()).policy_file(file).build().await?;
     let manifest = host.load(&tool).await?;
     let effective = host.policy(&manifest.name).ok_or_else(|| anyhow::anyhow!("{} has no policy", manifest.name))?;
     let mut json = effective.to_json();

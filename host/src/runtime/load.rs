@@ -1,14 +1,11 @@
 //! Loading a component: compile, check its imports against the allowed set, read its manifest,
 //! and check that the class it declares matches what it imports and exports.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
-
-use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 use serde::Serialize;
-use wasmtime::component::{Component, InstancePre};
+use wasmtime::component::InstancePre;
 
 use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
 use super::{MAX_COMPONENT_BYTES, Runtime, StoreState};
@@ -119,7 +116,8 @@ impl Runtime {
         if is_core_module(&bytes) {
             return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));
         }
-        let component = compile(&self.engine, &bytes).map_err(|e| not_component(format!("{e:#}")))?;
+        let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
+            .map_err(|e| not_component(format!("{e:#}")))?;
 
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
@@ -209,26 +207,6 @@ pub fn check_grants(tool: &LoadedTool, grants: &Grants) -> Result<(), LoadError>
         }
     }
     Ok(())
-}
-
-/// Compiles a component once per process: hosts share the engine, so a component loaded by
-/// several hosts (or loaded again) is compiled only the first time. Keyed by the bytes' SHA-256.
-fn compile(engine: &wasmtime::Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
-    /// Beyond this many distinct components the cache starts over rather than grow without bound.
-    const MAX_CACHED: usize = 256;
-    static CACHE: OnceLock<Mutex<HashMap<[u8; 32], Component>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let digest: [u8; 32] = Sha256::digest(bytes).into();
-    if let Some(component) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&digest) {
-        return Ok(component.clone());
-    }
-    let component = Component::new(engine, bytes)?;
-    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= MAX_CACHED {
-        cache.clear();
-    }
-    cache.insert(digest, component.clone());
-    Ok(component)
 }
 
 fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManifest, LoadError> {

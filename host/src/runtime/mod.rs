@@ -2,10 +2,12 @@
 //! and one attempt's invocation.
 
 pub mod bindings;
+mod cache;
 mod invoke;
 mod load;
 mod state;
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -24,14 +26,16 @@ pub const MAX_COMPONENT_BYTES: u64 = 64 << 20;
 pub struct Runtime {
     engine: Engine,
     linker: Linker<StoreState>,
+    /// Where compiled components are kept between processes (`cache.rs`), if anywhere.
+    cache_dir: Option<PathBuf>,
 }
 
 impl Runtime {
-    pub fn new() -> Result<Self, LoadError> {
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, LoadError> {
         let engine = shared_engine()?;
         let mut linker = Linker::new(&engine);
         state::add_to_linker(&mut linker).map_err(|e| LoadError::Engine(e.to_string()))?;
-        Ok(Runtime { engine, linker })
+        Ok(Runtime { engine, linker, cache_dir })
     }
 }
 
