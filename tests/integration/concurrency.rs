@@ -119,3 +119,182 @@ async fn a_second_process_on_the_same_ledger_gets_a_clear_error_and_the_file_sta
     assert!(replay.replayed, "{replay:?}");
     assert_eq!(replay.output.expect("output")["echo"], "kept");
 }
+
+/// The protocol of `effects/guard.rs` and `executor.rs`, reduced to ledger calls, for several
+/// workers interleaved at random with lease expiries. A worker claims the operation, reads the
+/// effect's record, writes it ahead, "dispatches" (counted here, where the effect would land), and
+/// records the answer and the attempt; any step can come late, after its lease expired.
+mod interleavings {
+    use oncebox::ReplayClass;
+    use oncebox::ledger::{
+        AttemptRecord, AttemptSource, Claim, ClaimRequest, EffectRecord, EffectStatus, Ledger, LedgerError,
+        OperationStatus,
+    };
+    use proptest::prelude::*;
+
+    const WORKERS: usize = 3;
+    const LEASE_MS: u64 = 100;
+    const OP: &str = "op";
+    const EFFECT: &str = "effect";
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Claim(usize),
+        /// Reads the effect's record and decides whether it may dispatch.
+        Read(usize),
+        /// Writes ahead and, if the ledger took it, dispatches.
+        Dispatch(usize),
+        /// Records the dispatched effect's answer.
+        Answer(usize, EffectStatus),
+        /// Records the attempt and the operation's end.
+        Finish(usize),
+        /// Time passes beyond every lease.
+        Expire,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let worker = 0..WORKERS;
+        let answer =
+            prop_oneof![Just(EffectStatus::Completed), Just(EffectStatus::Unknown), Just(EffectStatus::Retryable)];
+        prop_oneof![
+            worker.clone().prop_map(Step::Claim),
+            worker.clone().prop_map(Step::Read),
+            worker.clone().prop_map(Step::Dispatch),
+            (worker.clone(), answer).prop_map(|(w, a)| Step::Answer(w, a)),
+            worker.prop_map(Step::Finish),
+            Just(Step::Expire),
+        ]
+    }
+
+    #[derive(Debug, Default, Clone)]
+    struct Worker {
+        fence: Option<u64>,
+        may_dispatch: bool,
+        dispatched: bool,
+    }
+
+    fn effect(status: EffectStatus, now: u64) -> EffectRecord {
+        EffectRecord {
+            key: EFFECT.into(),
+            operation_key: OP.into(),
+            label: "charge".into(),
+            occurrence: 0,
+            kind: "http".into(),
+            target: "bank:443".into(),
+            fingerprint: "f".into(),
+            status,
+            response: None,
+            error: None,
+            dispatches: 1,
+            first_dispatched_ms: now,
+            updated_ms: now,
+        }
+    }
+
+    /// Runs `steps`; returns (dispatches, answers that said nothing took effect).
+    fn run(steps: &[Step]) -> (u32, u32) {
+        let ledger = Ledger::in_memory().expect("ledger");
+        let mut workers = vec![Worker::default(); WORKERS];
+        let (mut now, mut dispatches, mut not_taken) = (1_000u64, 0, 0);
+        let fenced = |r: Result<(), LedgerError>| match r {
+            Ok(()) => true,
+            Err(LedgerError::Fenced { .. }) => false,
+            Err(e) => panic!("unexpected ledger error: {e}"),
+        };
+        for step in steps {
+            match step.clone() {
+                Step::Claim(w) => {
+                    let request = ClaimRequest {
+                        key: OP.into(),
+                        run_id: "run".into(),
+                        step_id: "step".into(),
+                        tool: "charge".into(),
+                        class: ReplayClass::Irreversible,
+                        fingerprint: "args".into(),
+                        args: serde_json::Value::Null,
+                        owner: format!("worker-{w}"),
+                        now_ms: now,
+                        lease_ms: LEASE_MS,
+                    };
+                    if let Claim::Owned { fence, .. } = ledger.claim(&request).expect("claim") {
+                        workers[w] = Worker { fence: Some(fence), ..Worker::default() };
+                    }
+                }
+                Step::Read(w) => {
+                    if workers[w].fence.is_some() {
+                        let recorded = ledger.effect(OP, EFFECT).expect("read");
+                        // Only a record saying nothing took effect (or none) allows a dispatch; a
+                        // downstream that ignores keys never gets an in-doubt effect again.
+                        workers[w].may_dispatch = recorded.is_none_or(|e| e.status == EffectStatus::Retryable);
+                    }
+                }
+                Step::Dispatch(w) => {
+                    if let (Some(fence), true) = (workers[w].fence, workers[w].may_dispatch) {
+                        workers[w].may_dispatch = false;
+                        if fenced(ledger.put_effect(fence, &effect(EffectStatus::Dispatched, now))) {
+                            dispatches += 1;
+                            workers[w].dispatched = true;
+                        } else {
+                            workers[w].fence = None;
+                        }
+                    }
+                }
+                Step::Answer(w, status) => {
+                    if let (Some(fence), true) = (workers[w].fence, workers[w].dispatched) {
+                        workers[w].dispatched = false;
+                        if fenced(ledger.put_effect(fence, &effect(status, now))) {
+                            not_taken += u32::from(status == EffectStatus::Retryable);
+                        } else {
+                            workers[w].fence = None;
+                        }
+                    }
+                }
+                Step::Finish(w) => {
+                    if let Some(fence) = workers[w].fence.take() {
+                        let attempt = AttemptRecord {
+                            operation_key: OP.into(),
+                            run_id: "run".into(),
+                            step_id: "step".into(),
+                            tool: "charge".into(),
+                            attempt: 1,
+                            max_attempts: 1,
+                            fence,
+                            started_ms: now,
+                            duration_us: 0,
+                            outcome: "unknown-outcome".into(),
+                            message: None,
+                            source: AttemptSource::Fresh,
+                            downstream_accepted: None,
+                            effects: Vec::new(),
+                        };
+                        let end = Some((OperationStatus::Unknown, None, None));
+                        let _ = fenced(ledger.record_attempt(fence, &attempt, end, now));
+                    }
+                }
+                Step::Expire => now += LEASE_MS + 1,
+            }
+        }
+        (dispatches, not_taken)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_effect_key_is_dispatched_twice_unless_the_first_was_recorded_as_not_taken(
+            steps in proptest::collection::vec(step(), 1..80)
+        ) {
+            let (dispatches, not_taken) = run(&steps);
+            prop_assert!(dispatches <= 1 + not_taken, "{dispatches} dispatches, {not_taken} answers of nothing taken");
+        }
+    }
+
+    /// The interleaving the property is about, written out: a stalled owner that read "nothing
+    /// recorded" before its lease expired must not dispatch after the new owner did.
+    #[test]
+    fn a_stale_read_cannot_dispatch_after_a_takeover() {
+        use Step::*;
+        let steps = [Claim(0), Read(0), Expire, Claim(1), Read(1), Dispatch(1), Dispatch(0)];
+        assert_eq!(run(&steps), (1, 0));
+    }
+}
