@@ -281,6 +281,15 @@ impl Host {
         crate::reconcile::reconcile(&self.inner, &tool, call).await
     }
 
+    /// Creates one instance of a loaded tool and drops it, running nothing: the cost every attempt
+    /// pays before the guest runs (for benchmarks, and to warm the instance pool).
+    pub async fn instantiate(&self, tool: &str) -> Result<(), Error> {
+        let tool = self.tool(tool)?;
+        let config = crate::executor::config_of(&self.inner, &tool.manifest.name);
+        let effects = crate::effects::EffectCtx::new(self.inner.shared.clone(), tool.sandbox.clone(), config, None);
+        self.inner.runtime.instantiate(&tool, effects).await.map_err(|e| Error::Load(crate::LoadError::Engine(e)))
+    }
+
     /// What a loaded tool is granted, and its limits.
     pub fn sandbox(&self, tool: &str) -> Option<Sandbox> {
         self.tool(tool).ok().map(|t| (*t.sandbox).clone())

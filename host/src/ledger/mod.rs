@@ -216,7 +216,17 @@ impl Ledger {
     /// Decides, atomically, who runs an operation.
     pub fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
         let req = req.clone();
-        self.writer.submit(move |txn| claim(txn, &req))
+        self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. }))
+    }
+
+    /// What a claim would answer without taking the operation, from committed state alone: a
+    /// recorded result, a conflict, or another caller's live lease. `None` when the caller could
+    /// take the operation, which only [`Ledger::claim`] decides. Cheap (one read transaction, no
+    /// commit): a replay is answered without ever waiting for the writer.
+    pub fn peek_claim(&self, req: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let existing: Option<OperationRecord> = get(&txn.open_table(OPERATIONS)?, req.key.as_str())?;
+        Ok(verdict(existing.as_ref(), req))
     }
 
     /// Records one attempt and, when the call is over, the operation's final state.
@@ -228,13 +238,13 @@ impl Ledger {
         now_ms: u64,
     ) -> Result<(), LedgerError> {
         let attempt = attempt.clone();
-        self.writer.submit(move |txn| record_attempt(txn, fence, &attempt, finish, now_ms))
+        self.writer.submit(move |txn| record_attempt(txn, fence, &attempt, finish, now_ms), |_| true)
     }
 
     /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`.
     pub fn put_effect(&self, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
         let effect = effect.clone();
-        self.writer.submit(move |txn| put_effect(txn, fence, &effect))
+        self.writer.submit(move |txn| put_effect(txn, fence, &effect), |_| true)
     }
 
     /// Applies a KV or outbox write and its effect record in one transaction: exactly once.
@@ -245,7 +255,7 @@ impl Ledger {
         write: &LocalWrite,
     ) -> Result<LocalOutcome, LedgerError> {
         let (effect, write) = (effect.clone(), write.clone());
-        self.writer.submit(move |txn| apply_local(txn, fence, &effect, &write))
+        self.writer.submit(move |txn| apply_local(txn, fence, &effect, &write), |o| *o == LocalOutcome::Applied)
     }
 
     /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
@@ -257,19 +267,34 @@ impl Ledger {
         now_ms: u64,
     ) -> Result<OperationRecord, LedgerError> {
         let (op, effect, resolution) = (operation_key.to_string(), effect_key.to_string(), resolution.clone());
-        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms))
+        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms), |_| true)
     }
 }
 
 // The write jobs. Each decides before it writes (see `writer.rs`).
 
+/// What an operation's record (or its absence) means for a caller that wants to run it.
+/// `None`: the caller takes it (new, or its lease expired).
+fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
+    let op = existing?;
+    if op.fingerprint != req.fingerprint {
+        Some(Claim::Conflict(op.clone()))
+    } else if op.status != OperationStatus::Claimed {
+        Some(Claim::Recorded(op.clone()))
+    } else if op.lease_until_ms > req.now_ms {
+        Some(Claim::InProgress(op.clone()))
+    } else {
+        None
+    }
+}
+
 fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerError> {
     let mut ops = txn.open_table(OPERATIONS)?;
     let existing: Option<OperationRecord> = get(&ops, req.key.as_str())?;
-    Ok(match existing {
-        Some(op) if op.fingerprint != req.fingerprint => Claim::Conflict(op),
-        Some(op) if op.status != OperationStatus::Claimed => Claim::Recorded(op),
-        Some(op) if op.lease_until_ms > req.now_ms => Claim::InProgress(op),
+    if let Some(answer) = verdict(existing.as_ref(), req) {
+        return Ok(answer);
+    }
+    let claim = match existing {
         Some(mut op) => {
             // The lease expired: the previous owner stalled or died. Take over.
             op.fence += 1;
@@ -303,7 +328,8 @@ fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerErro
             steps.insert((req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()), req.key.as_str())?;
             Claim::Owned { fence: 1, previous_attempts: 0 }
         }
-    })
+    };
+    Ok(claim)
 }
 
 fn record_attempt(

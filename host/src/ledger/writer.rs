@@ -24,8 +24,11 @@ const MAX_BATCH: usize = 512;
 
 type Answer = Result<Box<dyn Any + Send>, LedgerError>;
 
+/// Runs in the batch's transaction; returns the answer, and whether the job wrote anything.
+type Run = Box<dyn FnOnce(&WriteTransaction) -> (Answer, bool) + Send>;
+
 struct Job {
-    run: Box<dyn FnOnce(&WriteTransaction) -> Answer + Send>,
+    run: Run,
     reply: SyncSender<Answer>,
 }
 
@@ -54,14 +57,21 @@ impl Writer {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Runs `job` in the next batch and returns its answer once the batch is durable.
+    /// Runs `job` in the next batch and returns its answer once the batch is durable. `wrote`
+    /// says whether an answer means the job wrote (a refusal never does): a batch in which no job
+    /// wrote is not committed, so answers that change nothing cost no fsync.
     pub fn submit<R: Send + 'static>(
         &self,
         job: impl FnOnce(&WriteTransaction) -> Result<R, LedgerError> + Send + 'static,
+        wrote: fn(&R) -> bool,
     ) -> Result<R, LedgerError> {
         let stopped = || LedgerError::Writer { reason: "the writer thread has stopped".into() };
         let (reply, answer) = mpsc::sync_channel(1);
-        let run = Box::new(move |txn: &WriteTransaction| job(txn).map(|r| Box::new(r) as Box<dyn Any + Send>));
+        let run = Box::new(move |txn: &WriteTransaction| {
+            let answer = job(txn);
+            let wrote = answer.as_ref().is_ok_and(wrote);
+            (answer.map(|r| Box::new(r) as Box<dyn Any + Send>), wrote)
+        });
         self.queued.fetch_add(1, Ordering::Relaxed);
         self.jobs.as_ref().ok_or_else(stopped)?.send(Job { run, reply }).map_err(|_| stopped())?;
         let answer = answer.recv().map_err(|_| stopped())??;
@@ -108,13 +118,14 @@ fn commit(db: &Database, batch: Vec<Job>) -> bool {
         }
     };
     let mut answered = Vec::with_capacity(batch.len());
-    let mut poisoned = None;
+    let (mut poisoned, mut wrote) = (None, false);
     for job in batch {
         if poisoned.is_some() {
             answered.push((job.reply, None));
             continue;
         }
-        let answer = (job.run)(&txn);
+        let (answer, job_wrote) = (job.run)(&txn);
+        wrote |= job_wrote;
         if let Err(e @ (LedgerError::Storage(_) | LedgerError::Corrupt { .. })) = &answer {
             poisoned = Some(e.to_string());
         }
@@ -125,16 +136,18 @@ fn commit(db: &Database, batch: Vec<Job>) -> bool {
             let _ = txn.abort();
             Err(reason)
         }
-        None => txn.commit().map_err(|e| e.to_string()),
+        // Only refusals and answers from committed state: nothing to make durable.
+        None if !wrote => txn.abort().map(|()| false).map_err(|e| e.to_string()),
+        None => txn.commit().map(|()| true).map_err(|e| e.to_string()),
     };
     match committed {
-        Ok(()) => {
+        Ok(committed) => {
             for (reply, answer) in answered {
                 if let Some(answer) = answer {
                     let _ = reply.send(answer);
                 }
             }
-            true
+            committed
         }
         Err(reason) => {
             fail_all(answered.into_iter().map(|(reply, _)| reply), &reason);
@@ -166,10 +179,13 @@ mod tests {
     }
 
     fn insert(writer: &Writer, k: u64) -> Result<u64, LedgerError> {
-        writer.submit(move |txn| {
-            txn.open_table(T)?.insert(k, k)?;
-            Ok(k)
-        })
+        writer.submit(
+            move |txn| {
+                txn.open_table(T)?.insert(k, k)?;
+                Ok(k)
+            },
+            |_| true,
+        )
     }
 
     fn read(db: &Database, k: u64) -> Option<u64> {
@@ -195,11 +211,15 @@ mod tests {
         let (started, running) = mpsc::channel::<()>();
         let w = writer.clone();
         let holder = std::thread::spawn(move || {
-            w.submit(move |_| {
-                let _ = started.send(());
-                let _ = held.recv();
-                Ok(())
-            })
+            w.submit(
+                move |txn| {
+                    let _ = started.send(());
+                    let _ = held.recv();
+                    txn.open_table(T)?.insert(u64::MAX, 0)?;
+                    Ok(())
+                },
+                |_| true,
+            )
             .expect("the held job commits");
         });
         running.recv().expect("the writer runs the held job");
@@ -235,9 +255,12 @@ mod tests {
         let (release, holder) = hold(&writer);
         let w = writer.clone();
         let refused = std::thread::spawn(move || {
-            w.submit(|_| -> Result<(), LedgerError> {
-                Err(LedgerError::Fenced { operation_key: "op".into(), fence: 1, current: 2 })
-            })
+            w.submit(
+                |_| -> Result<(), LedgerError> {
+                    Err(LedgerError::Fenced { operation_key: "op".into(), fence: 1, current: 2 })
+                },
+                |_| true,
+            )
         });
         let w = writer.clone();
         let fine = std::thread::spawn(move || insert(&w, 7));
@@ -253,10 +276,13 @@ mod tests {
         let doomed = std::thread::spawn(move || insert(&w, 8));
         let w = writer.clone();
         let poison = std::thread::spawn(move || {
-            w.submit(|txn| -> Result<(), LedgerError> {
-                txn.open_table(T)?.insert(9, 9)?;
-                Err(LedgerError::Corrupt { what: "a write went wrong halfway".into() })
-            })
+            w.submit(
+                |txn| -> Result<(), LedgerError> {
+                    txn.open_table(T)?.insert(9, 9)?;
+                    Err(LedgerError::Corrupt { what: "a write went wrong halfway".into() })
+                },
+                |_| true,
+            )
         });
         until_queued(&writer, 2);
         drop(release);
@@ -265,5 +291,16 @@ mod tests {
         assert!(matches!(poison.join().expect("thread"), Err(LedgerError::BatchFailed { .. })));
         assert_eq!((read(&db, 8), read(&db, 9)), (None, None), "nothing of the failed batch was recorded");
         assert_eq!(insert(&writer, 10).expect("the writer goes on"), 10);
+    }
+
+    #[test]
+    fn a_batch_that_wrote_nothing_is_not_committed() {
+        let (_db, writer) = writer();
+        let before = writer.commits();
+        let answer = writer.submit(|_| Ok(5u8), |_| false).expect("answered");
+        assert_eq!(answer, 5);
+        assert_eq!(writer.commits(), before, "no fsync for an answer that changed nothing");
+        insert(&writer, 1).expect("write");
+        assert_eq!(writer.commits(), before + 1);
     }
 }

@@ -79,6 +79,12 @@ impl Runtime {
         (outcome, state.effects)
     }
 
+    /// Creates one instance and drops it: what every attempt pays before the guest runs.
+    pub async fn instantiate(&self, tool: &LoadedTool, effects: EffectCtx) -> Result<(), String> {
+        let mut store = self.store(effects, Duration::from_secs(5)).map_err(|(message, _)| message)?;
+        tool.pre.instantiate_async(&mut store).await.map(drop).map_err(|e| format!("{e:#}"))
+    }
+
     /// Asks a tool's `reconcile` export about an effect. `None` when the tool has none.
     pub async fn reconcile(
         &self,

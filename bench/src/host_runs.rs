@@ -1,0 +1,119 @@
+//! oncebox itself: a host on a ledger file in the benchmark's directory, the real components, and
+//! the example provider on loopback.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use oncebox::{Call, Grant, Host, HttpTarget, Status};
+use oncebox_example_provider::{Provider, ProviderHandle};
+use serde_json::json;
+
+use crate::stats::{self, Latency};
+
+pub struct Bench {
+    pub host: Host,
+    pub provider: ProviderHandle,
+}
+
+pub async fn start(dir: &Path) -> anyhow::Result<Bench> {
+    let provider = Provider::start().await?;
+    let target = HttpTarget {
+        honours_keys: true,
+        key_retention: Duration::from_secs(24 * 3600),
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let host = Host::builder(dir.join("ledger.redb"))
+        .http_target(provider.addr().to_string(), target)
+        .tool_config("charge", "base_url", provider.base_url())
+        .grant("charge", Grant::Http(provider.base_url().parse().map_err(anyhow::Error::msg)?))
+        .compile_cache(dir.join("compile-cache"))
+        .build()
+        .await?;
+    host.load(oncebox_artifacts::PANICKY).await?;
+    host.load(oncebox_artifacts::CHARGE).await?;
+    Ok(Bench { host, provider })
+}
+
+/// A durable call of `panicky` with one KV effect, as step `step` of run `run`.
+fn kv_call(run: &str, step: usize) -> Call {
+    let args = json!({"mode": "ok", "write_first": true, "echo": "bench"});
+    Call::step(run, format!("s{step}"), "panicky", args.to_string())
+}
+
+async fn completed(host: &Host, call: Call) -> anyhow::Result<()> {
+    let outcome = host.call(call).await?;
+    if outcome.status != Status::Completed {
+        bail!("a benchmark call did not complete: {outcome:?}");
+    }
+    Ok(())
+}
+
+/// Times `n` runs of `f`, one after another, failing on the first error.
+async fn timed<F: std::future::Future<Output = anyhow::Result<()>>>(
+    n: usize,
+    mut f: impl FnMut(usize) -> F,
+) -> anyhow::Result<Latency> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        f(i).await?;
+        samples.push(start.elapsed());
+    }
+    Ok(Latency::of(samples))
+}
+
+pub async fn instantiate(b: &Bench, n: usize) -> anyhow::Result<Latency> {
+    timed(n, |_| async { Ok(b.host.instantiate("panicky").await?) }).await
+}
+
+pub async fn replay(b: &Bench, n: usize) -> anyhow::Result<Latency> {
+    completed(&b.host, kv_call("replay", 0)).await?;
+    timed(n, |_| async {
+        let outcome = b.host.call(kv_call("replay", 0)).await?;
+        anyhow::ensure!(outcome.replayed, "not a replay: {outcome:?}");
+        Ok(())
+    })
+    .await
+}
+
+pub async fn fresh_kv(b: &Bench, n: usize) -> anyhow::Result<Latency> {
+    timed(n, |i| completed(&b.host, kv_call("fresh-kv", i))).await
+}
+
+pub async fn fresh_http(b: &Bench, n: usize) -> anyhow::Result<Latency> {
+    let before = b.provider.totals();
+    let latency = timed(n, |i| {
+        let args =
+            json!({"order_id": format!("o{i}"), "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
+        completed(&b.host, Call::step("fresh-http", format!("charge-{i}"), "charge", args.to_string()))
+    })
+    .await?;
+    let charged = b.provider.totals().payments - before.payments;
+    anyhow::ensure!(charged == n as u64, "the provider counted {charged} charges for {n} calls");
+    Ok(latency)
+}
+
+/// Durable fresh calls per second with `callers` concurrent callers, `each` calls apiece.
+pub async fn throughput(b: &Bench, callers: usize, each: usize) -> anyhow::Result<f64> {
+    let host = Arc::new(b.host.clone());
+    let run = format!("throughput-{callers}");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let (host, run) = (host.clone(), run.clone());
+            tokio::spawn(async move {
+                for i in 0..each {
+                    completed(&host, kv_call(&run, c * each + i)).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.context("a caller panicked")??;
+    }
+    Ok(stats::rate(callers * each, start.elapsed()))
+}

@@ -1,0 +1,84 @@
+//! `cargo run --release -p oncebox-bench [-- --json]`: oncebox against its physical limit (an
+//! fsync), the tool's logic as plain Rust, and two hand-built alternatives, all in one run on the
+//! same machine and filesystem. Prints a table (BENCHMARKS.md keeps the latest), or one JSON object.
+
+mod alternatives;
+mod baselines;
+mod host_runs;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(about = "Measure oncebox against an fsync, native code, naive redb and SQLite")]
+struct Args {
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Where the ledgers and the fsync file live (a real disk, not tmpfs, for honest fsyncs).
+    #[arg(long, default_value = "target/oncebox-bench")]
+    dir: PathBuf,
+    /// Fewer iterations: a smoke run, not a measurement.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // The workspace's reqwest has no built-in TLS provider; the host installs ring's when it builds
+    // its client, but the provider's own client may come first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = std::fs::remove_dir_all(args.dir.join("run"));
+    let dir = args.dir.join("run");
+    std::fs::create_dir_all(&dir)?;
+    let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, 25) };
+
+    eprintln!("measuring the baselines...");
+    let fsync_us = baselines::fsync(&dir, slow)?;
+    let native_call_us = baselines::native_call(fast);
+
+    eprintln!("measuring oncebox...");
+    let b = host_runs::start(&dir).await?;
+    let instantiate_us = host_runs::instantiate(&b, fast).await?;
+    let replay_us = host_runs::replay(&b, fast).await?;
+    let fresh_kv_us = host_runs::fresh_kv(&b, slow).await?;
+    let fresh_http_us = host_runs::fresh_http(&b, slow).await?;
+    let throughput_1 = host_runs::throughput(&b, 1, each * 8).await?;
+    let throughput_8 = host_runs::throughput(&b, 8, each * 4).await?;
+    let commits_before = b.host.ledger().commits();
+    let throughput_64 = host_runs::throughput(&b, 64, each).await?;
+    let commits_per_call_64 = (b.host.ledger().commits() - commits_before) as f64 / (64 * each) as f64;
+
+    eprintln!("measuring the alternatives...");
+    let naive_redb_64 = alternatives::naive_redb(&dir, 64, (each / 2).max(2))?;
+    let sqlite_64 = alternatives::sqlite(&dir, 64, (each / 2).max(2))?;
+
+    let mut results = report::Results {
+        fsync_us,
+        native_call_us,
+        instantiate_us,
+        replay_us,
+        fresh_kv_us,
+        fresh_http_us,
+        throughput_1,
+        throughput_8,
+        throughput_64,
+        naive_redb_64,
+        sqlite_64,
+        commits_per_call_64,
+        targets: Vec::new(),
+        machine: report::Machine::here(&dir),
+    };
+    results.targets = report::targets(&results);
+    if args.json {
+        println!("{}", serde_json::to_string(&results)?);
+    } else {
+        report::print_table(&results);
+    }
+    b.provider.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The results, the targets of issue 4 against them, and the machine they ran on.
+
+use serde::Serialize;
+
+use crate::stats::Latency;
+
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub fsync_us: Latency,
+    pub native_call_us: Latency,
+    pub instantiate_us: Latency,
+    pub replay_us: Latency,
+    pub fresh_kv_us: Latency,
+    pub fresh_http_us: Latency,
+    pub throughput_1: f64,
+    pub throughput_8: f64,
+    pub throughput_64: f64,
+    pub naive_redb_64: f64,
+    pub sqlite_64: f64,
+    /// Durable ledger commits per call during `throughput_64`: what group commit saved.
+    pub commits_per_call_64: f64,
+    pub targets: Vec<Target>,
+    pub machine: Machine,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub target: String,
+    pub met: bool,
+    pub measured: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub os: String,
+    pub dir: String,
+}
+
+impl Machine {
+    pub fn here(dir: &std::path::Path) -> Machine {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.to_string()))
+            .and_then(|line| line.split_once(':').map(|(_, model)| model.trim().to_string()))
+            .unwrap_or_else(|| "unknown".into());
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu,
+            os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+            dir: dir.display().to_string(),
+        }
+    }
+}
+
+/// Issue 4's targets for this machine, judged against the run.
+pub fn targets(r: &Results) -> Vec<Target> {
+    let t = |target: &str, met: bool, measured: String| Target { target: target.into(), met, measured };
+    let kv_bound = 3.0 * r.fsync_us.p50 + 100.0;
+    vec![
+        t("replay_us p50 <= 10", r.replay_us.p50 <= 10.0, format!("{:.1}", r.replay_us.p50)),
+        t("instantiate_us p50 <= 10", r.instantiate_us.p50 <= 10.0, format!("{:.1}", r.instantiate_us.p50)),
+        t(
+            "fresh_kv_us p50 <= 3 x fsync_us + 100",
+            r.fresh_kv_us.p50 <= kv_bound,
+            format!("{:.0} (bound {kv_bound:.0})", r.fresh_kv_us.p50),
+        ),
+        t("throughput_64 >= 20,000/s", r.throughput_64 >= 20_000.0, format!("{:.0}", r.throughput_64)),
+        t(
+            "throughput_64 >= 5 x naive_redb_64",
+            r.throughput_64 >= 5.0 * r.naive_redb_64,
+            format!("{:.1}x", r.throughput_64 / r.naive_redb_64),
+        ),
+        t(
+            "throughput_64 >= 3 x sqlite_64",
+            r.throughput_64 >= 3.0 * r.sqlite_64,
+            format!("{:.1}x", r.throughput_64 / r.sqlite_64),
+        ),
+    ]
+}
+
+pub fn print_table(r: &Results) {
+    println!("| measure | p50 | p99 |");
+    println!("|---|---:|---:|");
+    for (name, l) in [
+        ("fsync_us", r.fsync_us),
+        ("native_call_us", r.native_call_us),
+        ("instantiate_us", r.instantiate_us),
+        ("replay_us", r.replay_us),
+        ("fresh_kv_us", r.fresh_kv_us),
+        ("fresh_http_us", r.fresh_http_us),
+    ] {
+        println!("| {name} | {:.1} | {:.1} |", l.p50, l.p99);
+    }
+    println!();
+    println!("| workload | calls/s |");
+    println!("|---|---:|");
+    for (name, rate) in [
+        ("throughput_1", r.throughput_1),
+        ("throughput_8", r.throughput_8),
+        ("throughput_64", r.throughput_64),
+        ("naive_redb_64", r.naive_redb_64),
+        ("sqlite_64", r.sqlite_64),
+    ] {
+        println!("| {name} | {rate:.0} |");
+    }
+    println!("\nledger commits per call at 64 callers: {:.3}", r.commits_per_call_64);
+    println!("\n| target | met | measured |");
+    println!("|---|---|---|");
+    for t in &r.targets {
+        println!("| {} | {} | {} |", t.target, if t.met { "yes" } else { "no" }, t.measured);
+    }
+    let m = &r.machine;
+    println!("\nmachine: {} cores, {}, {}, files in {}", m.cores, m.cpu, m.os, m.dir);
+}
