@@ -105,7 +105,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let started_ms = now_ms();
         let started = Instant::now();
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope.clone()));
-        let (invocation, ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
+        let (invocation, mut ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
         let in_doubt = if fence == 1 && attempt == 1 {
@@ -126,6 +126,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                 }
             }
         };
+        let staged = std::mem::take(&mut ctx.staged);
         let mut record = AttemptRecord {
             operation_key: operation_key.clone(),
             run_id: run_id.clone(),
@@ -144,12 +145,13 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         };
         record.downstream_accepted = attempt_log::downstream_accepted(&record);
         attempt_log::emit(&record);
-        // The attempt, and the operation's final state when this was the last one, in one commit.
+        // The attempt, its staged local effects, and the operation's final state when this was the
+        // last one, in one commit.
         let finish = match next {
             Next::Finish(status) => Some((status, verdict.output_json(), verdict.error())),
             Next::Retry(_) => None,
         };
-        host.shared.ledger.blocking(move |l| l.record_attempt(fence, &record, finish, now_ms())).await?;
+        host.shared.ledger.blocking(move |l| l.record_attempt(fence, &record, finish, now_ms(), staged)).await?;
 
         match next {
             Next::Retry(after) => tokio::time::sleep(after).await,

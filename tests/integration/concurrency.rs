@@ -120,7 +120,7 @@ async fn a_second_process_on_the_same_ledger_gets_a_clear_error_and_the_file_sta
     assert_eq!(replay.output.expect("output")["echo"], "kept");
 }
 
-/// The protocol of `effects/guard.rs` and `executor.rs`, reduced to ledger calls, for several
+/// The protocol of `effects/guard.rs` and `executor.rs`, reduced to ledger calls, for two
 /// workers interleaved at random with lease expiries. A worker claims the operation, reads the
 /// effect's record, writes it ahead, "dispatches" (counted here, where the effect would land), and
 /// records the answer and the attempt; any step can come late, after its lease expired.
@@ -132,7 +132,7 @@ mod interleavings {
     };
     use proptest::prelude::*;
 
-    const WORKERS: usize = 3;
+    const WORKERS: usize = 2;
     const LEASE_MS: u64 = 100;
     const OP: &str = "op";
     const EFFECT: &str = "effect";
@@ -231,7 +231,7 @@ mod interleavings {
                 Step::Dispatch(w) => {
                     if let (Some(fence), true) = (workers[w].fence, workers[w].may_dispatch) {
                         workers[w].may_dispatch = false;
-                        if fenced(ledger.put_effect(fence, &effect(EffectStatus::Dispatched, now))) {
+                        if fenced(ledger.put_effect(fence, &effect(EffectStatus::Dispatched, now), Vec::new())) {
                             dispatches += 1;
                             workers[w].dispatched = true;
                         } else {
@@ -242,7 +242,7 @@ mod interleavings {
                 Step::Answer(w, status) => {
                     if let (Some(fence), true) = (workers[w].fence, workers[w].dispatched) {
                         workers[w].dispatched = false;
-                        if fenced(ledger.put_effect(fence, &effect(status, now))) {
+                        if fenced(ledger.put_effect(fence, &effect(status, now), Vec::new())) {
                             not_taken += u32::from(status == EffectStatus::Retryable);
                         } else {
                             workers[w].fence = None;
@@ -268,7 +268,7 @@ mod interleavings {
                             effects: Vec::new(),
                         };
                         let end = Some((OperationStatus::Unknown, None, None));
-                        let _ = fenced(ledger.record_attempt(fence, &attempt, end, now));
+                        let _ = fenced(ledger.record_attempt(fence, &attempt, end, now, Vec::new()));
                     }
                 }
                 Step::Expire => now += LEASE_MS + 1,
@@ -278,11 +278,11 @@ mod interleavings {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
         #[test]
         fn no_effect_key_is_dispatched_twice_unless_the_first_was_recorded_as_not_taken(
-            steps in proptest::collection::vec(step(), 1..80)
+            steps in proptest::collection::vec(step(), 1..40)
         ) {
             let (dispatches, not_taken) = run(&steps);
             prop_assert!(dispatches <= 1 + not_taken, "{dispatches} dispatches, {not_taken} answers of nothing taken");
@@ -296,5 +296,35 @@ mod interleavings {
         use Step::*;
         let steps = [Claim(0), Read(0), Expire, Claim(1), Read(1), Dispatch(1), Dispatch(0)];
         assert_eq!(run(&steps), (1, 0));
+        // And the other order: the stalled owner writes first, before anything is durable.
+        let steps = [Claim(0), Read(0), Expire, Claim(1), Read(1), Dispatch(0), Dispatch(1)];
+        assert_eq!(run(&steps), (1, 0));
     }
+}
+
+#[tokio::test]
+async fn a_call_whose_effects_are_all_local_is_one_commit_and_a_remote_effect_adds_two() {
+    let f = Fixture::new().await;
+    let ledger = f.host.ledger();
+    // reserve: two KV reads and two KV writes; the claim, the writes and the result in one commit.
+    let before = ledger.commits();
+    let reserve = serde_json::json!({"order_id": "o-1", "sku": "sku-1", "quantity": 2});
+    let outcome = f.call("run-1", "reserve", "reserve", &reserve).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(ledger.commits() - before, 1, "one durable commit for a local-only call");
+    assert_eq!(ledger.kv_get("reservations", "reserved/sku-1").expect("kv").as_deref(), Some(&b"2"[..]));
+    let key = outcome.operation_key.expect("key");
+    assert_eq!(ledger.effects(&key).expect("effects").len(), 2, "both writes recorded with their effects");
+
+    // charge: write-ahead, answer, result.
+    let before = ledger.commits();
+    let outcome = f.call("run-1", "charge", "charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(ledger.commits() - before, 3);
+    assert_eq!(f.provider.counts("o-1").payments, 1);
+
+    // A replay is answered from committed state: no commit at all.
+    let before = ledger.commits();
+    assert!(f.call("run-1", "reserve", "reserve", &reserve).await.replayed);
+    assert_eq!(ledger.commits(), before);
 }

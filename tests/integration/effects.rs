@@ -258,4 +258,6 @@ async fn an_effect_left_in_doubt_keeps_the_operation_from_completing_even_if_a_l
     let op = host.ledger().operation(&key).expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown, "never completed while the bank's effect is in doubt");
     assert!(op.output.is_none());
+    // The KV write made before the bank's call went to disk with its write-ahead, before the call left.
+    assert_eq!(host.ledger().kv_get("panicky", "panicky/flipped").expect("kv").as_deref(), Some(&b"yes"[..]));
 }

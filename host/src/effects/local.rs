@@ -1,5 +1,6 @@
 //! KV and outbox effects: the write and its record commit in one transaction, so they happen
-//! exactly once by construction and need no write-ahead.
+//! exactly once by construction and need no write-ahead. They are staged in the attempt's context
+//! and committed with its next durable write, so a call whose effects are all local costs one commit.
 
 use crate::clock::now_ms;
 use crate::keys;
@@ -44,15 +45,14 @@ impl EffectCtx {
             first_dispatched_ms: now,
             updated_ms: now,
         };
-        let stored = record.clone();
-        let outcome = self
-            .shared
-            .ledger
-            .blocking(move |l| l.apply_local(scope.fence, &stored, &write))
-            .await
-            .map_err(host_error)?;
-        match outcome {
-            LocalOutcome::Applied => self.note(&record, EffectSource::Fresh),
+        // Checked now, so the tool hears of a divergence at the call that diverged; checked again
+        // when the staged write commits.
+        let state = self.shared.ledger.local_effect_state(&record).map_err(host_error)?;
+        match state {
+            LocalOutcome::Applied => {
+                self.note(&record, EffectSource::Fresh);
+                self.staged.push((record, write));
+            }
             LocalOutcome::AlreadyApplied => self.note(&record, EffectSource::Deduplicated),
             LocalOutcome::Diverged(recorded) => {
                 return Err(ToolError::Permanent(format!(

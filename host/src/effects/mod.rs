@@ -19,7 +19,7 @@ pub use provider::{EffectProvider, ProviderOutcome};
 pub use targets::{HttpTarget, Targets};
 
 use crate::capabilities::{Denied, Sandbox};
-use crate::ledger::{AttemptEffect, EffectRecord, Ledger};
+use crate::ledger::{AttemptEffect, EffectRecord, Ledger, LocalWrite, Staged};
 use crate::runtime::bindings::{ToolError, oncebox::tool};
 
 /// What every invocation of a host shares: the ledger, the HTTP client, the downstreams' settings
@@ -75,6 +75,9 @@ pub struct EffectCtx {
     pub effects: Vec<AttemptEffect>,
     /// This attempt's effects whose outcome is unknown.
     pub in_doubt: Vec<InDoubt>,
+    /// KV and outbox writes not yet on disk: they go with the attempt's next durable write (a
+    /// remote effect's write-ahead, or the attempt's record), in the same transaction.
+    pub staged: Staged,
     /// Set when the attempt made more effect calls than its limit: the attempt fails with
     /// `effects-limit` whatever the guest does with the refusals.
     pub flooded: Option<String>,
@@ -104,6 +107,7 @@ impl EffectCtx {
             calls: 0,
             effects: Vec::new(),
             in_doubt: Vec::new(),
+            staged: Vec::new(),
             flooded: None,
         }
     }
@@ -173,7 +177,19 @@ impl tool::reads::Host for EffectCtx {
 
     async fn kv_get(&mut self, namespace: Option<String>, key: String) -> Result<Option<Vec<u8>>, ToolError> {
         let namespace = self.kv_namespace(namespace.as_deref())?;
-        self.shared.ledger.blocking(move |l| l.kv_get(&namespace, &key)).await.map_err(guard::host_error)
+        // The attempt reads its own staged writes first, the latest one winning.
+        let staged = self.staged.iter().rev().find_map(|(_, write)| match write {
+            LocalWrite::KvSet { namespace: ns, key: k, value } if *ns == namespace && *k == key => {
+                Some(Some(value.clone()))
+            }
+            LocalWrite::KvDelete { namespace: ns, key: k } if *ns == namespace && *k == key => Some(None),
+            _ => None,
+        });
+        match staged {
+            Some(value) => Ok(value),
+            // A read transaction takes microseconds: no need for the blocking pool.
+            None => self.shared.ledger.kv_get(&namespace, &key).map_err(guard::host_error),
+        }
     }
 }
 

@@ -23,6 +23,11 @@ pub enum LedgerError {
          the write is refused"
     )]
     Fenced { operation_key: String, fence: u64, current: u64 },
+    #[error(
+        "effect {effect_key} of operation {operation_key} was recorded with another request; the tool diverged \
+         from its first run, nothing was written"
+    )]
+    Diverged { operation_key: String, effect_key: String },
     #[error("the group commit this write was part of failed, so nothing of it was recorded: {reason}")]
     BatchFailed { reason: String },
     #[error("the ledger writer: {reason}")]

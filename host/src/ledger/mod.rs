@@ -6,6 +6,14 @@
 //! read transactions and see committed state. Writes for an operation carry the fencing token of
 //! the claim that made them and are refused when a newer claim took the operation over.
 //!
+//! A new operation's claim lives in memory (`live`) until the operation's first durable write:
+//! the write-ahead of its first remote effect, or its attempt's record. One process owns the
+//! ledger, so memory is where claims race; what the disk must know before anything leaves the
+//! host is on disk before it leaves. A call whose effects are all local therefore costs one commit:
+//! its claim, its KV and outbox writes (staged by the effects, see [`Staged`]) and its result go
+//! to disk together. After a crash nothing of such a call exists, which is the truth: nothing of
+//! it left the process.
+//!
 //! The methods block; async callers run them on tokio's blocking pool.
 
 mod error;
@@ -13,8 +21,9 @@ mod records;
 mod tables;
 mod writer;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use serde::Serialize;
@@ -75,7 +84,15 @@ pub struct Ledger {
     db: Arc<Database>,
     path: PathBuf,
     writer: Arc<writer::Writer>,
+    /// Claims of operations that have no durable record yet, by operation key.
+    live: Live,
 }
+
+/// Claims held in memory; the writer's jobs check fences against them too.
+type Live = Arc<Mutex<HashMap<String, OperationRecord>>>;
+
+/// Local effects an attempt made, to commit with its next durable write: (record, write) in order.
+pub type Staged = Vec<(EffectRecord, LocalWrite)>;
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,7 +126,7 @@ impl Ledger {
 
     fn serve(db: Arc<Database>, path: PathBuf) -> Result<Self, LedgerError> {
         let writer = Arc::new(writer::Writer::start(db.clone())?);
-        Ok(Ledger { db, path, writer })
+        Ok(Ledger { db, path, writer, live: Live::default() })
     }
 
     /// Runs ledger methods on tokio's blocking pool: redb blocks (and fsyncs), the callers are async.
@@ -213,49 +230,110 @@ fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
 }
 
 impl Ledger {
-    /// Decides, atomically, who runs an operation.
+    /// Decides, atomically, who runs an operation. A new operation is claimed in memory; taking
+    /// over a durable claim whose lease expired is a durable write.
     pub fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
-        let req = req.clone();
-        self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. }))
+        let mut live = self.live();
+        // Read under the lock: a job makes an operation durable before it drops its live claim,
+        // so between the two, one of them is always visible here.
+        if let Some(op) = self.operation(&req.key)? {
+            live.remove(&req.key);
+            drop(live);
+            if let Some(answer) = verdict(Some(&op), req) {
+                return Ok(answer);
+            }
+            let req = req.clone();
+            return self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. }));
+        }
+        if let Some(answer) = verdict(live.get(&req.key), req) {
+            return Ok(answer);
+        }
+        let op = match live.remove(&req.key) {
+            // Its owner stalled past its lease before writing anything durable: take over.
+            Some(mut op) => {
+                op.fence += 1;
+                op.owner.clone_from(&req.owner);
+                op.lease_until_ms = req.now_ms + req.lease_ms;
+                op.updated_ms = req.now_ms;
+                op
+            }
+            None => new_operation(req),
+        };
+        let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
+        live.insert(req.key.clone(), op);
+        Ok(claim)
     }
 
-    /// What a claim would answer without taking the operation, from committed state alone: a
-    /// recorded result, a conflict, or another caller's live lease. `None` when the caller could
-    /// take the operation, which only [`Ledger::claim`] decides. Cheap (one read transaction, no
-    /// commit): a replay is answered without ever waiting for the writer.
+    /// What a claim would answer without taking the operation: a recorded result, a conflict, or
+    /// another caller's live lease. `None` when the caller could take the operation, which only
+    /// [`Ledger::claim`] decides. Cheap (a read transaction, no commit, no writer): a replay is
+    /// answered without waiting for anyone.
     pub fn peek_claim(&self, req: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        let existing: Option<OperationRecord> = get(&txn.open_table(OPERATIONS)?, req.key.as_str())?;
-        Ok(verdict(existing.as_ref(), req))
+        if let Some(op) = self.operation(&req.key)? {
+            return Ok(verdict(Some(&op), req));
+        }
+        Ok(verdict(self.live().get(&req.key), req))
     }
 
-    /// Records one attempt and, when the call is over, the operation's final state.
+    /// Records one attempt, the local effects it staged and, when the call is over, the
+    /// operation's final state: one commit.
     pub fn record_attempt(
         &self,
         fence: u64,
         attempt: &AttemptRecord,
         finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
         now_ms: u64,
+        staged: Staged,
     ) -> Result<(), LedgerError> {
-        let attempt = attempt.clone();
-        self.writer.submit(move |txn| record_attempt(txn, fence, &attempt, finish, now_ms), |_| true)
+        let (attempt, live) = (attempt.clone(), self.live.clone());
+        let key = attempt.operation_key.clone();
+        self.writer.submit(
+            move |txn| {
+                apply_staged(txn, &live, fence, &attempt.operation_key, &staged)?;
+                record_attempt(txn, &live, fence, &attempt, finish, now_ms)
+            },
+            |_| true,
+        )?;
+        self.settle(&key, fence);
+        Ok(())
     }
 
-    /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`.
-    pub fn put_effect(&self, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
-        let effect = effect.clone();
-        self.writer.submit(move |txn| put_effect(txn, fence, &effect), |_| true)
+    /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`,
+    /// with the local effects staged before it: they are on disk before the effect leaves.
+    pub fn put_effect(&self, fence: u64, effect: &EffectRecord, staged: Staged) -> Result<(), LedgerError> {
+        let (effect, live) = (effect.clone(), self.live.clone());
+        let key = effect.operation_key.clone();
+        self.writer.submit(
+            move |txn| {
+                apply_staged(txn, &live, fence, &effect.operation_key, &staged)?;
+                put_effect(txn, &live, fence, &effect)
+            },
+            |_| true,
+        )?;
+        self.settle(&key, fence);
+        Ok(())
     }
 
-    /// Applies a KV or outbox write and its effect record in one transaction: exactly once.
-    pub fn apply_local(
-        &self,
-        fence: u64,
-        effect: &EffectRecord,
-        write: &LocalWrite,
-    ) -> Result<LocalOutcome, LedgerError> {
-        let (effect, write) = (effect.clone(), write.clone());
-        self.writer.submit(move |txn| apply_local(txn, fence, &effect, &write), |o| *o == LocalOutcome::Applied)
+    /// What a local effect's key already holds: nothing (stage it), the same request (already
+    /// applied by an earlier attempt), or another one (the tool diverged).
+    pub fn local_effect_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
+        Ok(match self.effect(&effect.operation_key, &effect.key)? {
+            None => LocalOutcome::Applied,
+            Some(existing) if existing.fingerprint != effect.fingerprint => LocalOutcome::Diverged(Box::new(existing)),
+            Some(_) => LocalOutcome::AlreadyApplied,
+        })
+    }
+
+    /// Drops the live claim of `fence` once its operation is durable.
+    fn settle(&self, key: &str, fence: u64) {
+        let mut live = self.live();
+        if live.get(key).is_some_and(|op| op.fence == fence) {
+            live.remove(key);
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<String, OperationRecord>> {
+        self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
@@ -294,53 +372,54 @@ fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerErro
     if let Some(answer) = verdict(existing.as_ref(), req) {
         return Ok(answer);
     }
-    let claim = match existing {
+    let mut op = match existing {
+        // The lease expired: the previous owner stalled or died. Take over.
         Some(mut op) => {
-            // The lease expired: the previous owner stalled or died. Take over.
             op.fence += 1;
             op.owner.clone_from(&req.owner);
             op.lease_until_ms = req.now_ms + req.lease_ms;
             op.updated_ms = req.now_ms;
-            put(&mut ops, req.key.as_str(), &op)?;
-            Claim::Owned { fence: op.fence, previous_attempts: op.attempts }
+            op
         }
-        None => {
-            let op = OperationRecord {
-                key: req.key.clone(),
-                run_id: req.run_id.clone(),
-                step_id: req.step_id.clone(),
-                tool: req.tool.clone(),
-                class: req.class,
-                fingerprint: req.fingerprint.clone(),
-                args: req.args.clone(),
-                status: OperationStatus::Claimed,
-                owner: req.owner.clone(),
-                lease_until_ms: req.now_ms + req.lease_ms,
-                fence: 1,
-                attempts: 0,
-                output: None,
-                error: None,
-                created_ms: req.now_ms,
-                updated_ms: req.now_ms,
-            };
-            put(&mut ops, req.key.as_str(), &op)?;
-            let mut steps = txn.open_table(RUN_STEPS)?;
-            steps.insert((req.run_id.as_str(), req.step_id.as_str(), req.tool.as_str()), req.key.as_str())?;
-            Claim::Owned { fence: 1, previous_attempts: 0 }
-        }
+        None => new_operation(req),
     };
-    Ok(claim)
+    op.status = OperationStatus::Claimed;
+    put(&mut ops, req.key.as_str(), &op)?;
+    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
+    Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
+}
+
+fn new_operation(req: &ClaimRequest) -> OperationRecord {
+    OperationRecord {
+        key: req.key.clone(),
+        run_id: req.run_id.clone(),
+        step_id: req.step_id.clone(),
+        tool: req.tool.clone(),
+        class: req.class,
+        fingerprint: req.fingerprint.clone(),
+        args: req.args.clone(),
+        status: OperationStatus::Claimed,
+        owner: req.owner.clone(),
+        lease_until_ms: req.now_ms + req.lease_ms,
+        fence: 1,
+        attempts: 0,
+        output: None,
+        error: None,
+        created_ms: req.now_ms,
+        updated_ms: req.now_ms,
+    }
 }
 
 fn record_attempt(
     txn: &WriteTransaction,
+    live: &Live,
     fence: u64,
     attempt: &AttemptRecord,
     finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
     now_ms: u64,
 ) -> Result<(), LedgerError> {
+    let mut op = owned(txn, live, &attempt.operation_key, fence)?;
     let mut ops = txn.open_table(OPERATIONS)?;
-    let mut op = owned_operation(&ops, &attempt.operation_key, fence)?;
     op.attempts = op.attempts.max(attempt.attempt);
     op.updated_ms = now_ms;
     if let Some((status, output, error)) = finish {
@@ -354,28 +433,69 @@ fn record_attempt(
     put(&mut attempts, (attempt.operation_key.as_str(), attempt.attempt), attempt)
 }
 
-fn put_effect(txn: &WriteTransaction, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
-    owned_operation(&txn.open_table(OPERATIONS)?, &effect.operation_key, fence)?;
+fn put_effect(txn: &WriteTransaction, live: &Live, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
+    owned(txn, live, &effect.operation_key, fence)?;
     let mut effects = txn.open_table(EFFECTS)?;
     put(&mut effects, (effect.operation_key.as_str(), effect.key.as_str()), effect)
 }
 
-fn apply_local(
+/// The operation, if `fence` owns it: durable and claimed with that fence, or claimed in memory
+/// with it (and then written to disk here, since this transaction is its first durable write).
+fn owned(txn: &WriteTransaction, live: &Live, key: &str, fence: u64) -> Result<OperationRecord, LedgerError> {
+    let mut ops = txn.open_table(OPERATIONS)?;
+    if get::<_, OperationRecord>(&ops, key)?.is_some() {
+        return owned_operation(&ops, key, fence);
+    }
+    let held = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).cloned();
+    match held {
+        Some(op) if op.fence == fence => {
+            put(&mut ops, key, &op)?;
+            txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), key)?;
+            Ok(op)
+        }
+        held => {
+            Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: held.map_or(0, |op| op.fence) })
+        }
+    }
+}
+
+/// Checks every staged local effect against what its key holds, then applies the new ones: all
+/// decided before anything is written (see `writer.rs`).
+fn apply_staged(
     txn: &WriteTransaction,
+    live: &Live,
     fence: u64,
-    effect: &EffectRecord,
-    write: &LocalWrite,
-) -> Result<LocalOutcome, LedgerError> {
-    owned_operation(&txn.open_table(OPERATIONS)?, &effect.operation_key, fence)?;
+    key: &str,
+    staged: &Staged,
+) -> Result<(), LedgerError> {
+    if staged.is_empty() {
+        return Ok(());
+    }
+    owned(txn, live, key, fence)?;
+    let mut fresh = Vec::with_capacity(staged.len());
+    {
+        let effects = txn.open_table(EFFECTS)?;
+        for (effect, write) in staged {
+            match get::<_, EffectRecord>(&effects, (effect.operation_key.as_str(), effect.key.as_str()))? {
+                None => fresh.push((effect, write)),
+                Some(existing) if existing.fingerprint == effect.fingerprint => {}
+                Some(_) => {
+                    let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
+                    return Err(LedgerError::Diverged { operation_key, effect_key });
+                }
+            }
+        }
+    }
+    for (effect, write) in fresh {
+        apply_local(txn, effect, write)?;
+    }
+    Ok(())
+}
+
+/// Applies a KV or outbox write and its effect record (in the caller's transaction: exactly once).
+fn apply_local(txn: &WriteTransaction, effect: &EffectRecord, write: &LocalWrite) -> Result<(), LedgerError> {
     let mut effects = txn.open_table(EFFECTS)?;
     let id = (effect.operation_key.as_str(), effect.key.as_str());
-    match get::<_, EffectRecord>(&effects, id)? {
-        Some(existing) if existing.fingerprint != effect.fingerprint => {
-            return Ok(LocalOutcome::Diverged(Box::new(existing)));
-        }
-        Some(_) => return Ok(LocalOutcome::AlreadyApplied),
-        None => {}
-    }
     match write {
         LocalWrite::KvSet { namespace, key, value } => {
             txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
@@ -397,8 +517,7 @@ fn apply_local(
             put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
         }
     }
-    put(&mut effects, id, effect)?;
-    Ok(LocalOutcome::Applied)
+    put(&mut effects, id, effect)
 }
 
 fn resolve(
