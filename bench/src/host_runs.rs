@@ -17,7 +17,8 @@ pub struct Bench {
     pub provider: ProviderHandle,
 }
 
-pub async fn start(dir: &Path) -> anyhow::Result<Bench> {
+/// A host on a ledger in `dir`, keeping compiled components in `cache` (kept between runs).
+pub async fn start(dir: &Path, cache: &Path) -> anyhow::Result<Bench> {
     let provider = Provider::start().await?;
     let target = HttpTarget {
         honours_keys: true,
@@ -29,7 +30,7 @@ pub async fn start(dir: &Path) -> anyhow::Result<Bench> {
         .http_target(provider.addr().to_string(), target)
         .tool_config("charge", "base_url", provider.base_url())
         .grant("charge", Grant::Http(provider.base_url().parse().map_err(anyhow::Error::msg)?))
-        .compile_cache(dir.join("compile-cache"))
+        .compile_cache(cache)
         .build()
         .await?;
     host.load(oncebox_artifacts::PANICKY).await?;

@@ -24,6 +24,10 @@ struct Args {
     /// Fewer iterations: a smoke run, not a measurement.
     #[arg(long)]
     quick: bool,
+    /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us or throughput_64),
+    /// for a profiler: `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
+    #[arg(long, value_name = "MEASURE")]
+    only: Option<String>,
 }
 
 #[tokio::main]
@@ -37,12 +41,29 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, 25) };
 
+    if let Some(only) = &args.only {
+        let b = host_runs::start(&dir, &args.dir.join("compile-cache")).await?;
+        if only == "throughput_64" {
+            println!("{only}: {:.0} calls/s", host_runs::throughput(&b, 64, each * 2).await?);
+            return Ok(());
+        }
+        let latency = match only.as_str() {
+            "instantiate_us" => host_runs::instantiate(&b, fast).await?,
+            "replay_us" => host_runs::replay(&b, fast).await?,
+            "fresh_kv_us" => host_runs::fresh_kv(&b, slow).await?,
+            "fresh_http_us" => host_runs::fresh_http(&b, slow).await?,
+            other => anyhow::bail!("--only {other}: one of instantiate_us, replay_us, fresh_kv_us, fresh_http_us"),
+        };
+        println!("{only}: p50 {:.1} p99 {:.1}", latency.p50, latency.p99);
+        return Ok(());
+    }
+
     eprintln!("measuring the baselines...");
     let fsync_us = baselines::fsync(&dir, slow)?;
     let native_call_us = baselines::native_call(fast);
 
     eprintln!("measuring oncebox...");
-    let b = host_runs::start(&dir).await?;
+    let b = host_runs::start(&dir, &args.dir.join("compile-cache")).await?;
     let instantiate_us = host_runs::instantiate(&b, fast).await?;
     let replay_us = host_runs::replay(&b, fast).await?;
     let fresh_kv_us = host_runs::fresh_kv(&b, slow).await?;

@@ -151,7 +151,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             Next::Finish(status) => Some((status, verdict.output_json(), verdict.error())),
             Next::Retry(_) => None,
         };
-        host.shared.ledger.blocking(move |l| l.record_attempt(fence, &record, finish, now_ms(), staged)).await?;
+        host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await?;
 
         match next {
             Next::Retry(after) => tokio::time::sleep(after).await,
@@ -174,7 +174,7 @@ async fn claim(host: &Inner, request: ClaimRequest, wait: Duration) -> Result<Cl
         // (a read transaction takes microseconds, so it runs here rather than on the blocking pool).
         let claim = match host.shared.ledger.peek_claim(&request)? {
             Some(answer) => answer,
-            None => host.shared.ledger.blocking(move |l| l.claim(&request)).await?,
+            None => host.shared.ledger.claim(&request).await?,
         };
         if !matches!(claim, Claim::InProgress(_)) || Instant::now() + POLL > until {
             return Ok(claim);
@@ -306,7 +306,7 @@ async fn in_doubt_after(
     policy: &RetryPolicy,
 ) -> Result<Vec<InDoubt>, CallError> {
     let key = operation_key.to_string();
-    let recorded = host.shared.ledger.blocking(move |l| l.effects(&key)).await?;
+    let recorded = host.shared.ledger.effects(&key)?;
     let now = now_ms();
     let mut in_doubt = ctx.in_doubt.clone();
     for effect in recorded.iter().filter(|e| e.status.in_doubt()) {

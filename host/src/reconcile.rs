@@ -34,23 +34,14 @@ pub enum Reconciliation {
 pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Reconciliation, CallError> {
     let prepared = prepare(tool, call)?;
     let key = prepared.operation_key.clone();
-    let lookup = key.clone();
-    let Some(op) = host.shared.ledger.blocking(move |l| l.operation(&lookup)).await? else {
+    let Some(op) = host.shared.ledger.operation(&key)? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
     if op.status != OperationStatus::Unknown || op.fingerprint != prepared.fingerprint {
         return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(&op)) });
     }
     let still = |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason });
-    let lookup = key.clone();
-    let in_doubt: Vec<_> = host
-        .shared
-        .ledger
-        .blocking(move |l| l.effects(&lookup))
-        .await?
-        .into_iter()
-        .filter(|e| e.status.in_doubt())
-        .collect();
+    let in_doubt: Vec<_> = host.shared.ledger.effects(&key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
     let effect = match in_doubt.as_slice() {
         [one] => one.clone(),
         [] => return still("no effect is in doubt: the tool itself reported the unknown outcome".into()),
@@ -78,12 +69,7 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
         Answer::NotCommitted => Resolution::NotCommitted,
     };
     tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
-    let (op_key, effect_key) = (key.clone(), effect.key.clone());
-    let resolved = host
-        .shared
-        .ledger
-        .blocking(move |l| l.resolve(&op_key, &effect_key, &resolution, crate::clock::now_ms()))
-        .await?;
+    let resolved = host.shared.ledger.resolve(&key, &effect.key, &resolution, crate::clock::now_ms()).await?;
     Ok(match resolved.status {
         OperationStatus::Completed => {
             Reconciliation::Committed { outcome: Outcome { replayed: false, ..Outcome::replay(&resolved) } }

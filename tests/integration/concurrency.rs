@@ -194,6 +194,8 @@ mod interleavings {
     /// Runs `steps`; returns (dispatches, answers that said nothing took effect).
     fn run(steps: &[Step]) -> (u32, u32) {
         let ledger = Ledger::in_memory().expect("ledger");
+        // The ledger's writes are async; each step is driven to completion before the next.
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let mut workers = vec![Worker::default(); WORKERS];
         let (mut now, mut dispatches, mut not_taken) = (1_000u64, 0, 0);
         let fenced = |r: Result<(), LedgerError>| match r {
@@ -216,7 +218,7 @@ mod interleavings {
                         now_ms: now,
                         lease_ms: LEASE_MS,
                     };
-                    if let Claim::Owned { fence, .. } = ledger.claim(&request).expect("claim") {
+                    if let Claim::Owned { fence, .. } = rt.block_on(ledger.claim(&request)).expect("claim") {
                         workers[w] = Worker { fence: Some(fence), ..Worker::default() };
                     }
                 }
@@ -231,7 +233,11 @@ mod interleavings {
                 Step::Dispatch(w) => {
                     if let (Some(fence), true) = (workers[w].fence, workers[w].may_dispatch) {
                         workers[w].may_dispatch = false;
-                        if fenced(ledger.put_effect(fence, &effect(EffectStatus::Dispatched, now), Vec::new())) {
+                        if fenced(rt.block_on(ledger.put_effect(
+                            fence,
+                            &effect(EffectStatus::Dispatched, now),
+                            Vec::new(),
+                        ))) {
                             dispatches += 1;
                             workers[w].dispatched = true;
                         } else {
@@ -242,7 +248,7 @@ mod interleavings {
                 Step::Answer(w, status) => {
                     if let (Some(fence), true) = (workers[w].fence, workers[w].dispatched) {
                         workers[w].dispatched = false;
-                        if fenced(ledger.put_effect(fence, &effect(status, now), Vec::new())) {
+                        if fenced(rt.block_on(ledger.put_effect(fence, &effect(status, now), Vec::new()))) {
                             not_taken += u32::from(status == EffectStatus::Retryable);
                         } else {
                             workers[w].fence = None;
@@ -268,7 +274,7 @@ mod interleavings {
                             effects: Vec::new(),
                         };
                         let end = Some((OperationStatus::Unknown, None, None));
-                        let _ = fenced(ledger.record_attempt(fence, &attempt, end, now, Vec::new()));
+                        let _ = fenced(rt.block_on(ledger.record_attempt(fence, &attempt, end, now, Vec::new())));
                     }
                 }
                 Step::Expire => now += LEASE_MS + 1,

@@ -60,7 +60,7 @@ impl EffectCtx {
         let scope = self.scope()?.clone();
         let op = scope.operation_key.clone();
         let lookup_key = key.clone();
-        let existing = self.shared.ledger.blocking(move |l| l.effect(&op, &lookup_key)).await.map_err(host_error)?;
+        let existing = self.shared.ledger.effect(&op, &lookup_key).map_err(host_error)?;
         let now = now_ms();
 
         let (record, source) = match existing {
@@ -113,7 +113,7 @@ impl EffectCtx {
         let resendable = self.shared.resendable(&record, scope.redispatch_in_doubt, now);
         // Write-ahead: durable before anything leaves the host, with the local effects staged so far.
         let (ahead, staged) = (record.clone(), std::mem::take(&mut self.staged));
-        self.shared.ledger.blocking(move |l| l.put_effect(scope.fence, &ahead, staged)).await.map_err(host_error)?;
+        self.shared.ledger.put_effect(scope.fence, &ahead, staged).await.map_err(host_error)?;
         Ok(Begin::Dispatch { record: Box::new(record), source, resendable })
     }
 
@@ -145,7 +145,7 @@ impl EffectCtx {
             }
         };
         let stored = record.clone();
-        if let Err(e) = self.shared.ledger.blocking(move |l| l.put_effect(fence, &stored, Vec::new())).await {
+        if let Err(e) = self.shared.ledger.put_effect(fence, &stored, Vec::new()).await {
             // The effect went out but its answer is not on disk: from the ledger's view it is in doubt.
             self.in_doubt.push(InDoubt { key: record.key.clone(), resendable: false });
             self.note(&record, source);

@@ -14,7 +14,8 @@
 //! to disk together. After a crash nothing of such a call exists, which is the truth: nothing of
 //! it left the process.
 //!
-//! The methods block; async callers run them on tokio's blocking pool.
+//! Writes are async: the caller awaits the writer's answer. Reads are plain read transactions
+//! (microseconds on a warm page cache), called directly.
 
 mod error;
 mod records;
@@ -129,17 +130,6 @@ impl Ledger {
         Ok(Ledger { db, path, writer, live: Live::default() })
     }
 
-    /// Runs ledger methods on tokio's blocking pool: redb blocks (and fsyncs), the callers are async.
-    pub async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
-    ) -> Result<T, LedgerError> {
-        let ledger = self.clone();
-        tokio::task::spawn_blocking(move || f(&ledger))
-            .await
-            .unwrap_or_else(|e| Err(LedgerError::Corrupt { what: format!("a ledger task panicked: {e}") }))
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -232,21 +222,29 @@ fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
 impl Ledger {
     /// Decides, atomically, who runs an operation. A new operation is claimed in memory; taking
     /// over a durable claim whose lease expired is a durable write.
-    pub fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+        let durable = match self.claim_in_memory(req)? {
+            Ok(answer) => return Ok(answer),
+            Err(durable) => durable,
+        };
+        if let Some(answer) = verdict(Some(&durable), req) {
+            return Ok(answer);
+        }
+        let req = req.clone();
+        self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. })).await
+    }
+
+    /// A claim decided in memory (`Ok(answer)`), or the durable record that decides it (`Err`).
+    fn claim_in_memory(&self, req: &ClaimRequest) -> Result<Result<Claim, OperationRecord>, LedgerError> {
         let mut live = self.live();
         // Read under the lock: a job makes an operation durable before it drops its live claim,
         // so between the two, one of them is always visible here.
         if let Some(op) = self.operation(&req.key)? {
             live.remove(&req.key);
-            drop(live);
-            if let Some(answer) = verdict(Some(&op), req) {
-                return Ok(answer);
-            }
-            let req = req.clone();
-            return self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. }));
+            return Ok(Err(op));
         }
         if let Some(answer) = verdict(live.get(&req.key), req) {
-            return Ok(answer);
+            return Ok(Ok(answer));
         }
         let op = match live.remove(&req.key) {
             // Its owner stalled past its lease before writing anything durable: take over.
@@ -261,7 +259,7 @@ impl Ledger {
         };
         let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
         live.insert(req.key.clone(), op);
-        Ok(claim)
+        Ok(Ok(claim))
     }
 
     /// What a claim would answer without taking the operation: a recorded result, a conflict, or
@@ -277,7 +275,7 @@ impl Ledger {
 
     /// Records one attempt, the local effects it staged and, when the call is over, the
     /// operation's final state: one commit.
-    pub fn record_attempt(
+    pub async fn record_attempt(
         &self,
         fence: u64,
         attempt: &AttemptRecord,
@@ -287,29 +285,33 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let (attempt, live) = (attempt.clone(), self.live.clone());
         let key = attempt.operation_key.clone();
-        self.writer.submit(
-            move |txn| {
-                apply_staged(txn, &live, fence, &attempt.operation_key, &staged)?;
-                record_attempt(txn, &live, fence, &attempt, finish, now_ms)
-            },
-            |_| true,
-        )?;
+        self.writer
+            .submit(
+                move |txn| {
+                    apply_staged(txn, &live, fence, &attempt.operation_key, &staged)?;
+                    record_attempt(txn, &live, fence, &attempt, finish, now_ms)
+                },
+                |_| true,
+            )
+            .await?;
         self.settle(&key, fence);
         Ok(())
     }
 
     /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`,
     /// with the local effects staged before it: they are on disk before the effect leaves.
-    pub fn put_effect(&self, fence: u64, effect: &EffectRecord, staged: Staged) -> Result<(), LedgerError> {
+    pub async fn put_effect(&self, fence: u64, effect: &EffectRecord, staged: Staged) -> Result<(), LedgerError> {
         let (effect, live) = (effect.clone(), self.live.clone());
         let key = effect.operation_key.clone();
-        self.writer.submit(
-            move |txn| {
-                apply_staged(txn, &live, fence, &effect.operation_key, &staged)?;
-                put_effect(txn, &live, fence, &effect)
-            },
-            |_| true,
-        )?;
+        self.writer
+            .submit(
+                move |txn| {
+                    apply_staged(txn, &live, fence, &effect.operation_key, &staged)?;
+                    put_effect(txn, &live, fence, &effect)
+                },
+                |_| true,
+            )
+            .await?;
         self.settle(&key, fence);
         Ok(())
     }
@@ -337,7 +339,7 @@ impl Ledger {
     }
 
     /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
-    pub fn resolve(
+    pub async fn resolve(
         &self,
         operation_key: &str,
         effect_key: &str,
@@ -345,7 +347,7 @@ impl Ledger {
         now_ms: u64,
     ) -> Result<OperationRecord, LedgerError> {
         let (op, effect, resolution) = (operation_key.to_string(), effect_key.to_string(), resolution.clone());
-        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms), |_| true)
+        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms), |_| true).await
     }
 }
 

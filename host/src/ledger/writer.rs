@@ -11,10 +11,11 @@
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
 
 use redb::{Database, WriteTransaction};
+use tokio::sync::oneshot;
 
 use super::LedgerError;
 
@@ -29,7 +30,7 @@ type Run = Box<dyn FnOnce(&WriteTransaction) -> (Answer, bool) + Send>;
 
 struct Job {
     run: Run,
-    reply: SyncSender<Answer>,
+    reply: oneshot::Sender<Answer>,
 }
 
 pub(super) struct Writer {
@@ -60,13 +61,15 @@ impl Writer {
     /// Runs `job` in the next batch and returns its answer once the batch is durable. `wrote`
     /// says whether an answer means the job wrote (a refusal never does): a batch in which no job
     /// wrote is not committed, so answers that change nothing cost no fsync.
-    pub fn submit<R: Send + 'static>(
+    /// The caller awaits the answer without holding a thread: callers are async tasks, and only
+    /// the writer thread ever blocks (on the disk).
+    pub async fn submit<R: Send + 'static>(
         &self,
         job: impl FnOnce(&WriteTransaction) -> Result<R, LedgerError> + Send + 'static,
         wrote: fn(&R) -> bool,
     ) -> Result<R, LedgerError> {
         let stopped = || LedgerError::Writer { reason: "the writer thread has stopped".into() };
-        let (reply, answer) = mpsc::sync_channel(1);
+        let (reply, answer) = oneshot::channel();
         let run = Box::new(move |txn: &WriteTransaction| {
             let answer = job(txn);
             let wrote = answer.as_ref().is_ok_and(wrote);
@@ -74,7 +77,7 @@ impl Writer {
         });
         self.queued.fetch_add(1, Ordering::Relaxed);
         self.jobs.as_ref().ok_or_else(stopped)?.send(Job { run, reply }).map_err(|_| stopped())?;
-        let answer = answer.recv().map_err(|_| stopped())??;
+        let answer = answer.await.map_err(|_| stopped())??;
         // The job above boxed an `R`; nothing else answers on this channel.
         answer.downcast::<R>().map(|r| *r).map_err(|_| LedgerError::Writer { reason: "mismatched answer".into() })
     }
@@ -156,7 +159,7 @@ fn commit(db: &Database, batch: Vec<Job>) -> bool {
     }
 }
 
-fn fail_all(replies: impl Iterator<Item = SyncSender<Answer>>, reason: &str) {
+fn fail_all(replies: impl Iterator<Item = oneshot::Sender<Answer>>, reason: &str) {
     for reply in replies {
         let _ = reply.send(Err(LedgerError::BatchFailed { reason: reason.to_string() }));
     }
@@ -178,14 +181,19 @@ mod tests {
         (db, writer)
     }
 
+    /// Runs a future to completion on this (plain) thread.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
     fn insert(writer: &Writer, k: u64) -> Result<u64, LedgerError> {
-        writer.submit(
+        block_on(writer.submit(
             move |txn| {
                 txn.open_table(T)?.insert(k, k)?;
                 Ok(k)
             },
             |_| true,
-        )
+        ))
     }
 
     fn read(db: &Database, k: u64) -> Option<u64> {
@@ -211,7 +219,7 @@ mod tests {
         let (started, running) = mpsc::channel::<()>();
         let w = writer.clone();
         let holder = std::thread::spawn(move || {
-            w.submit(
+            block_on(w.submit(
                 move |txn| {
                     let _ = started.send(());
                     let _ = held.recv();
@@ -219,7 +227,7 @@ mod tests {
                     Ok(())
                 },
                 |_| true,
-            )
+            ))
             .expect("the held job commits");
         });
         running.recv().expect("the writer runs the held job");
@@ -255,12 +263,12 @@ mod tests {
         let (release, holder) = hold(&writer);
         let w = writer.clone();
         let refused = std::thread::spawn(move || {
-            w.submit(
+            block_on(w.submit(
                 |_| -> Result<(), LedgerError> {
                     Err(LedgerError::Fenced { operation_key: "op".into(), fence: 1, current: 2 })
                 },
                 |_| true,
-            )
+            ))
         });
         let w = writer.clone();
         let fine = std::thread::spawn(move || insert(&w, 7));
@@ -276,13 +284,13 @@ mod tests {
         let doomed = std::thread::spawn(move || insert(&w, 8));
         let w = writer.clone();
         let poison = std::thread::spawn(move || {
-            w.submit(
+            block_on(w.submit(
                 |txn| -> Result<(), LedgerError> {
                     txn.open_table(T)?.insert(9, 9)?;
                     Err(LedgerError::Corrupt { what: "a write went wrong halfway".into() })
                 },
                 |_| true,
-            )
+            ))
         });
         until_queued(&writer, 2);
         drop(release);
@@ -297,7 +305,7 @@ mod tests {
     fn a_batch_that_wrote_nothing_is_not_committed() {
         let (_db, writer) = writer();
         let before = writer.commits();
-        let answer = writer.submit(|_| Ok(5u8), |_| false).expect("answered");
+        let answer = block_on(writer.submit(|_| Ok(5u8), |_| false)).expect("answered");
         assert_eq!(answer, 5);
         assert_eq!(writer.commits(), before, "no fsync for an answer that changed nothing");
         insert(&writer, 1).expect("write");

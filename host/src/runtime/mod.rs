@@ -46,6 +46,8 @@ impl Runtime {
 fn pool() -> PoolingAllocationConfig {
     /// Instances (of components and of their core modules) alive at once across the process.
     const SLOTS: u32 = 1000;
+    /// Slots whose memory is returned to the kernel together.
+    const DECOMMIT_BATCH: usize = 32;
     let ceiling = crate::limits::CEILING;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(SLOTS)
@@ -54,7 +56,10 @@ fn pool() -> PoolingAllocationConfig {
         .total_tables(SLOTS)
         .total_stacks(SLOTS)
         .max_memory_size(ceiling.memory_bytes)
-        .table_elements(ceiling.table_elements);
+        .table_elements(ceiling.table_elements)
+        // Returning a slot's pages to the kernel is one madvise and a TLB shootdown across the
+        // process's threads; batching them keeps that off most instantiations.
+        .decommit_batch_size(DECOMMIT_BATCH);
     pool
 }
 
