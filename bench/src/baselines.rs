@@ -26,6 +26,39 @@ pub fn fsync(dir: &Path, n: usize) -> anyhow::Result<Latency> {
     }
 }
 
+/// One redb commit shaped like a local-only call's: a small record in each of five tables
+/// (operation, run-step index, effect, KV, attempt). The floor under `fresh_kv_us` for this layout.
+pub fn redb_commit(dir: &Path, n: usize) -> anyhow::Result<Latency> {
+    use redb::TableDefinition;
+    const TABLES: [TableDefinition<&str, &[u8]>; 5] = [
+        TableDefinition::new("operations"),
+        TableDefinition::new("run_steps"),
+        TableDefinition::new("effects"),
+        TableDefinition::new("kv"),
+        TableDefinition::new("attempts"),
+    ];
+    let path = dir.join("commit-shape.redb");
+    let _ = std::fs::remove_file(&path);
+    let db = redb::Database::create(&path)?;
+    let record = [0x7bu8; 300];
+    let mut failed = None;
+    let latency = stats::time(n, |i| {
+        let commit = || -> anyhow::Result<()> {
+            let txn = db.begin_write()?;
+            let key = format!("{i:08}");
+            for table in TABLES {
+                txn.open_table(table)?.insert(key.as_str(), record.as_slice())?;
+            }
+            txn.commit()?;
+            Ok(())
+        };
+        if let Err(e) = commit() {
+            failed.get_or_insert(e);
+        }
+    });
+    failed.map_or(Ok(latency), Err)
+}
+
 #[derive(Deserialize)]
 struct Args {
     echo: Option<String>,

@@ -61,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("measuring the baselines...");
     let fsync_us = baselines::fsync(&dir, slow)?;
     let native_call_us = baselines::native_call(fast);
+    let redb_commit_us = baselines::redb_commit(&dir, slow)?;
 
     eprintln!("measuring oncebox...");
     let b = host_runs::start(&dir, &args.dir.join("compile-cache")).await?;
@@ -81,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
     let mut results = report::Results {
         fsync_us,
         native_call_us,
+        redb_commit_us,
         instantiate_us,
         replay_us,
         fresh_kv_us,

@@ -23,8 +23,10 @@
 //! - `failure`: every way an attempt or an HTTP exchange can end, mapped to a class (pure).
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
-//! - `ledger/`: the redb ledger: tables, records, recovery, fencing.
-//! - `runtime/`: the engine, the one `bindgen!`, loading and verifying components, one attempt.
+//! - `ledger/`: the redb ledger: tables, records, recovery, fencing, live claims, and the
+//!   group-commit writer (`writer.rs`) every write goes through.
+//! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
+//!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
 //! - `executor`: the call pipeline, top to bottom; `attempt_log`: its tracing events.
 //! - `reconcile`: asking the authority about an unknown outcome.
