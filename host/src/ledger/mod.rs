@@ -246,17 +246,8 @@ impl Ledger {
         if let Some(answer) = verdict(live.get(&req.key), req) {
             return Ok(Ok(answer));
         }
-        let op = match live.remove(&req.key) {
-            // Its owner stalled past its lease before writing anything durable: take over.
-            Some(mut op) => {
-                op.fence += 1;
-                op.owner.clone_from(&req.owner);
-                op.lease_until_ms = req.now_ms + req.lease_ms;
-                op.updated_ms = req.now_ms;
-                op
-            }
-            None => new_operation(req),
-        };
+        // A live claim here expired: its owner stalled before writing anything durable.
+        let op = take_over(live.remove(&req.key), req);
         let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
         live.insert(req.key.clone(), op);
         Ok(Ok(claim))
@@ -374,8 +365,17 @@ fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerErro
     if let Some(answer) = verdict(existing.as_ref(), req) {
         return Ok(answer);
     }
-    let mut op = match existing {
-        // The lease expired: the previous owner stalled or died. Take over.
+    // The lease expired: the previous owner stalled or died.
+    let mut op = take_over(existing, req);
+    op.status = OperationStatus::Claimed;
+    put(&mut ops, req.key.as_str(), &op)?;
+    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
+    Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
+}
+
+/// The operation for `req`'s caller: an expired claim taken over with the next fence, or a new one.
+fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest) -> OperationRecord {
+    match expired {
         Some(mut op) => {
             op.fence += 1;
             op.owner.clone_from(&req.owner);
@@ -384,11 +384,7 @@ fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerErro
             op
         }
         None => new_operation(req),
-    };
-    op.status = OperationStatus::Claimed;
-    put(&mut ops, req.key.as_str(), &op)?;
-    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
-    Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
+    }
 }
 
 fn new_operation(req: &ClaimRequest) -> OperationRecord {
