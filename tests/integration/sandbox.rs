@@ -3,8 +3,6 @@
 //! recorded and the operation is settled (never left claimed), and that no effect escapes: counted
 //! at the provider, in the ledger, or on disk.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncebox::ledger::OperationStatus;
@@ -128,7 +126,6 @@ async fn with_provider(grants: &[Grant]) -> (ProviderHandle, Host) {
 
 #[tokio::test]
 async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_sent() {
-    let (captured, _guard) = capture_logs();
     let (provider, host) = with_provider(&[]).await;
     let url = format!("{}/payments", provider.base_url());
     let outcome = hostile(&host, "effect", json!({"mode": "http-effect", "url": url, "echo": "x"})).await;
@@ -136,11 +133,6 @@ async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_se
     assert!(message.contains("capability denied"), "{message}");
     assert!(message.contains(&format!("http = [\"{}\"]", provider.base_url())), "{message}");
     assert!(message.contains("[tools.hostile.grants]"), "{message}");
-    let logs = captured.text();
-    assert!(
-        logs.contains("WARN") && logs.contains("capability denied") && logs.contains("capability=\"http\""),
-        "{logs}"
-    );
     let read = format!("{}/inventory/sku-1", provider.base_url());
     let outcome = hostile(&host, "read", json!({"mode": "http-read", "url": read})).await;
     failed_and_served(&host, &outcome, "permanent").await;
@@ -197,57 +189,53 @@ async fn kv_namespaces_outbox_topics_and_providers_need_grants() {
     assert_eq!(host.ledger().kv_get("shared", "stolen").expect("kv").as_deref(), Some(&b"yes"[..]));
 }
 
-/// Collects what the tracing subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// Runs the `oncebox` binary with logs at `level` and the suite's compile cache; returns the exit
+/// code, stdout and stderr. Logs are checked in a child process: a process-wide subscriber is the
+/// only reliable way to see every event while other tests run on other threads.
+fn oncebox_cli(args: &[&str], level: &str) -> (Option<i32>, String, String) {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .env("ONCEBOX_LOG", level)
+        .env("ONCEBOX_CACHE", cache)
+        .output()
+        .expect("run oncebox");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
 }
 
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-    }
-}
-
-/// Debug logs of this thread, captured until the guard drops. The tests' runtimes are
-/// current-thread, so the guard covers everything the host logs for their calls.
-fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
-}
-
-#[tokio::test]
-async fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger() {
+#[test]
+fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger() {
     const SECRET: &str = "sk_live_51HxTopSecret";
-    let (captured, _guard) = capture_logs();
-    let host = loaded(builder()).await;
-    let outcome = hostile(&host, "print", json!({"mode": "print-secret", "secret": SECRET})).await;
-    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    let logs = captured.text();
-    assert!(logs.contains("the secret is"), "the guest's output was logged: {logs}");
-    assert!(!logs.contains(SECRET), "the secret leaked into the logs: {logs}");
-    let key = outcome.operation_key.expect("key");
-    let records = format!(
-        "{:?}{:?}",
-        host.ledger().operation(&key).expect("op"),
-        host.ledger().attempts(&key).expect("attempts")
-    );
-    assert!(!records.contains(SECRET), "{records}");
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let args = json!({"mode": "print-secret", "secret": SECRET}).to_string();
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let call = ["call", "--ledger", ledger_arg, "--run", "r", "--step", "print", oncebox_artifacts::HOSTILE, &args];
+    let (code, stdout, stderr) = oncebox_cli(&call, "oncebox=debug");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("the secret is"), "the guest's output was logged: {stderr}");
+    assert!(!stderr.contains(SECRET) && !stdout.contains(SECRET), "the secret leaked: {stdout}{stderr}");
+    let ledger = oncebox::Ledger::open(&ledger).expect("open the ledger");
+    let records = format!("{:?}", ledger.operations(None).expect("operations"));
+    assert!(records.contains("print") && !records.contains(SECRET), "{records}");
+}
+
+// Multi-threaded: the provider keeps serving while this thread waits on the child process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_is_logged_for_the_operator() {
+    let provider = Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let args = json!({"mode": "http-effect", "url": format!("{}/payments", provider.base_url()), "echo": "x"});
+    let args = args.to_string();
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let call = ["call", "--ledger", ledger_arg, "--run", "r", "--step", "deny", oncebox_artifacts::HOSTILE, &args];
+    let (code, stdout, stderr) = oncebox_cli(&call, "warn");
+    assert_eq!(code, Some(1), "the tool did not complete: {stdout}{stderr}");
+    assert!(stderr.contains("WARN") && stderr.contains("capability denied"), "{stderr}");
+    assert!(stderr.contains("capability=\"http\"") && stderr.contains("tool=hostile"), "{stderr}");
+    assert_eq!(provider.requests(), 0);
 }
 
 #[tokio::test]

@@ -104,21 +104,16 @@ fn run(db: &Database, queue: &Receiver<Job>, commits: &AtomicU64, queued: &Atomi
             }
         }
         queued.fetch_sub(batch.len() as u64, Ordering::Relaxed);
-        if commit(db, batch) {
-            commits.fetch_add(1, Ordering::Relaxed);
-        }
+        commit(db, batch, commits);
     }
 }
 
-/// One transaction for the whole batch; every caller hears back after the commit (or its failure).
-/// Returns whether it committed.
-fn commit(db: &Database, batch: Vec<Job>) -> bool {
+/// One transaction for the whole batch; every caller hears back after the commit (or its failure),
+/// and after it was counted, so a caller that reads `commits` sees its own.
+fn commit(db: &Database, batch: Vec<Job>, commits: &AtomicU64) {
     let txn = match db.begin_write() {
         Ok(txn) => txn,
-        Err(e) => {
-            fail_all(batch.into_iter().map(|job| job.reply), &e.to_string());
-            return false;
-        }
+        Err(e) => return fail_all(batch.into_iter().map(|job| job.reply), &e.to_string()),
     };
     let mut answered = Vec::with_capacity(batch.len());
     let (mut poisoned, mut wrote) = (None, false);
@@ -140,22 +135,24 @@ fn commit(db: &Database, batch: Vec<Job>) -> bool {
             Err(reason)
         }
         // Only refusals and answers from committed state: nothing to make durable.
-        None if !wrote => txn.abort().map(|()| false).map_err(|e| e.to_string()),
-        None => txn.commit().map(|()| true).map_err(|e| e.to_string()),
+        None if !wrote => txn.abort().map_err(|e| e.to_string()),
+        None => match txn.commit() {
+            Ok(()) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        },
     };
     match committed {
-        Ok(committed) => {
+        Ok(()) => {
             for (reply, answer) in answered {
                 if let Some(answer) = answer {
                     let _ = reply.send(answer);
                 }
             }
-            committed
         }
-        Err(reason) => {
-            fail_all(answered.into_iter().map(|(reply, _)| reply), &reason);
-            false
-        }
+        Err(reason) => fail_all(answered.into_iter().map(|(reply, _)| reply), &reason),
     }
 }
 
