@@ -170,12 +170,9 @@ async fn claim(host: &Inner, request: ClaimRequest, wait: Duration) -> Result<Cl
     loop {
         let mut request = request.clone();
         request.now_ms = now_ms();
-        // Replays, conflicts and live leases are answered from committed state, without the writer
-        // (a read transaction takes microseconds, so it runs here rather than on the blocking pool).
-        let claim = match host.shared.ledger.peek_claim(&request)? {
-            Some(answer) => answer,
-            None => host.shared.ledger.claim(&request).await?,
-        };
+        // Replays, conflicts, live leases and new claims are decided from one read and memory; only
+        // taking over an expired durable claim waits for the writer.
+        let claim = host.shared.ledger.claim(&request).await?;
         if !matches!(claim, Claim::InProgress(_)) || Instant::now() + POLL > until {
             return Ok(claim);
         }

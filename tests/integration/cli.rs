@@ -26,28 +26,27 @@ fn oncebox_with(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
     (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
 }
 
+/// `oncebox call` on `ledger` with `charge` configured for, granted, and keyed at `provider`.
+fn charge_flags(ledger: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) -> Vec<String> {
+    let ledger = ledger.to_str().expect("utf8");
+    let (base, addr) = (provider.base_url(), provider.addr().to_string());
+    ["call", "--ledger", ledger, "--config", &format!("base_url={base}"), "--grant", &format!("http={base}")]
+        .into_iter()
+        .map(String::from)
+        .chain(["--key-target".to_string(), addr])
+        .collect()
+}
+
 // Multi-threaded: the provider must keep serving while this thread blocks on the child process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
-    let base = format!("base_url={}", provider.base_url());
-    let grant = format!("http={}", provider.base_url());
-    let target = provider.addr().to_string();
+    let flags = charge_flags(&ledger, &provider);
     let args = charge("o-1").to_string();
     let run = |extra: &[&str]| {
-        let mut all = vec![
-            "call",
-            "--ledger",
-            ledger.to_str().expect("utf8"),
-            "--config",
-            &base,
-            "--grant",
-            &grant,
-            "--key-target",
-            &target,
-        ];
+        let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
         all.extend_from_slice(extra);
         oncebox(&all)
     };
@@ -151,31 +150,14 @@ async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispa
     provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 30_000 }).for_order("o-1"));
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
-    let base = format!("base_url={}", provider.base_url());
-    let grant = format!("http={}", provider.base_url());
-    let target = provider.addr().to_string();
     let args = charge("o-1").to_string();
-    let call = [
-        "call",
-        "--ledger",
-        ledger.to_str().expect("utf8"),
-        "--config",
-        &base,
-        "--grant",
-        &grant,
-        "--key-target",
-        &target,
-        "--timeout-ms",
-        "60000",
-        "--run",
-        "r1",
-        "--step",
-        "s1",
-        oncebox_artifacts::CHARGE,
-        &args,
-    ];
+    let mut call = charge_flags(&ledger, &provider);
+    call.extend(
+        ["--timeout-ms", "60000", "--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &args].map(String::from),
+    );
+    let call: Vec<&str> = call.iter().map(String::as_str).collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(call)
+        .args(&call)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -220,8 +220,9 @@ fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
 }
 
 impl Ledger {
-    /// Decides, atomically, who runs an operation. A new operation is claimed in memory; taking
-    /// over a durable claim whose lease expired is a durable write.
+    /// Decides, atomically, who runs an operation. A recorded result, a conflict or a live lease is
+    /// answered from one read transaction, and a new operation is claimed in memory: no commit,
+    /// no writer. Only taking over a durable claim whose lease expired is a durable write.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
         let durable = match self.claim_in_memory(req)? {
             Ok(answer) => return Ok(answer),
@@ -251,17 +252,6 @@ impl Ledger {
         let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
         live.insert(req.key.clone(), op);
         Ok(Ok(claim))
-    }
-
-    /// What a claim would answer without taking the operation: a recorded result, a conflict, or
-    /// another caller's live lease. `None` when the caller could take the operation, which only
-    /// [`Ledger::claim`] decides. Cheap (a read transaction, no commit, no writer): a replay is
-    /// answered without waiting for anyone.
-    pub fn peek_claim(&self, req: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        if let Some(op) = self.operation(&req.key)? {
-            return Ok(verdict(Some(&op), req));
-        }
-        Ok(verdict(self.live().get(&req.key), req))
     }
 
     /// Records one attempt, the local effects it staged and, when the call is over, the
