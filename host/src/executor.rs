@@ -97,14 +97,19 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         }
     };
 
-    let scope = Scope { operation_key: operation_key.clone(), fence, redispatch_in_doubt: policy.redispatch_in_doubt };
     let call_started = Instant::now();
     let mut attempt = previous_attempts;
     loop {
         attempt += 1;
         let started_ms = now_ms();
         let started = Instant::now();
-        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope.clone()));
+        let scope = Scope {
+            operation_key: operation_key.clone(),
+            fence,
+            redispatch_in_doubt: policy.redispatch_in_doubt,
+            first: fence == 1 && attempt == 1,
+        };
+        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
         let (invocation, mut ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.

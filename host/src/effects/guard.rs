@@ -60,7 +60,8 @@ impl EffectCtx {
         let scope = self.scope()?.clone();
         let op = scope.operation_key.clone();
         let lookup_key = key.clone();
-        let existing = self.shared.ledger.effect(&op, &lookup_key).map_err(host_error)?;
+        let existing =
+            if scope.first { None } else { self.shared.ledger.effect(&op, &lookup_key).map_err(host_error)? };
         let now = now_ms();
 
         let (record, source) = match existing {

@@ -47,7 +47,11 @@ impl EffectCtx {
         };
         // Checked now, so the tool hears of a divergence at the call that diverged; checked again
         // when the staged write commits.
-        let state = self.shared.ledger.local_effect_state(&record).map_err(host_error)?;
+        let state = if scope.first {
+            LocalOutcome::Applied
+        } else {
+            self.shared.ledger.local_effect_state(&record).map_err(host_error)?
+        };
         match state {
             LocalOutcome::Applied => {
                 self.note(&record, EffectSource::Fresh);

@@ -60,6 +60,10 @@ pub struct Scope {
     pub fence: u64,
     /// Whether the class and policy allow an in-doubt effect to be sent again with its key.
     pub redispatch_in_doubt: bool,
+    /// The first attempt of a new operation's first claim: the ledger holds nothing of the
+    /// operation but what this attempt writes, so its effects need no lookup (one read each
+    /// fewer on the common path).
+    pub first: bool,
 }
 
 /// One invocation's view: its tool's sandbox, its operation, its config, and what its effects did.

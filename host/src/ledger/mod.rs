@@ -264,14 +264,13 @@ impl Ledger {
         now_ms: u64,
         staged: Staged,
     ) -> Result<(), LedgerError> {
-        let (attempt, live) = (attempt.clone(), self.live.clone());
-        let key = attempt.operation_key.clone();
+        // Records are encoded here, on the caller's task: the writer is one thread for every caller.
+        let (encoded, staged, live) = (encode(attempt)?, encode_staged(staged)?, self.live.clone());
+        let (key, number) = (attempt.operation_key.clone(), attempt.attempt);
+        let job_key = key.clone();
         self.writer
             .submit(
-                move |txn| {
-                    apply_staged(txn, &live, fence, &attempt.operation_key, &staged)?;
-                    record_attempt(txn, &live, fence, &attempt, finish, now_ms)
-                },
+                move |txn| record_attempt(txn, &live, fence, (&job_key, number, &encoded), &staged, finish, now_ms),
                 |_| true,
             )
             .await?;
@@ -282,16 +281,11 @@ impl Ledger {
     /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`,
     /// with the local effects staged before it: they are on disk before the effect leaves.
     pub async fn put_effect(&self, fence: u64, effect: &EffectRecord, staged: Staged) -> Result<(), LedgerError> {
-        let (effect, live) = (effect.clone(), self.live.clone());
-        let key = effect.operation_key.clone();
+        let (encoded, staged, live) = (encode(effect)?, encode_staged(staged)?, self.live.clone());
+        let (key, effect_key) = (effect.operation_key.clone(), effect.key.clone());
+        let job_key = key.clone();
         self.writer
-            .submit(
-                move |txn| {
-                    apply_staged(txn, &live, fence, &effect.operation_key, &staged)?;
-                    put_effect(txn, &live, fence, &effect)
-                },
-                |_| true,
-            )
+            .submit(move |txn| put_effect(txn, &live, fence, (&job_key, &effect_key, &encoded), &staged), |_| true)
             .await?;
         self.settle(&key, fence);
         Ok(())
@@ -398,17 +392,34 @@ fn new_operation(req: &ClaimRequest) -> OperationRecord {
     }
 }
 
+/// A local effect on its way to the writer, its record already encoded.
+struct StagedWrite {
+    effect: EffectRecord,
+    bytes: Vec<u8>,
+    write: LocalWrite,
+}
+
+fn encode_staged(staged: Staged) -> Result<Vec<StagedWrite>, LedgerError> {
+    staged.into_iter().map(|(effect, write)| Ok(StagedWrite { bytes: encode(&effect)?, effect, write })).collect()
+}
+
+/// The attempt (operation key, number, encoded record), its staged local effects and, when it was
+/// the last, the operation's final state.
 fn record_attempt(
     txn: &WriteTransaction,
     live: &Live,
     fence: u64,
-    attempt: &AttemptRecord,
+    (key, number, attempt): (&str, u32, &[u8]),
+    staged: &[StagedWrite],
     finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
     now_ms: u64,
 ) -> Result<(), LedgerError> {
-    let mut op = owned(txn, live, &attempt.operation_key, fence)?;
     let mut ops = txn.open_table(OPERATIONS)?;
-    op.attempts = op.attempts.max(attempt.attempt);
+    let (mut op, first_write) = owned(&ops, live, key, fence)?;
+    let mut effects = txn.open_table(EFFECTS)?;
+    let fresh = unapplied(&effects, key, staged)?;
+    // Decided; from here on only writes.
+    op.attempts = op.attempts.max(number);
     op.updated_ms = now_ms;
     if let Some((status, output, error)) = finish {
         op.status = status;
@@ -416,96 +427,121 @@ fn record_attempt(
         op.error = error;
         op.lease_until_ms = 0;
     }
-    put(&mut ops, op.key.as_str(), &op)?;
-    let mut attempts = txn.open_table(ATTEMPTS)?;
-    put(&mut attempts, (attempt.operation_key.as_str(), attempt.attempt), attempt)
+    put(&mut ops, key, &op)?;
+    if first_write {
+        index_step(txn, &op)?;
+    }
+    apply_local(txn, &mut effects, key, fresh)?;
+    txn.open_table(ATTEMPTS)?.insert((key, number), attempt)?;
+    Ok(())
 }
 
-fn put_effect(txn: &WriteTransaction, live: &Live, fence: u64, effect: &EffectRecord) -> Result<(), LedgerError> {
-    owned(txn, live, &effect.operation_key, fence)?;
-    let mut effects = txn.open_table(EFFECTS)?;
-    put(&mut effects, (effect.operation_key.as_str(), effect.key.as_str()), effect)
-}
-
-/// The operation, if `fence` owns it: durable and claimed with that fence, or claimed in memory
-/// with it (and then written to disk here, since this transaction is its first durable write).
-fn owned(txn: &WriteTransaction, live: &Live, key: &str, fence: u64) -> Result<OperationRecord, LedgerError> {
+/// An effect record (operation key, effect key, encoded record) and the local effects staged
+/// before it.
+fn put_effect(
+    txn: &WriteTransaction,
+    live: &Live,
+    fence: u64,
+    (key, effect_key, effect): (&str, &str, &[u8]),
+    staged: &[StagedWrite],
+) -> Result<(), LedgerError> {
     let mut ops = txn.open_table(OPERATIONS)?;
-    if get::<_, OperationRecord>(&ops, key)?.is_some() {
-        return owned_operation(&ops, key, fence);
+    let (op, first_write) = owned(&ops, live, key, fence)?;
+    let mut effects = txn.open_table(EFFECTS)?;
+    let fresh = unapplied(&effects, key, staged)?;
+    // Decided; from here on only writes.
+    if first_write {
+        put(&mut ops, key, &op)?;
+        index_step(txn, &op)?;
+    }
+    apply_local(txn, &mut effects, key, fresh)?;
+    effects.insert((key, effect_key), effect)?;
+    Ok(())
+}
+
+/// The operation, if `fence` owns it: durable and claimed with that fence (`false`), or claimed in
+/// memory with it (`true`: this transaction is its first durable write, and must write it).
+fn owned(
+    ops: &impl ReadableTable<&'static str, &'static [u8]>,
+    live: &Live,
+    key: &str,
+    fence: u64,
+) -> Result<(OperationRecord, bool), LedgerError> {
+    if let Some(op) = get::<_, OperationRecord>(ops, key)? {
+        if op.fence != fence || op.status != OperationStatus::Claimed {
+            return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.fence });
+        }
+        return Ok((op, false));
     }
     let held = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).cloned();
     match held {
-        Some(op) if op.fence == fence => {
-            put(&mut ops, key, &op)?;
-            txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), key)?;
-            Ok(op)
-        }
+        Some(op) if op.fence == fence => Ok((op, true)),
         held => {
             Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: held.map_or(0, |op| op.fence) })
         }
     }
 }
 
-/// Checks every staged local effect against what its key holds, then applies the new ones: all
-/// decided before anything is written (see `writer.rs`).
-fn apply_staged(
-    txn: &WriteTransaction,
-    live: &Live,
-    fence: u64,
-    key: &str,
-    staged: &Staged,
-) -> Result<(), LedgerError> {
-    if staged.is_empty() {
-        return Ok(());
-    }
-    owned(txn, live, key, fence)?;
-    let mut fresh = Vec::with_capacity(staged.len());
-    {
-        let effects = txn.open_table(EFFECTS)?;
-        for (effect, write) in staged {
-            match get::<_, EffectRecord>(&effects, (effect.operation_key.as_str(), effect.key.as_str()))? {
-                None => fresh.push((effect, write)),
-                Some(existing) if existing.fingerprint == effect.fingerprint => {}
-                Some(_) => {
-                    let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
-                    return Err(LedgerError::Diverged { operation_key, effect_key });
-                }
-            }
-        }
-    }
-    for (effect, write) in fresh {
-        apply_local(txn, effect, write)?;
-    }
+/// The run's index entry for the operation's step.
+fn index_step(txn: &WriteTransaction, op: &OperationRecord) -> Result<(), LedgerError> {
+    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
     Ok(())
 }
 
-/// Applies a KV or outbox write and its effect record (in the caller's transaction: exactly once).
-fn apply_local(txn: &WriteTransaction, effect: &EffectRecord, write: &LocalWrite) -> Result<(), LedgerError> {
-    let mut effects = txn.open_table(EFFECTS)?;
-    let id = (effect.operation_key.as_str(), effect.key.as_str());
-    match write {
-        LocalWrite::KvSet { namespace, key, value } => {
-            txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
-        }
-        LocalWrite::KvDelete { namespace, key } => {
-            txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
-        }
-        LocalWrite::Outbox { topic, payload } => {
-            let mut meta = txn.open_table(META)?;
-            let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
-            meta.insert(OUTBOX_SEQ_KEY, seq)?;
-            let message = OutboxMessage {
-                seq,
-                effect_key: effect.key.clone(),
-                topic: topic.clone(),
-                payload: payload.clone(),
-                enqueued_ms: effect.updated_ms,
-            };
-            put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+/// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
+/// others); refuses them all if a key holds another request (the tool diverged). Writes nothing.
+fn unapplied<'s>(
+    effects: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    key: &str,
+    staged: &'s [StagedWrite],
+) -> Result<Vec<&'s StagedWrite>, LedgerError> {
+    let mut fresh = Vec::with_capacity(staged.len());
+    for write in staged {
+        match get::<_, EffectRecord>(effects, (key, write.effect.key.as_str()))? {
+            None => fresh.push(write),
+            Some(existing) if existing.fingerprint == write.effect.fingerprint => {}
+            Some(_) => {
+                let (operation_key, effect_key) = (key.to_string(), write.effect.key.clone());
+                return Err(LedgerError::Diverged { operation_key, effect_key });
+            }
         }
     }
-    put(&mut effects, id, effect)
+    Ok(fresh)
+}
+
+/// Applies KV and outbox writes with their effect records (in the caller's transaction: exactly
+/// once).
+fn apply_local(
+    txn: &WriteTransaction,
+    effects: &mut Table<(&'static str, &'static str), &'static [u8]>,
+    operation_key: &str,
+    writes: Vec<&StagedWrite>,
+) -> Result<(), LedgerError> {
+    for StagedWrite { effect, bytes, write } in writes {
+        match write {
+            LocalWrite::KvSet { namespace, key, value } => {
+                txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+            }
+            LocalWrite::KvDelete { namespace, key } => {
+                txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
+            }
+            LocalWrite::Outbox { topic, payload } => {
+                let mut meta = txn.open_table(META)?;
+                let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
+                meta.insert(OUTBOX_SEQ_KEY, seq)?;
+                let message = OutboxMessage {
+                    seq,
+                    effect_key: effect.key.clone(),
+                    topic: topic.clone(),
+                    payload: payload.clone(),
+                    enqueued_ms: effect.updated_ms,
+                };
+                put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+            }
+        }
+        effects.insert((operation_key, effect.key.as_str()), bytes.as_slice())?;
+    }
+    Ok(())
 }
 
 fn resolve(
@@ -620,20 +656,6 @@ impl Ledger {
     }
 }
 
-/// The operation, if `fence` still owns it.
-fn owned_operation(
-    ops: &impl ReadableTable<&'static str, &'static [u8]>,
-    key: &str,
-    fence: u64,
-) -> Result<OperationRecord, LedgerError> {
-    let op: OperationRecord =
-        get(ops, key)?.ok_or_else(|| LedgerError::Corrupt { what: format!("operation {key} is missing") })?;
-    if op.fence != fence || op.status != OperationStatus::Claimed {
-        return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.fence });
-    }
-    Ok(op)
-}
-
 fn effects_of(
     table: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
     operation_key: &str,
@@ -655,11 +677,13 @@ fn get<'k, K: redb::Key + 'static, T: DeserializeOwned>(
     table: &impl ReadableTable<K, &'static [u8]>,
     key: impl std::borrow::Borrow<K::SelfType<'k>> + std::fmt::Debug,
 ) -> Result<Option<T>, LedgerError> {
-    let what = format!("{key:?}");
-    match table.get(key)? {
-        Some(value) => Ok(Some(decode("record", &what, value.value())?)),
-        None => Ok(None),
-    }
+    let Some(value) = table.get(key.borrow())? else {
+        return Ok(None);
+    };
+    // The key is formatted only for the error: this runs on every read.
+    serde_json::from_slice(value.value())
+        .map(Some)
+        .map_err(|e| LedgerError::Corrupt { what: format!("key {key:?}: undecodable record: {e}") })
 }
 
 fn put<'k, K: redb::Key + 'static, T: Serialize>(
@@ -667,10 +691,12 @@ fn put<'k, K: redb::Key + 'static, T: Serialize>(
     key: impl std::borrow::Borrow<K::SelfType<'k>>,
     value: &T,
 ) -> Result<(), LedgerError> {
-    let bytes =
-        serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt { what: format!("encoding a record: {e}") })?;
-    table.insert(key, bytes.as_slice())?;
+    table.insert(key, encode(value)?.as_slice())?;
     Ok(())
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, LedgerError> {
+    serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt { what: format!("encoding a record: {e}") })
 }
 
 fn decode<T: DeserializeOwned>(table: &str, key: &str, bytes: &[u8]) -> Result<T, LedgerError> {

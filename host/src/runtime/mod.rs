@@ -48,6 +48,9 @@ fn pool() -> PoolingAllocationConfig {
     const SLOTS: u32 = 1000;
     /// Slots whose memory is returned to the kernel together.
     const DECOMMIT_BATCH: usize = 32;
+    /// Per slot, how much of a memory (or table) the guest dirtied is wiped in place and kept,
+    /// rather than handed back to the kernel. A Rust guest dirties a few dozen pages per call.
+    const KEEP_RESIDENT: usize = 2 << 20;
     let ceiling = crate::limits::CEILING;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(SLOTS)
@@ -58,8 +61,14 @@ fn pool() -> PoolingAllocationConfig {
         .max_memory_size(ceiling.memory_bytes)
         .table_elements(ceiling.table_elements)
         // Returning a slot's pages to the kernel is one madvise and a TLB shootdown across the
-        // process's threads; batching them keeps that off most instantiations.
-        .decommit_batch_size(DECOMMIT_BATCH);
+        // process's threads, and page faults when the next guest touches them again. Where the
+        // kernel has PAGEMAP_SCAN (Linux 6.7+), the pages the guest dirtied are found and reset
+        // to the memory's initial image in place instead, up to `KEEP_RESIDENT`; beyond that, and
+        // on older kernels, pages are returned in batches.
+        .decommit_batch_size(DECOMMIT_BATCH)
+        .pagemap_scan(wasmtime::Enabled::Auto)
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(KEEP_RESIDENT);
     pool
 }
 
