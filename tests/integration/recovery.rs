@@ -163,3 +163,29 @@ async fn a_corrupt_ledger_file_is_an_error_naming_the_file() {
     assert!(err.to_string().contains("ledger.redb"), "{err}");
     assert_eq!(std::fs::read(&ledger).expect("read"), vec![0x5a; 8192], "the file was left as it was");
 }
+
+#[tokio::test]
+async fn a_ledger_of_another_schema_version_is_refused_with_both_versions_and_left_as_it_was() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    {
+        // What a version-1 oncebox left: its schema version, under the same name.
+        let db = redb::Database::create(&ledger).expect("create");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+            .expect("meta")
+            .insert("schema_version", 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = oncebox::Host::builder(&ledger).build().await.expect_err("another schema");
+    let message = format!("{err:#}");
+    assert!(message.contains("ledger.redb") && message.contains("schema version 1"), "{message}");
+    assert!(message.contains("reads version 2"), "{message}");
+    // Nothing was migrated or overwritten: the old version's records are still there.
+    let db = redb::Database::open(&ledger).expect("still a redb file");
+    let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+    let meta = txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).expect("meta");
+    assert_eq!(meta.get("schema_version").expect("get").map(|v| v.value()), Some(1));
+    assert!(txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("records")).is_err(), "no table was added");
+}

@@ -162,9 +162,7 @@ fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
             }
         }
         // Create every table, so read transactions never meet a missing one.
-        txn.open_table(OPERATIONS)?;
-        txn.open_table(EFFECTS)?;
-        txn.open_table(ATTEMPTS)?;
+        txn.open_table(RECORDS)?;
         txn.open_table(RUN_STEPS)?;
         txn.open_table(KV)?;
         txn.open_table(OUTBOX)?;
@@ -178,24 +176,27 @@ fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
 fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
     let txn = db.begin_write()?;
     {
-        let mut ops = txn.open_table(OPERATIONS)?;
-        let mut effects = txn.open_table(EFFECTS)?;
+        let mut records = txn.open_table(RECORDS)?;
         let mut claimed = Vec::new();
-        for entry in ops.iter()? {
+        for entry in records.iter()? {
             let (key, value) = entry?;
-            let op: OperationRecord = decode("operations", key.value(), value.value())?;
+            let (key, kind, _) = key.value();
+            if kind != OPERATION {
+                continue;
+            }
+            let op: OperationRecord = decode("operations", key, value.value())?;
             if op.status == OperationStatus::Claimed {
                 claimed.push(op);
             }
         }
         for mut op in claimed {
             let mut in_doubt = None;
-            for mut effect in effects_of(&effects, &op.key)? {
+            for mut effect in effects_of(&records, &op.key)? {
                 if effect.status == EffectStatus::Dispatched {
                     effect.status = EffectStatus::Unknown;
                     effect.error = Some("the host stopped before the answer arrived".into());
                     effect.updated_ms = now_ms;
-                    put(&mut effects, (op.key.as_str(), effect.key.as_str()), &effect)?;
+                    put(&mut records, (op.key.as_str(), EFFECT, effect.key.as_str()), &effect)?;
                 }
                 if effect.status.in_doubt() {
                     in_doubt.get_or_insert(effect.key);
@@ -212,7 +213,7 @@ fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
             }
             op.lease_until_ms = 0;
             op.updated_ms = now_ms;
-            put(&mut ops, op.key.as_str(), &op)?;
+            put(&mut records, operation_id(&op.key), &op)?;
         }
     }
     txn.commit()?;
@@ -344,16 +345,16 @@ fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Cla
 }
 
 fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerError> {
-    let mut ops = txn.open_table(OPERATIONS)?;
-    let existing: Option<OperationRecord> = get(&ops, req.key.as_str())?;
+    let mut records = txn.open_table(RECORDS)?;
+    let existing: Option<OperationRecord> = get(&records, operation_id(&req.key))?;
     if let Some(answer) = verdict(existing.as_ref(), req) {
         return Ok(answer);
     }
     // The lease expired: the previous owner stalled or died.
     let mut op = take_over(existing, req);
     op.status = OperationStatus::Claimed;
-    put(&mut ops, req.key.as_str(), &op)?;
-    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
+    put(&mut records, operation_id(&req.key), &op)?;
+    index_step(txn, &op)?;
     Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
 }
 
@@ -414,10 +415,9 @@ fn record_attempt(
     finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
     now_ms: u64,
 ) -> Result<(), LedgerError> {
-    let mut ops = txn.open_table(OPERATIONS)?;
-    let (mut op, first_write) = owned(&ops, live, key, fence)?;
-    let mut effects = txn.open_table(EFFECTS)?;
-    let fresh = unapplied(&effects, key, staged)?;
+    let mut records = txn.open_table(RECORDS)?;
+    let (mut op, first_write) = owned(&records, live, key, fence)?;
+    let fresh = unapplied(&records, key, staged)?;
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(number);
     op.updated_ms = now_ms;
@@ -427,12 +427,12 @@ fn record_attempt(
         op.error = error;
         op.lease_until_ms = 0;
     }
-    put(&mut ops, key, &op)?;
+    put(&mut records, operation_id(key), &op)?;
     if first_write {
         index_step(txn, &op)?;
     }
-    apply_local(txn, &mut effects, key, fresh)?;
-    txn.open_table(ATTEMPTS)?.insert((key, number), attempt)?;
+    apply_local(txn, &mut records, key, fresh)?;
+    records.insert((key, ATTEMPT, attempt_id(number).as_str()), attempt)?;
     Ok(())
 }
 
@@ -445,29 +445,28 @@ fn put_effect(
     (key, effect_key, effect): (&str, &str, &[u8]),
     staged: &[StagedWrite],
 ) -> Result<(), LedgerError> {
-    let mut ops = txn.open_table(OPERATIONS)?;
-    let (op, first_write) = owned(&ops, live, key, fence)?;
-    let mut effects = txn.open_table(EFFECTS)?;
-    let fresh = unapplied(&effects, key, staged)?;
+    let mut records = txn.open_table(RECORDS)?;
+    let (op, first_write) = owned(&records, live, key, fence)?;
+    let fresh = unapplied(&records, key, staged)?;
     // Decided; from here on only writes.
     if first_write {
-        put(&mut ops, key, &op)?;
+        put(&mut records, operation_id(key), &op)?;
         index_step(txn, &op)?;
     }
-    apply_local(txn, &mut effects, key, fresh)?;
-    effects.insert((key, effect_key), effect)?;
+    apply_local(txn, &mut records, key, fresh)?;
+    records.insert((key, EFFECT, effect_key), effect)?;
     Ok(())
 }
 
 /// The operation, if `fence` owns it: durable and claimed with that fence (`false`), or claimed in
 /// memory with it (`true`: this transaction is its first durable write, and must write it).
 fn owned(
-    ops: &impl ReadableTable<&'static str, &'static [u8]>,
+    records: &impl ReadableTable<RecordKey, &'static [u8]>,
     live: &Live,
     key: &str,
     fence: u64,
 ) -> Result<(OperationRecord, bool), LedgerError> {
-    if let Some(op) = get::<_, OperationRecord>(ops, key)? {
+    if let Some(op) = get::<_, OperationRecord>(records, operation_id(key))? {
         if op.fence != fence || op.status != OperationStatus::Claimed {
             return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.fence });
         }
@@ -491,13 +490,13 @@ fn index_step(txn: &WriteTransaction, op: &OperationRecord) -> Result<(), Ledger
 /// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
 /// others); refuses them all if a key holds another request (the tool diverged). Writes nothing.
 fn unapplied<'s>(
-    effects: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    records: &impl ReadableTable<RecordKey, &'static [u8]>,
     key: &str,
     staged: &'s [StagedWrite],
 ) -> Result<Vec<&'s StagedWrite>, LedgerError> {
     let mut fresh = Vec::with_capacity(staged.len());
     for write in staged {
-        match get::<_, EffectRecord>(effects, (key, write.effect.key.as_str()))? {
+        match get::<_, EffectRecord>(records, (key, EFFECT, write.effect.key.as_str()))? {
             None => fresh.push(write),
             Some(existing) if existing.fingerprint == write.effect.fingerprint => {}
             Some(_) => {
@@ -513,7 +512,7 @@ fn unapplied<'s>(
 /// once).
 fn apply_local(
     txn: &WriteTransaction,
-    effects: &mut Table<(&'static str, &'static str), &'static [u8]>,
+    records: &mut Table<RecordKey, &'static [u8]>,
     operation_key: &str,
     writes: Vec<&StagedWrite>,
 ) -> Result<(), LedgerError> {
@@ -539,7 +538,7 @@ fn apply_local(
                 put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
             }
         }
-        effects.insert((operation_key, effect.key.as_str()), bytes.as_slice())?;
+        records.insert((operation_key, EFFECT, effect.key.as_str()), bytes.as_slice())?;
     }
     Ok(())
 }
@@ -551,11 +550,10 @@ fn resolve(
     resolution: &Resolution,
     now_ms: u64,
 ) -> Result<OperationRecord, LedgerError> {
-    let mut ops = txn.open_table(OPERATIONS)?;
-    let mut effects = txn.open_table(EFFECTS)?;
+    let mut records = txn.open_table(RECORDS)?;
     let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
-    let mut op: OperationRecord = get(&ops, operation_key)?.ok_or_else(not_in_doubt)?;
-    let mut effect: EffectRecord = get(&effects, (operation_key, effect_key))?.ok_or_else(not_in_doubt)?;
+    let mut op: OperationRecord = get(&records, operation_id(operation_key))?.ok_or_else(not_in_doubt)?;
+    let mut effect: EffectRecord = get(&records, (operation_key, EFFECT, effect_key))?.ok_or_else(not_in_doubt)?;
     if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
         return Err(not_in_doubt());
     }
@@ -578,27 +576,30 @@ fn resolve(
             op.error = None;
         }
     }
-    put(&mut effects, (operation_key, effect_key), &effect)?;
-    put(&mut ops, operation_key, &op)?;
+    put(&mut records, (operation_key, EFFECT, effect_key), &effect)?;
+    put(&mut records, operation_id(operation_key), &op)?;
     Ok(op)
 }
 
 impl Ledger {
     pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        get(&txn.open_table(OPERATIONS)?, key)
+        get(&txn.open_table(RECORDS)?, operation_id(key))
     }
 
     /// All operations, or a run's, in key order.
     pub fn operations(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        let ops = txn.open_table(OPERATIONS)?;
+        let records = txn.open_table(RECORDS)?;
         let mut out = Vec::new();
         match run_id {
             None => {
-                for entry in ops.iter()? {
+                for entry in records.iter()? {
                     let (key, value) = entry?;
-                    out.push(decode("operations", key.value(), value.value())?);
+                    let (key, kind, _) = key.value();
+                    if kind == OPERATION {
+                        out.push(decode("operations", key, value.value())?);
+                    }
                 }
             }
             Some(run) => {
@@ -608,7 +609,7 @@ impl Ledger {
                     if key.value().0 != run {
                         break;
                     }
-                    if let Some(op) = get(&ops, op_key.value())? {
+                    if let Some(op) = get(&records, operation_id(op_key.value()))? {
                         out.push(op);
                     }
                 }
@@ -619,19 +620,19 @@ impl Ledger {
 
     pub fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        get(&txn.open_table(EFFECTS)?, (operation_key, effect_key))
+        get(&txn.open_table(RECORDS)?, (operation_key, EFFECT, effect_key))
     }
 
     pub fn effects(&self, operation_key: &str) -> Result<Vec<EffectRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        effects_of(&txn.open_table(EFFECTS)?, operation_key)
+        effects_of(&txn.open_table(RECORDS)?, operation_key)
     }
 
     pub fn attempts(&self, operation_key: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(ATTEMPTS)?;
+        let table = txn.open_table(RECORDS)?;
         let mut out = Vec::new();
-        for entry in table.range((operation_key, 0)..=(operation_key, u32::MAX))? {
+        for entry in table.range((operation_key, ATTEMPT, "")..(operation_key, EFFECT, ""))? {
             let (key, value) = entry?;
             out.push(decode("attempts", key.value().0, value.value())?);
         }
@@ -657,17 +658,13 @@ impl Ledger {
 }
 
 fn effects_of(
-    table: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    table: &impl ReadableTable<RecordKey, &'static [u8]>,
     operation_key: &str,
 ) -> Result<Vec<EffectRecord>, LedgerError> {
     let mut out: Vec<EffectRecord> = Vec::new();
-    for entry in table.range((operation_key, "")..)? {
+    for entry in table.range((operation_key, EFFECT, "")..(operation_key, EFFECT + 1, ""))? {
         let (key, value) = entry?;
-        let (op, effect) = key.value();
-        if op != operation_key {
-            break;
-        }
-        out.push(decode("effects", effect, value.value())?);
+        out.push(decode("effects", key.value().2, value.value())?);
     }
     out.sort_by(|a, b| a.first_dispatched_ms.cmp(&b.first_dispatched_ms).then(a.label.cmp(&b.label)));
     Ok(out)
