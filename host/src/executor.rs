@@ -40,10 +40,11 @@ pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallErr
     let (Some(run_id), Some(step_id)) = (call.run_id, call.step_id) else {
         return Err(CallError::StepRequired { tool: name.to_string(), class: tool.manifest.class });
     };
+    let canonical_args = keys::canonical_json(&args);
     Ok(Prepared {
-        canonical_args: keys::canonical_json(&args),
         operation_key: keys::operation_key(&run_id, &step_id, name),
-        fingerprint: keys::fingerprint(name, &args),
+        fingerprint: keys::fingerprint_canonical(name, &canonical_args),
+        canonical_args,
         args,
         run_id,
         step_id,
@@ -223,6 +224,10 @@ fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError> {
         return Err(invalid(format!("{} bytes, over the limit of {max}", args.len())));
     }
     let value: Value = serde_json::from_str(args).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    // The yes-or-no check is much cheaper than collecting every error; valid args are the rule.
+    if tool.schema.is_valid(&value) {
+        return Ok(value);
+    }
     let problems: Vec<String> = tool
         .schema
         .iter_errors(&value)

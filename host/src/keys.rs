@@ -21,7 +21,12 @@ pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
 /// Identifies a request: the tool and its canonical args. Same step, different fingerprint:
 /// the caller changed its mind, and that is a conflict, not a retry.
 pub fn fingerprint(tool: &str, args: &Value) -> String {
-    hash("oncebox/fingerprint/v1", &[tool.as_bytes(), canonical_json(args).as_bytes()])
+    fingerprint_canonical(tool, &canonical_json(args))
+}
+
+/// [`fingerprint`] of args already in canonical form (a caller that needs both canonicalises once).
+pub fn fingerprint_canonical(tool: &str, canonical_args: &str) -> String {
+    hash("oncebox/fingerprint/v1", &[tool.as_bytes(), canonical_args.as_bytes()])
 }
 
 /// Identifies what an effect asked for, so a replay that asks for something else is caught.
