@@ -12,6 +12,10 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+/// The allocator of the `oncebox` binary, so that the bench measures what the CLI runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(about = "Measure oncebox against an fsync, native code, naive redb and SQLite")]
 struct Args {

@@ -79,7 +79,8 @@ fn hash(domain: &str, parts: &[&[u8]]) -> String {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part);
     }
-    hex::encode(hasher.finalize())
+    // Lower-case hex, written in one go (hex::encode collects char by char: slow on the hot path).
+    format!("{:x}", hasher.finalize())
 }
 
 #[cfg(test)]
@@ -117,5 +118,16 @@ mod tests {
         assert_eq!(op, operation_key("run-1", "step-1", "charge"));
         assert_eq!(op.len(), 64);
         assert_ne!(op, hash("oncebox/effect/v1", &[b"run-1", b"step-1", b"charge"]));
+    }
+
+    /// Keys reach downstream services as `Idempotency-Key`s and live in ledgers: they must not
+    /// change between versions. Computed independently: SHA-256 over the domain and each part,
+    /// each prefixed with its length as a big-endian u64, in lower-case hex.
+    #[test]
+    fn keys_match_their_published_derivation() {
+        assert_eq!(
+            operation_key("run-1", "step-1", "charge"),
+            "378d270c7f7faeb26d5b82427b92e62e11027515883e790fef96331ed1f8a417"
+        );
     }
 }
