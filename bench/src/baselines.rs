@@ -26,17 +26,12 @@ pub fn fsync(dir: &Path, n: usize) -> anyhow::Result<Latency> {
     }
 }
 
-/// One redb commit shaped like a local-only call's: a small record in each of five tables
-/// (operation, run-step index, effect, KV, attempt). The floor under `fresh_kv_us` for this layout.
+/// One redb commit shaped like a local-only call's: the operation, its attempt and its effect side
+/// by side in one table, the run-step index, and the KV entry. The floor under `fresh_kv_us`.
 pub fn redb_commit(dir: &Path, n: usize) -> anyhow::Result<Latency> {
     use redb::TableDefinition;
-    const TABLES: [TableDefinition<&str, &[u8]>; 5] = [
-        TableDefinition::new("operations"),
-        TableDefinition::new("run_steps"),
-        TableDefinition::new("effects"),
-        TableDefinition::new("kv"),
-        TableDefinition::new("attempts"),
-    ];
+    const RECORDS: TableDefinition<(&str, u8, &str), &[u8]> = TableDefinition::new("records");
+    const OTHERS: [TableDefinition<&str, &[u8]>; 2] = [TableDefinition::new("run_steps"), TableDefinition::new("kv")];
     let path = dir.join("commit-shape.redb");
     let _ = std::fs::remove_file(&path);
     let db = redb::Database::create(&path)?;
@@ -46,7 +41,13 @@ pub fn redb_commit(dir: &Path, n: usize) -> anyhow::Result<Latency> {
         let commit = || -> anyhow::Result<()> {
             let txn = db.begin_write()?;
             let key = format!("{i:08}");
-            for table in TABLES {
+            {
+                let mut records = txn.open_table(RECORDS)?;
+                for (kind, id) in [(0, ""), (1, "0000000001"), (2, "effect")] {
+                    records.insert((key.as_str(), kind, id), record.as_slice())?;
+                }
+            }
+            for table in OTHERS {
                 txn.open_table(table)?.insert(key.as_str(), record.as_slice())?;
             }
             txn.commit()?;
