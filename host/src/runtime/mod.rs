@@ -48,9 +48,11 @@ fn pool() -> PoolingAllocationConfig {
     const SLOTS: u32 = 1000;
     /// Slots whose memory is returned to the kernel together.
     const DECOMMIT_BATCH: usize = 32;
-    /// Per slot, how much of a memory (or table) the guest dirtied is wiped in place and kept,
-    /// rather than handed back to the kernel. A Rust guest dirties a few dozen pages per call.
-    const KEEP_RESIDENT: usize = 2 << 20;
+    // Per slot, how much of a memory (or table) the guest dirtied is wiped in place and kept,
+    // rather than handed back to the kernel. A Rust guest dirties a few dozen pages per call.
+    // Only where the kernel can say which pages those are: without PAGEMAP_SCAN, wasmtime would
+    // memset the whole amount on every reuse, slower than handing the pages back.
+    let keep_resident = if kernel_has_pagemap_scan() { 2 << 20 } else { 0 };
     let ceiling = crate::limits::CEILING;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(SLOTS)
@@ -63,13 +65,28 @@ fn pool() -> PoolingAllocationConfig {
         // Returning a slot's pages to the kernel is one madvise and a TLB shootdown across the
         // process's threads, and page faults when the next guest touches them again. Where the
         // kernel has PAGEMAP_SCAN (Linux 6.7+), the pages the guest dirtied are found and reset
-        // to the memory's initial image in place instead, up to `KEEP_RESIDENT`; beyond that, and
+        // to the memory's initial image in place instead, up to `keep_resident`; beyond that, and
         // on older kernels, pages are returned in batches.
         .decommit_batch_size(DECOMMIT_BATCH)
         .pagemap_scan(wasmtime::Enabled::Auto)
-        .linear_memory_keep_resident(KEEP_RESIDENT)
-        .table_keep_resident(KEEP_RESIDENT);
+        .linear_memory_keep_resident(keep_resident)
+        .table_keep_resident(keep_resident);
     pool
+}
+
+fn kernel_has_pagemap_scan() -> bool {
+    cfg!(target_os = "linux")
+        && std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|release| has_pagemap_scan(&release))
+}
+
+/// Whether a Linux release string ("6.18.0-1-cloud-amd64") names a kernel with the PAGEMAP_SCAN
+/// ioctl, which came in 6.7.
+fn has_pagemap_scan(release: &str) -> bool {
+    let mut numbers = release.trim().split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 7),
+        _ => false,
+    }
 }
 
 /// One engine per process, as wasmtime recommends: compiled components and the epoch clock are
@@ -106,4 +123,20 @@ fn shared_engine() -> Result<Engine, LoadError> {
         })
         .map_err(|e| LoadError::Engine(format!("cannot start the epoch thread: {e}")))?;
     Ok(ENGINE.get_or_init(|| engine).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_pagemap_scan;
+
+    #[test]
+    fn pagemap_scan_is_recognised_from_6_7_on() {
+        assert!(has_pagemap_scan("6.18.0-1-cloud-amd64\n"));
+        assert!(has_pagemap_scan("6.7.0"));
+        assert!(has_pagemap_scan("7.0.1"));
+        assert!(!has_pagemap_scan("6.6.87.2-microsoft-standard-WSL2"));
+        assert!(!has_pagemap_scan("5.15.0-105-generic"));
+        assert!(!has_pagemap_scan("not a release"));
+        assert!(!has_pagemap_scan(""));
+    }
 }
