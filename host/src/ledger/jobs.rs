@@ -1,0 +1,263 @@
+//! The write jobs: each runs on the writer thread inside a batch's transaction (`writer.rs`), and
+//! each decides everything before it writes, so that a refusal leaves the shared transaction as it
+//! found it.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::tables::*;
+use super::{
+    Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
+    OperationStatus, OutboxMessage, Resolution, Staged, encode, get, put,
+};
+
+/// What an operation's record (or its absence) means for a caller that wants to run it.
+/// `None`: the caller takes it (new, or its lease expired).
+pub(super) fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
+    let op = existing?;
+    if op.fingerprint != req.fingerprint {
+        Some(Claim::Conflict(op.clone()))
+    } else if op.status != OperationStatus::Claimed {
+        Some(Claim::Recorded(op.clone()))
+    } else if op.lease_until_ms > req.now_ms {
+        Some(Claim::InProgress(op.clone()))
+    } else {
+        None
+    }
+}
+
+pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let existing: Option<OperationRecord> = get(&records, operation_id(&req.key))?;
+    if let Some(answer) = verdict(existing.as_ref(), req) {
+        return Ok(answer);
+    }
+    // The lease expired: the previous owner stalled or died.
+    let mut op = take_over(existing, req);
+    op.status = OperationStatus::Claimed;
+    put(&mut records, operation_id(&req.key), &op)?;
+    index_step(txn, &op)?;
+    Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
+}
+
+/// The operation for `req`'s caller: an expired claim taken over with the next fence, or a new one.
+pub(super) fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest) -> OperationRecord {
+    match expired {
+        Some(mut op) => {
+            op.fence += 1;
+            op.owner.clone_from(&req.owner);
+            op.lease_until_ms = req.now_ms + req.lease_ms;
+            op.updated_ms = req.now_ms;
+            op
+        }
+        None => new_operation(req),
+    }
+}
+
+fn new_operation(req: &ClaimRequest) -> OperationRecord {
+    OperationRecord {
+        key: req.key.clone(),
+        run_id: req.run_id.clone(),
+        step_id: req.step_id.clone(),
+        tool: req.tool.clone(),
+        class: req.class,
+        fingerprint: req.fingerprint.clone(),
+        args: req.args.clone(),
+        status: OperationStatus::Claimed,
+        owner: req.owner.clone(),
+        lease_until_ms: req.now_ms + req.lease_ms,
+        fence: 1,
+        attempts: 0,
+        output: None,
+        error: None,
+        created_ms: req.now_ms,
+        updated_ms: req.now_ms,
+    }
+}
+
+/// A local effect on its way to the writer, its record already encoded.
+pub(super) struct StagedWrite {
+    effect: EffectRecord,
+    bytes: Vec<u8>,
+    write: LocalWrite,
+}
+
+pub(super) fn encode_staged(staged: Staged) -> Result<Vec<StagedWrite>, LedgerError> {
+    staged.into_iter().map(|(effect, write)| Ok(StagedWrite { bytes: encode(&effect)?, effect, write })).collect()
+}
+
+/// The attempt (operation key, number, encoded record), its staged local effects and, when it was
+/// the last, the operation's final state.
+pub(super) fn record_attempt(
+    txn: &WriteTransaction,
+    live: &Live,
+    fence: u64,
+    (key, number, attempt): (&str, u32, &[u8]),
+    staged: &[StagedWrite],
+    finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
+    now_ms: u64,
+) -> Result<(), LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let (mut op, first_write) = owned(&records, live, key, fence)?;
+    let fresh = unapplied(&records, key, staged)?;
+    // Decided; from here on only writes.
+    op.attempts = op.attempts.max(number);
+    op.updated_ms = now_ms;
+    if let Some((status, output, error)) = finish {
+        op.status = status;
+        op.output = output;
+        op.error = error;
+        op.lease_until_ms = 0;
+    }
+    put(&mut records, operation_id(key), &op)?;
+    if first_write {
+        index_step(txn, &op)?;
+    }
+    apply_local(txn, &mut records, key, fresh)?;
+    records.insert((key, ATTEMPT, attempt_id(number).as_str()), attempt)?;
+    Ok(())
+}
+
+/// An effect record (operation key, effect key, encoded record) and the local effects staged
+/// before it.
+pub(super) fn put_effect(
+    txn: &WriteTransaction,
+    live: &Live,
+    fence: u64,
+    (key, effect_key, effect): (&str, &str, &[u8]),
+    staged: &[StagedWrite],
+) -> Result<(), LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let (op, first_write) = owned(&records, live, key, fence)?;
+    let fresh = unapplied(&records, key, staged)?;
+    // Decided; from here on only writes.
+    if first_write {
+        put(&mut records, operation_id(key), &op)?;
+        index_step(txn, &op)?;
+    }
+    apply_local(txn, &mut records, key, fresh)?;
+    records.insert((key, EFFECT, effect_key), effect)?;
+    Ok(())
+}
+
+/// The operation, if `fence` owns it: durable and claimed with that fence (`false`), or claimed in
+/// memory with it (`true`: this transaction is its first durable write, and must write it).
+fn owned(
+    records: &impl ReadableTable<RecordKey, &'static [u8]>,
+    live: &Live,
+    key: &str,
+    fence: u64,
+) -> Result<(OperationRecord, bool), LedgerError> {
+    if let Some(op) = get::<_, OperationRecord>(records, operation_id(key))? {
+        if op.fence != fence || op.status != OperationStatus::Claimed {
+            return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.fence });
+        }
+        return Ok((op, false));
+    }
+    let held = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).cloned();
+    match held {
+        Some(op) if op.fence == fence => Ok((op, true)),
+        held => {
+            Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: held.map_or(0, |op| op.fence) })
+        }
+    }
+}
+
+/// The run's index entry for the operation's step.
+fn index_step(txn: &WriteTransaction, op: &OperationRecord) -> Result<(), LedgerError> {
+    txn.open_table(RUN_STEPS)?.insert((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()), op.key.as_str())?;
+    Ok(())
+}
+
+/// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
+/// others); refuses them all if a key holds another request (the tool diverged). Writes nothing.
+fn unapplied<'s>(
+    records: &impl ReadableTable<RecordKey, &'static [u8]>,
+    key: &str,
+    staged: &'s [StagedWrite],
+) -> Result<Vec<&'s StagedWrite>, LedgerError> {
+    let mut fresh = Vec::with_capacity(staged.len());
+    for write in staged {
+        match get::<_, EffectRecord>(records, (key, EFFECT, write.effect.key.as_str()))? {
+            None => fresh.push(write),
+            Some(existing) if existing.fingerprint == write.effect.fingerprint => {}
+            Some(_) => {
+                let (operation_key, effect_key) = (key.to_string(), write.effect.key.clone());
+                return Err(LedgerError::Diverged { operation_key, effect_key });
+            }
+        }
+    }
+    Ok(fresh)
+}
+
+/// Applies KV and outbox writes with their effect records (in the caller's transaction: exactly
+/// once).
+fn apply_local(
+    txn: &WriteTransaction,
+    records: &mut Table<RecordKey, &'static [u8]>,
+    operation_key: &str,
+    writes: Vec<&StagedWrite>,
+) -> Result<(), LedgerError> {
+    for StagedWrite { effect, bytes, write } in writes {
+        match write {
+            LocalWrite::KvSet { namespace, key, value } => {
+                txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+            }
+            LocalWrite::KvDelete { namespace, key } => {
+                txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;
+            }
+            LocalWrite::Outbox { topic, payload } => {
+                let mut meta = txn.open_table(META)?;
+                let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
+                meta.insert(OUTBOX_SEQ_KEY, seq)?;
+                let message = OutboxMessage {
+                    seq,
+                    effect_key: effect.key.clone(),
+                    topic: topic.clone(),
+                    payload: payload.clone(),
+                    enqueued_ms: effect.updated_ms,
+                };
+                put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+            }
+        }
+        records.insert((operation_key, EFFECT, effect.key.as_str()), bytes.as_slice())?;
+    }
+    Ok(())
+}
+
+pub(super) fn resolve(
+    txn: &WriteTransaction,
+    operation_key: &str,
+    effect_key: &str,
+    resolution: &Resolution,
+    now_ms: u64,
+) -> Result<OperationRecord, LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
+    let mut op: OperationRecord = get(&records, operation_id(operation_key))?.ok_or_else(not_in_doubt)?;
+    let mut effect: EffectRecord = get(&records, (operation_key, EFFECT, effect_key))?.ok_or_else(not_in_doubt)?;
+    if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
+        return Err(not_in_doubt());
+    }
+    effect.updated_ms = now_ms;
+    op.updated_ms = now_ms;
+    op.lease_until_ms = 0;
+    match resolution {
+        Resolution::Committed { output } => {
+            effect.status = EffectStatus::Completed;
+            effect.error = Some("reconciled: the authority confirmed it took place".into());
+            op.status = OperationStatus::Completed;
+            op.output = Some(output.clone());
+            op.error = None;
+        }
+        Resolution::NotCommitted => {
+            // Claimed with an expired lease: the next call takes it over and resends.
+            effect.status = EffectStatus::Retryable;
+            effect.error = Some("reconciled: the authority has no record of it".into());
+            op.status = OperationStatus::Claimed;
+            op.error = None;
+        }
+    }
+    put(&mut records, (operation_key, EFFECT, effect_key), &effect)?;
+    put(&mut records, operation_id(operation_key), &op)?;
+    Ok(op)
+}

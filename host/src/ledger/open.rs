@@ -1,0 +1,88 @@
+//! Opening a ledger file: the schema check, and the recovery of what a stopped host left behind.
+//! Both run before the writer starts.
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable};
+
+use super::tables::*;
+use super::{EffectStatus, ErrorRecord, LedgerError, OperationRecord, OperationStatus, decode, effects_of, put};
+
+/// Creates the tables and checks the schema version. Runs before the writer starts.
+pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
+    let txn = db.begin_write()?;
+    {
+        let mut meta = txn.open_table(META)?;
+        let version = meta.get(SCHEMA_VERSION_KEY)?.map(|v| v.value());
+        match version {
+            None => {
+                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(other) => {
+                return Err(LedgerError::Corrupt {
+                    what: format!(
+                        "{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}",
+                        path.display()
+                    ),
+                });
+            }
+        }
+        // Create every table, so read transactions never meet a missing one.
+        txn.open_table(RECORDS)?;
+        txn.open_table(RUN_STEPS)?;
+        txn.open_table(KV)?;
+        txn.open_table(OUTBOX)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Effects written ahead but never answered become `unknown`, operations holding one become
+/// `unknown`, and the other claims lose their lease. Runs at open, before the writer starts.
+pub(super) fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
+    let txn = db.begin_write()?;
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut claimed = Vec::new();
+        for entry in records.iter()? {
+            let (key, value) = entry?;
+            let (key, kind, _) = key.value();
+            if kind != OPERATION {
+                continue;
+            }
+            let op: OperationRecord = decode("operations", key, value.value())?;
+            if op.status == OperationStatus::Claimed {
+                claimed.push(op);
+            }
+        }
+        for mut op in claimed {
+            let mut in_doubt = None;
+            for mut effect in effects_of(&records, &op.key)? {
+                if effect.status == EffectStatus::Dispatched {
+                    effect.status = EffectStatus::Unknown;
+                    effect.error = Some("the host stopped before the answer arrived".into());
+                    effect.updated_ms = now_ms;
+                    put(&mut records, (op.key.as_str(), EFFECT, effect.key.as_str()), &effect)?;
+                }
+                if effect.status.in_doubt() {
+                    in_doubt.get_or_insert(effect.key);
+                }
+            }
+            if let Some(effect_key) = in_doubt {
+                op.status = OperationStatus::Unknown;
+                op.error = Some(ErrorRecord {
+                    class: "unknown-outcome".into(),
+                    message: format!(
+                        "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
+                    ),
+                });
+            }
+            op.lease_until_ms = 0;
+            op.updated_ms = now_ms;
+            put(&mut records, operation_id(&op.key), &op)?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
