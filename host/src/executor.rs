@@ -43,7 +43,7 @@ pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallErr
     let canonical_args = keys::canonical_json(&args);
     Ok(Prepared {
         operation_key: keys::operation_key(&run_id, &step_id, name),
-        fingerprint: keys::fingerprint_canonical(name, &canonical_args),
+        fingerprint: keys::fingerprint(name, &canonical_args),
         canonical_args,
         args,
         run_id,
@@ -104,21 +104,20 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         attempt += 1;
         let started_ms = now_ms();
         let started = Instant::now();
+        // A fresh claim's first attempt: nothing of the operation exists but what it writes.
+        let first = fence == 1 && attempt == 1;
         let scope = Scope {
             operation_key: operation_key.clone(),
             fence,
             redispatch_in_doubt: policy.redispatch_in_doubt,
-            first: fence == 1 && attempt == 1,
+            first,
         };
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
         let (invocation, mut ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
-        let in_doubt = if fence == 1 && attempt == 1 {
-            ctx.in_doubt.clone()
-        } else {
-            in_doubt_after(host, &operation_key, &ctx, &policy).await?
-        };
+        let in_doubt =
+            if first { ctx.in_doubt.clone() } else { in_doubt_after(host, &operation_key, &ctx, &policy).await? };
         let verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
 
         let next = match &verdict {

@@ -18,14 +18,9 @@ pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
     hash("oncebox/effect/v1", &[operation_key.as_bytes(), label.as_bytes(), &occurrence.to_be_bytes()])
 }
 
-/// Identifies a request: the tool and its canonical args. Same step, different fingerprint:
-/// the caller changed its mind, and that is a conflict, not a retry.
-pub fn fingerprint(tool: &str, args: &Value) -> String {
-    fingerprint_canonical(tool, &canonical_json(args))
-}
-
-/// [`fingerprint`] of args already in canonical form (a caller that needs both canonicalises once).
-pub fn fingerprint_canonical(tool: &str, canonical_args: &str) -> String {
+/// Identifies a request: the tool and its args in canonical form ([`canonical_json`]). Same step,
+/// different fingerprint: the caller changed its mind, and that is a conflict, not a retry.
+pub fn fingerprint(tool: &str, canonical_args: &str) -> String {
     hash("oncebox/fingerprint/v1", &[tool.as_bytes(), canonical_args.as_bytes()])
 }
 
@@ -97,12 +92,13 @@ mod tests {
 
     #[test]
     fn fingerprint_ignores_key_order_but_not_values() {
-        let a = fingerprint("charge", &json!({"order_id": "o1", "amount_cents": 100}));
-        let b = fingerprint("charge", &json!({"amount_cents": 100, "order_id": "o1"}));
-        let c = fingerprint("charge", &json!({"amount_cents": 101, "order_id": "o1"}));
+        let fingerprint = |tool, args: Value| fingerprint(tool, &canonical_json(&args));
+        let a = fingerprint("charge", json!({"order_id": "o1", "amount_cents": 100}));
+        let b = fingerprint("charge", json!({"amount_cents": 100, "order_id": "o1"}));
+        let c = fingerprint("charge", json!({"amount_cents": 101, "order_id": "o1"}));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_ne!(a, fingerprint("refund", &json!({"order_id": "o1", "amount_cents": 100})));
+        assert_ne!(a, fingerprint("refund", json!({"order_id": "o1", "amount_cents": 100})));
     }
 
     #[test]
