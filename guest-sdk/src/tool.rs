@@ -29,11 +29,18 @@ pub trait Tool {
 }
 
 /// What the authority says about an effect whose response was lost.
+///
+/// The tool reports what the authority shows; the host decides what it proves (the rule of
+/// evidence). In particular `NotCommitted` is only "no record of it *now*": a downstream still
+/// processing the request, or one whose index lags, shows nothing for a charge that will commit.
+/// The host counts it as proof only once the downstream's `settle_window` (the operator's setting
+/// per host, 5 minutes by default) has passed since the effect was last sent; before that the
+/// operation stays unknown, and the reconcile answer says from when a `NotCommitted` would count.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reconciliation<T> {
     /// It took place; `T` is the output the tool would have returned.
     Committed(T),
-    /// The authority has no record of it: dispatching again is safe.
+    /// The authority has no record of it (yet: see above).
     NotCommitted,
     /// The authority cannot tell. Not proof of anything.
     StillUnknown,
@@ -41,8 +48,11 @@ pub enum Reconciliation<T> {
 
 impl<T: serde::de::DeserializeOwned> Reconciliation<T> {
     /// Asks an authority that looks effects up by their key (as Stripe-like APIs do): 200 with the
-    /// output is committed, 404 is not committed, anything else (an error, a 5xx, a body that does
-    /// not parse) proves nothing.
+    /// output is committed; 404 is "no record of it now", which the host counts as not committed
+    /// only after the host's settle window; anything else (an error, a 5xx, a body that does not
+    /// parse) proves nothing. `effect_key` given to [`Reconcile::reconcile`] is the
+    /// `Idempotency-Key` the host sent with the effect. The lookup is a read: its URL's origin must
+    /// be granted to the tool like its effects' (`[tools.NAME.grants] http`).
     pub fn lookup(url: &str) -> Self {
         match crate::http::get(url) {
             Ok(r) if r.status == 200 => r.json().map_or(Reconciliation::StillUnknown, Reconciliation::Committed),

@@ -18,6 +18,8 @@ pub enum CallError {
          orchestrator (--run and --step); without them a retry could not be told from a new intent"
     )]
     StepRequired { tool: String, class: ReplayClass },
+    #[error("cannot settle the operation: {reason}")]
+    InvalidResolution { reason: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
@@ -36,6 +38,8 @@ pub enum Error {
     Policy(#[from] crate::policy_file::PolicyError),
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
+    #[error("the retry policy set in code for `{tool}` ({class}) is refused: {violation}")]
+    PolicyRefused { tool: String, class: ReplayClass, violation: crate::policy::Violation },
     #[error("a tool named `{name}` is already loaded from {existing}")]
     DuplicateTool { name: String, existing: String },
 }

@@ -14,7 +14,7 @@ use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
 use crate::host::Inner;
 use crate::keys;
-use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, OperationStatus};
+use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, OperationStatus};
 use crate::policy::ReplayClass;
 use crate::policy::RetryPolicy;
 use crate::redact::{redact, scrub, sensitive_values};
@@ -78,7 +78,14 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
     };
-    let (fence, previous_attempts) = match claim(host, request, wait).await? {
+    let mut claimed = claim(host, &request, wait).await?;
+    if let Claim::Recorded(op) = &claimed
+        && op.status == OperationStatus::Unknown
+        && policy.redispatch_in_doubt
+    {
+        claimed = reopen(host, &request, &policy).await?;
+    }
+    let (fence, previous_attempts) = match claimed {
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
         Claim::Recorded(op) => {
             attempt_log::replayed(&op.run_id, &op.step_id, &op.tool, &op.key, op.status.as_str());
@@ -113,7 +120,13 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             first,
         };
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
-        let (invocation, mut ctx) = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets).await;
+        let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
+        let (mut invocation, mut ctx) = leased(host, &operation_key, fence, invoke).await;
+        if let (Invocation::Returned(_), Some(message)) = (&invocation, ctx.broken.take()) {
+            // The guest swallowed a failed write-ahead, and the local writes it staged before it
+            // are gone: this attempt did not happen as the guest believes.
+            invocation = Invocation::Unavailable(format!("the ledger failed during the attempt: {message}"));
+        }
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
         let in_doubt =
@@ -131,7 +144,13 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                 }
             }
         };
-        let staged = std::mem::take(&mut ctx.staged);
+        let mut staged = std::mem::take(&mut ctx.staged);
+        if !matches!(verdict, Verdict::Ok(_)) {
+            // A failed attempt's local writes that no remote effect carried to disk are discarded:
+            // the next attempt makes them again, and a failed operation leaves nothing behind.
+            ctx.effects.retain(|e| !staged.iter().any(|(record, _)| record.key == e.key));
+            staged.clear();
+        }
         let mut record = AttemptRecord {
             operation_key: operation_key.clone(),
             run_id: run_id.clone(),
@@ -156,19 +175,82 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             Next::Finish(status) => Some((status, verdict.output_json(), verdict.error())),
             Next::Retry(_) => None,
         };
-        host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await?;
+        match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await {
+            Ok(()) => {}
+            // The ledger holds an effect in doubt that this attempt did not account for: the rule
+            // of evidence wins over the attempt's view, and the operation is unknown.
+            Err(LedgerError::InDoubt { effect_key, .. }) => {
+                tracing::error!(%operation_key, %effect_key, "an effect in doubt was missed; recording unknown");
+                let error = ErrorRecord {
+                    class: "unknown-outcome".into(),
+                    message: format!("effect {effect_key} may have taken place; reconcile it"),
+                };
+                record.outcome = error.class.clone();
+                record.message = Some(error.message.clone());
+                let finish = Some((OperationStatus::Unknown, None, Some(error.clone())));
+                host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
+                let failure = Failure::UnknownOutcome { redispatchable: false };
+                return Ok(Verdict::Failed { failure, error }.into_outcome(
+                    Status::Unknown,
+                    attempt,
+                    Some(operation_key),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
 
         match next {
-            Next::Retry(after) => tokio::time::sleep(after).await,
+            Next::Retry(after) => leased(host, &operation_key, fence, tokio::time::sleep(after)).await,
             Next::Finish(status) => return Ok(verdict.into_outcome(status.into(), attempt, Some(operation_key))),
         }
     }
 }
 
+/// Runs `work` for the owner of `fence`, renewing its lease every third of it, so that a live
+/// owner is never taken over however long an attempt (or a wait between attempts) runs; only a
+/// stalled or dead one is.
+async fn leased<T>(host: &Inner, key: &str, fence: u64, work: impl Future<Output = T>) -> T {
+    let lease = host.lease;
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                let until = now_ms() + lease.as_millis() as u64;
+                if let Err(e) = host.shared.ledger.renew(key, fence, until).await {
+                    // Taken over after all (the process stalled past its lease): every write of
+                    // this owner is refused from now on by its fence, so it can do no harm.
+                    tracing::warn!(operation_key = %key, fence, error = %e, "lease not renewed");
+                }
+            }
+        }
+    }
+}
+
+/// An unknown operation whose in-doubt effects may all be resent with their keys (their hosts
+/// honour keys, within retention) is taken over to resend them; anything else stays as recorded.
+async fn reopen(host: &Inner, request: &ClaimRequest, policy: &RetryPolicy) -> Result<Claim, CallError> {
+    let now = now_ms();
+    let resendable: Vec<String> = host
+        .shared
+        .ledger
+        .effects(&request.key)?
+        .into_iter()
+        .filter(|e| e.status.in_doubt() && host.shared.resendable(e, policy.redispatch_in_doubt, now))
+        .map(|e| e.key)
+        .collect();
+    let mut request = request.clone();
+    request.now_ms = now;
+    // The job checks the effects again inside its transaction: what was read here may be stale.
+    Ok(host.shared.ledger.reopen(&request, move |e| resendable.contains(&e.key)).await?)
+}
+
 /// Asks the ledger who runs the operation; while another caller holds it and this one asked to
 /// wait, asks again until the result lands, the lease expires (then this caller takes over), or
 /// the wait is over.
-async fn claim(host: &Inner, request: ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
+async fn claim(host: &Inner, request: &ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
     /// How often a waiting caller looks again.
     const POLL: Duration = Duration::from_millis(25);
     let until = Instant::now() + wait;

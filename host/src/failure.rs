@@ -1,5 +1,14 @@
-//! Every way an attempt can end, mapped to one failure class. Pure: the runtime and the effects
-//! report what they observed; this module alone says what it means for the retry matrix.
+//! The rule of evidence (DESIGN section 5), and every way an attempt can end, mapped to one
+//! failure class. Pure: the runtime, the effects and reconciliation report what they observed;
+//! this module alone says what it proves.
+//!
+//! An effect is *not taken* only on proof: the request never left (the connection failed before
+//! any byte of it was written), or the downstream answered in a way that means "not executed"
+//! (429). Everything else after the request left leaves it *in doubt*: a 5xx (a gateway can fail
+//! after its origin committed), a 408 or a 409, a timeout, a reset, the attempt deadline, a trap, a
+//! kill. An effect in doubt may be resent with its key only where the downstream honours keys and
+//! still remembers the key (`effects::Shared::resendable`); otherwise the operation is `unknown`
+//! until reconciliation or a person proves what happened ([`reconciled`]).
 
 use std::time::Duration;
 
@@ -9,9 +18,10 @@ use crate::retry::Failure;
 /// What the host observed of one HTTP exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpObservation {
-    /// The connection was refused or never established: nothing was sent.
+    /// The connection was refused or never established (DNS, TCP, TLS): no byte of the request
+    /// was written.
     NotConnected,
-    /// The request went out and no complete answer came back (a timeout, a dropped connection).
+    /// The request went out and no complete answer came back (a timeout, a reset, an EOF).
     SentNoAnswer,
     /// An answer. `retry_after` from `Retry-After-Ms` or `Retry-After`.
     Answered { status: u16, retry_after: Option<Duration> },
@@ -22,7 +32,7 @@ pub enum HttpObservation {
 pub enum HttpVerdict {
     /// A definitive answer, recorded and handed to the tool (2xx, and 4xx other than 408/409/429).
     Definitive,
-    /// Nothing took effect; a resend with the same key is safe.
+    /// Proven not taken; another attempt may send it again.
     NotTaken(Failure),
     /// It may have taken effect.
     InDoubt,
@@ -31,17 +41,73 @@ pub enum HttpVerdict {
 /// How long to wait after a 429 that gave no `Retry-After`.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The rule of evidence for one HTTP exchange. Whether an in-doubt effect may be resent with its
+/// key is the downstream's contract (`honours_keys`, its retention), decided where the targets
+/// are known; what the exchange proves does not depend on it.
 pub fn http(observation: &HttpObservation) -> HttpVerdict {
     match observation {
         HttpObservation::NotConnected => HttpVerdict::NotTaken(Failure::Transient),
         HttpObservation::SentNoAnswer => HttpVerdict::InDoubt,
+        // Rate limiters answer before the work (Stripe documents it).
         HttpObservation::Answered { status: 429, retry_after } => {
             HttpVerdict::NotTaken(Failure::RateLimited { retry_after: retry_after.unwrap_or(DEFAULT_RETRY_AFTER) })
         }
-        // 408: the server gave up before processing; 409: a request with this key is in flight;
-        // 5xx: the server failed before committing (a key-honouring server replays a commit).
-        HttpObservation::Answered { status: 408 | 409 | 500..=599, .. } => HttpVerdict::NotTaken(Failure::Transient),
+        // 5xx: a gateway or a crashed handler can answer after the origin committed. 408: the
+        // server may have read and acted on the request before giving up on the connection. 409: a
+        // request with this key is in flight, and it may commit. A key-honouring host replays a
+        // commit to a same-key resend, which is what makes a resend to it safe.
+        HttpObservation::Answered { status: 408 | 409 | 500..=599, .. } => HttpVerdict::InDoubt,
         HttpObservation::Answered { .. } => HttpVerdict::Definitive,
+    }
+}
+
+/// What a tool's `reconcile` export (or a provider's lookup) said about an effect in doubt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reported {
+    /// The authority shows it committed; the payload is the operation's output (JSON).
+    Committed(String),
+    /// The authority has no trace of it.
+    NotCommitted,
+    /// The authority cannot tell.
+    StillUnknown,
+}
+
+/// What an authority's answer proves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proven {
+    Taken(String),
+    NotTaken,
+    /// Nothing is proven. `counts_from_ms`: when a `not-committed` answer would start to count
+    /// (the end of the settle window), if that is what kept it from counting.
+    InDoubt {
+        reason: String,
+        counts_from_ms: Option<u64>,
+    },
+}
+
+/// The rule of evidence for reconciliation. An empty lookup proves nothing while the request can
+/// still commit (a downstream still processing it, an index that lags): `not-committed` counts
+/// only once `settle_window` has passed since the effect's last dispatch.
+pub fn reconciled(reported: Reported, last_dispatched_ms: u64, settle_window: Duration, now_ms: u64) -> Proven {
+    match reported {
+        Reported::Committed(output) => Proven::Taken(output),
+        Reported::StillUnknown => Proven::InDoubt { reason: "the authority cannot tell".into(), counts_from_ms: None },
+        Reported::NotCommitted => {
+            let settled_ms = last_dispatched_ms.saturating_add(settle_window.as_millis() as u64);
+            if now_ms >= settled_ms {
+                Proven::NotTaken
+            } else {
+                Proven::InDoubt {
+                    reason: format!(
+                        "the authority has no record of it yet, but a request sent {} ago can still commit \
+                         (settle window {})",
+                        humantime::format_duration(Duration::from_millis(now_ms.saturating_sub(last_dispatched_ms))),
+                        humantime::format_duration(settle_window)
+                    ),
+                    counts_from_ms: Some(settled_ms),
+                }
+            }
+        }
     }
 }
 
@@ -197,9 +263,24 @@ mod tests {
             answered(429, None),
             HttpVerdict::NotTaken(Failure::RateLimited { retry_after: DEFAULT_RETRY_AFTER })
         );
-        assert_eq!(answered(503, None), HttpVerdict::NotTaken(Failure::Transient));
-        assert_eq!(answered(409, None), HttpVerdict::NotTaken(Failure::Transient));
+        for status in [500, 502, 503, 504, 408, 409] {
+            assert_eq!(answered(status, None), HttpVerdict::InDoubt, "{status}");
+        }
+        assert_eq!(answered(201, None), HttpVerdict::Definitive);
+        assert_eq!(answered(204, None), HttpVerdict::Definitive);
+        assert_eq!(answered(404, None), HttpVerdict::Definitive);
         assert_eq!(answered(200, None), HttpVerdict::Definitive);
         assert_eq!(answered(402, None), HttpVerdict::Definitive);
+    }
+
+    #[test]
+    fn not_committed_counts_only_after_the_settle_window() {
+        let window = Duration::from_secs(60);
+        let sent = 1_000_000;
+        let early = reconciled(Reported::NotCommitted, sent, window, sent + 59_999);
+        assert!(matches!(early, Proven::InDoubt { counts_from_ms: Some(at), .. } if at == sent + 60_000), "{early:?}");
+        assert_eq!(reconciled(Reported::NotCommitted, sent, window, sent + 60_000), Proven::NotTaken);
+        assert!(matches!(reconciled(Reported::StillUnknown, sent, window, sent + 10_000_000), Proven::InDoubt { .. }));
+        assert_eq!(reconciled(Reported::Committed("{}".into()), sent, window, sent), Proven::Taken("{}".into()));
     }
 }

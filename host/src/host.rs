@@ -106,6 +106,8 @@ impl HostBuilder {
     }
 
     /// Overrides the retry policy for one tool (over the policy file and the class's defaults).
+    /// Checked against the tool's class when the tool is loaded, like the policy file: loading
+    /// an irreversible tool with retries or in-doubt resends is refused.
     pub fn retry_policy(mut self, tool: impl Into<String>, policy: RetryPolicy) -> Self {
         self.policies.insert(tool.into(), policy);
         self
@@ -252,7 +254,15 @@ impl Host {
         crate::runtime::check_grants(&tool, &grants)?;
         tool.sandbox = Arc::new(Sandbox { tool: name.clone(), grants, limits });
         let policy = match self.inner.overrides.get(&manifest.name) {
-            Some(policy) => policy.clone(),
+            Some(policy) => {
+                // The builder passes the same class check as the policy file.
+                policy.check(manifest.class).map_err(|violation| Error::PolicyRefused {
+                    tool: manifest.name.clone(),
+                    class: manifest.class,
+                    violation,
+                })?;
+                policy.clone()
+            }
             None => self.inner.policy_file.effective(&manifest.name, manifest.class)?.policy,
         };
         let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -279,6 +289,19 @@ impl Host {
     pub async fn reconcile(&self, call: Call) -> Result<crate::Reconciliation, CallError> {
         let tool = self.tool(&call.tool)?;
         crate::reconcile::reconcile(&self.inner, &tool, call).await
+    }
+
+    /// Settles an unknown operation by a person's word: `effect_key` names the effect in doubt
+    /// (needed when there are several), `by` who decides and `note` why; both are recorded.
+    pub async fn resolve(
+        &self,
+        operation_key: &str,
+        effect_key: Option<&str>,
+        resolution: &crate::ledger::Resolution,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<Outcome, CallError> {
+        crate::reconcile::settle(self.ledger(), operation_key, effect_key, resolution, by, note).await
     }
 
     /// Creates one instance of a loaded tool and drops it, running nothing: the cost every attempt

@@ -20,7 +20,8 @@
 //! - `capabilities`: what each tool is granted, and the denial that names the missing grant (pure).
 //! - `limits`: per-attempt resource limits, their defaults and ceilings (pure).
 //! - `policy_file/`: the operator's `oncebox.toml`, checked with file:line errors (pure).
-//! - `failure`: every way an attempt or an HTTP exchange can end, mapped to a class (pure).
+//! - `failure`: the rule of evidence (what proves an effect was not taken), and every way an
+//!   attempt or an HTTP exchange can end, mapped to a class (pure).
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
 //! - `ledger/`: the redb ledger: tables, records, recovery, fencing, live claims, and the
@@ -29,7 +30,7 @@
 //!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
 //! - `executor`: the call pipeline, top to bottom; `attempt_log`: its tracing events.
-//! - `reconcile`: asking the authority about an unknown outcome.
+//! - `reconcile`: asking the authority about an unknown outcome, and a person settling one.
 //! - `host`: [`Host`] and [`HostBuilder`].
 //!
 //! # Errors
@@ -59,12 +60,12 @@ mod runtime;
 
 pub use call::{Call, Outcome, Status};
 pub use capabilities::{Grant, Grants, Sandbox};
-pub use effects::{EffectProvider, HttpTarget, ProviderOutcome};
+pub use effects::{DEFAULT_SETTLE_WINDOW, EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::Ledger;
 pub use limits::Limits;
 pub use policy::{ReplayClass, RetryPolicy};
-pub use reconcile::Reconciliation;
+pub use reconcile::{Reconciliation, settle};
 pub use redact::{REDACTED, redact};
 pub use runtime::{MAX_COMPONENT_BYTES, ToolManifest};

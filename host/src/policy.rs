@@ -1,7 +1,8 @@
-//! Replay classes and the retry policy each implies (DESIGN section 5). Pure.
+//! Replay classes and the retry policy each implies (DESIGN section 6). Pure.
 //!
-//! The full matrix, per-tool overrides and the policy file are their own issue; this module holds
-//! the defaults and the one place that says what a class allows.
+//! This module holds the defaults and the one place that says what a class allows
+//! ([`RetryPolicy::check`]): the policy file, `HostBuilder::retry_policy` and any later source of
+//! policy pass the same check, so none can loosen what the class forbids.
 
 use std::time::Duration;
 
@@ -79,9 +80,110 @@ impl RetryPolicy {
     }
 }
 
+/// The most attempts any policy may ask for. More is a loop, not a retry policy.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+
+/// A policy that its tool's class, or plain sense, forbids. `field()` names the setting to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    #[error("`max_attempts = {0}`: an irreversible tool is never retried automatically")]
+    IrreversibleRetries(u32),
+    #[error(
+        "`redispatch_in_doubt = true`: an irreversible tool's unknown outcome is reconciled, then left to a \
+         person, never sent again"
+    )]
+    IrreversibleRedispatch,
+    #[error("`max_attempts = {0}`: at least 1 (the first attempt counts) and at most {MAX_ATTEMPTS_LIMIT}")]
+    Attempts(u32),
+    #[error("`{small}` ({}) exceeds `{big}` ({})", humantime::format_duration(*small_value), humantime::format_duration(*big_value))]
+    Order { small: &'static str, small_value: Duration, big: &'static str, big_value: Duration },
+    #[error("`{0}` must be more than zero")]
+    Zero(&'static str),
+}
+
+impl Violation {
+    /// The setting the violation is about, as the policy file spells it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Violation::IrreversibleRetries(_) | Violation::Attempts(_) => "max_attempts",
+            Violation::IrreversibleRedispatch => "redispatch_in_doubt",
+            Violation::Order { small, .. } => small,
+            Violation::Zero(field) => field,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The one check of a policy against its tool's class (DESIGN section 6): no source of policy
+    /// can give an irreversible tool automatic retries or in-doubt resends.
+    pub fn check(&self, class: ReplayClass) -> Result<(), Violation> {
+        if class == ReplayClass::Irreversible && self.max_attempts > 1 {
+            return Err(Violation::IrreversibleRetries(self.max_attempts));
+        }
+        if class == ReplayClass::Irreversible && self.redispatch_in_doubt {
+            return Err(Violation::IrreversibleRedispatch);
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
+            return Err(Violation::Attempts(self.max_attempts));
+        }
+        for (field, value) in [
+            ("initial_backoff", self.initial_backoff),
+            ("attempt_deadline", self.attempt_deadline),
+            ("call_deadline", self.call_deadline),
+        ] {
+            if value.is_zero() {
+                return Err(Violation::Zero(field));
+            }
+        }
+        let pairs = [
+            ("initial_backoff", self.initial_backoff, "max_backoff", self.max_backoff),
+            ("attempt_deadline", self.attempt_deadline, "call_deadline", self.call_deadline),
+        ];
+        for (small, small_value, big, big_value) in pairs {
+            if small_value > big_value {
+                return Err(Violation::Order { small, small_value, big, big_value });
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_class_default_passes_its_own_check() {
+        for class in
+            [ReplayClass::ReadOnly, ReplayClass::IdempotentWrite, ReplayClass::Compensatable, ReplayClass::Irreversible]
+        {
+            assert_eq!(RetryPolicy::for_class(class).check(class), Ok(()), "{class}");
+        }
+    }
+
+    #[test]
+    fn no_policy_gives_an_irreversible_tool_retries_or_resends() {
+        let class = ReplayClass::Irreversible;
+        let base = RetryPolicy::for_class(class);
+        let retries = RetryPolicy { max_attempts: 3, ..base.clone() };
+        assert_eq!(retries.check(class), Err(Violation::IrreversibleRetries(3)));
+        let resends = RetryPolicy { redispatch_in_doubt: true, ..base };
+        assert_eq!(resends.check(class), Err(Violation::IrreversibleRedispatch));
+        // The same policy is fine for a class that allows it.
+        assert_eq!(retries.check(ReplayClass::Compensatable), Ok(()));
+    }
+
+    #[test]
+    fn impossible_policies_are_refused_for_every_class() {
+        let base = RetryPolicy::for_class(ReplayClass::ReadOnly);
+        let zero = RetryPolicy { max_attempts: 0, ..base.clone() };
+        assert_eq!(zero.check(ReplayClass::ReadOnly).map_err(|v| v.field()), Err("max_attempts"));
+        let late = RetryPolicy { attempt_deadline: base.call_deadline * 2, ..base.clone() };
+        assert_eq!(late.check(ReplayClass::ReadOnly).map_err(|v| v.field()), Err("attempt_deadline"));
+        let spin = RetryPolicy { initial_backoff: Duration::ZERO, ..base };
+        assert_eq!(spin.check(ReplayClass::ReadOnly).map_err(|v| v.field()), Err("initial_backoff"));
+    }
 
     #[test]
     fn irreversible_tools_never_retry_and_never_redispatch() {

@@ -1,7 +1,8 @@
-//! Reconciliation (DESIGN section 6): an operation whose outcome is unknown asks the tool's
-//! authority, by effect key, what happened. `committed` completes it without a dispatch;
-//! `not-committed` makes it safe to run again with the same keys; `still-unknown` proves nothing
-//! and changes nothing.
+//! Reconciliation (DESIGN section 7): an operation whose outcome is unknown asks the tool's
+//! authority, by effect key, what happened, and the rule of evidence (`failure::reconciled`) says
+//! what the answer proves. `committed` completes it without a dispatch; `not-committed`, once the
+//! downstream's settle window has passed, makes it safe to run again with the same keys; anything
+//! else proves nothing and changes nothing. A person can settle it by hand ([`settle`]).
 
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use crate::call::{Call, Outcome};
 use crate::effects::EffectCtx;
 use crate::error::CallError;
 use crate::executor::prepare;
+use crate::failure::{self, Proven, Reported};
 use crate::host::Inner;
-use crate::ledger::{OperationStatus, Resolution};
+use crate::ledger::{Ledger, OperationStatus, Resolution, Settlement};
 use crate::runtime::LoadedTool;
 use crate::runtime::bindings::Reconciliation as Answer;
 
@@ -25,8 +27,15 @@ pub enum Reconciliation {
     /// The authority has no trace of it: the next call for the step dispatches again, same key.
     NotCommitted { operation_key: String },
     /// Still in doubt; the reason says why (no `reconcile` export, several effects in doubt, the
-    /// authority could not tell). A person decides.
-    StillUnknown { operation_key: String, reason: String },
+    /// authority could not tell, or an empty lookup while the request could still commit). A
+    /// later reconcile or a person decides. `counts_from_ms`: when a `not-committed` answer
+    /// would start to count.
+    StillUnknown {
+        operation_key: String,
+        reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        counts_from_ms: Option<u64>,
+    },
     /// The operation's outcome is not unknown (or there is no such operation): nothing to do.
     NotUnknown { outcome: Option<Outcome> },
 }
@@ -40,7 +49,8 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     if op.status != OperationStatus::Unknown || op.fingerprint != prepared.fingerprint {
         return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(&op)) });
     }
-    let still = |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason });
+    let still =
+        |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms: None });
     let in_doubt: Vec<_> = host.shared.ledger.effects(&key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
     let effect = match in_doubt.as_slice() {
         [one] => one.clone(),
@@ -60,20 +70,61 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
         Some(Ok(answer)) => answer,
     };
-    let resolution = match answer {
-        Answer::StillUnknown => return still("the authority cannot tell".into()),
+    let reported = match answer {
+        Answer::StillUnknown => Reported::StillUnknown,
         Answer::Committed(output) => match serde_json::from_str::<serde_json::Value>(&output) {
-            Ok(_) => Resolution::Committed { output },
+            Ok(_) => Reported::Committed(output),
             Err(e) => return still(format!("reconcile returned invalid JSON: {e}")),
         },
-        Answer::NotCommitted => Resolution::NotCommitted,
+        Answer::NotCommitted => Reported::NotCommitted,
+    };
+    let now = crate::clock::now_ms();
+    let window = host.shared.settle_window(&effect);
+    let resolution = match failure::reconciled(reported, effect.last_dispatch_ms(), window, now) {
+        Proven::Taken(output) => Resolution::Committed { output },
+        Proven::NotTaken => Resolution::NotCommitted,
+        Proven::InDoubt { reason, counts_from_ms } => {
+            tracing::info!(operation_key = %key, effect_key = %effect.key, %reason, "reconcile proved nothing");
+            return Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms });
+        }
     };
     tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
-    let resolved = host.shared.ledger.resolve(&key, &effect.key, &resolution, crate::clock::now_ms()).await?;
+    let settlement =
+        Settlement { verdict: resolution.verdict().into(), by: "reconcile".into(), note: None, at_ms: now };
+    let resolved = host.shared.ledger.resolve(&key, Some(&effect.key), &resolution, &settlement).await?;
     Ok(match resolved.status {
         OperationStatus::Completed => {
             Reconciliation::Committed { outcome: Outcome { replayed: false, ..Outcome::replay(&resolved) } }
         }
         _ => Reconciliation::NotCommitted { operation_key: key },
     })
+}
+
+/// Settles an unknown operation by a person's word (`oncebox resolve`): recorded with who and why.
+/// This is how an operation of a tool without a `reconcile` export leaves `unknown`, besides a
+/// same-key resend where its host honours keys.
+pub async fn settle(
+    ledger: &Ledger,
+    operation_key: &str,
+    effect_key: Option<&str>,
+    resolution: &Resolution,
+    by: &str,
+    note: Option<&str>,
+) -> Result<Outcome, CallError> {
+    if let Resolution::Committed { output } = resolution {
+        serde_json::from_str::<serde_json::Value>(output)
+            .map_err(|e| CallError::InvalidResolution { reason: format!("the committed output is not JSON: {e}") })?;
+    }
+    if by.trim().is_empty() {
+        return Err(CallError::InvalidResolution { reason: "say who settles it (--by NAME)".into() });
+    }
+    let settlement = Settlement {
+        verdict: resolution.verdict().into(),
+        by: by.to_string(),
+        note: note.map(str::to_string),
+        at_ms: crate::clock::now_ms(),
+    };
+    let resolved = ledger.resolve(operation_key, effect_key, resolution, &settlement).await?;
+    tracing::info!(%operation_key, ?effect_key, verdict = settlement.verdict, by, "settled by hand");
+    Ok(Outcome { replayed: false, ..Outcome::replay(&resolved) })
 }

@@ -166,12 +166,22 @@ async fn a_process_killed_mid_dispatch_leaves_unknown_and_the_next_process_dispa
     child.kill().expect("kill -9 the host mid-dispatch");
     child.wait().expect("reap");
 
-    let (code, outcome, stderr) = oncebox(&call);
+    // Without `--key-target` nothing says the provider honours keys: the next process must not resend.
+    let plain: Vec<&str> =
+        call.iter().copied().filter(|a| *a != "--key-target" && *a != provider.addr().to_string()).collect();
+    let (code, outcome, stderr) = oncebox(&plain);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(outcome["status"], "unknown", "{outcome}");
     assert_eq!(outcome["replayed"], true);
     assert_eq!(provider.requests(), 1, "the second process dispatched nothing");
     assert_eq!(provider.counts("o-1").payments, 1);
+
+    // With it, the host may resend with the same key: the provider answers from its key store.
+    let (code, outcome, stderr) = oncebox(&call);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(outcome["status"], "completed", "{outcome}");
+    assert_eq!(provider.requests(), 2, "one resend");
+    assert_eq!(provider.counts("o-1").payments, 1, "still one charge");
 }
 
 #[test]

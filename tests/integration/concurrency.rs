@@ -62,10 +62,11 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
         .await
         .expect("host");
     crate::support::load_all(&host).await;
-    let args = serde_json::json!({"mode": "sleep", "sleep_ms": 2000, "write_first": true, "echo": "done"}).to_string();
+    // Busy: the guest never yields, so A's thread is stuck and cannot renew its lease.
+    let args = serde_json::json!({"mode": "busy", "sleep_ms": 2000, "write_first": true, "echo": "done"}).to_string();
     let call = || oncebox::Call::step("run-1", "slow", "panicky", args.clone());
 
-    // Worker A claims, writes its effect, then stalls far past its 200 ms lease.
+    // Worker A claims, stages its effect, then stalls far past its 200 ms lease.
     let stalled = tokio::spawn({
         let host = host.clone();
         let call = call();
@@ -85,9 +86,101 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
     assert_eq!(op.status, oncebox::ledger::OperationStatus::Completed);
     assert_eq!(op.output.as_deref().map(|o| o.contains("done")), Some(true));
     let effects = host.ledger().effects(&key).expect("effects");
-    assert_eq!(effects.len(), 1, "the KV effect A wrote was deduplicated for B, not written twice");
+    assert_eq!(effects.len(), 1, "the KV effect was written once, by B");
     let attempts = host.ledger().attempts(&key).expect("attempts");
     assert!(attempts.iter().all(|a| a.fence == 2), "nothing of A's was recorded after the takeover");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_slow_owner_renews_its_lease_and_a_waiting_caller_gets_its_result() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    // The lease is far shorter than the call: without renewal the waiter would take over.
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .lease(std::time::Duration::from_millis(150))
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let args = serde_json::json!({"mode": "sleep", "sleep_ms": 1200, "write_first": true, "echo": "slow"}).to_string();
+    let call = || oncebox::Call::step("run-1", "slow", "panicky", args.clone());
+    let owner = tokio::spawn({
+        let (host, call) = (host.clone(), call());
+        async move { host.call(call).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let waiter = host.call(call().waiting(std::time::Duration::from_secs(10))).await.expect("waiting call");
+    let owner = owner.await.expect("task").expect("the owner is never fenced out");
+    assert_eq!(owner.status, Status::Completed, "{owner:?}");
+    assert!(waiter.replayed && waiter.is_completed(), "the waiter got the owner's result: {waiter:?}");
+    let key = owner.operation_key.expect("key");
+    let attempts = host.ledger().attempts(&key).expect("attempts");
+    assert_eq!(attempts.len(), 1, "one attempt, by the owner: {attempts:?}");
+    assert_eq!(host.ledger().operation(&key).expect("read").expect("op").fence, 1, "never taken over");
+}
+
+/// Take-overs of one operation, in memory (nothing durable yet) and on disk (after its first
+/// write), racing the owners' write-aheads: every owner gets a fence no other owner ever held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
+    use oncebox::ledger::{Claim, ClaimRequest, EffectRecord, EffectStatus};
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = oncebox::Ledger::open(dir.path().join("l.redb")).expect("ledger");
+    let request = |op: &str, owner: usize, now_ms: u64| ClaimRequest {
+        key: op.into(),
+        run_id: "run".into(),
+        step_id: op.into(),
+        tool: "charge".into(),
+        class: oncebox::ReplayClass::Compensatable,
+        fingerprint: "args".into(),
+        args: serde_json::Value::Null,
+        owner: format!("owner-{owner}"),
+        now_ms,
+        lease_ms: 10,
+    };
+    let effect = |op: &str, owner: usize| EffectRecord {
+        key: format!("{op}-effect-{owner}"),
+        operation_key: op.into(),
+        label: "charge".into(),
+        occurrence: owner as u32,
+        kind: "http".into(),
+        target: "bank:443".into(),
+        fingerprint: "f".into(),
+        status: EffectStatus::Dispatched,
+        response: None,
+        error: None,
+        dispatches: 1,
+        first_dispatched_ms: 0,
+        last_dispatched_ms: 0,
+        updated_ms: 0,
+        resolution: None,
+    };
+    for round in 0..50 {
+        let op = format!("op-{round}");
+        let mut fences = Vec::new();
+        let mut writes = Vec::new();
+        // Each owner claims after the previous lease ran out, then starts its write-ahead without
+        // waiting for it: the next owner's claim races the commit.
+        for owner in 0..4 {
+            let now = 1_000 + owner as u64 * 100;
+            if let Claim::Owned { fence, .. } = ledger.claim(&request(&op, owner, now)).await.expect("claim") {
+                fences.push(fence);
+                let (ledger, effect) = (ledger.clone(), effect(&op, owner));
+                writes.push(tokio::spawn(async move { ledger.put_effect(fence, &effect, None, Vec::new()).await }));
+                tokio::task::yield_now().await;
+            }
+        }
+        for write in writes {
+            let _ = write.await.expect("task");
+        }
+        let mut unique = fences.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), fences.len(), "round {round}: a fence was handed out twice: {fences:?}");
+        // Whatever raced, at most one owner's write-ahead is on record per fence the op holds now.
+        let held = ledger.operation(&op).expect("read").map(|op| op.fence);
+        assert!(held.is_none_or(|fence| fences.contains(&fence)), "round {round}: {held:?} not among {fences:?}");
+    }
 }
 
 #[tokio::test]
@@ -171,6 +264,8 @@ mod interleavings {
         fence: Option<u64>,
         may_dispatch: bool,
         dispatched: bool,
+        /// The effect's (status, dispatches) as this worker last read them.
+        seen: Option<(EffectStatus, u32)>,
     }
 
     fn effect(status: EffectStatus, now: u64) -> EffectRecord {
@@ -187,7 +282,9 @@ mod interleavings {
             error: None,
             dispatches: 1,
             first_dispatched_ms: now,
+            last_dispatched_ms: now,
             updated_ms: now,
+            resolution: None,
         }
     }
 
@@ -200,7 +297,7 @@ mod interleavings {
         let (mut now, mut dispatches, mut not_taken) = (1_000u64, 0, 0);
         let fenced = |r: Result<(), LedgerError>| match r {
             Ok(()) => true,
-            Err(LedgerError::Fenced { .. }) => false,
+            Err(LedgerError::Fenced { .. } | LedgerError::EffectChanged { .. }) => false,
             Err(e) => panic!("unexpected ledger error: {e}"),
         };
         for step in steps {
@@ -227,7 +324,8 @@ mod interleavings {
                         let recorded = ledger.effect(OP, EFFECT).expect("read");
                         // Only a record saying nothing took effect (or none) allows a dispatch; a
                         // downstream that ignores keys never gets an in-doubt effect again.
-                        workers[w].may_dispatch = recorded.is_none_or(|e| e.status == EffectStatus::Retryable);
+                        workers[w].may_dispatch = recorded.as_ref().is_none_or(|e| e.status == EffectStatus::Retryable);
+                        workers[w].seen = recorded.map(|e| (e.status, e.dispatches));
                     }
                 }
                 Step::Dispatch(w) => {
@@ -236,6 +334,7 @@ mod interleavings {
                         if fenced(rt.block_on(ledger.put_effect(
                             fence,
                             &effect(EffectStatus::Dispatched, now),
+                            workers[w].seen,
                             Vec::new(),
                         ))) {
                             dispatches += 1;
@@ -248,7 +347,8 @@ mod interleavings {
                 Step::Answer(w, status) => {
                     if let (Some(fence), true) = (workers[w].fence, workers[w].dispatched) {
                         workers[w].dispatched = false;
-                        if fenced(rt.block_on(ledger.put_effect(fence, &effect(status, now), Vec::new()))) {
+                        let expected = Some((EffectStatus::Dispatched, 1));
+                        if fenced(rt.block_on(ledger.put_effect(fence, &effect(status, now), expected, Vec::new()))) {
                             not_taken += u32::from(status == EffectStatus::Retryable);
                         } else {
                             workers[w].fence = None;

@@ -14,7 +14,8 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     // The provider commits, then holds the answer long enough for the host to die waiting.
     provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
 
-    let host = host_for(&ledger, &provider, true).await;
+    // A downstream not declared to honour keys: nothing may be resent on the host's own account.
+    let host = host_for(&ledger, &provider, false).await;
     let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
     let in_flight = tokio::spawn({
         let host = host.clone();
@@ -26,7 +27,7 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     assert!(in_flight.await.is_err_and(|e| e.is_cancelled()));
     drop(host);
 
-    let restarted = host_for(&ledger, &provider, true).await;
+    let restarted = host_for(&ledger, &provider, false).await;
     let requests = provider.requests();
     let outcome = restarted
         .call(oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string()))
@@ -56,6 +57,37 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     assert_eq!(after.output, outcome.output);
     assert_eq!(provider.requests(), requests, "reconciling and replaying dispatched nothing");
     assert_eq!(provider.counts("o-1").payments, 1);
+}
+
+#[tokio::test]
+async fn after_a_crash_an_effect_in_doubt_at_a_key_honouring_host_is_resent_with_its_key_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
+    let refund = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+    let call = || oncebox::Call::step("run-1", "refund", "refund", refund.clone());
+    let host = host_for(&ledger, &provider, true).await;
+    let in_flight = tokio::spawn({
+        let (host, call) = (host.clone(), call());
+        async move { host.call(call).await }
+    });
+    eventually("the provider committed the refund", || provider.counts("o-1").refunds == 1).await;
+    in_flight.abort();
+    let _ = in_flight.await;
+    drop(host);
+
+    // Recovery left the operation unknown; the host honours keys within their retention, so the
+    // next call takes it over and resends with the same key instead of waiting for a person.
+    let restarted = host_for(&ledger, &provider, true).await;
+    let outcome = restarted.call(call()).await.expect("call");
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert!(!outcome.replayed);
+    assert_eq!(provider.counts("o-1").refunds, 1, "the resend was answered from the provider's key store");
+    let key = outcome.operation_key.expect("key");
+    let effects = restarted.ledger().effects(&key).expect("effects");
+    assert_eq!((effects.len(), effects[0].dispatches), (1, 2), "one key, sent twice");
+    assert!(restarted.call(call()).await.expect("call").replayed);
 }
 
 /// A downstream that answers lookups with 404 but never answers a write: the write's outcome is
@@ -95,7 +127,11 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
         let host = oncebox::Host::builder(&ledger)
             .http_target(
                 hole.to_string(),
-                oncebox::HttpTarget { timeout: std::time::Duration::from_millis(300), ..Default::default() },
+                oncebox::HttpTarget {
+                    timeout: std::time::Duration::from_millis(300),
+                    settle_window: std::time::Duration::from_millis(700),
+                    ..Default::default()
+                },
             )
             .tool_config("charge", "base_url", format!("http://{hole}"))
             .grant("charge", oncebox::Grant::Http(format!("http://{hole}").parse().expect("origin")))
@@ -105,6 +141,15 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
         host.load(oncebox_artifacts::CHARGE).await.expect("load");
         let outcome = host.call(call.clone()).await.expect("call");
         assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+        // A 404 right after the request proves nothing: the downstream may still be working on it.
+        let early = host.reconcile(call.clone()).await.expect("reconcile");
+        let Reconciliation::StillUnknown { counts_from_ms: Some(from), .. } = early else {
+            panic!("an early 404 is no proof: {early:?}")
+        };
+        assert_eq!(host.call(call.clone()).await.expect("call").status, Status::Unknown, "still unknown");
+        let wait = from.saturating_sub(oncebox_now_ms()) + 50;
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        // Once the settle window has passed, the same 404 is proof.
         let reconciled = host.reconcile(call.clone()).await.expect("reconcile");
         assert!(matches!(reconciled, Reconciliation::NotCommitted { .. }), "{reconciled:?}");
         let key = outcome.operation_key.expect("key");
@@ -188,4 +233,8 @@ async fn a_ledger_of_another_schema_version_is_refused_with_both_versions_and_le
     let meta = txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).expect("meta");
     assert_eq!(meta.get("schema_version").expect("get").map(|v| v.value()), Some(1));
     assert!(txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("records")).is_err(), "no table was added");
+}
+
+fn oncebox_now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

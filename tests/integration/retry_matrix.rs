@@ -1,4 +1,4 @@
-//! The retry matrix of DESIGN section 5, one test per cell: a real component, the example
+//! The retry matrix of DESIGN section 6, one test per cell: a real component, the example
 //! provider's fault injection, and the provider's own count of what it committed.
 //!
 //! | class            | transient        | rate-limited    | unknown outcome                       | attempts |
@@ -7,6 +7,10 @@
 //! | idempotent-write | retry, same keys | wait, retry     | same key while the downstream keeps it | 3        |
 //! | compensatable    | retry            | wait, retry     | same key only with key support        | 3        |
 //! | irreversible     | no               | no              | unknown, reconcile                    | 1        |
+//!
+//! "Transient" for an HTTP effect is what proves nothing was sent: a refused connection
+//! ([`Cell::refused`]). A 5xx proves nothing of the kind, so it leaves the effect in doubt (the
+//! "unknown outcome" column): resent with its key where the host honours keys, else `unknown`.
 
 use oncebox::ledger::OperationStatus;
 use oncebox::{Call, Host, Outcome, Status};
@@ -30,6 +34,22 @@ impl Cell {
             provider.arm(fault);
         }
         let host = host_for(&dir.path().join("l.redb"), &provider, honours_keys).await;
+        Cell { provider, host, _dir: dir }
+    }
+
+    /// A cell whose tools' downstream refuses every connection: nothing is ever sent.
+    async fn refused() -> Cell {
+        let dir = tempfile::tempdir().expect("dir");
+        let provider = Provider::start().await.expect("provider");
+        let closed = crate::support::closed_origin().await;
+        let mut builder = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true);
+        for tool in ["charge", "refund", "fulfill"] {
+            builder = builder
+                .tool_config(tool, "base_url", &closed)
+                .grant(tool, oncebox::Grant::Http(closed.parse().expect("origin")));
+        }
+        let host = builder.build().await.expect("host");
+        crate::support::load_all(&host).await;
         Cell { provider, host, _dir: dir }
     }
 
@@ -111,11 +131,21 @@ async fn read_only_stops_after_three_attempts() {
 // idempotent-write
 
 #[tokio::test]
-async fn idempotent_transient_is_retried_with_the_same_key() {
+async fn idempotent_transient_is_retried_until_the_last_attempt() {
+    let cell = Cell::refused().await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    assert_eq!((effects.len(), effects[0].dispatches), (1, 3), "one key, tried three times, never sent");
+}
+
+#[tokio::test]
+async fn idempotent_5xx_from_a_key_honouring_host_is_resent_with_the_same_key() {
     let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "ok"]);
     assert_eq!(cell.counts().refunds, 1);
     let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
     assert_eq!((effects.len(), effects[0].dispatches), (1, 2), "one key, sent twice");
@@ -165,11 +195,11 @@ async fn idempotent_unknown_past_the_key_retention_waits_for_reconciliation() {
 }
 
 #[tokio::test]
-async fn idempotent_stops_after_three_attempts() {
+async fn idempotent_5xx_on_every_attempt_ends_unknown_not_failed() {
     let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 5)]).await;
     let outcome = cell.call("refund", &refund()).await;
-    assert_eq!(outcome.status, Status::Failed);
-    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    assert_eq!(outcome.status, Status::Unknown, "a 5xx is no proof that nothing happened: {outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "unknown-outcome", "unknown-outcome"]);
     assert_eq!(cell.counts().refunds, 0);
     assert_eq!(cell.provider.requests(), 3);
 }
@@ -178,11 +208,25 @@ async fn idempotent_stops_after_three_attempts() {
 
 #[tokio::test]
 async fn compensatable_transient_is_retried() {
-    let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let cell = Cell::refused().await;
     let outcome = cell.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+}
+
+#[tokio::test]
+async fn compensatable_5xx_is_resent_only_with_key_support() {
+    let with = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = with.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
-    assert_eq!(cell.counts().payments, 1);
+    assert_eq!(with.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(with.counts().payments, 1);
+
+    let without = Cell::new(false, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = without.call("charge", &charge("o-1")).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(without.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(without.provider.requests(), 1, "never a blind resend");
 }
 
 #[tokio::test]
@@ -214,7 +258,7 @@ async fn compensatable_unknown_is_resent_only_with_key_support() {
 async fn compensatable_stops_after_three_attempts() {
     let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 5)]).await;
     let outcome = cell.call("charge", &charge("o-1")).await;
-    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
     assert_eq!(cell.attempts(&outcome).len(), 3);
     assert_eq!(cell.counts().payments, 0);
 }
@@ -223,11 +267,18 @@ async fn compensatable_stops_after_three_attempts() {
 
 #[tokio::test]
 async fn irreversible_transient_is_not_retried() {
-    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let cell = Cell::refused().await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
     assert_eq!(cell.attempts(&outcome), ["transient"]);
-    assert_eq!(cell.counts().fulfillments, 0);
+}
+
+#[tokio::test]
+async fn irreversible_5xx_is_unknown_even_with_key_support() {
+    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 1)]).await;
+    let outcome = cell.call("fulfill", &fulfill()).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
     assert_eq!(cell.provider.requests(), 1);
 }
 
@@ -255,7 +306,7 @@ async fn irreversible_unknown_goes_to_reconciliation_even_with_key_support() {
 
 #[tokio::test]
 async fn irreversible_makes_one_attempt() {
-    let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 5)]).await;
+    let cell = Cell::refused().await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.attempts, 1);
     let op = cell.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");

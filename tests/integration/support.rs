@@ -100,3 +100,12 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
     panic!("timed out waiting until {what}");
 }
+
+/// `http://127.0.0.1:PORT` of a port nobody listens on: connections to it are refused, so a
+/// request to it is proven never sent.
+pub async fn closed_origin() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    format!("http://{addr}")
+}

@@ -5,10 +5,13 @@
 //! The order matters. The key is claimed before a fault is consumed, so a replay
 //! or a conflicting request never uses up a fault. Faults that refuse the request
 //! act before the commit and leave the key unclaimed, so a retry is processed
-//! fresh. Faults that lose or delay the response act after the commit, while the
-//! claim is still held, so a concurrent request with the key gets 409 until the
-//! first one has finished.
+//! fresh. Faults that lose, delay or replace the response act after the commit,
+//! while the claim is still held, so a concurrent request with the key gets 409
+//! until the first one has finished. A `CommitAfterDelay` request holds its claim
+//! through the wait as well, in a task of its own that owns the claim, so the
+//! commit lands even if the client has gone by then.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -20,8 +23,9 @@ use serde_json::{Value, json};
 use crate::Provider;
 use crate::faults::FaultKind;
 use crate::http::{self, ApiError, Resp, stored_json, stored_response};
+use crate::inflight::Accepted;
 use crate::model::Route;
-use crate::store::{Claim, Ledger, StoredResponse};
+use crate::store::{Claim, KeyClaim, Ledger, Store, StoredResponse};
 
 /// Longest accepted `Idempotency-Key`, as in Stripe's API.
 const MAX_KEY_LEN: usize = 255;
@@ -86,22 +90,66 @@ async fn process(provider: &Provider, route: Route, request: Request<Incoming>) 
         Some(FaultKind::ErrorBeforeCommit) => {
             return Err(ApiError::injected_failure("injected fault: failed before committing"));
         }
-        Some(FaultKind::LoseResponse | FaultKind::Delay { .. }) | None => {}
+        Some(
+            FaultKind::LoseResponse
+            | FaultKind::Delay { .. }
+            | FaultKind::CommitThenError { .. }
+            | FaultKind::CommitAfterDelay { .. },
+        )
+        | None => {}
     }
 
+    // Accepted: from here the request commits, unless it is abandoned first.
+    let accepted = provider.in_flight.accept();
+    if let Some(FaultKind::CommitAfterDelay { delay_ms }) = fault {
+        let store = Arc::clone(&provider.store);
+        return Ok(commit_after_delay(store, claim, accepted, effect, Duration::from_millis(delay_ms)).await);
+    }
     let stored = provider.store.commit(claim.as_ref(), |ledger| effect.commit(ledger));
+    drop(accepted);
     let reply = match fault {
         Some(FaultKind::LoseResponse) => Reply::Lose,
         Some(FaultKind::Delay { delay_ms }) => {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             Reply::Send(stored_response(&stored))
         }
+        Some(FaultKind::CommitThenError { status }) => Reply::Send(http::gateway_error(status)),
         _ => Reply::Send(stored_response(&stored)),
     };
     // Settle the key now, before the response is written or the connection closed,
     // so a client that retries as soon as it hears back is answered from the store.
     drop(claim);
     Ok(reply)
+}
+
+/// Waits `delay`, then commits, in a spawned task that owns the key claim and the
+/// in-flight guard: this future is dropped when the client disconnects, and a
+/// downstream that accepted a request does not undo it because the caller left.
+async fn commit_after_delay(
+    store: Arc<Store>,
+    claim: Option<KeyClaim>,
+    accepted: Accepted,
+    effect: EffectRequest,
+    delay: Duration,
+) -> Reply {
+    let commit = tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let stored = store.commit(claim.as_ref(), |ledger| effect.commit(ledger));
+        // Settle the key before leaving flight, so whoever waited for the provider
+        // to settle finds the key replayable.
+        drop(claim);
+        drop(accepted);
+        stored
+    });
+    match commit.await {
+        Ok(stored) => Reply::Send(stored_response(&stored)),
+        // Only if the runtime shuts down under the task; the claim and the guard
+        // were dropped with it, so the request counts as abandoned.
+        Err(err) => Reply::Send(
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("the delayed commit was lost: {err}"))
+                .into_response(),
+        ),
+    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {

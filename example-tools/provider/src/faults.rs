@@ -1,12 +1,16 @@
 //! Fault injection: what can go wrong on a route, and the board of armed faults.
 //!
 //! Faults model the failures that make "exactly once" hard for a client: a
-//! response lost after the provider committed, a slow response, and refusals that
-//! commit nothing. On an effect route they are consumed only by requests that
-//! would be processed fresh; a replayed idempotency key never reaches the board.
-//! On the inventory read route ([`Route::Inventory`]) every `GET /inventory/{sku}`
-//! consults the board, so a read-only client can be driven through the same
-//! failures.
+//! response lost after the provider committed, a slow response, a gateway error
+//! in front of a commit, a commit that lands after the client gave up, and
+//! refusals that commit nothing. On an effect route they are consumed only by
+//! requests that would be processed fresh; a replayed idempotency key never
+//! reaches the board. On the inventory read route ([`Route::Inventory`]) every
+//! `GET /inventory/{sku}` consults the board, so a read-only client can be driven
+//! through the same failures.
+//!
+//! Provider-wide misbehaviour (keys not honoured, forgotten, or looked up late)
+//! is not a fault but a setting: see [`crate::Settings`].
 
 use std::sync::{Mutex, PoisonError};
 
@@ -75,28 +79,67 @@ impl Fault {
 /// What an armed fault does to the request it applies to.
 ///
 /// On the inventory read route nothing is ever committed: `LoseResponse` just
-/// closes the connection without a response, `Delay` waits and then reads and
-/// answers as usual, and the other two refuse the read as they refuse an effect.
+/// closes the connection without a response, `Delay` and `CommitAfterDelay` wait
+/// and then read and answer as usual, `CommitThenError` answers its error status,
+/// and the other two refuse the read as they refuse an effect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum FaultKind {
     /// Commit the effect, then close the connection without sending any response.
     LoseResponse,
     /// Commit the effect, then wait `delay_ms` before responding. (A read waits
-    /// first, then reads the stock it answers with.)
+    /// first, then reads the stock it answers with.) With a client timeout shorter
+    /// than the delay, this is "committed, then answered after the client gave up".
     Delay { delay_ms: u64 },
     /// Commit nothing; respond 429 with `Retry-After` (seconds, rounded up) and
     /// `Retry-After-Ms` (exact).
     RateLimit { retry_after_ms: u64 },
     /// Commit nothing; respond 500.
     ErrorBeforeCommit,
+    /// Commit the effect (counted, and stored under its key as usual), then answer
+    /// `status` with an error body, as a gateway in front of the origin does when
+    /// the origin's answer does not reach it. A resend with the key is answered
+    /// from the store (200, `Idempotent-Replayed: true`) when keys are honoured.
+    ///
+    /// `status` defaults to 502 on the wire; one that is not 4xx or 5xx is refused
+    /// by `POST /faults` and answered as 502 when armed from Rust.
+    CommitThenError {
+        #[serde(default = "bad_gateway")]
+        status: u16,
+    },
+    /// Accept the request, wait `delay_ms`, and only then commit, whether or not
+    /// the client is still connected; answer if it is. Until the commit the key is
+    /// in flight: a resend with it gets 409 and a lookup by it 404. The wait and the
+    /// commit run apart from the connection, so a client that gives up cannot cancel
+    /// them; [`ProviderHandle::settled`](crate::ProviderHandle::settled) waits for them.
+    CommitAfterDelay { delay_ms: u64 },
+}
+
+fn bad_gateway() -> u16 {
+    502
 }
 
 impl FaultKind {
-    /// Whether, on an effect route, the provider commits the effect before the
-    /// fault takes hold. (Reads never commit anything.)
+    /// Whether, on an effect route, the provider commits the effect (before or
+    /// after the fault takes hold). (Reads never commit anything.)
     pub fn commits(&self) -> bool {
-        matches!(self, FaultKind::LoseResponse | FaultKind::Delay { .. })
+        matches!(
+            self,
+            FaultKind::LoseResponse
+                | FaultKind::Delay { .. }
+                | FaultKind::CommitThenError { .. }
+                | FaultKind::CommitAfterDelay { .. }
+        )
+    }
+
+    /// Why the fault cannot be armed as given, if it cannot.
+    pub(crate) fn problem(&self) -> Option<String> {
+        match self {
+            FaultKind::CommitThenError { status } if !(400..=599).contains(status) => {
+                Some(format!("`status` must be an error status (400 to 599), not {status}"))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -200,5 +243,42 @@ mod tests {
         // Serializing keeps the original field name, so older readers still understand it.
         let written = serde_json::to_value(&expected).ok();
         assert_eq!(written.as_ref().and_then(|v| v.get("order_id")), Some(&serde_json::json!("widget")));
+    }
+
+    #[test]
+    fn new_kinds_on_the_wire() {
+        let parse = |text: &str| serde_json::from_str::<Fault>(text).ok().map(|fault| fault.kind);
+        assert_eq!(
+            parse(r#"{"route":"payments","kind":"commit-then-error"}"#),
+            Some(FaultKind::CommitThenError { status: 502 }),
+            "the status defaults to 502"
+        );
+        assert_eq!(
+            parse(r#"{"route":"payments","kind":"commit-then-error","status":504}"#),
+            Some(FaultKind::CommitThenError { status: 504 })
+        );
+        assert_eq!(
+            parse(r#"{"route":"payments","kind":"commit-after-delay","delay_ms":250}"#),
+            Some(FaultKind::CommitAfterDelay { delay_ms: 250 })
+        );
+        assert_eq!(parse(r#"{"route":"payments","kind":"commit-after-delay"}"#), None, "the delay is required");
+        let written = serde_json::to_value(Fault::new(Route::Refunds, FaultKind::CommitThenError { status: 503 }));
+        assert_eq!(
+            written.ok(),
+            Some(
+                serde_json::json!({"route": "refunds", "order_id": null, "kind": "commit-then-error", "status": 503, "times": 1})
+            )
+        );
+    }
+
+    #[test]
+    fn commit_then_error_needs_an_error_status() {
+        assert!(FaultKind::CommitThenError { status: 502 }.problem().is_none());
+        assert!(FaultKind::CommitThenError { status: 404 }.problem().is_none());
+        assert!(FaultKind::CommitThenError { status: 200 }.problem().is_some());
+        assert!(FaultKind::CommitThenError { status: 600 }.problem().is_some());
+        assert!(FaultKind::CommitAfterDelay { delay_ms: 1 }.commits());
+        assert!(FaultKind::CommitThenError { status: 502 }.commits());
+        assert!(!FaultKind::ErrorBeforeCommit.commits());
     }
 }

@@ -4,16 +4,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::faults::{Fault, FaultBoard};
+use crate::inflight::InFlight;
 use crate::model::Counts;
 use crate::server::Server;
+use crate::settings::Settings;
 use crate::store::Store;
 
-/// The provider's shared state: committed effects, idempotency keys, inventory
-/// and armed faults. Start one with [`Provider::start`].
+/// The provider's shared state: committed effects, idempotency keys, inventory,
+/// settings and armed faults. Start one with [`Provider::start`].
+///
+/// The store and the in-flight counter are shared with the tasks that commit a
+/// `CommitAfterDelay` request, which outlive the connection that accepted it.
 #[derive(Debug, Default)]
 pub struct Provider {
-    pub(crate) store: Store,
+    pub(crate) store: Arc<Store>,
     pub(crate) faults: FaultBoard,
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 impl Provider {
@@ -60,6 +66,31 @@ impl ProviderHandle {
         self.provider.faults.clear();
     }
 
+    /// Replaces the provider-wide [`Settings`], from the next request on.
+    pub fn configure(&self, settings: Settings) {
+        self.provider.store.configure(settings);
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Settings {
+        self.provider.store.settings()
+    }
+
+    /// Effect requests accepted (validated, key claimed, not refused by a fault)
+    /// that have neither committed nor been abandoned yet: in practice, those
+    /// waiting out a `CommitAfterDelay`, whether or not their client is still there.
+    pub fn in_flight(&self) -> usize {
+        self.provider.in_flight.count()
+    }
+
+    /// Resolves once no request is [in flight](ProviderHandle::in_flight), so that
+    /// [`counts`](ProviderHandle::counts) includes every commit the provider
+    /// accepted. Resolves at once if none is, so call it after the request has
+    /// reached the provider (e.g. after the client gave up on it).
+    pub async fn settled(&self) {
+        self.provider.in_flight.settled().await;
+    }
+
     /// Effects committed for `order_id` (all zero for an unknown order).
     pub fn counts(&self, order_id: &str) -> Counts {
         self.provider.store.counts(order_id)
@@ -98,7 +129,9 @@ impl ProviderHandle {
 
     /// Stops the server for every clone of this handle: no new connections, open
     /// ones (including delayed responses) are aborted, and the port is released
-    /// when this returns.
+    /// when this returns. A `CommitAfterDelay` commit already accepted still lands,
+    /// as it would at a downstream whose front end went away: the state outlives
+    /// the server, and [`settled`](ProviderHandle::settled) still waits for it.
     pub async fn shutdown(self) {
         self.server.shutdown().await;
     }

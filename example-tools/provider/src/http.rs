@@ -101,6 +101,24 @@ pub(crate) fn rate_limited(retry_after_ms: u64) -> Resp {
     response
 }
 
+/// The error a `CommitThenError` fault answers in place of the committed
+/// response, shaped like any other error so the client cannot tell it from one
+/// that committed nothing. A status that is not 4xx or 5xx is answered as 502.
+pub(crate) fn gateway_error(status: u16) -> Resp {
+    let status = StatusCode::from_u16(status)
+        .ok()
+        .filter(|status| status.is_client_error() || status.is_server_error())
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    let code = match status {
+        StatusCode::INTERNAL_SERVER_ERROR => "internal_error",
+        StatusCode::BAD_GATEWAY => "bad_gateway",
+        StatusCode::SERVICE_UNAVAILABLE => "service_unavailable",
+        StatusCode::GATEWAY_TIMEOUT => "gateway_timeout",
+        _ => "upstream_error",
+    };
+    ApiError::new(status, code, format!("injected fault: the upstream answer was replaced by {status}")).into_response()
+}
+
 pub(crate) fn no_content() -> Resp {
     let mut response = Response::new(Full::new(Bytes::new()));
     *response.status_mut() = StatusCode::NO_CONTENT;
@@ -208,5 +226,13 @@ mod tests {
         let body: Value = serde_json::from_slice(&stored.body).unwrap_or_default();
         assert_eq!(stored.status, StatusCode::BAD_REQUEST);
         assert_eq!(body, serde_json::json!({"error": "invalid_json", "message": "nope"}));
+    }
+
+    #[test]
+    fn gateway_errors_keep_error_statuses_only() {
+        assert_eq!(gateway_error(504).status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(gateway_error(502).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(gateway_error(200).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(gateway_error(1000).status(), StatusCode::BAD_GATEWAY);
     }
 }

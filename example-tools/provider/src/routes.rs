@@ -1,5 +1,5 @@
 //! Request routing, and the handlers that are not effects: reconciliation
-//! lookups, inventory, counts and fault administration.
+//! lookups, inventory, counts, and fault and settings administration.
 
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use crate::effects::{self, Reply};
 use crate::faults::{Fault, FaultKind};
 use crate::http::{self, ApiError, Resp, json_response, no_content, percent_decode};
 use crate::model::Route;
+use crate::settings::Settings;
 
 /// Routes one request to its handler.
 pub(crate) async fn dispatch(provider: &Provider, request: Request<Incoming>) -> Reply {
@@ -39,6 +40,11 @@ pub(crate) async fn dispatch(provider: &Provider, request: Request<Incoming>) ->
                 Ok(no_content())
             }
             _ => Ok(method_not_allowed("POST, DELETE")),
+        },
+        ["settings"] => match method {
+            Method::GET => Ok(json_response(StatusCode::OK, &provider.store.settings())),
+            Method::POST => configure(provider, request).await,
+            _ => Ok(method_not_allowed("GET, POST")),
         },
         ["inventory", sku] => {
             if method == Method::GET {
@@ -75,7 +81,9 @@ pub(crate) async fn dispatch(provider: &Provider, request: Request<Incoming>) ->
 /// client that lost a response can reconcile instead of guessing.
 ///
 /// The stored status is returned with the stored body: 200 for a committed
-/// effect, or e.g. 402 for a payment that was definitively declined.
+/// effect, or e.g. 402 for a payment that was definitively declined. 404 means
+/// only "not found now": nothing committed yet (possibly still in flight), or the
+/// settings hide the commit (lookups off, an index that lags, a forgotten key).
 fn by_key(provider: &Provider, route: Route, key: &str) -> Result<Resp, ApiError> {
     let key = percent_decode(key)?;
     provider
@@ -97,11 +105,12 @@ async fn read_stock(provider: &Provider, sku: &str) -> Reply {
     match provider.faults.take(Route::Inventory, sku) {
         None => Reply::Send(stock_response(provider, sku)),
         Some(FaultKind::LoseResponse) => Reply::Lose,
-        Some(FaultKind::Delay { delay_ms }) => {
+        Some(FaultKind::Delay { delay_ms } | FaultKind::CommitAfterDelay { delay_ms }) => {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             Reply::Send(stock_response(provider, sku))
         }
         Some(FaultKind::RateLimit { retry_after_ms }) => Reply::Send(http::rate_limited(retry_after_ms)),
+        Some(FaultKind::CommitThenError { status }) => Reply::Send(http::gateway_error(status)),
         Some(FaultKind::ErrorBeforeCommit) => {
             Reply::Send(ApiError::injected_failure("injected fault: the read failed").into_response())
         }
@@ -133,8 +142,20 @@ async fn arm_fault(provider: &Provider, request: Request<Incoming>) -> Result<Re
         // almost certainly a mistake in the test that sent it.
         return Err(ApiError::bad_request("invalid_request", "invalid request: `times` must be at least 1"));
     }
+    if let Some(problem) = fault.kind.problem() {
+        return Err(ApiError::bad_request("invalid_request", format!("invalid request: {problem}")));
+    }
     provider.faults.arm(fault);
     Ok(no_content())
+}
+
+/// `POST /settings`: replaces the settings (omitted fields take their defaults)
+/// and answers with the settings now in force.
+async fn configure(provider: &Provider, request: Request<Incoming>) -> Result<Resp, ApiError> {
+    let (parts, body) = request.into_parts();
+    let settings: Settings = http::parse(http::read_json(&parts.headers, body).await?)?;
+    provider.store.configure(settings);
+    Ok(json_response(StatusCode::OK, &provider.store.settings()))
 }
 
 fn method_not_allowed(allow: &'static str) -> Resp {

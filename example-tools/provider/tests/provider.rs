@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use oncebox_example_provider::{Counts, Fault, FaultKind, Provider, ProviderHandle, Route};
+use oncebox_example_provider::{Counts, Fault, FaultKind, Provider, ProviderHandle, Route, Settings};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -65,6 +65,36 @@ impl Harness {
     /// GETs `path`; errors are the client's (e.g. a connection closed without a response).
     async fn try_get(&self, path: &str) -> reqwest::Result<Reply> {
         read(self.client.get(self.url(path)).send().await?).await
+    }
+
+    /// Arms a fault over HTTP, as a test in another process would.
+    async fn arm_over_http(&self, fault: Value) {
+        let armed = self.send(self.client.post(self.url("/faults")).body(fault.to_string())).await;
+        assert_eq!(armed.status, StatusCode::NO_CONTENT, "{}", armed.text);
+    }
+
+    /// Replaces the settings over HTTP and returns those the provider answers with.
+    async fn configure_over_http(&self, settings: Value) -> Value {
+        let set = self.send(self.client.post(self.url("/settings")).body(settings.to_string())).await;
+        assert_eq!(set.status, StatusCode::OK, "{}", set.text);
+        set.json
+    }
+
+    /// Waits (boundedly) until every accepted request has committed.
+    async fn settled(&self) {
+        let settled = tokio::time::timeout(Duration::from_secs(10), self.provider.settled()).await;
+        assert!(settled.is_ok(), "the provider settles");
+    }
+
+    /// Polls until `ready` holds (bounded); for states with no notification of their own.
+    async fn wait_until(&self, ready: impl Fn(&ProviderHandle) -> bool) {
+        for _ in 0..500 {
+            if ready(&self.provider) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached within 5 s");
     }
 }
 
@@ -549,4 +579,218 @@ async fn binary_prints_its_address_and_serves() {
     assert!(line.starts_with("http://127.0.0.1:"), "{line:?}");
     let status = answer.map(|response| response.status());
     assert_eq!(status.ok(), Some(StatusCode::OK));
+}
+
+#[tokio::test]
+async fn commit_then_error_answers_502_but_committed_and_a_resend_is_replayed() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::CommitThenError { status: 502 }));
+
+    let failed = h.post("/payments", Some("k1"), &payment("o-1", 800)).await;
+    assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(failed.json["error"], "bad_gateway");
+    assert!(failed.json.get("id").is_none(), "the gateway's answer is not the committed one");
+    assert_eq!(h.provider.counts("o-1"), payments(1), "committed despite the error");
+    assert_eq!(h.get("/payments/by-key/k1").await.json["id"], "pay_1");
+
+    let resend = h.post("/payments", Some("k1"), &payment("o-1", 800)).await;
+    assert_eq!(resend.status, StatusCode::OK);
+    assert!(resend.replayed);
+    assert_eq!(resend.json["id"], "pay_1");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn commit_then_error_armed_over_http_commits_twice_when_keys_are_ignored() {
+    let h = Harness::start().await;
+    let settings = h.configure_over_http(json!({"honour_keys": false})).await;
+    assert_eq!(settings["honour_keys"], false);
+    assert_eq!(settings["lookup_by_key"], true, "omitted settings take their defaults");
+    assert_eq!(h.provider.settings(), Settings { honour_keys: false, ..Settings::default() });
+    h.arm_over_http(json!({"route": "payments", "order_id": "o-1", "kind": "commit-then-error", "status": 504})).await;
+
+    let failed = h.post("/payments", Some("k1"), &payment("o-1", 800)).await;
+    assert_eq!(failed.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(failed.json["error"], "gateway_timeout");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+
+    // Nothing deduplicates: the resend is a second payment.
+    let resend = h.post("/payments", Some("k1"), &payment("o-1", 800)).await;
+    assert_eq!(resend.status, StatusCode::OK);
+    assert!(!resend.replayed);
+    assert_eq!(resend.json["id"], "pay_2");
+    assert_eq!(h.provider.counts("o-1"), payments(2));
+    // Lookup by the key still works, and finds the latest commit.
+    assert_eq!(h.get("/payments/by-key/k1").await.json["id"], "pay_2");
+
+    // The status defaults to 502, and a status that is no error is refused.
+    h.arm_over_http(json!({"route": "refunds", "kind": "commit-then-error"})).await;
+    let refund = h.post("/refunds", None, &json!({"order_id": "o-1", "amount_cents": 1})).await;
+    assert_eq!(refund.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(h.provider.counts("o-1").refunds, 1);
+    let not_an_error = json!({"route": "refunds", "kind": "commit-then-error", "status": 200});
+    let rejected = h.send(h.client.post(h.url("/faults")).body(not_an_error.to_string())).await;
+    assert_eq!(rejected.status, StatusCode::BAD_REQUEST);
+    assert!(rejected.json["message"].as_str().unwrap_or_default().contains("status"), "{}", rejected.text);
+}
+
+#[tokio::test]
+async fn commit_after_delay_commits_after_the_client_gave_up() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 1500 }));
+
+    let gave_up = h
+        .client
+        .post(h.url("/payments"))
+        .header("idempotency-key", "k1")
+        .body(payment("o-1", 900).to_string())
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    let err = gave_up.expect_err("the client times out before the provider answers");
+    assert!(err.is_timeout(), "{err}");
+
+    // Accepted, not committed: the honest answers are "in use" and "not found yet".
+    assert_eq!(h.provider.in_flight(), 1);
+    assert_eq!(h.provider.counts("o-1"), Counts::default());
+    let lookup = h.get("/payments/by-key/k1").await;
+    assert_eq!(lookup.status, StatusCode::NOT_FOUND);
+    let resend = h.post("/payments", Some("k1"), &payment("o-1", 900)).await;
+    assert_eq!(resend.status, StatusCode::CONFLICT);
+    assert_eq!(resend.json["error"], "idempotency_key_in_use");
+
+    // With nobody listening any more, the commit still lands.
+    h.settled().await;
+    assert_eq!(h.provider.in_flight(), 0);
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+    let lookup = h.get("/payments/by-key/k1").await;
+    assert_eq!(lookup.status, StatusCode::OK);
+    assert_eq!(lookup.json["id"], "pay_1");
+    let resend = h.post("/payments", Some("k1"), &payment("o-1", 900)).await;
+    assert!(resend.replayed);
+    assert_eq!(resend.json["id"], "pay_1");
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn commit_after_delay_armed_over_http_answers_a_client_that_waits() {
+    let h = Harness::start().await;
+    h.arm_over_http(json!({"route": "refunds", "kind": "commit-after-delay", "delay_ms": 500})).await;
+    let refund = json!({"order_id": "o-1", "amount_cents": 300});
+
+    let client = h.client.clone();
+    let url = h.url("/refunds");
+    let body = refund.to_string();
+    let first = tokio::spawn(async move { client.post(url).header("idempotency-key", "r1").body(body).send().await });
+    h.wait_until(|provider| provider.in_flight() == 1).await;
+    assert_eq!(h.post("/refunds", Some("r1"), &refund).await.status, StatusCode::CONFLICT);
+    assert_eq!(h.get("/refunds/by-key/r1").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(h.provider.counts("o-1"), Counts::default());
+
+    let first = first.await.expect("task completes").expect("the delayed answer arrives");
+    let first = read(first).await.expect("body is readable");
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(!first.replayed);
+    assert_eq!(first.json["id"], "re_1");
+    assert_eq!(h.provider.in_flight(), 0, "committed before answering");
+    assert_eq!(h.provider.counts("o-1").refunds, 1);
+}
+
+#[tokio::test]
+async fn a_delayed_commit_lands_even_when_the_server_stops() {
+    let h = Harness::start().await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 500 }));
+    let gave_up = h
+        .client
+        .post(h.url("/payments"))
+        .body(payment("o-1", 900).to_string())
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    assert_eq!(h.provider.in_flight(), 1);
+
+    h.provider.clone().shutdown().await;
+    h.settled().await;
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn a_lagging_lookup_answers_404_until_the_lag_has_passed() {
+    let h = Harness::start().await;
+    h.provider.configure(Settings { lookup_lag_ms: 300, ..Settings::default() });
+
+    let paid = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(paid.status, StatusCode::OK);
+    assert_eq!(h.get("/payments/by-key/k1").await.status, StatusCode::NOT_FOUND, "the index lags");
+    // Deduplication does not lag.
+    assert!(h.post("/payments", Some("k1"), &payment("o-1", 100)).await.replayed);
+
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let found = h.get("/payments/by-key/k1").await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(found.text, paid.text);
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+}
+
+#[tokio::test]
+async fn a_key_past_its_retention_is_forgotten() {
+    let h = Harness::start().await;
+    h.configure_over_http(json!({"key_retention_ms": 300})).await;
+    assert_eq!(h.provider.settings().key_retention_ms, Some(300));
+
+    let first = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(first.json["id"], "pay_1");
+    assert!(h.post("/payments", Some("k1"), &payment("o-1", 100)).await.replayed, "still retained");
+
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(h.get("/payments/by-key/k1").await.status, StatusCode::NOT_FOUND);
+    let resend = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(resend.status, StatusCode::OK);
+    assert!(!resend.replayed, "a forgotten key is processed fresh");
+    assert_eq!(resend.json["id"], "pay_2");
+    assert_eq!(h.provider.counts("o-1"), payments(2));
+}
+
+#[tokio::test]
+async fn without_key_support_every_resend_commits_and_nothing_is_found() {
+    let h = Harness::start().await;
+    h.provider.configure(Settings { honour_keys: false, lookup_by_key: false, ..Settings::default() });
+
+    let first = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    let second = h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert_eq!(first.json["id"], "pay_1");
+    assert_eq!(second.json["id"], "pay_2");
+    assert!(!second.replayed);
+    // Not even a different body with the same key is refused.
+    assert_eq!(h.post("/payments", Some("k1"), &payment("o-1", 999)).await.status, StatusCode::OK);
+    assert_eq!(h.provider.counts("o-1"), payments(3));
+    assert_eq!(h.get("/payments/by-key/k1").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn settings_round_trip_over_http() {
+    let h = Harness::start().await;
+    let defaults = json!({"honour_keys": true, "lookup_by_key": true, "key_retention_ms": null, "lookup_lag_ms": 0});
+    assert_eq!(h.get("/settings").await.json, defaults);
+
+    // Dedup without a lookup endpoint: replays work, lookups find nothing.
+    let chosen = json!({"honour_keys": true, "lookup_by_key": false, "key_retention_ms": 60000, "lookup_lag_ms": 5});
+    assert_eq!(h.configure_over_http(chosen.clone()).await, chosen);
+    assert_eq!(h.get("/settings").await.json, chosen);
+    h.post("/payments", Some("k1"), &payment("o-1", 100)).await;
+    assert!(h.post("/payments", Some("k1"), &payment("o-1", 100)).await.replayed);
+    assert_eq!(h.get("/payments/by-key/k1").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(h.provider.counts("o-1"), payments(1));
+
+    // Settings made in Rust are what HTTP reports, and `{}` restores the defaults.
+    h.provider.configure(Settings { lookup_lag_ms: 7, ..Settings::default() });
+    assert_eq!(h.get("/settings").await.json["lookup_lag_ms"], 7);
+    assert_eq!(h.configure_over_http(json!({})).await, defaults);
+    assert_eq!(h.provider.settings(), Settings::default());
+
+    let typo = h.send(h.client.post(h.url("/settings")).body(json!({"honor_keys": false}).to_string())).await;
+    assert_eq!(typo.status, StatusCode::BAD_REQUEST);
+    assert_eq!(h.provider.settings(), Settings::default(), "a refused request changes nothing");
+    assert_eq!(h.send(h.client.delete(h.url("/settings"))).await.status, StatusCode::METHOD_NOT_ALLOWED);
 }

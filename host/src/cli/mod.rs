@@ -9,6 +9,7 @@ mod inspect;
 mod ledger;
 mod policy;
 mod reconcile;
+mod resolve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,8 @@ pub enum Command {
     Call(call::Args),
     /// Ask the tool's authority what became of a step whose outcome is unknown.
     Reconcile(call::Args),
+    /// Settle by hand an operation whose outcome is unknown: it took place, or it did not.
+    Resolve(resolve::Args),
     /// Show the effective retry policy of a tool.
     #[command(subcommand)]
     Policy(policy::Command),
@@ -85,6 +88,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Inspect(args) => inspect::run(args).await,
         Command::Call(args) => call::run(args).await,
         Command::Reconcile(args) => reconcile::run(args).await,
+        Command::Resolve(args) => resolve::run(args).await,
         Command::Ledger(command) => ledger::run(command).await,
         Command::Policy(command) => policy::run(command).await,
         #[cfg(feature = "demo")]
@@ -105,9 +109,15 @@ fn exit_for(e: &anyhow::Error) -> Exit {
     use oncebox::{CallError, Error, LoadError};
     let usage = |e: &Error| {
         matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
-            || matches!(e, Error::DuplicateTool { .. } | Error::Policy(_))
+            || matches!(e, Error::DuplicateTool { .. } | Error::Policy(_) | Error::PolicyRefused { .. })
     };
-    let call_usage = |e: &CallError| !matches!(e, CallError::Ledger(_));
+    let call_usage = |e: &CallError| {
+        !matches!(e, CallError::Ledger(_))
+            || matches!(
+                e,
+                CallError::Ledger(oncebox::LedgerError::NotInDoubt { .. } | oncebox::LedgerError::Ambiguous { .. })
+            )
+    };
     if e.downcast_ref::<Error>().is_some_and(usage)
         || e.downcast_ref::<CallError>().is_some_and(call_usage)
         || e.downcast_ref::<Usage>().is_some()

@@ -23,8 +23,7 @@ pub enum Begin {
     /// Answered from the ledger: here is the recorded response.
     Replay(String),
     /// Written ahead; perform it now with `record.key` as the idempotency key.
-    /// `resendable`: if its outcome turns out unknown, a later attempt may send it again.
-    Dispatch { record: Box<EffectRecord>, source: EffectSource, resendable: bool },
+    Dispatch { record: Box<EffectRecord>, source: EffectSource },
 }
 
 /// How a dispatched effect ended.
@@ -63,6 +62,7 @@ impl EffectCtx {
         let existing =
             if scope.first { None } else { self.shared.ledger.effect(&op, &lookup_key).map_err(host_error)? };
         let now = now_ms();
+        let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
 
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
@@ -90,6 +90,7 @@ impl EffectCtx {
                 recorded.status = EffectStatus::Dispatched;
                 recorded.dispatches += 1;
                 recorded.updated_ms = now;
+                recorded.last_dispatched_ms = now;
                 (recorded, EffectSource::Redispatched)
             }
             None => (
@@ -106,23 +107,37 @@ impl EffectCtx {
                     error: None,
                     dispatches: 1,
                     first_dispatched_ms: now,
+                    last_dispatched_ms: now,
                     updated_ms: now,
+                    resolution: None,
                 },
                 EffectSource::Fresh,
             ),
         };
         let resendable = self.shared.resendable(&record, scope.redispatch_in_doubt, now);
-        // Write-ahead: durable before anything leaves the host, with the local effects staged so far.
+        // In doubt from before the write-ahead is submitted until its answer is recorded: if this
+        // future is dropped (the attempt deadline, a cancelled call) at any await from here on, the
+        // write-ahead may be durable and the request may have left, and the attempt must say so.
+        self.in_doubt.push(InDoubt { key: record.key.clone(), resendable });
+        // Write-ahead: durable before anything leaves the host, with the local effects staged so
+        // far. The job compares the effect's recorded state with what this attempt read (`existing`).
         let (ahead, staged) = (record.clone(), std::mem::take(&mut self.staged));
-        self.shared.ledger.put_effect(scope.fence, &ahead, staged).await.map_err(host_error)?;
-        Ok(Begin::Dispatch { record: Box::new(record), source, resendable })
+        let expected = existing_state.as_ref().map(|(status, dispatches)| (*status, *dispatches));
+        if let Err(e) = self.shared.ledger.put_effect(scope.fence, &ahead, expected, staged).await {
+            // Refused or not committed: nothing was written, nothing left. But the local writes staged
+            // before it went down with the job, so this attempt can no longer complete.
+            self.in_doubt.retain(|d| d.key != record.key);
+            let error = host_error(e);
+            self.broken.get_or_insert_with(|| tool_error_text(&error));
+            return Err(error);
+        }
+        Ok(Begin::Dispatch { record: Box::new(record), source })
     }
 
     pub(super) async fn finish(
         &mut self,
         mut record: Box<EffectRecord>,
         source: EffectSource,
-        resendable: bool,
         outcome: Dispatched,
     ) -> Result<String, ToolError> {
         let fence = self.scope()?.fence;
@@ -146,17 +161,22 @@ impl EffectCtx {
             }
         };
         let stored = record.clone();
-        if let Err(e) = self.shared.ledger.put_effect(fence, &stored, Vec::new()).await {
-            // The effect went out but its answer is not on disk: from the ledger's view it is in doubt.
-            self.in_doubt.push(InDoubt { key: record.key.clone(), resendable: false });
+        let expected = Some((EffectStatus::Dispatched, record.dispatches));
+        if let Err(e) = self.shared.ledger.put_effect(fence, &stored, expected, Vec::new()).await {
+            // The effect went out but its answer is not on disk: the ledger holds its write-ahead,
+            // so it stays in doubt (the entry `begin` made), and no resend can be trusted.
+            for doubt in self.in_doubt.iter_mut().filter(|d| d.key == record.key) {
+                doubt.resendable = false;
+            }
             self.note(&record, source);
             return Err(ToolError::UnknownOutcome(format!(
                 "effect {} was sent but its answer could not be recorded: {e}",
                 record.key
             )));
         }
-        if record.status.in_doubt() {
-            self.in_doubt.push(InDoubt { key: record.key.clone(), resendable });
+        // The answer is on disk: the effect is in doubt now only if the answer proves nothing.
+        if !record.status.in_doubt() {
+            self.in_doubt.retain(|d| d.key != record.key);
         }
         self.note(&record, source);
         result
@@ -169,6 +189,13 @@ impl EffectCtx {
             source,
             status: record.status,
         });
+    }
+}
+
+fn tool_error_text(error: &ToolError) -> String {
+    match error {
+        ToolError::Transient(m) | ToolError::Permanent(m) | ToolError::UnknownOutcome(m) => m.clone(),
+        ToolError::RateLimited(r) => r.message.clone(),
     }
 }
 

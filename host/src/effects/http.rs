@@ -1,9 +1,9 @@
 //! HTTP: reads (GET/HEAD, no record) and effects (any method, guarded, with `Idempotency-Key`).
 //!
-//! What an answer means: a refused connection sent nothing (retryable); a timeout or a broken
-//! connection after sending leaves the outcome unknown; 429, 409 and 5xx are answers that nothing
-//! took effect (retryable, and a resend carries the same key); anything else is definitive and
-//! recorded for the tool to interpret.
+//! What an answer means is the rule of evidence's (`failure::http`): a refused connection sent
+//! nothing (retryable); 429 is a rate limit (retryable after the wait); a timeout, a broken
+//! connection, 408, 409 or a 5xx leaves the effect in doubt (resent with its key only where the host
+//! honours keys); anything else is definitive and recorded for the tool to interpret.
 
 use std::time::Duration;
 
@@ -211,14 +211,14 @@ impl EffectCtx {
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );
         let begin = self.begin(Request { kind: "http", label: &label, target: &target, fingerprint }).await?;
-        let (record, source, resendable) = match begin {
+        let (record, source) = match begin {
             Begin::Replay(json) => return decode(&json),
-            Begin::Dispatch { record, source, resendable } => (record, source, resendable),
+            Begin::Dispatch { record, source } => (record, source),
         };
         let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
         let outcome = perform(prepared, &target).await;
-        let json = self.finish(record, source, resendable, outcome).await?;
+        let json = self.finish(record, source, outcome).await?;
         decode(&json)
     }
 }

@@ -43,7 +43,9 @@ impl EffectCtx {
             error: None,
             dispatches: 1,
             first_dispatched_ms: now,
+            last_dispatched_ms: now,
             updated_ms: now,
+            resolution: None,
         };
         // Checked now, so the tool hears of a divergence at the call that diverged; checked again
         // when the staged write commits.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub use provider::{EffectProvider, ProviderOutcome};
 
-pub use targets::{HttpTarget, Targets};
+pub use targets::{DEFAULT_SETTLE_WINDOW, HttpTarget, Targets};
 
 use crate::capabilities::{Denied, Sandbox};
 use crate::ledger::{AttemptEffect, EffectRecord, Ledger, LocalWrite, Staged};
@@ -53,6 +53,18 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// How long after its last dispatch an effect can still commit at its downstream.
+    pub fn settle_window(&self, effect: &EffectRecord) -> Duration {
+        match effect.kind.strip_prefix("provider:") {
+            Some(name) => {
+                self.providers.get(name).map_or(targets::DEFAULT_SETTLE_WINDOW, |provider| provider.settle_window())
+            }
+            None => self.targets.get(&effect.target).settle_window,
+        }
+    }
+}
+
 /// The operation an invocation works for.
 #[derive(Debug, Clone)]
 pub struct Scope {
@@ -77,8 +89,12 @@ pub struct EffectCtx {
     calls: u32,
     /// The effects of this attempt, in order.
     pub effects: Vec<AttemptEffect>,
-    /// This attempt's effects whose outcome is unknown.
+    /// This attempt's effects that may have taken place: written ahead (or being written) and
+    /// not answered, or answered in a way that proves nothing.
     pub in_doubt: Vec<InDoubt>,
+    /// Set when a write-ahead failed: the local writes staged before it are lost with its job, so
+    /// the attempt cannot complete, whatever the guest does with the error it got.
+    pub broken: Option<String>,
     /// KV and outbox writes not yet on disk: they go with the attempt's next durable write (a
     /// remote effect's write-ahead, or the attempt's record), in the same transaction.
     pub staged: Staged,
@@ -112,6 +128,7 @@ impl EffectCtx {
             effects: Vec::new(),
             in_doubt: Vec::new(),
             staged: Vec::new(),
+            broken: None,
             flooded: None,
         }
     }

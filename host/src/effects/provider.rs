@@ -33,6 +33,12 @@ pub trait EffectProvider: Send + Sync + 'static {
     fn honours_keys(&self) -> bool {
         false
     }
+
+    /// How long a call it received can still take effect after it was made (see
+    /// [`HttpTarget::settle_window`](crate::HttpTarget::settle_window)).
+    fn settle_window(&self) -> std::time::Duration {
+        super::targets::DEFAULT_SETTLE_WINDOW
+    }
 }
 
 impl EffectCtx {
@@ -48,15 +54,15 @@ impl EffectCtx {
         let fingerprint = keys::effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
         let kind = format!("provider:{name}");
         let begin = self.begin(Request { kind: &kind, label: &label, target: &name, fingerprint }).await?;
-        let (record, source, resendable) = match begin {
+        let (record, source) = match begin {
             Begin::Replay(json) => return Ok(json),
-            Begin::Dispatch { record, source, resendable } => (record, source, resendable),
+            Begin::Dispatch { record, source } => (record, source),
         };
         let outcome = match provider.call(&record.key, &request).await {
             ProviderOutcome::Committed(json) => Dispatched::Committed(json),
             ProviderOutcome::Transient(m) => Dispatched::Retryable(ToolError::Transient(m)),
             ProviderOutcome::Unknown(m) => Dispatched::Unknown(m),
         };
-        self.finish(record, source, resendable, outcome).await
+        self.finish(record, source, outcome).await
     }
 }

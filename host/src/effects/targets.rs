@@ -3,6 +3,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// How long, unless the operator says otherwise, a downstream may still commit a request after it
+/// was sent: long enough for a slow handler or a retried queue, short enough that a person is not
+/// kept waiting for a day. A `not-committed` lookup before it has passed proves nothing.
+pub const DEFAULT_SETTLE_WINDOW: Duration = Duration::from_secs(300);
+
 /// A downstream's settings, keyed by `host:port`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HttpTarget {
@@ -12,6 +17,10 @@ pub struct HttpTarget {
     pub key_retention: Duration,
     /// How long to wait for an answer before the effect's outcome becomes unknown.
     pub timeout: Duration,
+    /// How long a request it received can still commit (a slow handler, a queue, a lagging
+    /// index): a `not-committed` lookup counts as proof only once this has passed since the
+    /// effect was last sent. Defaults to [`DEFAULT_SETTLE_WINDOW`].
+    pub settle_window: Duration,
     /// Credentials the host attaches to every request to this downstream (`authorization`, say).
     /// They never enter the sandbox, and no log, record or output shows their values.
     pub headers: Vec<(String, String)>,
@@ -24,6 +33,7 @@ impl std::fmt::Debug for HttpTarget {
             .field("honours_keys", &self.honours_keys)
             .field("key_retention", &self.key_retention)
             .field("timeout", &self.timeout)
+            .field("settle_window", &self.settle_window)
             .field("headers", &header_names)
             .finish()
     }
@@ -36,6 +46,7 @@ impl Default for HttpTarget {
             honours_keys: false,
             key_retention: Duration::ZERO,
             timeout: Duration::from_secs(10),
+            settle_window: DEFAULT_SETTLE_WINDOW,
             headers: Vec::new(),
         }
     }

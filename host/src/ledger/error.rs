@@ -28,6 +28,18 @@ pub enum LedgerError {
          from its first run, nothing was written"
     )]
     Diverged { operation_key: String, effect_key: String },
+    #[error(
+        "operation {operation_key} cannot be recorded completed or failed: its effect {effect_key} may have \
+         taken place"
+    )]
+    InDoubt { operation_key: String, effect_key: String },
+    #[error(
+        "effect {effect_key} of operation {operation_key} changed since this writer read it (another owner \
+         wrote it); the write is refused"
+    )]
+    EffectChanged { operation_key: String, effect_key: String },
+    #[error("operation {operation_key} has several effects in doubt ({effects}); name the one to settle")]
+    Ambiguous { operation_key: String, effects: String },
     #[error("the group commit this write was part of failed, so nothing of it was recorded: {reason}")]
     BatchFailed { reason: String },
     #[error("the ledger writer: {reason}")]

@@ -7,7 +7,7 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::tables::*;
 use super::{
     Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
-    OperationStatus, OutboxMessage, Resolution, Staged, encode, get, put,
+    OperationStatus, OutboxMessage, Resolution, Settlement, Staged, encode, get, put,
 };
 
 /// What an operation's record (or its absence) means for a caller that wants to run it.
@@ -25,25 +25,68 @@ pub(super) fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) ->
     }
 }
 
-pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest) -> Result<Claim, LedgerError> {
+/// Takes over an expired durable claim with `fence`, a token the ledger never handed out before.
+pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest, fence: u64) -> Result<Claim, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let existing: Option<OperationRecord> = get(&records, operation_id(&req.key))?;
     if let Some(answer) = verdict(existing.as_ref(), req) {
         return Ok(answer);
     }
     // The lease expired: the previous owner stalled or died.
-    let mut op = take_over(existing, req);
+    let mut op = take_over(existing, req, fence);
     op.status = OperationStatus::Claimed;
     put(&mut records, operation_id(&req.key), &op)?;
     index_step(txn, &op)?;
     Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
 }
 
-/// The operation for `req`'s caller: an expired claim taken over with the next fence, or a new one.
-pub(super) fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest) -> OperationRecord {
+/// Reopens an unknown operation for `req`'s caller with a new `fence`, when every effect it has
+/// in doubt may be resent with its key (`resendable`, decided by the caller, who knows the
+/// downstreams): the same-key resend the matrix allows. Anything else is answered as recorded.
+pub(super) fn reopen(
+    txn: &WriteTransaction,
+    req: &ClaimRequest,
+    fence: u64,
+    resendable: &dyn Fn(&EffectRecord) -> bool,
+) -> Result<Claim, LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? else {
+        return Err(LedgerError::NotInDoubt { operation_key: req.key.clone() });
+    };
+    if op.fingerprint != req.fingerprint {
+        return Ok(Claim::Conflict(op));
+    }
+    let in_doubt: Vec<EffectRecord> =
+        super::effects_of(&records, &req.key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
+    if op.status != OperationStatus::Unknown || in_doubt.is_empty() || !in_doubt.iter().all(resendable) {
+        return Ok(Claim::Recorded(op));
+    }
+    let mut op = take_over(Some(op), req, fence);
+    op.status = OperationStatus::Claimed;
+    op.error = None;
+    put(&mut records, operation_id(&req.key), &op)?;
+    Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
+}
+
+/// Extends the lease of the owner of `fence`, while it still owns the operation.
+pub(super) fn renew(txn: &WriteTransaction, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let op: Option<OperationRecord> = get(&records, operation_id(key))?;
+    match op {
+        Some(mut op) if op.fence == fence && op.status == OperationStatus::Claimed => {
+            op.lease_until_ms = op.lease_until_ms.max(until_ms);
+            put(&mut records, operation_id(key), &op)
+        }
+        op => Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.map_or(0, |op| op.fence) }),
+    }
+}
+
+/// The operation for `req`'s caller: an expired claim taken over with `fence`, or a new one
+/// (whose fence is 1: no claim of it existed, so no token of it was ever handed out).
+pub(super) fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest, fence: u64) -> OperationRecord {
     match expired {
         Some(mut op) => {
-            op.fence += 1;
+            op.fence = fence;
             op.owner.clone_from(&req.owner);
             op.lease_until_ms = req.now_ms + req.lease_ms;
             op.updated_ms = req.now_ms;
@@ -99,6 +142,14 @@ pub(super) fn record_attempt(
     let mut records = txn.open_table(RECORDS)?;
     let (mut op, first_write) = owned(&records, live, key, fence)?;
     let fresh = unapplied(&records, key, staged)?;
+    // The rule of evidence, enforced whoever asks: an operation with an effect in doubt is
+    // neither completed nor failed. A first write has no effect on disk to look at.
+    if let Some((OperationStatus::Completed | OperationStatus::Failed, _, _)) = &finish
+        && !first_write
+        && let Some(effect) = super::effects_of(&records, key)?.into_iter().find(|e| e.status.in_doubt())
+    {
+        return Err(LedgerError::InDoubt { operation_key: key.to_string(), effect_key: effect.key });
+    }
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(number);
     op.updated_ms = now_ms;
@@ -118,16 +169,29 @@ pub(super) fn record_attempt(
 }
 
 /// An effect record (operation key, effect key, encoded record) and the local effects staged
-/// before it.
+/// before it. A compare-and-set: `expected` is the (status, dispatches) the writer last saw of the
+/// effect, `None` for an effect that must not exist yet; anything else was written by someone
+/// else since, and the write is refused.
 pub(super) fn put_effect(
     txn: &WriteTransaction,
     live: &Live,
     fence: u64,
     (key, effect_key, effect): (&str, &str, &[u8]),
+    expected: Option<(EffectStatus, u32)>,
     staged: &[StagedWrite],
 ) -> Result<(), LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let (op, first_write) = owned(&records, live, key, fence)?;
+    // A first write finds nothing of its operation on disk: no need to look.
+    if !first_write || expected.is_some() {
+        let current = get::<_, EffectRecord>(&records, (key, EFFECT, effect_key))?.map(|e| (e.status, e.dispatches));
+        if current != expected {
+            return Err(LedgerError::EffectChanged {
+                operation_key: key.to_string(),
+                effect_key: effect_key.to_string(),
+            });
+        }
+    }
     let fresh = unapplied(&records, key, staged)?;
     // Decided; from here on only writes.
     if first_write {
@@ -227,37 +291,58 @@ fn apply_local(
 pub(super) fn resolve(
     txn: &WriteTransaction,
     operation_key: &str,
-    effect_key: &str,
+    effect_key: Option<&str>,
     resolution: &Resolution,
-    now_ms: u64,
+    settlement: &Settlement,
 ) -> Result<OperationRecord, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
     let mut op: OperationRecord = get(&records, operation_id(operation_key))?.ok_or_else(not_in_doubt)?;
-    let mut effect: EffectRecord = get(&records, (operation_key, EFFECT, effect_key))?.ok_or_else(not_in_doubt)?;
-    if op.status != OperationStatus::Unknown || !effect.status.in_doubt() {
+    if op.status != OperationStatus::Unknown {
         return Err(not_in_doubt());
     }
-    effect.updated_ms = now_ms;
-    op.updated_ms = now_ms;
-    op.lease_until_ms = 0;
-    match resolution {
-        Resolution::Committed { output } => {
-            effect.status = EffectStatus::Completed;
-            effect.error = Some("reconciled: the authority confirmed it took place".into());
-            op.status = OperationStatus::Completed;
-            op.output = Some(output.clone());
-            op.error = None;
+    let in_doubt: Vec<EffectRecord> =
+        super::effects_of(&records, operation_key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
+    // The effect to settle: the one named, or the only one. None: the tool itself reported the
+    // unknown outcome and no effect of it is in doubt; the settlement is the operation's.
+    let settled = match effect_key {
+        Some(wanted) => {
+            Some(in_doubt.iter().find(|e| e.key == wanted).cloned().ok_or_else(|| LedgerError::NotInDoubt {
+                operation_key: format!("{operation_key} (effect {wanted})"),
+            })?)
         }
-        Resolution::NotCommitted => {
-            // Claimed with an expired lease: the next call takes it over and resends.
-            effect.status = EffectStatus::Retryable;
-            effect.error = Some("reconciled: the authority has no record of it".into());
-            op.status = OperationStatus::Claimed;
-            op.error = None;
+        None if in_doubt.len() > 1 => {
+            let keys: Vec<&str> = in_doubt.iter().map(|e| e.key.as_str()).collect();
+            return Err(LedgerError::Ambiguous { operation_key: operation_key.to_string(), effects: keys.join(", ") });
+        }
+        None => in_doubt.first().cloned(),
+    };
+    let still_in_doubt = in_doubt.len() - usize::from(settled.is_some());
+    // Decided; from here on only writes.
+    let now_ms = settlement.at_ms;
+    op.updated_ms = now_ms;
+    if let Some(mut effect) = settled {
+        effect.updated_ms = now_ms;
+        effect.status = match resolution {
+            Resolution::Committed { .. } => EffectStatus::Completed,
+            Resolution::NotCommitted => EffectStatus::Retryable,
+        };
+        effect.resolution = Some(settlement.clone());
+        put(&mut records, (operation_key, EFFECT, effect.key.as_str()), &effect)?;
+    }
+    // Another effect still in doubt keeps the operation unknown: settle that one too.
+    if still_in_doubt == 0 {
+        op.lease_until_ms = 0;
+        op.error = None;
+        match resolution {
+            Resolution::Committed { output } => {
+                op.status = OperationStatus::Completed;
+                op.output = Some(output.clone());
+            }
+            // Claimed with an expired lease: the next call takes it over and runs it again.
+            Resolution::NotCommitted => op.status = OperationStatus::Claimed,
         }
     }
-    put(&mut records, (operation_key, EFFECT, effect_key), &effect)?;
     put(&mut records, operation_id(operation_key), &op)?;
     Ok(op)
 }

@@ -26,6 +26,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, Table};
@@ -33,7 +34,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use error::LedgerError;
-use jobs::{claim, encode_staged, put_effect, record_attempt, resolve, take_over, verdict};
+use jobs::{claim, encode_staged, put_effect, record_attempt, renew, reopen, resolve, take_over, verdict};
 use open::{init, recover};
 pub use records::*;
 use tables::*;
@@ -91,6 +92,10 @@ pub struct Ledger {
     writer: Arc<writer::Writer>,
     /// Claims of operations that have no durable record yet, by operation key.
     live: Live,
+    /// The next fence a take-over gets, in memory or on disk: one counter for the whole ledger,
+    /// above every fence on disk when it was opened, so no token is ever handed out twice (an
+    /// operation's fences grow, whichever path took it over).
+    next_fence: Arc<AtomicU64>,
 }
 
 /// Claims held in memory; the writer's jobs check fences against them too.
@@ -113,8 +118,8 @@ impl Ledger {
         let path = path.as_ref().to_path_buf();
         let db = Arc::new(Database::create(&path).map_err(|e| LedgerError::open(&path, e))?);
         init(&db, &path)?;
-        recover(&db, crate::clock::now_ms())?;
-        Ledger::serve(db, path)
+        let highest_fence = recover(&db, crate::clock::now_ms())?;
+        Ledger::serve(db, path, highest_fence)
     }
 
     /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
@@ -126,12 +131,19 @@ impl Ledger {
         let db = Arc::new(db);
         let path = PathBuf::from(":memory:");
         init(&db, &path)?;
-        Ledger::serve(db, path)
+        Ledger::serve(db, path, 1)
     }
 
-    fn serve(db: Arc<Database>, path: PathBuf) -> Result<Self, LedgerError> {
+    fn serve(db: Arc<Database>, path: PathBuf, highest_fence: u64) -> Result<Self, LedgerError> {
         let writer = Arc::new(writer::Writer::start(db.clone())?);
-        Ok(Ledger { db, path, writer, live: Live::default() })
+        // New operations start at fence 1, so take-overs start above it.
+        let next_fence = Arc::new(AtomicU64::new(highest_fence.max(1) + 1));
+        Ok(Ledger { db, path, writer, live: Live::default(), next_fence })
+    }
+
+    /// A fence never handed out before.
+    fn fresh_fence(&self) -> u64 {
+        self.next_fence.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn path(&self) -> &Path {
@@ -157,8 +169,40 @@ impl Ledger {
         if let Some(answer) = verdict(Some(&durable), req) {
             return Ok(answer);
         }
-        let req = req.clone();
-        self.writer.submit(move |txn| claim(txn, &req), |claim| matches!(claim, Claim::Owned { .. })).await
+        let (req, fence) = (req.clone(), self.fresh_fence());
+        self.writer.submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. })).await
+    }
+
+    /// Takes over an unknown operation to resend its in-doubt effects with their keys, if every one
+    /// of them is `resendable`; otherwise answers with the record.
+    pub async fn reopen(
+        &self,
+        req: &ClaimRequest,
+        resendable: impl Fn(&EffectRecord) -> bool + Send + 'static,
+    ) -> Result<Claim, LedgerError> {
+        let (req, fence) = (req.clone(), self.fresh_fence());
+        self.writer
+            .submit(move |txn| reopen(txn, &req, fence, &resendable), |claim| matches!(claim, Claim::Owned { .. }))
+            .await
+    }
+
+    /// Extends the lease of `fence`'s claim to `until_ms`, so that a live owner is not taken over;
+    /// refused (`Fenced`) once another caller took the operation over.
+    pub async fn renew(&self, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
+        {
+            let mut live = self.live();
+            if let Some(op) = live.get_mut(key) {
+                if op.fence != fence {
+                    let current = op.fence;
+                    return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current });
+                }
+                op.lease_until_ms = op.lease_until_ms.max(until_ms);
+                return Ok(());
+            }
+        }
+        // Not in memory: durable by now (or taken from this owner, which the job tells).
+        let key = key.to_string();
+        self.writer.submit(move |txn| renew(txn, &key, fence, until_ms), |_| true).await
     }
 
     /// A claim decided in memory (`Ok(answer)`), or the durable record that decides it (`Err`).
@@ -174,7 +218,9 @@ impl Ledger {
             return Ok(Ok(answer));
         }
         // A live claim here expired: its owner stalled before writing anything durable.
-        let op = take_over(live.remove(&req.key), req);
+        let expired = live.remove(&req.key);
+        let fence = if expired.is_some() { self.fresh_fence() } else { 1 };
+        let op = take_over(expired, req, fence);
         let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
         live.insert(req.key.clone(), op);
         Ok(Ok(claim))
@@ -206,12 +252,23 @@ impl Ledger {
 
     /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`,
     /// with the local effects staged before it: they are on disk before the effect leaves.
-    pub async fn put_effect(&self, fence: u64, effect: &EffectRecord, staged: Staged) -> Result<(), LedgerError> {
+    /// `expected`: the effect's (status, dispatches) as the writer last saw them, `None` if it
+    /// must be new; a record that changed since is not overwritten (`EffectChanged`).
+    pub async fn put_effect(
+        &self,
+        fence: u64,
+        effect: &EffectRecord,
+        expected: Option<(EffectStatus, u32)>,
+        staged: Staged,
+    ) -> Result<(), LedgerError> {
         let (encoded, staged, live) = (encode(effect)?, encode_staged(staged)?, self.live.clone());
         let (key, effect_key) = (effect.operation_key.clone(), effect.key.clone());
         let job_key = key.clone();
         self.writer
-            .submit(move |txn| put_effect(txn, &live, fence, (&job_key, &effect_key, &encoded), &staged), |_| true)
+            .submit(
+                move |txn| put_effect(txn, &live, fence, (&job_key, &effect_key, &encoded), expected, &staged),
+                |_| true,
+            )
             .await?;
         self.settle(&key, fence);
         Ok(())
@@ -239,16 +296,19 @@ impl Ledger {
         self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies what reconciliation learnt about an unknown operation's in-doubt effect.
+    /// Settles an unknown operation's in-doubt effect (`effect_key`, or its only one) with what
+    /// reconciliation or a person established, recorded with who and why. The operation completes
+    /// (committed) or reopens for the next call (not committed) once nothing else is in doubt.
     pub async fn resolve(
         &self,
         operation_key: &str,
-        effect_key: &str,
+        effect_key: Option<&str>,
         resolution: &Resolution,
-        now_ms: u64,
+        settlement: &Settlement,
     ) -> Result<OperationRecord, LedgerError> {
-        let (op, effect, resolution) = (operation_key.to_string(), effect_key.to_string(), resolution.clone());
-        self.writer.submit(move |txn| resolve(txn, &op, &effect, &resolution, now_ms), |_| true).await
+        let (op, effect) = (operation_key.to_string(), effect_key.map(str::to_string));
+        let (resolution, settlement) = (resolution.clone(), settlement.clone());
+        self.writer.submit(move |txn| resolve(txn, &op, effect.as_deref(), &resolution, &settlement), |_| true).await
     }
 }
 

@@ -40,8 +40,10 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
 
 /// Effects written ahead but never answered become `unknown`, operations holding one become
 /// `unknown`, and the other claims lose their lease. Runs at open, before the writer starts.
-pub(super) fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
+/// Returns the highest fence on disk, above which new take-overs draw theirs.
+pub(super) fn recover(db: &Database, now_ms: u64) -> Result<u64, LedgerError> {
     let txn = db.begin_write()?;
+    let mut highest_fence = 0;
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut claimed = Vec::new();
@@ -52,6 +54,7 @@ pub(super) fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
                 continue;
             }
             let op: OperationRecord = decode("operations", key, value.value())?;
+            highest_fence = highest_fence.max(op.fence);
             if op.status == OperationStatus::Claimed {
                 claimed.push(op);
             }
@@ -84,5 +87,5 @@ pub(super) fn recover(db: &Database, now_ms: u64) -> Result<(), LedgerError> {
         }
     }
     txn.commit()?;
-    Ok(())
+    Ok(highest_fence)
 }

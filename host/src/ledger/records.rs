@@ -94,7 +94,32 @@ pub struct EffectRecord {
     pub error: Option<String>,
     pub dispatches: u32,
     pub first_dispatched_ms: u64,
+    /// When it was last sent: the settle window of a `not-committed` answer runs from here.
+    #[serde(default)]
+    pub last_dispatched_ms: u64,
     pub updated_ms: u64,
+    /// How it left doubt, when reconciliation or a person settled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<Settlement>,
+}
+
+impl EffectRecord {
+    /// When it was last sent (records written before `last_dispatched_ms` existed: the first).
+    pub fn last_dispatch_ms(&self) -> u64 {
+        self.last_dispatched_ms.max(self.first_dispatched_ms)
+    }
+}
+
+/// Who settled an effect in doubt, how and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settlement {
+    /// `committed` or `not-committed`.
+    pub verdict: String,
+    /// `reconcile` (the tool's authority) or the person's name.
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub at_ms: u64,
 }
 
 /// Where an effect's answer came from in an attempt.
@@ -176,11 +201,20 @@ pub struct OutboxMessage {
     pub enqueued_ms: u64,
 }
 
-/// What reconciliation learnt about an operation's one in-doubt effect.
+/// What reconciliation or a person established about an unknown operation's in-doubt effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
     /// It took place; `output` (JSON) is the operation's result.
     Committed { output: String },
     /// It did not: the operation may run again, with the same keys.
     NotCommitted,
+}
+
+impl Resolution {
+    pub fn verdict(&self) -> &'static str {
+        match self {
+            Resolution::Committed { .. } => "committed",
+            Resolution::NotCommitted => "not-committed",
+        }
+    }
 }

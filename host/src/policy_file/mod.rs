@@ -21,8 +21,7 @@ use crate::capabilities::{Grant, Grants};
 use crate::limits::{self, Limits};
 use crate::policy::{ReplayClass, RetryPolicy};
 
-/// The most attempts a file may ask for. More is a loop, not a retry policy.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+pub use crate::policy::MAX_ATTEMPTS_LIMIT;
 
 /// The `RetryPolicy` fields a file may set, as the file spells them, in the struct's order.
 const FIELDS: [&str; 6] =
@@ -155,28 +154,10 @@ impl PolicyFile {
             }
         };
         if let Some(at) = section.max_attempts {
-            if class == ReplayClass::Irreversible && at.value > 1 {
-                return Err(self.invalid(
-                    at.line,
-                    format!(
-                        "`max_attempts = {}` for `{tool}`: an irreversible tool is never retried automatically",
-                        at.value
-                    ),
-                ));
-            }
             policy.max_attempts = at.value;
             from_file("max_attempts", at.line);
         }
         if let Some(at) = section.redispatch_in_doubt {
-            if class == ReplayClass::Irreversible && at.value {
-                return Err(self.invalid(
-                    at.line,
-                    format!(
-                        "`redispatch_in_doubt = true` for `{tool}`: an irreversible tool's unknown outcome is \
-                         reconciled, then left to a person, never sent again"
-                    ),
-                ));
-            }
             policy.redispatch_in_doubt = at.value;
             from_file("redispatch_in_doubt", at.line);
         }
@@ -192,37 +173,25 @@ impl PolicyFile {
                 from_file(field, at.line);
             }
         }
-        // Both given is caught at parse; here one side is a class default.
-        let pairs = [
-            (
-                "initial_backoff",
-                section.initial_backoff,
-                policy.initial_backoff,
-                "max_backoff",
-                section.max_backoff,
-                policy.max_backoff,
-            ),
-            (
-                "attempt_deadline",
-                section.attempt_deadline,
-                policy.attempt_deadline,
-                "call_deadline",
-                section.call_deadline,
-                policy.call_deadline,
-            ),
-        ];
-        for (small, small_at, small_value, big, big_at, big_value) in pairs {
-            if small_value > big_value {
-                let line = small_at.or(big_at).map_or(1, |at| at.line);
-                return Err(self.invalid(
-                    line,
-                    format!(
-                        "`{small}` ({}) exceeds `{big}` ({}) for `{tool}` once the {class} defaults are filled in",
-                        humantime::format_duration(small_value),
-                        humantime::format_duration(big_value)
-                    ),
-                ));
-            }
+        // The one class check every source of policy passes (`RetryPolicy::check`). The line named
+        // is the one the operator must change: the field's, or its partner's when the field is a
+        // class default (say `initial_backoff = "5s"` against a default `max_backoff` of 2 s).
+        if let Err(violation) = policy.check(class) {
+            let line_of = |field: &str| match field {
+                "max_attempts" => section.max_attempts.map(|at| at.line),
+                "redispatch_in_doubt" => section.redispatch_in_doubt.map(|at| at.line),
+                "initial_backoff" => section.initial_backoff.map(|at| at.line),
+                "max_backoff" => section.max_backoff.map(|at| at.line),
+                "attempt_deadline" => section.attempt_deadline.map(|at| at.line),
+                "call_deadline" => section.call_deadline.map(|at| at.line),
+                _ => None,
+            };
+            let partner = match &violation {
+                crate::policy::Violation::Order { big, .. } => line_of(big),
+                _ => None,
+            };
+            let line = line_of(violation.field()).or(partner).unwrap_or(1);
+            return Err(self.invalid(line, format!("{violation} for `{tool}` ({class}, its defaults filled in)")));
         }
         Ok(Effective { policy, sources })
     }
@@ -353,6 +322,7 @@ struct RawHost {
     honours_keys: Option<Spanned<Value>>,
     key_retention: Option<Spanned<Value>>,
     timeout: Option<Spanned<Value>>,
+    settle_window: Option<Spanned<Value>>,
     /// Credentials the host attaches at dispatch, e.g. `authorization = "Bearer ..."`.
     #[serde(default)]
     headers: BTreeMap<Spanned<String>, Spanned<Value>>,
@@ -501,6 +471,10 @@ impl Lines<'_> {
         }
         if let Some(value) = raw.timeout {
             target.timeout = self.positive("timeout", value)?.value;
+        }
+        if let Some(value) = raw.settle_window {
+            // Zero is allowed: a downstream whose lookups are exact the moment it answers.
+            target.settle_window = self.duration("settle_window", value)?.value;
         }
         for (name, value) in raw.headers {
             let span = value.span();

@@ -19,8 +19,11 @@ pub enum Mode {
     MemoryBomb,
     /// Never returns.
     Spin,
-    /// Sleeps `sleep_ms`, then returns: a worker that stalls.
+    /// Sleeps `sleep_ms`, then returns: a slow worker, which yields to the host while it waits.
     Sleep,
+    /// Busy-waits `sleep_ms` without ever yielding, then returns: a worker whose thread is stuck,
+    /// so its host cannot even renew its lease.
+    Busy,
     /// Not deterministic: the first time (no `panicky/flipped` in KV) it writes that key and calls
     /// the provider; every later time it skips the provider and succeeds.
     Flip,
@@ -86,6 +89,13 @@ impl Tool for Panicky {
             Mode::Flip => Err(ToolError::permanent("unreachable: flip returns above")),
             Mode::Sleep => {
                 std::thread::sleep(std::time::Duration::from_millis(args.sleep_ms));
+                Ok(Echo { echo: args.echo, provided })
+            }
+            Mode::Busy => {
+                let until = std::time::Instant::now() + std::time::Duration::from_millis(args.sleep_ms);
+                while std::time::Instant::now() < until {
+                    std::hint::black_box(0u64);
+                }
                 Ok(Echo { echo: args.echo, provided })
             }
             Mode::Spin => {

@@ -1,0 +1,47 @@
+//! `oncebox resolve --ledger L KEY (--committed JSON | --not-committed) --by NAME [--note TEXT]`:
+//! a person settles an operation whose outcome is unknown, recorded with who and why.
+
+use std::path::PathBuf;
+
+use oncebox::ledger::Resolution;
+
+use super::{Exit, Usage, print_json};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    ledger: PathBuf,
+    /// The unknown operation's key (`oncebox call` printed it; `oncebox ledger list` shows it).
+    key: String,
+    /// The effect in doubt to settle; needed only when the operation has several.
+    #[arg(long)]
+    effect: Option<String>,
+    /// It took place; JSON is the operation's output, as the tool would have returned it.
+    #[arg(long, value_name = "JSON", conflicts_with = "not_committed", required_unless_present = "not_committed")]
+    committed: Option<String>,
+    /// It did not take place: the next call of the step runs it again, with the same keys.
+    #[arg(long)]
+    not_committed: bool,
+    /// Who decides (recorded).
+    #[arg(long)]
+    by: String,
+    /// Why (recorded).
+    #[arg(long)]
+    note: Option<String>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Exit> {
+    if !args.ledger.exists() {
+        return Err(Usage(format!("no ledger at {}", args.ledger.display())).into());
+    }
+    let ledger = oncebox::Ledger::open(&args.ledger)?;
+    let resolution = match args.committed {
+        Some(output) => Resolution::Committed { output },
+        None => Resolution::NotCommitted,
+    };
+    let outcome =
+        oncebox::settle(&ledger, &args.key, args.effect.as_deref(), &resolution, &args.by, args.note.as_deref())
+            .await?;
+    print_json(&outcome)?;
+    Ok(Exit::Ok)
+}
