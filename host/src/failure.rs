@@ -85,15 +85,39 @@ pub enum Proven {
     },
 }
 
+/// When a `not-committed` answer about an effect can count, by the downstream's contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup {
+    /// When the effect was last sent.
+    pub last_dispatched_ms: u64,
+    /// How long a request the downstream received can still commit.
+    pub settle_window: Duration,
+    /// When a downstream that forgets keys forgets this one (the first dispatch plus its key
+    /// retention): a lookup by a forgotten key finds nothing whatever happened.
+    pub forgotten_from_ms: Option<u64>,
+}
+
 /// The rule of evidence for reconciliation. An empty lookup proves nothing while the request can
 /// still commit (a downstream still processing it, an index that lags): `not-committed` counts
-/// only once `settle_window` has passed since the effect's last dispatch.
-pub fn reconciled(reported: Reported, last_dispatched_ms: u64, settle_window: Duration, now_ms: u64) -> Proven {
+/// only once `settle_window` has passed since the effect's last dispatch, and only while the
+/// downstream still remembers the key it was sent with.
+pub fn reconciled(reported: Reported, lookup: Lookup, now_ms: u64) -> Proven {
+    let Lookup { last_dispatched_ms, settle_window, forgotten_from_ms } = lookup;
     match reported {
         Reported::Committed(output) => Proven::Taken(output),
         Reported::StillUnknown => Proven::InDoubt { reason: "the authority cannot tell".into(), counts_from_ms: None },
         Reported::NotCommitted => {
             let settled_ms = last_dispatched_ms.saturating_add(settle_window.as_millis() as u64);
+            if let Some(forgotten) =
+                forgotten_from_ms.filter(|forgotten| now_ms >= *forgotten || settled_ms >= *forgotten)
+            {
+                let reason = if now_ms >= forgotten {
+                    "the authority has no record of it, but it has forgotten the key it was sent with by now"
+                } else {
+                    "the authority has no record of it yet, and it forgets the key before the settle window ends"
+                };
+                return Proven::InDoubt { reason: reason.into(), counts_from_ms: None };
+            }
             if now_ms >= settled_ms {
                 Proven::NotTaken
             } else {
@@ -275,12 +299,32 @@ mod tests {
 
     #[test]
     fn not_committed_counts_only_after_the_settle_window() {
-        let window = Duration::from_secs(60);
         let sent = 1_000_000;
-        let early = reconciled(Reported::NotCommitted, sent, window, sent + 59_999);
+        let lookup =
+            Lookup { last_dispatched_ms: sent, settle_window: Duration::from_secs(60), forgotten_from_ms: None };
+        let early = reconciled(Reported::NotCommitted, lookup, sent + 59_999);
         assert!(matches!(early, Proven::InDoubt { counts_from_ms: Some(at), .. } if at == sent + 60_000), "{early:?}");
-        assert_eq!(reconciled(Reported::NotCommitted, sent, window, sent + 60_000), Proven::NotTaken);
-        assert!(matches!(reconciled(Reported::StillUnknown, sent, window, sent + 10_000_000), Proven::InDoubt { .. }));
-        assert_eq!(reconciled(Reported::Committed("{}".into()), sent, window, sent), Proven::Taken("{}".into()));
+        assert_eq!(reconciled(Reported::NotCommitted, lookup, sent + 60_000), Proven::NotTaken);
+        assert!(matches!(reconciled(Reported::StillUnknown, lookup, sent + 10_000_000), Proven::InDoubt { .. }));
+        assert_eq!(reconciled(Reported::Committed("{}".into()), lookup, sent), Proven::Taken("{}".into()));
+    }
+
+    #[test]
+    fn not_committed_proves_nothing_once_the_key_is_forgotten() {
+        let sent = 1_000_000;
+        let day = Lookup {
+            last_dispatched_ms: sent,
+            settle_window: Duration::from_secs(60),
+            forgotten_from_ms: Some(sent + 86_400_000),
+        };
+        assert_eq!(reconciled(Reported::NotCommitted, day, sent + 61_000), Proven::NotTaken);
+        let late = reconciled(Reported::NotCommitted, day, sent + 86_400_000);
+        assert!(matches!(late, Proven::InDoubt { counts_from_ms: None, .. }), "{late:?}");
+        // A retention shorter than the settle window: no answer can ever count.
+        let short = Lookup { forgotten_from_ms: Some(sent + 300), ..day };
+        assert!(matches!(reconciled(Reported::NotCommitted, short, sent + 100), Proven::InDoubt { .. }));
+        assert!(matches!(reconciled(Reported::NotCommitted, short, sent + 61_000), Proven::InDoubt { .. }));
+        // Committed is proof at any time.
+        assert_eq!(reconciled(Reported::Committed("{}".into()), short, sent + 61_000), Proven::Taken("{}".into()));
     }
 }

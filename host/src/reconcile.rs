@@ -79,8 +79,7 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
         Answer::NotCommitted => Reported::NotCommitted,
     };
     let now = crate::clock::now_ms();
-    let window = host.shared.settle_window(&effect);
-    let resolution = match failure::reconciled(reported, effect.last_dispatch_ms(), window, now) {
+    let resolution = match failure::reconciled(reported, host.shared.lookup(&effect), now) {
         Proven::Taken(output) => Resolution::Committed { output },
         Proven::NotTaken => Resolution::NotCommitted,
         Proven::InDoubt { reason, counts_from_ms } => {

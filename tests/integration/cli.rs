@@ -3,28 +3,7 @@
 
 use std::process::Command;
 
-use serde_json::Value;
-
-use crate::support::charge;
-
-fn oncebox(args: &[&str]) -> (i32, Value, String) {
-    // The suite's own compile cache, so the tests neither compile every component in every process
-    // nor write to the home directory.
-    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
-    oncebox_with(args, &[("ONCEBOX_CACHE", cache.to_str().expect("utf8"))])
-}
-
-fn oncebox_with(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
-    command.args(args);
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let output = command.output().expect("run oncebox");
-    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null);
-    (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
-}
+use crate::support::{charge, oncebox, oncebox_with};
 
 /// `oncebox call` on `ledger` with `charge` configured for, granted, and keyed at `provider`.
 fn charge_flags(ledger: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) -> Vec<String> {

@@ -8,6 +8,7 @@ mod args;
 mod cli;
 mod concurrency;
 mod effects;
+mod guarantee;
 mod loading;
 mod recovery;
 mod replay;

@@ -109,3 +109,23 @@ pub async fn closed_origin() -> String {
     drop(listener);
     format!("http://{addr}")
 }
+
+/// Runs the `oncebox` binary: (exit code, the first line of stdout as JSON, stderr).
+pub fn oncebox(args: &[&str]) -> (i32, serde_json::Value, String) {
+    // The suite's own compile cache, so the tests neither compile every component in every process
+    // nor write to the home directory.
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    oncebox_with(args, &[("ONCEBOX_CACHE", cache.to_str().expect("utf8"))])
+}
+
+pub fn oncebox_with(args: &[&str], env: &[(&str, &str)]) -> (i32, serde_json::Value, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    command.args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("run oncebox");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(serde_json::Value::Null);
+    (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
+}

@@ -54,13 +54,30 @@ impl Shared {
 }
 
 impl Shared {
-    /// How long after its last dispatch an effect can still commit at its downstream.
-    pub fn settle_window(&self, effect: &EffectRecord) -> Duration {
+    /// What the effect's downstream promises about looking it up: how long after its last
+    /// dispatch it can still commit, and when it forgets the effect's key.
+    pub fn lookup(&self, effect: &EffectRecord) -> crate::failure::Lookup {
+        let last_dispatched_ms = effect.last_dispatch_ms();
         match effect.kind.strip_prefix("provider:") {
-            Some(name) => {
-                self.providers.get(name).map_or(targets::DEFAULT_SETTLE_WINDOW, |provider| provider.settle_window())
+            Some(name) => crate::failure::Lookup {
+                last_dispatched_ms,
+                settle_window: self
+                    .providers
+                    .get(name)
+                    .map_or(targets::DEFAULT_SETTLE_WINDOW, |provider| provider.settle_window()),
+                forgotten_from_ms: None,
+            },
+            None => {
+                let target = self.targets.get(&effect.target);
+                let retention_ms = u64::try_from(target.key_retention.as_millis()).unwrap_or(u64::MAX);
+                crate::failure::Lookup {
+                    last_dispatched_ms,
+                    settle_window: target.settle_window,
+                    forgotten_from_ms: target
+                        .honours_keys
+                        .then(|| effect.first_dispatched_ms.saturating_add(retention_ms)),
+                }
             }
-            None => self.targets.get(&effect.target).settle_window,
         }
     }
 }

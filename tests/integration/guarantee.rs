@@ -1,0 +1,322 @@
+//! The guarantee, against downstreams worse than ours: each class of tool against each fault a real
+//! downstream has (commit then 5xx, commit then answer after the client gave up, commit after the
+//! client gave up, lost answers, lagging lookups, no key support, keys pruned), counted where the
+//! effects land. Never more than one commit per step; `completed` means exactly one; `failed`
+//! means none. And the three reports of the guarantee issue, reproduced with the CLI as a new user
+//! would.
+
+use std::time::Duration;
+
+use oncebox::{Call, HttpTarget, Outcome, Reconciliation, ReplayClass, Status};
+use oncebox_example_provider::{Fault, FaultKind, Provider, ProviderHandle, Route, Settings};
+use serde_json::{Value, json};
+
+use crate::support::{builder_for, charge, oncebox};
+
+/// What the downstream is, and what the operator declared about it (truthfully).
+#[derive(Debug, Clone, Copy)]
+enum Downstream {
+    /// Stripe-like: dedups by key for a day, exact lookups. Declared `honours_keys`.
+    Keyed,
+    /// Commits every request (no dedup), but can be looked up by the key it was sent with, after
+    /// a lag. Not declared `honours_keys`.
+    Unkeyed,
+    /// No key support at all: no dedup, no lookup. A lookup would lie, so nothing reconciles.
+    Keyless,
+    /// Dedups by key, but forgets keys after 300 ms (declared: the operator knows the retention).
+    Pruning,
+}
+
+const FAULTS: [Option<FaultKind>; 7] = [
+    None,
+    Some(FaultKind::ErrorBeforeCommit),
+    Some(FaultKind::CommitThenError { status: 502 }),
+    Some(FaultKind::LoseResponse),
+    Some(FaultKind::Delay { delay_ms: 1_500 }),
+    Some(FaultKind::CommitAfterDelay { delay_ms: 1_000 }),
+    Some(FaultKind::RateLimit { retry_after_ms: 20 }),
+];
+const DOWNSTREAMS: [Downstream; 4] = [Downstream::Keyed, Downstream::Unkeyed, Downstream::Keyless, Downstream::Pruning];
+/// The host's effect timeout: shorter than the slow faults, so they outlast the client.
+const TIMEOUT: Duration = Duration::from_millis(600);
+/// Longer than any lookup lag or delayed commit above: a `not-committed` after it is true.
+const SETTLE: Duration = Duration::from_millis(1_500);
+const LOOKUP_LAG_MS: u64 = 200;
+
+/// One step of `tool` against `downstream` with `fault` armed once: called, called again, then
+/// (once the downstream has settled) reconciled where that proves anything, and called a third
+/// time. Returns every outcome seen and the downstream's own count of commits for the step.
+async fn case(tool: &str, route: Route, args: &Value, downstream: Downstream, fault: Option<FaultKind>) -> String {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = Provider::start().await.expect("provider");
+    let (settings, honours_keys, retention) = match downstream {
+        Downstream::Keyed => (Settings::default(), true, Duration::from_secs(86_400)),
+        Downstream::Unkeyed => (
+            Settings { honour_keys: false, lookup_lag_ms: LOOKUP_LAG_MS, ..Settings::default() },
+            false,
+            Duration::ZERO,
+        ),
+        Downstream::Keyless => {
+            (Settings { honour_keys: false, lookup_by_key: false, ..Settings::default() }, false, Duration::ZERO)
+        }
+        Downstream::Pruning => {
+            (Settings { key_retention_ms: Some(300), ..Settings::default() }, true, Duration::from_millis(300))
+        }
+    };
+    provider.configure(settings);
+    if let Some(kind) = fault.clone() {
+        provider.arm(Fault::new(route, kind).for_order("o-1"));
+    }
+    let target = HttpTarget {
+        honours_keys,
+        key_retention: retention,
+        timeout: TIMEOUT,
+        settle_window: SETTLE,
+        ..Default::default()
+    };
+    let host = builder_for(&dir.path().join("l.redb"), &provider, honours_keys)
+        .http_target(provider.addr().to_string(), target)
+        .compile_cache(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"))
+        .build()
+        .await
+        .expect("host");
+    host.load(artifact(tool)).await.expect("load");
+    let call = || Call::step("run-1", "step-1", tool, args.to_string());
+
+    let mut seen: Vec<Outcome> = Vec::new();
+    seen.push(host.call(call()).await.expect("first call"));
+    seen.push(host.call(call()).await.expect("the orchestrator retries the step"));
+    provider.settled().await;
+    tokio::time::sleep(SETTLE + Duration::from_millis(100)).await;
+    let reconciles = host.manifest(tool).is_some_and(|m| m.class.reconciles());
+    let lookups_tell_the_truth = !matches!(downstream, Downstream::Keyless);
+    if seen.last().is_some_and(|o| o.status == Status::Unknown) && reconciles && lookups_tell_the_truth {
+        match host.reconcile(call()).await.expect("reconcile") {
+            Reconciliation::Committed { outcome } => seen.push(outcome),
+            // A downstream that forgot the key cannot be asked: a person decides.
+            Reconciliation::StillUnknown { reason, .. } => {
+                assert!(matches!(downstream, Downstream::Pruning), "after the settle window a lookup decides: {reason}")
+            }
+            _ => {}
+        }
+    }
+    seen.push(host.call(call()).await.expect("a third call"));
+    provider.settled().await;
+
+    let commits = count(&provider, route);
+    let statuses: Vec<Status> = seen.iter().map(|o| o.status).collect();
+    let case = format!("{tool} against {downstream:?} with {fault:?}: {statuses:?}, {commits} commit(s)");
+    assert!(commits <= 1, "more than one commit for one step: {case}");
+    for outcome in &seen {
+        match outcome.status {
+            Status::Completed => assert_eq!(commits, 1, "completed means exactly one: {case}; {outcome:?}"),
+            Status::Failed => assert_eq!(commits, 0, "failed means none: {case}; {outcome:?}"),
+            _ => {}
+        }
+    }
+    case
+}
+
+fn count(provider: &ProviderHandle, route: Route) -> u64 {
+    let counts = provider.counts("o-1");
+    match route {
+        Route::Payments => counts.payments,
+        Route::Refunds => counts.refunds,
+        Route::Fulfillments => counts.fulfillments,
+        Route::Inventory => 0,
+    }
+}
+
+fn artifact(tool: &str) -> &'static str {
+    match tool {
+        "charge" => oncebox_artifacts::CHARGE,
+        "refund" => oncebox_artifacts::REFUND,
+        _ => oncebox_artifacts::FULFILL,
+    }
+}
+
+/// Every downstream against every fault for one tool, eight cases at a time.
+async fn every_case(tool: &'static str, route: Route, args: Value) {
+    let mut cases = tokio::task::JoinSet::new();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(8));
+    for downstream in DOWNSTREAMS {
+        for fault in FAULTS {
+            let (args, gate) = (args.clone(), gate.clone());
+            cases.spawn(async move {
+                let _permit = gate.acquire_owned().await.expect("gate");
+                case(tool, route, &args, downstream, fault).await
+            });
+        }
+    }
+    let mut ran = 0;
+    while let Some(result) = cases.join_next().await {
+        let case = result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        eprintln!("{case}");
+        ran += 1;
+    }
+    assert_eq!(ran, DOWNSTREAMS.len() * FAULTS.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_write_commits_at_most_once_against_every_downstream_and_fault() {
+    every_case("refund", Route::Refunds, json!({"order_id": "o-1", "amount_cents": 500})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensatable_tool_commits_at_most_once_against_every_downstream_and_fault() {
+    every_case("charge", Route::Payments, charge("o-1")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_irreversible_tool_commits_at_most_once_against_every_downstream_and_fault() {
+    let args = json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
+    every_case("fulfill", Route::Fulfillments, args).await;
+}
+
+/// `oncebox call` flags for `tool` at `provider`, with no claim that the provider honours keys.
+fn call_flags(ledger: &std::path::Path, provider: &ProviderHandle) -> Vec<String> {
+    let base = provider.base_url();
+    let ledger = ledger.to_str().expect("utf8");
+    ["call", "--ledger", ledger, "--config", &format!("base_url={base}"), "--grant", &format!("http={base}")]
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+fn run_cli(mut flags: Vec<String>, rest: &[&str]) -> (i32, Value, String) {
+    flags.extend(rest.iter().map(|s| s.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    oncebox(&flags)
+}
+
+// Multi-threaded: the provider serves while this thread waits on the child processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_502_after_the_commit_is_unknown_and_never_sent_again_until_a_person_settles_it() {
+    let provider = Provider::start().await.expect("provider");
+    provider.configure(Settings { honour_keys: false, ..Settings::default() });
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitThenError { status: 502 }).for_order("o-1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let args = charge("o-1").to_string();
+    let step = ["--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &args];
+
+    let (code, outcome, stderr) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((code, outcome["status"].as_str()), (1, Some("unknown")), "{outcome} {stderr}");
+    assert_eq!(outcome["error"]["class"], "unknown-outcome");
+    assert_eq!(provider.counts("o-1").payments, 1, "the downstream did charge");
+    assert_eq!(provider.requests(), 1, "and was asked once");
+    let (_, again, _) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((again["status"].as_str(), again["replayed"].as_bool()), (Some("unknown"), Some(true)));
+    assert_eq!(provider.requests(), 1, "a repeat never dispatches an effect in doubt");
+
+    // A person who checked the dashboard settles it, with who and why.
+    let key = outcome["operation_key"].as_str().expect("key");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let (code, settled, stderr) = oncebox(&[
+        "resolve",
+        "--ledger",
+        ledger_arg,
+        key,
+        "--committed",
+        r#"{"id":"pay_1","status":"succeeded"}"#,
+        "--by",
+        "alice",
+        "--note",
+        "seen in the payments dashboard",
+    ]);
+    assert_eq!((code, settled["status"].as_str()), (0, Some("completed")), "{settled} {stderr}");
+    let (code, replay, _) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((code, replay["replayed"].as_bool()), (0, Some(true)));
+    assert_eq!(replay["output"]["id"], "pay_1");
+    assert_eq!(provider.counts("o-1").payments, 1);
+    let (_, shown, _) = oncebox(&["ledger", "show", "--ledger", ledger_arg, key]);
+    let resolution = &shown["effects"][0]["resolution"];
+    assert_eq!((resolution["by"].as_str(), resolution["verdict"].as_str()), (Some("alice"), Some("committed")));
+    assert_eq!(resolution["note"], "seen in the payments dashboard");
+    // Settling again is refused: it is no longer in doubt.
+    let (code, _, stderr) = oncebox(&["resolve", "--ledger", ledger_arg, key, "--not-committed", "--by", "bob"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("no longer in doubt"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_deadline_during_a_slow_shipment_leaves_it_unknown_not_failed() {
+    let provider = Provider::start().await.expect("provider");
+    // The downstream takes 3 s and then ships, whether the client is still there or not.
+    provider.arm(Fault::new(Route::Fulfillments, FaultKind::CommitAfterDelay { delay_ms: 3_000 }).for_order("o-1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("oncebox.toml");
+    std::fs::write(&policy, "[tools.fulfill]\nattempt_deadline = \"1s\"\n").expect("policy");
+    let ledger = dir.path().join("l.redb");
+    let args =
+        json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]}).to_string();
+    let policy = policy.to_str().expect("utf8");
+    let step = ["--policy", policy, "--run", "r1", "--step", "ship", oncebox_artifacts::FULFILL, &args];
+
+    let (code, outcome, stderr) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((code, outcome["status"].as_str()), (1, Some("unknown")), "{outcome} {stderr}");
+    assert_ne!(outcome["status"], "failed", "an orchestrator that trusts `failed` would ship again");
+    provider.settled().await;
+    assert_eq!(provider.counts("o-1").fulfillments, 1, "it shipped");
+    let (_, again, _) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((again["status"].as_str(), again["replayed"].as_bool()), (Some("unknown"), Some(true)));
+    assert_eq!(provider.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_from_a_lookup_while_the_charge_is_in_flight_proves_nothing() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 2_000 }).for_order("o-1"));
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("oncebox.toml");
+    let host = provider.addr();
+    std::fs::write(&policy, format!("[hosts.\"{host}\"]\ntimeout = \"300ms\"\nsettle_window = \"4s\"\n"))
+        .expect("policy");
+    let ledger = dir.path().join("l.redb");
+    let args = charge("o-1").to_string();
+    let policy = policy.to_str().expect("utf8");
+    let step = ["--policy", policy, "--run", "r1", "--step", "pay", oncebox_artifacts::CHARGE, &args];
+
+    let (code, outcome, stderr) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!((code, outcome["status"].as_str()), (1, Some("unknown")), "{outcome} {stderr}");
+    // The provider is still working on it: its lookup says 404.
+    let mut reconcile = call_flags(&ledger, &provider);
+    reconcile[0] = "reconcile".into();
+    let (code, early, stderr) = run_cli(reconcile.clone(), &step);
+    assert_eq!(early["result"], "still-unknown", "{early} {stderr}");
+    assert!(early["counts_from_ms"].is_u64(), "{early}");
+    assert_eq!(code, 1);
+    let (_, again, _) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!(again["status"], "unknown", "not resent on the strength of a 404: {again}");
+    assert_eq!(provider.requests(), 1);
+
+    // Once the charge has landed, the same lookup finds it.
+    provider.settled().await;
+    let (code, late, stderr) = run_cli(reconcile, &step);
+    assert_eq!((code, late["result"].as_str()), (0, Some("committed")), "{late} {stderr}");
+    assert_eq!(provider.counts("o-1").payments, 1);
+    assert_eq!(provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn the_builder_cannot_give_an_irreversible_tool_retries_or_resends() {
+    let provider = Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    for policy in [
+        oncebox::RetryPolicy { max_attempts: 3, ..oncebox::RetryPolicy::for_class(ReplayClass::Irreversible) },
+        oncebox::RetryPolicy {
+            redispatch_in_doubt: true,
+            ..oncebox::RetryPolicy::for_class(ReplayClass::Irreversible)
+        },
+    ] {
+        let host = builder_for(&dir.path().join("l.redb"), &provider, true)
+            .retry_policy("fulfill", policy)
+            .build()
+            .await
+            .expect("host");
+        let refused = host.load(oncebox_artifacts::FULFILL).await.expect_err("refused at load");
+        assert!(matches!(refused, oncebox::Error::PolicyRefused { .. }), "{refused}");
+        assert!(refused.to_string().contains("irreversible"), "{refused}");
+        drop(host);
+    }
+}
