@@ -2,11 +2,11 @@
 //! `tracing` event, emitted here with the same fields. Nothing secret reaches either: args are never
 //! logged, keys are hashes, and messages are scrubbed of the manifest's sensitive values.
 
-use crate::ledger::{AttemptRecord, EffectStatus};
+use crate::ledger::AttemptRecord;
 
 /// Whether the downstream answered every effect definitively (`None` without effects).
 pub fn downstream_accepted(record: &AttemptRecord) -> Option<bool> {
-    (!record.effects.is_empty()).then(|| record.effects.iter().all(|e| e.status == EffectStatus::Completed))
+    (!record.effects.is_empty()).then(|| record.effects.iter().all(|e| e.status.answered()))
 }
 
 pub fn emit(record: &AttemptRecord) {

@@ -129,11 +129,21 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         }
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.
-        let in_doubt =
-            if first { ctx.in_doubt.clone() } else { in_doubt_after(host, &operation_key, &ctx, &policy).await? };
-        let verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
+        let (in_doubt, taken_before) = if first {
+            (ctx.in_doubt.clone(), Vec::new())
+        } else {
+            standing(host, &operation_key, &ctx, &policy).await?
+        };
+        let mut verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
+        let mut staged = std::mem::take(&mut ctx.staged);
+        if !matches!(verdict, Verdict::Ok(_)) {
+            // A failed attempt's local writes that no remote effect carried to disk are discarded:
+            // the next attempt makes them again, and a failed operation leaves nothing behind.
+            ctx.effects.retain(|e| !staged.iter().any(|(record, _)| record.key == e.key));
+            staged.clear();
+        }
 
-        let next = match &verdict {
+        let mut next = match &verdict {
             Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
             Verdict::Failed { failure, .. } => {
                 match retry::decide(failure, &policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt))
@@ -144,12 +154,21 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                 }
             }
         };
-        let mut staged = std::mem::take(&mut ctx.staged);
-        if !matches!(verdict, Verdict::Ok(_)) {
-            // A failed attempt's local writes that no remote effect carried to disk are discarded:
-            // the next attempt makes them again, and a failed operation leaves nothing behind.
-            ctx.effects.retain(|e| !staged.iter().any(|(record, _)| record.key == e.key));
-            staged.clear();
+        if let Next::Finish(OperationStatus::Failed) = next {
+            // `failed` means nothing of the operation took effect. Something did (an effect this
+            // or an earlier attempt completed), and nothing undoes it: the operation is unknown
+            // until reconciliation or a person says what it amounts to.
+            let mut taken: Vec<String> =
+                ctx.effects.iter().filter(|e| e.status.taken()).map(|e| e.key.clone()).collect();
+            for key in taken_before {
+                if !taken.contains(&key) {
+                    taken.push(key);
+                }
+            }
+            if !taken.is_empty() {
+                verdict = verdict.after_effects(&taken);
+                next = Next::Finish(OperationStatus::Unknown);
+            }
         }
         let mut record = AttemptRecord {
             operation_key: operation_key.clone(),
@@ -365,6 +384,25 @@ impl Verdict {
         }
     }
 
+    /// A failure that came after effects took place: the operation is unknown, not failed.
+    fn after_effects(self, taken: &[String]) -> Self {
+        match self {
+            Verdict::Failed { error, .. } => Verdict::Failed {
+                failure: Failure::UnknownOutcome { redispatchable: false },
+                error: ErrorRecord {
+                    class: "failed-after-effect".into(),
+                    message: format!(
+                        "{}; but effect(s) {} took place, and nothing undoes them: reconcile the operation or \
+                         settle it by hand (oncebox resolve)",
+                        error.message,
+                        taken.join(", ")
+                    ),
+                },
+            },
+            ok => ok,
+        }
+    }
+
     fn scrubbed(self, secrets: &[String]) -> Self {
         match self {
             Verdict::Failed { failure, mut error } => {
@@ -386,24 +424,28 @@ impl Verdict {
 
 /// The attempt's own in-doubt effects, plus any that an earlier attempt (or a stopped owner) left
 /// in doubt and this attempt did not settle: until each is settled, the operation cannot be called
-/// done or failed, whatever the guest returned.
-async fn in_doubt_after(
+/// done or failed, whatever the guest returned. And the effects on record that took place, which
+/// keep it from being called failed.
+async fn standing(
     host: &Inner,
     operation_key: &str,
     ctx: &EffectCtx,
     policy: &RetryPolicy,
-) -> Result<Vec<InDoubt>, CallError> {
+) -> Result<(Vec<InDoubt>, Vec<String>), CallError> {
     let key = operation_key.to_string();
     let recorded = host.shared.ledger.effects(&key)?;
     let now = now_ms();
     let mut in_doubt = ctx.in_doubt.clone();
-    for effect in recorded.iter().filter(|e| e.status.in_doubt()) {
-        if !in_doubt.iter().any(|d| d.key == effect.key) {
+    let mut taken = Vec::new();
+    for effect in &recorded {
+        if effect.status.in_doubt() && !in_doubt.iter().any(|d| d.key == effect.key) {
             let resendable = host.shared.resendable(effect, policy.redispatch_in_doubt, now);
             in_doubt.push(InDoubt { key: effect.key.clone(), resendable });
+        } else if effect.status.taken() {
+            taken.push(effect.key.clone());
         }
     }
-    Ok(in_doubt)
+    Ok((in_doubt, taken))
 }
 
 /// Maps an invocation to a verdict: the output, or the failure class (see `failure.rs`) with a

@@ -30,8 +30,12 @@ pub enum HttpObservation {
 /// What an HTTP exchange means for its effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpVerdict {
-    /// A definitive answer, recorded and handed to the tool (2xx, and 4xx other than 408/409/429).
-    Definitive,
+    /// Taken: a definitive answer that the downstream did it (2xx; and 3xx, which after a write
+    /// often means "created, see there"), recorded and handed to the tool.
+    Taken,
+    /// A definitive "no" (4xx other than 408/409/429: invalid, declined, forbidden), recorded and
+    /// handed to the tool; nothing was done, and a resend gets the same answer.
+    Refused,
     /// Proven not taken; another attempt may send it again.
     NotTaken(Failure),
     /// It may have taken effect.
@@ -57,7 +61,9 @@ pub fn http(observation: &HttpObservation) -> HttpVerdict {
         // request with this key is in flight, and it may commit. A key-honouring host replays a
         // commit to a same-key resend, which is what makes a resend to it safe.
         HttpObservation::Answered { status: 408 | 409 | 500..=599, .. } => HttpVerdict::InDoubt,
-        HttpObservation::Answered { .. } => HttpVerdict::Definitive,
+        HttpObservation::Answered { status: 400..=499, .. } => HttpVerdict::Refused,
+        // 1xx is never final; anything else that is not an error may have done the work.
+        HttpObservation::Answered { .. } => HttpVerdict::Taken,
     }
 }
 
@@ -290,11 +296,12 @@ mod tests {
         for status in [500, 502, 503, 504, 408, 409] {
             assert_eq!(answered(status, None), HttpVerdict::InDoubt, "{status}");
         }
-        assert_eq!(answered(201, None), HttpVerdict::Definitive);
-        assert_eq!(answered(204, None), HttpVerdict::Definitive);
-        assert_eq!(answered(404, None), HttpVerdict::Definitive);
-        assert_eq!(answered(200, None), HttpVerdict::Definitive);
-        assert_eq!(answered(402, None), HttpVerdict::Definitive);
+        assert_eq!(answered(201, None), HttpVerdict::Taken);
+        assert_eq!(answered(204, None), HttpVerdict::Taken);
+        assert_eq!(answered(303, None), HttpVerdict::Taken);
+        assert_eq!(answered(404, None), HttpVerdict::Refused);
+        assert_eq!(answered(200, None), HttpVerdict::Taken);
+        assert_eq!(answered(402, None), HttpVerdict::Refused);
     }
 
     #[test]

@@ -213,6 +213,9 @@ async fn an_embedder_provider_gets_keys_and_deduplication_for_free() {
         host.call(call("flaky", json!({"mode": "transient", "provider": "bank", "echo": "a"}))).await.expect("call");
     assert_eq!(flaky.attempts, 3);
     assert_eq!(bank.keys.lock().expect("lock").len(), 1);
+    // The bank did it, then the tool failed: that is not `failed` (nothing took effect) but unknown.
+    assert_eq!(flaky.status, Status::Unknown, "{flaky:?}");
+    assert_eq!(flaky.error.as_ref().expect("error").class, "failed-after-effect");
 
     let ok = host.call(call("ok", json!({"mode": "ok", "provider": "bank", "echo": "b"}))).await.expect("call");
     assert_eq!(ok.output.as_ref().expect("output")["provided"], json!({"seen": "b"}));

@@ -28,8 +28,10 @@ pub enum Begin {
 
 /// How a dispatched effect ended.
 pub enum Dispatched {
-    /// A definitive answer, to record and return.
+    /// It took effect: the answer, to record and return.
     Committed(String),
+    /// A definitive refusal (nothing was done): the answer, to record and return.
+    Refused(String),
     /// Nothing took effect; the guest gets this error and a later attempt may resend.
     Retryable(ToolError),
     /// Sent, answer lost.
@@ -72,7 +74,7 @@ impl EffectCtx {
                     request.label
                 )));
             }
-            Some(recorded) if recorded.status == EffectStatus::Completed => {
+            Some(recorded) if recorded.status.answered() => {
                 self.note(&recorded, EffectSource::Deduplicated);
                 return Ok(Begin::Replay(recorded.response.unwrap_or_default()));
             }
@@ -145,6 +147,12 @@ impl EffectCtx {
         let result = match outcome {
             Dispatched::Committed(response) => {
                 record.status = EffectStatus::Completed;
+                record.response = Some(response.clone());
+                record.error = None;
+                Ok(response)
+            }
+            Dispatched::Refused(response) => {
+                record.status = EffectStatus::Refused;
                 record.response = Some(response.clone());
                 record.error = None;
                 Ok(response)

@@ -136,13 +136,15 @@ async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
             })
         }
         (HttpVerdict::InDoubt, response) => Dispatched::Unknown(response.err().unwrap_or_else(|| message(""))),
-        (HttpVerdict::Definitive, Err(message)) => Dispatched::Unknown(message),
-        (HttpVerdict::Definitive, Ok(response)) => read_answer(response, status, target).await,
+        (HttpVerdict::Taken | HttpVerdict::Refused, Err(message)) => Dispatched::Unknown(message),
+        (HttpVerdict::Taken, Ok(response)) => read_answer(response, status, target, true).await,
+        (HttpVerdict::Refused, Ok(response)) => read_answer(response, status, target, false).await,
     }
 }
 
 /// Reads a definitive answer's body; losing the body loses the answer, so the outcome is unknown.
-async fn read_answer(response: reqwest::Response, status: u16, target: &str) -> Dispatched {
+/// `taken`: the answer says the downstream did it (else it refused).
+async fn read_answer(response: reqwest::Response, status: u16, target: &str, taken: bool) -> Dispatched {
     let headers = response
         .headers()
         .iter()
@@ -155,7 +157,8 @@ async fn read_answer(response: reqwest::Response, status: u16, target: &str) -> 
             body.truncate(MAX_RESPONSE_BYTES);
             let answer = HttpResponse { status, headers, body: body.to_vec() };
             match serde_json::to_string(&RecordedResponse::from(&answer)) {
-                Ok(json) => Dispatched::Committed(json),
+                Ok(json) if taken => Dispatched::Committed(json),
+                Ok(json) => Dispatched::Refused(json),
                 Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
             }
         }
@@ -194,7 +197,7 @@ impl EffectCtx {
         let settings = self.shared.targets.get(&target);
         let request = builder(&self.shared.http, "GET", url, &headers, &settings)?;
         match perform(request, &target).await {
-            Dispatched::Committed(json) => decode(&json),
+            Dispatched::Committed(json) | Dispatched::Refused(json) => decode(&json),
             Dispatched::Retryable(e) => Err(e),
             // A read changed nothing, so a lost answer is only a transient failure.
             Dispatched::Unknown(message) => Err(ToolError::Transient(message)),

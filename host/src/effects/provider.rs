@@ -13,8 +13,10 @@ use super::guard::{Begin, Dispatched, Request};
 /// How a provider call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderOutcome {
-    /// Took effect (or was refused definitively); the JSON answer is recorded and replayed.
+    /// Took effect; the JSON answer is recorded and replayed.
     Committed(String),
+    /// Refused definitively (nothing was done); the JSON answer is recorded and replayed.
+    Refused(String),
     /// Nothing took effect; a later attempt may try again with the same key.
     Transient(String),
     /// May have taken effect; the answer is lost.
@@ -60,6 +62,7 @@ impl EffectCtx {
         };
         let outcome = match provider.call(&record.key, &request).await {
             ProviderOutcome::Committed(json) => Dispatched::Committed(json),
+            ProviderOutcome::Refused(json) => Dispatched::Refused(json),
             ProviderOutcome::Transient(m) => Dispatched::Retryable(ToolError::Transient(m)),
             ProviderOutcome::Unknown(m) => Dispatched::Unknown(m),
         };

@@ -33,6 +33,8 @@ pub enum LedgerError {
          taken place"
     )]
     InDoubt { operation_key: String, effect_key: String },
+    #[error("operation {operation_key} cannot be recorded failed: its effect {effect_key} took place")]
+    EffectTaken { operation_key: String, effect_key: String },
     #[error(
         "effect {effect_key} of operation {operation_key} changed since this writer read it (another owner \
          wrote it); the write is refused"

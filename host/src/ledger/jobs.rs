@@ -143,12 +143,22 @@ pub(super) fn record_attempt(
     let (mut op, first_write) = owned(&records, live, key, fence)?;
     let fresh = unapplied(&records, key, staged)?;
     // The rule of evidence, enforced whoever asks: an operation with an effect in doubt is
-    // neither completed nor failed. A first write has no effect on disk to look at.
-    if let Some((OperationStatus::Completed | OperationStatus::Failed, _, _)) = &finish
-        && !first_write
-        && let Some(effect) = super::effects_of(&records, key)?.into_iter().find(|e| e.status.in_doubt())
-    {
-        return Err(LedgerError::InDoubt { operation_key: key.to_string(), effect_key: effect.key });
+    // neither completed nor failed, and one with an effect taken is not failed. A first write has
+    // no effect on disk to look at, only the local ones it carries.
+    if let Some((status @ (OperationStatus::Completed | OperationStatus::Failed), _, _)) = &finish {
+        let failing = *status == OperationStatus::Failed;
+        let on_disk = if first_write { Vec::new() } else { super::effects_of(&records, key)? };
+        let carried = fresh.iter().map(|write| &write.effect);
+        if let Some(effect) =
+            on_disk.iter().chain(carried).find(|e| e.status.in_doubt() || (failing && e.status.taken()))
+        {
+            let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
+            return Err(if effect.status.in_doubt() {
+                LedgerError::InDoubt { operation_key, effect_key }
+            } else {
+                LedgerError::EffectTaken { operation_key, effect_key }
+            });
+        }
     }
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(number);

@@ -63,8 +63,11 @@ pub struct OperationRecord {
 pub enum EffectStatus {
     /// Written ahead of dispatch; no answer yet. After a crash this means `Unknown`.
     Dispatched,
-    /// The downstream gave a definitive answer, recorded in `response`.
+    /// Taken: the downstream did it (or the local write committed); its answer is in `response`.
     Completed,
+    /// The downstream answered definitively that it did not do it (a 4xx, a provider's refusal);
+    /// the answer is in `response` and is replayed like any other.
+    Refused,
     /// Known not to have taken effect (refused connection, 429, 409, 5xx): may be sent again.
     Retryable,
     /// Sent, and the answer was lost.
@@ -72,8 +75,19 @@ pub enum EffectStatus {
 }
 
 impl EffectStatus {
+    /// It may have taken place, and nobody knows.
     pub fn in_doubt(self) -> bool {
         matches!(self, EffectStatus::Dispatched | EffectStatus::Unknown)
+    }
+
+    /// A definitive answer is recorded (taken or refused): replayed, never dispatched again.
+    pub fn answered(self) -> bool {
+        matches!(self, EffectStatus::Completed | EffectStatus::Refused)
+    }
+
+    /// It took place: an operation holding one is not `failed`, whatever else went wrong.
+    pub fn taken(self) -> bool {
+        self == EffectStatus::Completed
     }
 }
 
