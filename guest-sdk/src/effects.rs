@@ -59,13 +59,33 @@ pub mod http {
 
 /// Durable key-value state. The free functions use the tool's own namespace (named after the
 /// tool); [`kv::namespace`] reaches another, which the operator must grant (`kv = ["name"]` under
-/// `[tools.NAME.grants]`). Writes commit in the same transaction as their record.
+/// `[tools.NAME.grants]`). Writes commit in the same transaction as their record, and only if the
+/// attempt completes (a failed attempt's writes are discarded).
+///
+/// Reads return a [`kv::Version`], and [`kv::Namespace::set_if`] writes only if the key still has
+/// it: a read-modify-write of a key that other steps write too (a counter, a stock level) must use
+/// it, or two steps that read the same value both write their sum and one update is lost.
+/// [`kv::Namespace::update_json`] does the whole loop.
 pub mod kv {
     use super::*;
 
     /// A KV namespace: the tool's own, or one granted to it.
     #[derive(Debug, Clone, Copy)]
     pub struct Namespace<'a>(Option<&'a str>);
+
+    /// A key's version: it changes with every committed write of the key. Opaque: compare it,
+    /// never order it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Version(u64);
+
+    impl Version {
+        /// The version of a key that does not exist: `set_if(.., Version::ABSENT)` creates a key
+        /// only if nobody else has.
+        pub const ABSENT: Version = Version(0);
+    }
+
+    /// How often [`Namespace::update_json`] reads again after another write came first.
+    pub const UPDATE_TRIES: u32 = 16;
 
     /// Another namespace, shared with the tools it is granted to.
     pub const fn namespace(name: &str) -> Namespace<'_> {
@@ -76,12 +96,27 @@ pub mod kv {
 
     impl Namespace<'_> {
         pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ToolError> {
-            reads::kv_get(self.0, key)
+            Ok(self.get_versioned(key)?.0)
+        }
+
+        /// The value and its version ([`Version::ABSENT`] when there is none).
+        pub fn get_versioned(&self, key: &str) -> Result<(Option<Vec<u8>>, Version), ToolError> {
+            Ok(match reads::kv_get(self.0, key)? {
+                Some(entry) => (Some(entry.value), Version(entry.version)),
+                None => (None, Version::ABSENT),
+            })
         }
 
         /// Reads a JSON value; a value that does not parse is a permanent error.
         pub fn get_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, ToolError> {
-            self.get(key)?.map(|bytes| serde_json::from_slice(&bytes)).transpose().map_err(Into::into)
+            Ok(self.get_json_versioned(key)?.0)
+        }
+
+        /// Reads a JSON value and its version.
+        pub fn get_json_versioned<T: DeserializeOwned>(&self, key: &str) -> Result<(Option<T>, Version), ToolError> {
+            let (bytes, version) = self.get_versioned(key)?;
+            let value = bytes.map(|bytes| serde_json::from_slice(&bytes)).transpose()?;
+            Ok((value, version))
         }
 
         pub fn set(&self, label: &str, key: &str, value: &[u8]) -> Result<(), ToolError> {
@@ -90,6 +125,41 @@ pub mod kv {
 
         pub fn set_json<T: Serialize>(&self, label: &str, key: &str, value: &T) -> Result<(), ToolError> {
             self.set(label, key, &serde_json::to_vec(value)?)
+        }
+
+        /// Writes `value` only if the key still has `version`; `Ok(false)` if another write came
+        /// first (nothing was written: read again and decide again).
+        pub fn set_if(&self, label: &str, key: &str, value: &[u8], version: Version) -> Result<bool, ToolError> {
+            effects::kv_set_if(label, self.0, key, value, version.0)
+        }
+
+        pub fn set_json_if<T: Serialize>(
+            &self,
+            label: &str,
+            key: &str,
+            value: &T,
+            version: Version,
+        ) -> Result<bool, ToolError> {
+            self.set_if(label, key, &serde_json::to_vec(value)?, version)
+        }
+
+        /// Read-modify-write without lost updates: reads the key, computes its new value with
+        /// `update` (given the current one, if any), and writes it only if nobody wrote the key in
+        /// between, reading again if somebody did. Returns the value written.
+        pub fn update_json<T: Serialize + DeserializeOwned>(
+            &self,
+            label: &str,
+            key: &str,
+            mut update: impl FnMut(Option<T>) -> Result<T, ToolError>,
+        ) -> Result<T, ToolError> {
+            for _ in 0..UPDATE_TRIES {
+                let (current, version) = self.get_json_versioned::<T>(key)?;
+                let next = update(current)?;
+                if self.set_json_if(label, key, &next, version)? {
+                    return Ok(next);
+                }
+            }
+            Err(ToolError::transient(format!("kv: `{key}` kept changing under concurrent writes")))
         }
 
         pub fn delete(&self, label: &str, key: &str) -> Result<(), ToolError> {
@@ -111,6 +181,14 @@ pub mod kv {
 
     pub fn set_json<T: Serialize>(label: &str, key: &str, value: &T) -> Result<(), ToolError> {
         OWN.set_json(label, key, value)
+    }
+
+    pub fn update_json<T: Serialize + DeserializeOwned>(
+        label: &str,
+        key: &str,
+        update: impl FnMut(Option<T>) -> Result<T, ToolError>,
+    ) -> Result<T, ToolError> {
+        OWN.update_json(label, key, update)
     }
 
     pub fn delete(label: &str, key: &str) -> Result<(), ToolError> {

@@ -107,12 +107,14 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
 
     let call_started = Instant::now();
     let mut attempt = previous_attempts;
+    // Attempts run again because another step's KV write committed first (see below).
+    let mut reruns = 0;
     loop {
         attempt += 1;
         let started_ms = now_ms();
         let started = Instant::now();
         // A fresh claim's first attempt: nothing of the operation exists but what it writes.
-        let first = fence == 1 && attempt == 1;
+        let first = fence == 1 && attempt == 1 && reruns == 0;
         let scope = Scope {
             operation_key: operation_key.clone(),
             fence,
@@ -196,10 +198,37 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         };
         match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await {
             Ok(()) => {}
-            // The ledger holds an effect in doubt that this attempt did not account for: the rule
-            // of evidence wins over the attempt's view, and the operation is unknown.
-            Err(LedgerError::InDoubt { effect_key, .. }) => {
-                tracing::error!(%operation_key, %effect_key, "an effect in doubt was missed; recording unknown");
+            // A versioned KV write found its key written by another step since the guest read it:
+            // nothing of this attempt was recorded, so it runs again from the start under the same
+            // number (it did not happen), reading the new value. Bounded, and spread out in time.
+            Err(LedgerError::KvConflict { namespace, key }) if reruns < MAX_KV_RERUNS => {
+                reruns += 1;
+                attempt -= 1;
+                tracing::debug!(%operation_key, %namespace, %key, reruns, "kv conflict; running the attempt again");
+                let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
+                leased(host, &operation_key, fence, tokio::time::sleep(after)).await;
+                continue;
+            }
+            Err(LedgerError::KvConflict { namespace, key }) => {
+                let error = ErrorRecord {
+                    class: "kv-conflict".into(),
+                    message: format!("kv {namespace}/{key} kept changing under concurrent writes; nothing was written"),
+                };
+                record.outcome = error.class.clone();
+                record.message = Some(error.message.clone());
+                record.effects.clear();
+                let finish = Some((OperationStatus::Failed, None, Some(error.clone())));
+                host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
+                return Ok(Verdict::Failed { failure: Failure::Transient, error }.into_outcome(
+                    Status::Failed,
+                    attempt,
+                    Some(operation_key),
+                ));
+            }
+            // The ledger holds an effect in doubt (or taken) that this attempt did not account
+            // for: the rule of evidence wins over the attempt's view, and the operation is unknown.
+            Err(LedgerError::InDoubt { effect_key, .. } | LedgerError::EffectTaken { effect_key, .. }) => {
+                tracing::error!(%operation_key, %effect_key, "an effect in doubt or taken was missed; recording unknown");
                 let error = ErrorRecord {
                     class: "unknown-outcome".into(),
                     message: format!("effect {effect_key} may have taken place; reconcile it"),
@@ -224,6 +253,9 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         }
     }
 }
+
+/// How often one call runs an attempt again after a KV conflict before it gives up.
+const MAX_KV_RERUNS: u32 = 64;
 
 /// Runs `work` for the owner of `fence`, renewing its lease every third of it, so that a live
 /// owner is never taken over however long an attempt (or a wait between attempts) runs; only a

@@ -1,7 +1,11 @@
-//! What one attempt of a tool may consume. Every guest-controlled size is bounded here: a default
-//! for every tool, an override per tool in the policy file (`[tools.NAME.limits]`), and a ceiling
-//! no override may pass. Pure: the runtime and the effects enforce these numbers; exceeding one ends
-//! the attempt with a class the retry matrix knows (`failure::End::Limit`).
+//! What one attempt of a tool may consume. Every guest-controlled size is bounded here: the
+//! resources of an attempt ([`Limits`]) with a default for every tool, an override per tool in the
+//! policy file (`[tools.NAME.limits]`), and a ceiling no override may pass; and the strings a guest
+//! hands the host (labels, URLs, headers, keys, names, error messages, the manifest's fields), by
+//! fixed constants. Pure: the runtime and the effects enforce these numbers; exceeding a resource
+//! limit ends the attempt with a class the retry matrix knows (`failure::End::Limit`), an oversize
+//! string is refused (a permanent error to the guest, or the component at load) or, for an error
+//! message, cut.
 //!
 //! The attempt's wall-clock deadline is the retry policy's `attempt_deadline`; the wasm stack is
 //! engine-wide ([`WASM_STACK_BYTES`]) because wasmtime sets it per engine, not per store.
@@ -23,6 +27,60 @@ pub const DEFAULT_STDIO_BYTES: usize = 64 << 10;
 pub const DEFAULT_EFFECTS_PER_ATTEMPT: u32 = 1_000;
 /// The wasm stack of every instance. A deeper recursion traps as a stack overflow.
 pub const WASM_STACK_BYTES: usize = 512 << 10;
+
+// Fixed bounds on the strings a guest hands the host. They are the same for every tool (a tool
+// that needs more is misbehaving, not configured differently), and each is checked before anything
+// is recorded, logged or sent, with a refusal naming the limit.
+
+/// An effect's label: it names the effect in its key, its record and the logs. Labels are
+/// identifiers chosen by the tool's author (`"charge"`, `"reserve/sku-1"`), never data.
+pub const MAX_LABEL_BYTES: usize = 128;
+/// A URL of an HTTP effect or read. 8 KiB is what common servers and proxies accept in a request
+/// line (nginx, Apache and most CDNs refuse longer ones anyway).
+pub const MAX_URL_BYTES: usize = 8 << 10;
+/// The HTTP method: the longest registered ones (WebDAV's) have 16 characters.
+pub const MAX_METHOD_BYTES: usize = 32;
+/// Headers a tool may set on one request. Real APIs need a handful.
+pub const MAX_HEADERS: usize = 64;
+/// One header name a tool sets.
+pub const MAX_HEADER_NAME_BYTES: usize = 256;
+/// One header value a tool sets: the usual per-header limit of servers (8 KiB).
+pub const MAX_HEADER_VALUE_BYTES: usize = 8 << 10;
+/// A KV key, read or written: keys are identifiers (`reserved/sku-1`); values carry the data.
+pub const MAX_KV_KEY_BYTES: usize = 1 << 10;
+/// A KV namespace, an outbox topic or a provider name. Each must also be granted, so a longer one
+/// could only be refused; bounding it first keeps the denial (logged at `warn`) short.
+pub const MAX_NAME_BYTES: usize = 256;
+/// A guest's error message as the host keeps it (ledger, logs, CLI): longer ones keep their first
+/// this-many bytes and a marker saying they were cut. A message is for a person to read.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 4 << 10;
+
+/// The manifest's `name` (and `compensated-by`, which names a tool): `a-z`, `0-9`, `-`, `_`.
+pub const MAX_TOOL_NAME_BYTES: usize = 64;
+/// The manifest's `version`: a semver string with room for pre-release and build metadata.
+pub const MAX_VERSION_BYTES: usize = 64;
+/// The manifest's `description`, shown to a model as the tool's documentation.
+pub const MAX_DESCRIPTION_BYTES: usize = 4 << 10;
+/// The manifest's input schema (JSON text). A generous bound for a derived JSON Schema: the
+/// validator compiled from it lives as long as the host.
+pub const MAX_INPUT_SCHEMA_BYTES: usize = 256 << 10;
+/// Sensitive JSON pointers a manifest may list, and the length of each.
+pub const MAX_SENSITIVE_POINTERS: usize = 64;
+/// One sensitive JSON pointer.
+pub const MAX_SENSITIVE_POINTER_BYTES: usize = 256;
+
+/// `text` if it has at most `max` bytes; else its first `max` bytes (cut back to a char boundary)
+/// followed by a marker that says so.
+pub fn cut_message(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… (cut at {max} of {} bytes)", &text[..end], text.len())
+}
 
 /// One tool's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -140,6 +198,18 @@ mod tests {
         assert!(parse_size("64 parsecs").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary_with_a_marker() {
+        assert_eq!(cut_message("short", 8), "short");
+        assert_eq!(cut_message("12345678", 8), "12345678");
+        assert_eq!(cut_message("123456789", 8), "12345678… (cut at 8 of 9 bytes)");
+        // 'é' is two bytes: a cut inside it backs off to the boundary before it.
+        assert_eq!(cut_message("1234567é", 8), "1234567… (cut at 8 of 9 bytes)");
+        let huge = "x".repeat(1 << 20);
+        let cut = cut_message(&huge, MAX_ERROR_MESSAGE_BYTES);
+        assert!(cut.len() < MAX_ERROR_MESSAGE_BYTES + 40 && cut.ends_with("(cut at 4096 of 1048576 bytes)"), "{cut}");
     }
 
     #[test]

@@ -198,3 +198,31 @@ fn a_second_process_loads_the_compiled_component_from_the_disk_cache_and_a_corru
     let (_, _, stderr) = inspect();
     assert!(stderr.contains("loaded from the disk cache"), "rewritten after the recompile: {stderr}");
 }
+
+#[test]
+fn a_file_that_is_not_a_component_gets_one_line_naming_the_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let ledger = ledger.to_str().expect("utf8");
+    let files: [(&str, &[u8], &str); 4] = [
+        ("notes.wasm", b"these are my notes\nnot a tool\n", "it is text"),
+        ("random.wasm", &[0x97, 0x1a, 0xf7, 0xa3, 0x00, 0xff, 0x10, 0x42, 0x07], "magic bytes"),
+        ("core.wasm", b"\0asm\x01\0\0\0", "core module"),
+        // A component header with a body the engine cannot parse: the engine's reason, on one line.
+        ("torn.wasm", b"\0asm\x0d\0\x01\0garbage", "failed to parse"),
+    ];
+    for (name, bytes, why) in files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).expect("write");
+        let path = path.to_str().expect("utf8");
+        for command in
+            [vec!["inspect", path], vec!["call", "--ledger", ledger, "--run", "r", "--step", name, path, "{}"]]
+        {
+            let (code, _, stderr) = oncebox(&command);
+            assert_eq!(code, 2, "{command:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{command:?}: one line, got: {stderr}");
+            let expected = format!("error: {path} is not a WebAssembly component: ");
+            assert!(stderr.starts_with(&expected) && stderr.contains(why), "{command:?}: {stderr}");
+        }
+    }
+}

@@ -119,6 +119,30 @@ async fn a_healthy_slow_owner_renews_its_lease_and_a_waiting_caller_gets_its_res
     assert_eq!(host.ledger().operation(&key).expect("read").expect("op").fence, 1, "never taken over");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reservations_of_one_sku_lose_no_update() {
+    let f = Fixture::new().await;
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let host = f.host.clone();
+            let args = serde_json::json!({"order_id": format!("o-{i}"), "sku": "sku-1", "quantity": 1}).to_string();
+            tokio::spawn(async move {
+                host.call(oncebox::Call::step("run-1", format!("reserve-{i}"), "reserve", args)).await
+            })
+        })
+        .collect();
+    let mut totals = Vec::new();
+    for call in calls {
+        let outcome = call.await.expect("task").expect("call");
+        assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+        totals.push(outcome.output.expect("output")["reserved_total"].as_u64().expect("total"));
+    }
+    totals.sort_unstable();
+    assert_eq!(totals, (1..=16).collect::<Vec<u64>>(), "each reservation saw the ones before it, none lost");
+    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter");
+    assert_eq!(stored, b"16");
+}
+
 /// Take-overs of one operation, in memory (nothing durable yet) and on disk (after its first
 /// write), racing the owners' write-aheads: every owner gets a fence no other owner ever held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

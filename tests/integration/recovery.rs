@@ -226,13 +226,42 @@ async fn a_ledger_of_another_schema_version_is_refused_with_both_versions_and_le
     let err = oncebox::Host::builder(&ledger).build().await.expect_err("another schema");
     let message = format!("{err:#}");
     assert!(message.contains("ledger.redb") && message.contains("schema version 1"), "{message}");
-    assert!(message.contains("reads version 2"), "{message}");
+    assert!(message.contains("reads version 3"), "{message}");
     // Nothing was migrated or overwritten: the old version's records are still there.
     let db = redb::Database::open(&ledger).expect("still a redb file");
     let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
     let meta = txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).expect("meta");
     assert_eq!(meta.get("schema_version").expect("get").map(|v| v.value()), Some(1));
     assert!(txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("records")).is_err(), "no table was added");
+}
+
+#[tokio::test]
+async fn a_schema_2_ledger_is_migrated_and_its_kv_values_keep_their_bytes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    {
+        // What schema 2 left: KV values without versions.
+        let db = redb::Database::create(&ledger).expect("create");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+            .expect("meta")
+            .insert("schema_version", 2)
+            .expect("insert");
+        txn.open_table(redb::TableDefinition::<(&str, &str), &[u8]>::new("kv"))
+            .expect("kv")
+            .insert(("reservations", "reserved/sku-1"), b"4".as_slice())
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let provider = Provider::start().await.expect("provider");
+    let host = host_for(&ledger, &provider, true).await;
+    assert_eq!(host.ledger().kv_entry("reservations", "reserved/sku-1").expect("kv"), Some((b"4".to_vec(), 1)));
+    let args = serde_json::json!({"order_id": "o-9", "sku": "sku-1", "quantity": 1}).to_string();
+    let outcome = host.call(oncebox::Call::step("r", "s", "reserve", args)).await.expect("call");
+    assert_eq!(outcome.output.expect("output")["reserved_total"], 5, "the migrated count was read");
+    let (value, version) = host.ledger().kv_entry("reservations", "reserved/sku-1").expect("kv").expect("entry");
+    assert_eq!(value, b"5");
+    assert_ne!(version, 1, "a write stamps a new version");
 }
 
 fn oncebox_now_ms() -> u64 {

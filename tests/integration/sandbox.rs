@@ -344,3 +344,152 @@ async fn a_redirect_is_handed_to_the_tool_never_followed() {
     assert_eq!(outcome.output.expect("output")["status"], 307, "the tool sees the redirect itself");
     assert_eq!(provider.requests(), 0, "the redirect was not followed");
 }
+
+/// A refused call that recorded no effect; returns the refusal's message.
+async fn refused_recording_nothing(host: &Host, step: &str, args: Value) -> String {
+    let outcome = hostile(host, step, args).await;
+    let key = outcome.operation_key.clone().expect("recorded");
+    let message = failed_and_served(host, &outcome, "permanent").await;
+    assert!(host.ledger().effects(&key).expect("effects").is_empty(), "{step}: nothing recorded");
+    message
+}
+
+fn over(what: &str, len: usize, limit: usize) -> String {
+    format!("the {what} is {len} bytes, over the limit of {limit}")
+}
+
+#[tokio::test]
+async fn an_effect_label_over_its_limit_is_refused_and_nothing_is_recorded_or_sent() {
+    let (provider, host) = with_provider_granted().await;
+    let url = format!("{}/payments", provider.base_url());
+    let limit = oncebox::limits::MAX_LABEL_BYTES;
+    for (step, args) in [
+        ("http", json!({"mode": "long-label", "size": limit + 1, "url": url, "echo": "x"})),
+        ("kv", json!({"mode": "long-label", "size": limit + 1})),
+    ] {
+        let message = refused_recording_nothing(&host, step, args).await;
+        assert!(message.contains(&over("label", limit + 1, limit)), "{message}");
+    }
+    assert_eq!(provider.requests(), 0, "nothing was sent");
+    assert!(host.ledger().kv_get("hostile", "k").expect("kv").is_none(), "nothing was written");
+    // At the limit, the same calls go through.
+    let ok = hostile(&host, "at-limit", json!({"mode": "long-label", "size": limit, "url": url, "echo": "x"})).await;
+    assert_eq!(ok.status, Status::Completed, "{ok:?}");
+    let ok = hostile(&host, "kv-at-limit", json!({"mode": "long-label", "size": limit})).await;
+    assert_eq!(ok.status, Status::Completed, "{ok:?}");
+    assert_eq!(provider.requests(), 1);
+}
+
+/// A provider, and a host whose `hostile` tool is granted its origin.
+async fn with_provider_granted() -> (ProviderHandle, Host) {
+    let provider = Provider::start().await.expect("provider");
+    let host = loaded(builder().grant("hostile", http_grant(&provider))).await;
+    (provider, host)
+}
+
+#[tokio::test]
+async fn an_oversize_url_too_many_headers_or_an_oversize_header_is_refused_before_the_write_ahead() {
+    use oncebox::limits::{MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_HEADERS, MAX_URL_BYTES};
+    let (provider, host) = with_provider_granted().await;
+    let url = format!("{}/payments", provider.base_url());
+    let long_url = format!("{url}?q={}", "q".repeat(MAX_URL_BYTES + 1 - url.len() - 3));
+    assert_eq!(long_url.len(), MAX_URL_BYTES + 1);
+    let name = format!("x-{}", "n".repeat(MAX_HEADER_NAME_BYTES - 1));
+    let value = "v".repeat(MAX_HEADER_VALUE_BYTES + 1);
+    let cases = [
+        (
+            "url",
+            json!({"mode": "http-effect", "url": long_url, "echo": "x"}),
+            over("URL", MAX_URL_BYTES + 1, MAX_URL_BYTES),
+        ),
+        ("read-url", json!({"mode": "http-read", "url": long_url}), over("URL", MAX_URL_BYTES + 1, MAX_URL_BYTES)),
+        (
+            "headers",
+            json!({"mode": "many-headers", "url": url, "count": MAX_HEADERS + 1}),
+            format!("the request has {} headers, over the limit of {MAX_HEADERS}", MAX_HEADERS + 1),
+        ),
+        (
+            "name",
+            json!({"mode": "set-header", "url": url, "header": name, "value": "v"}),
+            over("header name", MAX_HEADER_NAME_BYTES + 1, MAX_HEADER_NAME_BYTES),
+        ),
+        (
+            "value",
+            json!({"mode": "set-header", "url": url, "header": "x-big", "value": value}),
+            over("header value", MAX_HEADER_VALUE_BYTES + 1, MAX_HEADER_VALUE_BYTES),
+        ),
+    ];
+    for (step, args, expected) in cases {
+        let message = refused_recording_nothing(&host, step, args).await;
+        assert!(message.contains(&expected), "{step}: {message}");
+        assert!(message.len() < 400, "{step}: the refusal does not repeat what it refused: {message}");
+    }
+    assert_eq!((provider.requests(), provider.reads()), (0, 0), "nothing was sent");
+    // At the limit: sent.
+    let ok = hostile(&host, "64", json!({"mode": "many-headers", "url": url, "count": MAX_HEADERS})).await;
+    assert_eq!(ok.status, Status::Completed, "{ok:?}");
+    assert_eq!(provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn an_oversize_kv_key_namespace_outbox_topic_or_provider_name_is_refused() {
+    use oncebox::limits::{MAX_KV_KEY_BYTES, MAX_NAME_BYTES};
+    let host = loaded(builder()).await;
+    let long_name = "t".repeat(MAX_NAME_BYTES + 1);
+    let key = |how: &str| json!({"mode": "long-kv-key", "size": MAX_KV_KEY_BYTES + 1, "target": how});
+    let key_over = over("KV key", MAX_KV_KEY_BYTES + 1, MAX_KV_KEY_BYTES);
+    let name_over = |what: &str| over(what, MAX_NAME_BYTES + 1, MAX_NAME_BYTES);
+    let cases = [
+        ("set", key("set"), key_over.clone()),
+        ("get", key("get"), key_over.clone()),
+        ("delete", key("delete"), key_over),
+        ("namespace", json!({"mode": "kv-other", "target": long_name}), name_over("KV namespace")),
+        ("read-namespace", json!({"mode": "kv-read-other", "target": long_name}), name_over("KV namespace")),
+        ("topic", json!({"mode": "outbox", "target": long_name, "echo": "x"}), name_over("outbox topic")),
+        ("provider", json!({"mode": "provider", "target": long_name, "echo": "x"}), name_over("provider name")),
+    ];
+    for (step, args, expected) in cases {
+        let message = refused_recording_nothing(&host, step, args).await;
+        assert!(message.contains(&expected), "{step}: {message}");
+        assert!(!message.contains(&long_name), "{step}: refused before the grant check, which would quote it");
+    }
+    assert!(host.ledger().outbox().expect("outbox").is_empty());
+    let at_limit = json!({"mode": "long-kv-key", "size": MAX_KV_KEY_BYTES, "target": "set"});
+    let ok = hostile(&host, "at-limit", at_limit).await;
+    assert_eq!(ok.status, Status::Completed, "{ok:?}");
+    let key = "k".repeat(MAX_KV_KEY_BYTES);
+    assert!(host.ledger().kv_get("hostile", &key).expect("kv").is_some(), "a key at the limit is written");
+}
+
+#[tokio::test]
+async fn a_huge_guest_error_message_is_cut_before_it_is_recorded() {
+    use oncebox::limits::MAX_ERROR_MESSAGE_BYTES;
+    let host = loaded(builder()).await;
+    let outcome = hostile(&host, "huge", json!({"mode": "huge-error", "size": 1 << 20, "echo": "THE-END"})).await;
+    let key = outcome.operation_key.clone().expect("key");
+    let message = failed_and_served(&host, &outcome, "permanent").await;
+    let marker = format!("… (cut at {MAX_ERROR_MESSAGE_BYTES} of {} bytes)", 1 << 20);
+    assert!(message.ends_with(&marker) && !message.contains("THE-END"), "{}", &message[message.len() - 100..]);
+    assert!(message.len() <= MAX_ERROR_MESSAGE_BYTES + marker.len(), "{} bytes", message.len());
+    let op = host.ledger().operation(&key).expect("read").expect("operation");
+    assert_eq!(op.error.expect("error").message, message, "the ledger keeps the cut message");
+    let attempts = host.ledger().attempts(&key).expect("attempts");
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].message.as_deref(), Some(message.as_str()));
+
+    // At the limit, a message is kept whole.
+    let whole =
+        hostile(&host, "whole", json!({"mode": "huge-error", "size": MAX_ERROR_MESSAGE_BYTES, "echo": "END"})).await;
+    let message = whole.error.expect("error").message;
+    assert!(message.len() == MAX_ERROR_MESSAGE_BYTES && message.ends_with("END"), "{} bytes", message.len());
+
+    // Scrubbed before it is cut: a secret across the cut leaves no prefix of itself behind.
+    let secret = "sk_live_0123456789abcdefghij";
+    let across = json!({"mode": "huge-error", "size": MAX_ERROR_MESSAGE_BYTES + 10, "secret": secret});
+    let message = hostile(&host, "across", across).await.error.expect("error").message;
+    assert!(
+        !message.contains("sk_live_") && message.ends_with(oncebox::REDACTED),
+        "{}",
+        &message[message.len() - 60..]
+    );
+}

@@ -39,8 +39,10 @@ impl Tool for Release {
             return Ok(Released { order_id: args.order_id, released: 0 });
         };
         let counter = format!("reserved/{}", reservation.sku);
-        let reserved = RESERVATIONS.get_json::<u64>(&counter)?.unwrap_or(0);
-        RESERVATIONS.set_json("reserved-count", &counter, &reserved.saturating_sub(reservation.quantity))?;
+        // Other orders reserve and release the same SKU at the same time: a versioned update.
+        RESERVATIONS.update_json("reserved-count", &counter, |reserved: Option<u64>| {
+            Ok(reserved.unwrap_or(0).saturating_sub(reservation.quantity))
+        })?;
         RESERVATIONS.delete("reservation", &key)?;
         Ok(Released { order_id: args.order_id, released: reservation.quantity })
     }

@@ -36,7 +36,8 @@ impl Tool for Reserve {
 
     fn invoke(args: Args) -> Result<Reservation, ToolError> {
         let key = format!("reservation/{}", args.order_id);
-        if let Some(existing) = RESERVATIONS.get_json::<Reservation>(&key)? {
+        let (existing, version) = RESERVATIONS.get_json_versioned::<Reservation>(&key)?;
+        if let Some(existing) = existing {
             if existing.sku != args.sku || existing.quantity != args.quantity {
                 return Err(ToolError::permanent(format!(
                     "order {} already holds a different reservation",
@@ -45,12 +46,18 @@ impl Tool for Reserve {
             }
             return Ok(existing);
         }
+        // Other orders reserve the same SKU at the same time: a versioned update, never a plain
+        // read-modify-write, so that no reservation goes missing from the count.
         let counter = format!("reserved/{}", args.sku);
-        let reserved_total = RESERVATIONS.get_json::<u64>(&counter)?.unwrap_or(0) + args.quantity;
-        RESERVATIONS.set_json("reserved-count", &counter, &reserved_total)?;
+        let reserved_total = RESERVATIONS
+            .update_json("reserved-count", &counter, |total: Option<u64>| Ok(total.unwrap_or(0) + args.quantity))?;
         let reservation =
             Reservation { order_id: args.order_id, sku: args.sku, quantity: args.quantity, reserved_total };
-        RESERVATIONS.set_json("reservation", &key, &reservation)?;
+        if !RESERVATIONS.set_json_if("reservation", &key, &reservation, version)? {
+            // Another step reserved this order meanwhile. Failing the attempt discards its count;
+            // the next attempt finds that reservation.
+            return Err(ToolError::transient("another step reserved this order at the same time"));
+        }
         Ok(reservation)
     }
 }

@@ -49,11 +49,21 @@ pub struct Request<'a> {
 impl EffectCtx {
     /// Derives the next key for `label` in this invocation.
     pub(super) fn next_key(&mut self, label: &str) -> Result<(String, u32), ToolError> {
-        let operation_key = self.scope()?.operation_key.clone();
-        let counter = self.occurrences.entry(label.to_string()).or_insert(0);
-        let occurrence = *counter;
-        *counter += 1;
-        Ok((keys::effect_key(&operation_key, label, occurrence), occurrence))
+        let next = self.peek_key(label)?;
+        self.advance(label);
+        Ok(next)
+    }
+
+    /// The key the next effect with `label` gets, without using it up.
+    pub(super) fn peek_key(&self, label: &str) -> Result<(String, u32), ToolError> {
+        let operation_key = &self.scope()?.operation_key;
+        let occurrence = self.occurrences.get(label).copied().unwrap_or(0);
+        Ok((keys::effect_key(operation_key, label, occurrence), occurrence))
+    }
+
+    /// Uses up the key `peek_key` gave for `label`.
+    pub(super) fn advance(&mut self, label: &str) {
+        *self.occurrences.entry(label.to_string()).or_insert(0) += 1;
     }
 
     pub(super) async fn begin(&mut self, request: Request<'_>) -> Result<Begin, ToolError> {

@@ -15,7 +15,8 @@ use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
 use super::guard::{Begin, Dispatched, Request};
-use super::{EffectCtx, HttpTarget};
+use super::{EffectCtx, HttpTarget, within};
+use crate::limits::{MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_HEADERS, MAX_METHOD_BYTES, MAX_URL_BYTES};
 
 /// The largest response body the host reads and records; longer bodies are cut here.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
@@ -82,6 +83,7 @@ fn builder(
     headers: &[(String, String)],
     target: &HttpTarget,
 ) -> Result<reqwest::RequestBuilder, ToolError> {
+    bounded(method, headers)?;
     let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
         .map_err(|_| ToolError::Permanent(format!("invalid HTTP method `{method}`")))?;
     let mut request = client.request(method, url).timeout(target.timeout);
@@ -106,6 +108,22 @@ fn builder(
         request = request.header(name.as_str(), value);
     }
     Ok(request)
+}
+
+/// Refuses a method, a header count, or a header name or value over its limit (`limits.rs`).
+fn bounded(method: &str, headers: &[(String, String)]) -> Result<(), ToolError> {
+    within("HTTP method", method.len(), MAX_METHOD_BYTES)?;
+    if headers.len() > MAX_HEADERS {
+        return Err(ToolError::Permanent(format!(
+            "the request has {} headers, over the limit of {MAX_HEADERS}",
+            headers.len()
+        )));
+    }
+    for (name, value) in headers {
+        within("header name", name.len(), MAX_HEADER_NAME_BYTES)?;
+        within("header value", value.len(), MAX_HEADER_VALUE_BYTES)?;
+    }
+    Ok(())
 }
 
 /// Sends, observes, and lets `failure::http` say what the observation means.
@@ -185,6 +203,7 @@ impl EffectCtx {
     /// The URL parsed once, checked against the tool's grants, and its `host:port`. The request is
     /// sent to this parsed URL, so what was checked is what is reached.
     fn granted(&self, url: &str) -> Result<(reqwest::Url, String), ToolError> {
+        within("URL", url.len(), MAX_URL_BYTES)?;
         let url = parse_url(url)?;
         let target = target_of(&url)?;
         self.sandbox.grants.check_http(&url).map_err(|d| self.denied(d))?;

@@ -11,11 +11,14 @@ use super::EffectCtx;
 use super::guard::host_error;
 
 impl EffectCtx {
-    pub(super) async fn local_effect(&mut self, label: String, write: LocalWrite) -> Result<(), ToolError> {
-        let (key, occurrence) = self.next_key(&label)?;
+    /// Stages a local write; `Ok(false)`: a versioned KV write whose key has moved on since the
+    /// guest read it (nothing staged, and the label's occurrence not used up, so the guest can
+    /// read again and retry under the same key).
+    pub(super) async fn local_effect(&mut self, label: String, write: LocalWrite) -> Result<bool, ToolError> {
+        let (key, occurrence) = self.peek_key(&label)?;
         let scope = self.scope()?.clone();
         let (kind, target, fingerprint) = match &write {
-            LocalWrite::KvSet { namespace, key, value } => (
+            LocalWrite::KvSet { namespace, key, value, .. } => (
                 "kv-set",
                 namespace.clone(),
                 keys::effect_fingerprint("kv-set", &[namespace.as_bytes(), key.as_bytes(), value]),
@@ -56,10 +59,21 @@ impl EffectCtx {
         };
         match state {
             LocalOutcome::Applied => {
+                if let LocalWrite::KvSet { namespace, key, expected: Some(expected), .. } = &write {
+                    // Checked against the committed state now, and again when the write commits.
+                    let current = self.shared.ledger.kv_version(namespace, key).map_err(host_error)?;
+                    if current != *expected {
+                        return Ok(false);
+                    }
+                }
+                self.advance(&record.label);
                 self.note(&record, EffectSource::Fresh);
                 self.staged.push((record, write));
             }
-            LocalOutcome::AlreadyApplied => self.note(&record, EffectSource::Deduplicated),
+            LocalOutcome::AlreadyApplied => {
+                self.advance(&record.label);
+                self.note(&record, EffectSource::Deduplicated);
+            }
             LocalOutcome::Diverged(recorded) => {
                 return Err(ToolError::Permanent(format!(
                     "effect `{}` #{occurrence} asks for something other than what was recorded for its key {}; \
@@ -68,6 +82,6 @@ impl EffectCtx {
                 )));
             }
         }
-        Ok(())
+        Ok(true)
     }
 }

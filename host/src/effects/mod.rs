@@ -20,6 +20,7 @@ pub use targets::{DEFAULT_SETTLE_WINDOW, HttpTarget, Targets};
 
 use crate::capabilities::{Denied, Sandbox};
 use crate::ledger::{AttemptEffect, EffectRecord, Ledger, LocalWrite, Staged};
+use crate::limits;
 use crate::runtime::bindings::{ToolError, oncebox::tool};
 
 /// What every invocation of a host shares: the ledger, the HTTP client, the downstreams' settings
@@ -162,8 +163,8 @@ impl EffectCtx {
         ToolError::Permanent(denied.message(&self.sandbox.tool))
     }
 
-    /// Counts an effect call against the attempt's limit, and bounds its payload.
-    fn admit(&mut self, what: &str, payload_len: usize) -> Result<(), ToolError> {
+    /// Counts an effect call against the attempt's limit, and bounds its label and its payload.
+    fn admit(&mut self, label: &str, what: &str, payload_len: usize) -> Result<(), ToolError> {
         self.calls = self.calls.saturating_add(1);
         let limit = self.sandbox.limits.effects_per_attempt;
         if self.calls > limit {
@@ -171,14 +172,12 @@ impl EffectCtx {
             self.flooded.get_or_insert_with(|| message.clone());
             return Err(ToolError::Permanent(message));
         }
-        let max = self.sandbox.limits.effect_payload_bytes;
-        if payload_len > max {
-            return Err(ToolError::Permanent(format!("the {what} is {payload_len} bytes, over the limit of {max}")));
-        }
-        Ok(())
+        within("label", label.len(), limits::MAX_LABEL_BYTES)?;
+        within(what, payload_len, self.sandbox.limits.effect_payload_bytes)
     }
 
     fn kv_namespace(&self, requested: Option<&str>) -> Result<String, ToolError> {
+        within("KV namespace", requested.map_or(0, str::len), limits::MAX_NAME_BYTES)?;
         self.sandbox.grants.kv_namespace(&self.sandbox.tool, requested).map_err(|d| self.denied(d))
     }
 
@@ -187,6 +186,15 @@ impl EffectCtx {
             ToolError::Permanent("effects need an operation: call this tool with a run and a step".into())
         })
     }
+}
+
+/// Refuses a guest-supplied `what` of `len` bytes over `max` (see `limits.rs`), before anything is
+/// recorded or sent. The refusal names the size, never the text.
+fn within(what: &str, len: usize, max: usize) -> Result<(), ToolError> {
+    if len > max {
+        return Err(ToolError::Permanent(format!("the {what} is {len} bytes, over the limit of {max}")));
+    }
+    Ok(())
 }
 
 /// The `HasData` marker that hands bindings the narrow context instead of the whole store state.
@@ -213,21 +221,30 @@ impl tool::reads::Host for EffectCtx {
         self.http_read(&url, headers).await
     }
 
-    async fn kv_get(&mut self, namespace: Option<String>, key: String) -> Result<Option<Vec<u8>>, ToolError> {
+    async fn kv_get(
+        &mut self,
+        namespace: Option<String>,
+        key: String,
+    ) -> Result<Option<tool::types::KvEntry>, ToolError> {
+        within("KV key", key.len(), limits::MAX_KV_KEY_BYTES)?;
         let namespace = self.kv_namespace(namespace.as_deref())?;
-        // The attempt reads its own staged writes first, the latest one winning.
+        // A read transaction takes microseconds: no need for the blocking pool.
+        let committed = self.shared.ledger.kv_entry(&namespace, &key).map_err(guard::host_error)?;
+        // The attempt reads its own staged writes first, the latest one winning, with the version
+        // the key had when the attempt began: the one a versioned write must name.
+        let version = committed.as_ref().map_or(0, |(_, version)| *version);
         let staged = self.staged.iter().rev().find_map(|(_, write)| match write {
-            LocalWrite::KvSet { namespace: ns, key: k, value } if *ns == namespace && *k == key => {
+            LocalWrite::KvSet { namespace: ns, key: k, value, .. } if *ns == namespace && *k == key => {
                 Some(Some(value.clone()))
             }
             LocalWrite::KvDelete { namespace: ns, key: k } if *ns == namespace && *k == key => Some(None),
             _ => None,
         });
-        match staged {
-            Some(value) => Ok(value),
-            // A read transaction takes microseconds: no need for the blocking pool.
-            None => self.shared.ledger.kv_get(&namespace, &key).map_err(guard::host_error),
-        }
+        let value = match staged {
+            Some(value) => value,
+            None => committed.map(|(value, _)| value),
+        };
+        Ok(value.map(|value| tool::types::KvEntry { value, version }))
     }
 }
 
@@ -237,7 +254,7 @@ impl tool::effects::Host for EffectCtx {
         label: String,
         request: tool::effects::HttpRequest,
     ) -> Result<tool::types::HttpResponse, ToolError> {
-        self.admit("HTTP body", request.body.len())?;
+        self.admit(&label, "HTTP body", request.body.len())?;
         self.http_effect(label, request).await
     }
 
@@ -248,27 +265,49 @@ impl tool::effects::Host for EffectCtx {
         key: String,
         value: Vec<u8>,
     ) -> Result<(), ToolError> {
-        self.admit("KV value", value.len() + key.len())?;
+        self.admit(&label, "KV value", value.len() + key.len())?;
+        within("KV key", key.len(), limits::MAX_KV_KEY_BYTES)?;
         let namespace = self.kv_namespace(namespace.as_deref())?;
-        self.local_effect(label, crate::ledger::LocalWrite::KvSet { namespace, key, value }).await
+        self.local_effect(label, crate::ledger::LocalWrite::KvSet { namespace, key, value, expected: None }).await?;
+        Ok(())
+    }
+
+    async fn kv_set_if(
+        &mut self,
+        label: String,
+        namespace: Option<String>,
+        key: String,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> Result<bool, ToolError> {
+        self.admit(&label, "KV value", value.len() + key.len())?;
+        within("KV key", key.len(), limits::MAX_KV_KEY_BYTES)?;
+        let namespace = self.kv_namespace(namespace.as_deref())?;
+        let write = crate::ledger::LocalWrite::KvSet { namespace, key, value, expected: Some(expected) };
+        self.local_effect(label, write).await
     }
 
     async fn kv_delete(&mut self, label: String, namespace: Option<String>, key: String) -> Result<(), ToolError> {
-        self.admit("KV key", key.len())?;
+        self.admit(&label, "KV key", key.len())?;
+        within("KV key", key.len(), limits::MAX_KV_KEY_BYTES)?;
         let namespace = self.kv_namespace(namespace.as_deref())?;
-        self.local_effect(label, crate::ledger::LocalWrite::KvDelete { namespace, key }).await
+        self.local_effect(label, crate::ledger::LocalWrite::KvDelete { namespace, key }).await?;
+        Ok(())
     }
 
     async fn outbox(&mut self, label: String, topic: String, payload: Vec<u8>) -> Result<(), ToolError> {
-        self.admit("outbox message", payload.len() + topic.len())?;
+        self.admit(&label, "outbox message", payload.len() + topic.len())?;
+        within("outbox topic", topic.len(), limits::MAX_NAME_BYTES)?;
         self.sandbox.grants.check_outbox(&topic).map_err(|d| self.denied(d))?;
         let payload = String::from_utf8(payload)
             .map_err(|_| ToolError::Permanent("outbox payloads must be UTF-8 (the SDK sends JSON)".into()))?;
-        self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload }).await
+        self.local_effect(label, crate::ledger::LocalWrite::Outbox { topic, payload }).await?;
+        Ok(())
     }
 
     async fn provider(&mut self, label: String, name: String, request: String) -> Result<String, ToolError> {
-        self.admit("provider request", request.len())?;
+        self.admit(&label, "provider request", request.len())?;
+        within("provider name", name.len(), limits::MAX_NAME_BYTES)?;
         self.sandbox.grants.check_provider(&name).map_err(|d| self.denied(d))?;
         self.provider_effect(label, name, request).await
     }

@@ -40,6 +40,8 @@ pub enum LedgerError {
          wrote it); the write is refused"
     )]
     EffectChanged { operation_key: String, effect_key: String },
+    #[error("kv {namespace}/{key} was written by another step since this attempt read it; nothing was written")]
+    KvConflict { namespace: String, key: String },
     #[error("operation {operation_key} has several effects in doubt ({effects}); name the one to settle")]
     Ambiguous { operation_key: String, effects: String },
     #[error("the group commit this write was part of failed, so nothing of it was recorded: {reason}")]

@@ -141,7 +141,7 @@ pub(super) fn record_attempt(
 ) -> Result<(), LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let (mut op, first_write) = owned(&records, live, key, fence)?;
-    let fresh = unapplied(&records, key, staged)?;
+    let fresh = unapplied(txn, &records, key, staged)?;
     // The rule of evidence, enforced whoever asks: an operation with an effect in doubt is
     // neither completed nor failed, and one with an effect taken is not failed. A first write has
     // no effect on disk to look at, only the local ones it carries.
@@ -202,7 +202,7 @@ pub(super) fn put_effect(
             });
         }
     }
-    let fresh = unapplied(&records, key, staged)?;
+    let fresh = unapplied(txn, &records, key, staged)?;
     // Decided; from here on only writes.
     if first_write {
         put(&mut records, operation_id(key), &op)?;
@@ -243,8 +243,11 @@ fn index_step(txn: &WriteTransaction, op: &OperationRecord) -> Result<(), Ledger
 }
 
 /// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
-/// others); refuses them all if a key holds another request (the tool diverged). Writes nothing.
+/// others); refuses them all if a key holds another request (the tool diverged), or if a
+/// versioned KV write finds its key at another version than it read (another step wrote it
+/// first). Writes nothing.
 fn unapplied<'s>(
+    txn: &WriteTransaction,
     records: &impl ReadableTable<RecordKey, &'static [u8]>,
     key: &str,
     staged: &'s [StagedWrite],
@@ -252,7 +255,19 @@ fn unapplied<'s>(
     let mut fresh = Vec::with_capacity(staged.len());
     for write in staged {
         match get::<_, EffectRecord>(records, (key, EFFECT, write.effect.key.as_str()))? {
-            None => fresh.push(write),
+            None => {
+                if let LocalWrite::KvSet { namespace, key: kv_key, expected: Some(expected), .. } = &write.write {
+                    let kv = txn.open_table(KV)?;
+                    let found = kv
+                        .get((namespace.as_str(), kv_key.as_str()))?
+                        .and_then(|v| kv_decode(v.value()).map(|(version, _)| version))
+                        .unwrap_or(0);
+                    if found != *expected {
+                        return Err(LedgerError::KvConflict { namespace: namespace.clone(), key: kv_key.clone() });
+                    }
+                }
+                fresh.push(write);
+            }
             Some(existing) if existing.fingerprint == write.effect.fingerprint => {}
             Some(_) => {
                 let (operation_key, effect_key) = (key.to_string(), write.effect.key.clone());
@@ -273,8 +288,9 @@ fn apply_local(
 ) -> Result<(), LedgerError> {
     for StagedWrite { effect, bytes, write } in writes {
         match write {
-            LocalWrite::KvSet { namespace, key, value } => {
-                txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), value.as_slice())?;
+            LocalWrite::KvSet { namespace, key, value, .. } => {
+                let stored = kv_encode(kv_version(&effect.key), value);
+                txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), stored.as_slice())?;
             }
             LocalWrite::KvDelete { namespace, key } => {
                 txn.open_table(KV)?.remove((namespace.as_str(), key.as_str()))?;

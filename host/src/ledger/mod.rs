@@ -70,9 +70,22 @@ pub enum Claim {
 /// A local effect, applied in the same transaction as its record.
 #[derive(Debug, Clone)]
 pub enum LocalWrite {
-    KvSet { namespace: String, key: String, value: Vec<u8> },
-    KvDelete { namespace: String, key: String },
-    Outbox { topic: String, payload: String },
+    /// `expected`: write only if the key still has this version when the write commits (0: the
+    /// key must not exist); else the write job refuses (`KvConflict`).
+    KvSet {
+        namespace: String,
+        key: String,
+        value: Vec<u8>,
+        expected: Option<u64>,
+    },
+    KvDelete {
+        namespace: String,
+        key: String,
+    },
+    Outbox {
+        topic: String,
+        payload: String,
+    },
 }
 
 /// What became of a local effect.
@@ -371,9 +384,24 @@ impl Ledger {
     }
 
     pub fn kv_get(&self, namespace: &str, key: &str) -> Result<Option<Vec<u8>>, LedgerError> {
+        Ok(self.kv_entry(namespace, key)?.map(|(value, _)| value))
+    }
+
+    /// A KV key's committed value and version.
+    pub fn kv_entry(&self, namespace: &str, key: &str) -> Result<Option<(Vec<u8>, u64)>, LedgerError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(KV)?;
-        Ok(table.get((namespace, key))?.map(|v| v.value().to_vec()))
+        let Some(stored) = table.get((namespace, key))? else {
+            return Ok(None);
+        };
+        let (version, value) = kv_decode(stored.value())
+            .ok_or_else(|| LedgerError::Corrupt { what: format!("kv {namespace}/{key}: no version") })?;
+        Ok(Some((value.to_vec(), version)))
+    }
+
+    /// A KV key's committed version (0: absent).
+    pub fn kv_version(&self, namespace: &str, key: &str) -> Result<u64, LedgerError> {
+        Ok(self.kv_entry(namespace, key)?.map_or(0, |(_, version)| version))
     }
 
     pub fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {

@@ -19,6 +19,10 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
             Some(SCHEMA_VERSION) => {}
+            Some(2) => {
+                migrate_kv_versions(&txn)?;
+                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+            }
             Some(other) => {
                 return Err(LedgerError::Corrupt {
                     what: format!(
@@ -35,6 +39,22 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(OUTBOX)?;
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// Schema 2 to 3: every KV value gains a version (1: written before versions existed; later
+/// writes stamp versions derived from their effect keys, never 1 in practice and never 0).
+fn migrate_kv_versions(txn: &redb::WriteTransaction) -> Result<(), LedgerError> {
+    let mut kv = txn.open_table(KV)?;
+    let mut entries = Vec::new();
+    for entry in kv.iter()? {
+        let (key, value) = entry?;
+        let (namespace, key) = key.value();
+        entries.push((namespace.to_string(), key.to_string(), value.value().to_vec()));
+    }
+    for (namespace, key, value) in entries {
+        kv.insert((namespace.as_str(), key.as_str()), kv_encode(1, &value).as_slice())?;
+    }
     Ok(())
 }
 

@@ -15,7 +15,9 @@ pub const ATTEMPT: u8 = 1;
 pub const EFFECT: u8 = 2;
 /// (run id, step id, tool) -> operation key: a run's steps
 pub const RUN_STEPS: TableDefinition<(&str, &str, &str), &str> = TableDefinition::new("run_steps");
-/// (namespace, key) -> value: the tools' durable key-value state
+/// (namespace, key) -> the key's version (8 bytes, little-endian) and then its value: the tools'
+/// durable key-value state. The version sits in the value so that a versioned write touches no
+/// other table (every table a commit touches is another page to write and fsync).
 pub const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
 /// sequence number -> `OutboxMessage`
 pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
@@ -24,12 +26,34 @@ pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// 2: operations, attempts and effects in one table (`RECORDS`).
-pub const SCHEMA_VERSION: u64 = 2;
+/// 3: KV values carry their version (`KV`); a schema 2 ledger is migrated at open.
+pub const SCHEMA_VERSION: u64 = 3;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 
 /// The key of an operation's own record.
 pub fn operation_id(key: &str) -> (&str, u8, &str) {
     (key, OPERATION, "")
+}
+
+/// A KV entry as stored: the version, then the value.
+pub fn kv_encode(version: u64, value: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(8 + value.len());
+    bytes.extend_from_slice(&version.to_le_bytes());
+    bytes.extend_from_slice(value);
+    bytes
+}
+
+/// A stored KV entry's version and value; `None` for bytes too short to hold a version.
+pub fn kv_decode(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let (version, value) = bytes.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*version), value))
+}
+
+/// The version a write stamps on its key: taken from its effect key, which no other write ever
+/// has, so versions never repeat (and never come back after a delete). Never 0, which means absent.
+pub fn kv_version(effect_key: &str) -> u64 {
+    let n = effect_key.get(..16).and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(1);
+    n.max(1)
 }
 
 /// The id of an attempt: its number, padded so that attempts sort in order.

@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
-use super::bindings::{Reconciliation, ToolError};
+use super::bindings::{RateLimit, Reconciliation, ToolError};
 use super::state::LimitExceeded;
 use super::{EPOCH_TICK, LoadedTool, Runtime, StoreState};
 use crate::effects::EffectCtx;
 use crate::failure::Limit;
+use crate::limits::{MAX_ERROR_MESSAGE_BYTES, cut_message};
 
 /// How an invocation ended, before any policy looked at it.
 #[derive(Debug)]
@@ -60,7 +61,7 @@ impl Runtime {
                 format!("the output is {} bytes, over the limit of {}", output.len(), limits.output_bytes),
             ),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
-            Ok(Ok(Err(error))) => Invocation::Failed(error),
+            Ok(Ok(Err(error))) => Invocation::Failed(kept(error, secrets)),
             Ok(Err(trap)) => trapped(&trap),
         };
         let state = store.into_data();
@@ -104,9 +105,13 @@ impl Runtime {
             let guest = indices.load(&mut store, &instance)?;
             guest.call_reconcile(&mut store, effect_key, args).await
         };
+        let max = tool.sandbox.limits.output_bytes;
         Some(match tokio::time::timeout(deadline, run).await {
             Err(_) => Err("reconcile ran out of time".into()),
-            Ok(result) => result.map_err(|e| format!("{e:#}")),
+            Ok(Ok(Reconciliation::Committed(output))) if output.len() > max => {
+                Err(format!("its committed output is {} bytes, over the limit of {max}", output.len()))
+            }
+            Ok(result) => result.map_err(|e| cut_message(&format!("{e:#}"), MAX_ERROR_MESSAGE_BYTES)),
         })
     }
 
@@ -140,7 +145,23 @@ fn trapped(trap: &wasmtime::Error) -> Invocation {
         let limit = if exceeded.what.starts_with("memory") { Limit::Memory } else { Limit::Table };
         return Invocation::LimitExceeded(limit, exceeded.to_string());
     }
-    Invocation::Trapped(format!("{trap:#}"))
+    // The backtrace names the guest's functions, which the guest chose: bounded like its messages.
+    Invocation::Trapped(cut_message(&format!("{trap:#}"), MAX_ERROR_MESSAGE_BYTES))
+}
+
+/// A guest's error as the host keeps it (ledger, logs, CLI): its message scrubbed of the args'
+/// sensitive values, then cut to [`MAX_ERROR_MESSAGE_BYTES`]. Scrubbed first, so that a cut
+/// cannot leave the start of a secret behind.
+fn kept(error: ToolError, secrets: &[String]) -> ToolError {
+    let keep = |message: String| cut_message(&crate::redact::scrub(&message, secrets), MAX_ERROR_MESSAGE_BYTES);
+    match error {
+        ToolError::Transient(m) => ToolError::Transient(keep(m)),
+        ToolError::Permanent(m) => ToolError::Permanent(keep(m)),
+        ToolError::UnknownOutcome(m) => ToolError::UnknownOutcome(keep(m)),
+        ToolError::RateLimited(r) => {
+            ToolError::RateLimited(RateLimit { retry_after_ms: r.retry_after_ms, message: keep(r.message) })
+        }
+    }
 }
 
 /// The guest's stdout and stderr, at debug level. A tool may print anything it was given, so the

@@ -11,6 +11,10 @@ use super::bindings::{ReconcileIndices, ToolIndices, WitReplayClass};
 use super::{MAX_COMPONENT_BYTES, Runtime, StoreState};
 use crate::capabilities::{Grants, Sandbox};
 use crate::effects::{EffectCtx, Shared};
+use crate::limits::{
+    MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES, MAX_INPUT_SCHEMA_BYTES, MAX_SENSITIVE_POINTER_BYTES,
+    MAX_SENSITIVE_POINTERS, MAX_TOOL_NAME_BYTES, MAX_VERSION_BYTES, cut_message,
+};
 use crate::policy::ReplayClass;
 
 /// How long `describe()` may take: it only builds a manifest.
@@ -45,7 +49,7 @@ const FILESYSTEM: &str = "wasi:filesystem/";
 pub enum LoadError {
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path} is not a valid WebAssembly component: {reason}")]
+    #[error("{path} is not a WebAssembly component: {reason}")]
     NotAComponent { path: PathBuf, reason: String },
     #[error(
         "{path} imports `{import}`, which oncebox does not grant (tools get oncebox:tool, wasi:cli, wasi:io, wasi:clocks and wasi:random)"
@@ -113,11 +117,14 @@ impl Runtime {
         }
         let bytes = std::fs::read(&path).map_err(io)?;
         let not_component = |reason: String| LoadError::NotAComponent { path: path.clone(), reason };
+        if let Some(reason) = not_wasm(&bytes) {
+            return Err(not_component(reason));
+        }
         if is_core_module(&bytes) {
             return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));
         }
         let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
-            .map_err(|e| not_component(format!("{e:#}")))?;
+            .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
 
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
@@ -137,7 +144,7 @@ impl Runtime {
             });
         }
 
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(format!("{e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
         let tool =
             ToolIndices::new(&pre).map_err(|e| LoadError::NotATool { path: path.clone(), reason: format!("{e:#}") })?;
         let reconcile = if exports.iter().any(|e| e == RECONCILE_EXPORT) {
@@ -151,7 +158,7 @@ impl Runtime {
 
         let manifest = self.describe(&pre, &tool, shared).await.map_err(|reason| LoadError::NotATool {
             path: path.clone(),
-            reason: format!("describe() failed: {reason}"),
+            reason: format!("describe() failed: {}", cut_message(&reason, MAX_ERROR_MESSAGE_BYTES)),
         })?;
         let manifest = check_manifest(&path, manifest)?;
 
@@ -167,8 +174,10 @@ impl Runtime {
         if manifest.class.reconciles() && reconcile.is_none() {
             return Err(mismatch(format!("it does not export `{RECONCILE_EXPORT}`, which its class requires")));
         }
-        let schema = jsonschema::validator_for(&manifest.input_schema)
-            .map_err(|e| LoadError::BadManifest { path: path.clone(), reason: format!("input schema: {e}") })?;
+        let schema = jsonschema::validator_for(&manifest.input_schema).map_err(|e| LoadError::BadManifest {
+            path: path.clone(),
+            reason: one_line(&format!("input schema: {e}")),
+        })?;
         let sandbox = Arc::new(Sandbox { tool: manifest.name.clone(), ..Sandbox::default() });
         Ok(LoadedTool { path, manifest, imports, exports, pre, tool, reconcile, schema, sandbox })
     }
@@ -211,11 +220,10 @@ pub fn check_grants(tool: &LoadedTool, grants: &Grants) -> Result<(), LoadError>
 
 fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManifest, LoadError> {
     let bad = |reason: String| LoadError::BadManifest { path: path.to_path_buf(), reason };
-    let valid_name = !m.name.is_empty()
-        && m.name.len() <= 64
-        && m.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
-    if !valid_name {
-        return Err(bad(format!("tool name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`", m.name)));
+    check_sizes(&m).map_err(bad)?;
+    check_tool_name("name", &m.name).map_err(bad)?;
+    if let Some(undo) = &m.compensated_by {
+        check_tool_name("compensated-by", undo).map_err(bad)?;
     }
     let input_schema: serde_json::Value =
         serde_json::from_str(&m.input_schema).map_err(|e| bad(format!("input schema is not JSON: {e}")))?;
@@ -241,7 +249,173 @@ fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManif
     })
 }
 
+/// Refuses a manifest field over its limit (`limits.rs`), naming the field, its size and the limit;
+/// the text itself is not repeated.
+fn check_sizes(m: &super::bindings::Manifest) -> Result<(), String> {
+    let fields = [
+        ("name", m.name.len(), MAX_TOOL_NAME_BYTES),
+        ("version", m.version.len(), MAX_VERSION_BYTES),
+        ("description", m.description.len(), MAX_DESCRIPTION_BYTES),
+        ("input-schema", m.input_schema.len(), MAX_INPUT_SCHEMA_BYTES),
+        ("compensated-by", m.compensated_by.as_ref().map_or(0, String::len), MAX_TOOL_NAME_BYTES),
+    ];
+    for (field, len, max) in fields {
+        if len > max {
+            return Err(format!("`{field}` is {len} bytes, over the limit of {max}"));
+        }
+    }
+    if m.sensitive.len() > MAX_SENSITIVE_POINTERS {
+        return Err(format!(
+            "`sensitive` lists {} pointers, over the limit of {MAX_SENSITIVE_POINTERS}",
+            m.sensitive.len()
+        ));
+    }
+    if let Some((i, pointer)) = m.sensitive.iter().enumerate().find(|(_, p)| p.len() > MAX_SENSITIVE_POINTER_BYTES) {
+        return Err(format!(
+            "`sensitive` pointer #{i} is {} bytes, over the limit of {MAX_SENSITIVE_POINTER_BYTES}",
+            pointer.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A tool name (the manifest's `name`, or the `compensated-by` it names): 1 to
+/// [`MAX_TOOL_NAME_BYTES`] of `a-z`, `0-9`, `-`, `_`, so it can appear in a policy file's table
+/// header, a log line and a key without quoting.
+fn check_tool_name(field: &str, name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_TOOL_NAME_BYTES
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if valid {
+        return Ok(());
+    }
+    // Short enough to quote: the size check came first.
+    let shown = cut_message(name, MAX_TOOL_NAME_BYTES);
+    Err(format!("`{field}` `{shown}` must be 1-{MAX_TOOL_NAME_BYTES} characters of a-z, 0-9, `-`, `_`"))
+}
+
+/// Why `bytes` cannot be WebAssembly at all (no magic number), in one line; `None` if they might be.
+fn not_wasm(bytes: &[u8]) -> Option<String> {
+    if bytes.starts_with(b"\0asm") {
+        return None;
+    }
+    if bytes.is_empty() {
+        return Some("the file is empty".into());
+    }
+    let head = &bytes[..bytes.len().min(512)];
+    let text = std::str::from_utf8(head).is_ok_and(|t| t.chars().all(|c| !c.is_control() || c.is_whitespace()));
+    Some(if text {
+        "it is text, not a WebAssembly binary (which starts with the bytes \\0asm)".into()
+    } else {
+        "it does not start with the WebAssembly magic bytes \\0asm".into()
+    })
+}
+
+/// An engine's error as one short line: its chain joined, whitespace (wasmparser's messages span
+/// lines) collapsed, and cut to a few hundred bytes.
+fn one_line(message: &str) -> String {
+    const MAX_DETAIL_BYTES: usize = 300;
+    cut_message(&message.split_whitespace().collect::<Vec<_>>().join(" "), MAX_DETAIL_BYTES)
+}
+
 /// A core module starts with the wasm magic and version 1; a component with layer 1.
 fn is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::bindings::Manifest;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            name: "refund".into(),
+            version: "0.1.0".into(),
+            description: "Refunds an order's charge.".into(),
+            class: WitReplayClass::IdempotentWrite,
+            input_schema: r#"{"type": "object"}"#.into(),
+            compensated_by: None,
+            sensitive: vec!["/card".into()],
+        }
+    }
+
+    fn refusal(m: Manifest) -> String {
+        match check_manifest(Path::new("t.wasm"), m) {
+            Err(e @ LoadError::BadManifest { .. }) => e.to_string(),
+            other => panic!("expected a bad manifest, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_manifest_within_its_limits_is_accepted() {
+        let m = Manifest {
+            name: "n".repeat(MAX_TOOL_NAME_BYTES),
+            version: "v".repeat(MAX_VERSION_BYTES),
+            description: "d".repeat(MAX_DESCRIPTION_BYTES),
+            compensated_by: Some("c".repeat(MAX_TOOL_NAME_BYTES)),
+            sensitive: vec![format!("/{}", "p".repeat(MAX_SENSITIVE_POINTER_BYTES - 1)); MAX_SENSITIVE_POINTERS],
+            ..manifest()
+        };
+        let checked = check_manifest(Path::new("t.wasm"), m).expect("every field at its limit is fine");
+        assert_eq!(checked.name.len(), MAX_TOOL_NAME_BYTES);
+    }
+
+    #[test]
+    fn each_manifest_field_over_its_limit_is_refused_naming_the_field_its_size_and_the_limit() {
+        let schema = format!(r#"{{"description": "{}"}}"#, "s".repeat(MAX_INPUT_SCHEMA_BYTES));
+        let cases: Vec<(Manifest, String)> = vec![
+            (Manifest { name: "n".repeat(65), ..manifest() }, "`name` is 65 bytes, over the limit of 64".into()),
+            (Manifest { version: "1".repeat(65), ..manifest() }, "`version` is 65 bytes, over the limit of 64".into()),
+            (
+                Manifest { description: "d".repeat(4097), ..manifest() },
+                "`description` is 4097 bytes, over the limit of 4096".into(),
+            ),
+            (
+                Manifest { input_schema: schema.clone(), ..manifest() },
+                format!("`input-schema` is {} bytes, over the limit of 262144", schema.len()),
+            ),
+            (
+                Manifest { compensated_by: Some("c".repeat(65)), ..manifest() },
+                "`compensated-by` is 65 bytes, over the limit of 64".into(),
+            ),
+            (
+                Manifest { sensitive: vec!["/a".into(); 65], ..manifest() },
+                "`sensitive` lists 65 pointers, over the limit of 64".into(),
+            ),
+            (
+                Manifest { sensitive: vec!["/a".into(), format!("/{}", "p".repeat(256))], ..manifest() },
+                "`sensitive` pointer #1 is 257 bytes, over the limit of 256".into(),
+            ),
+        ];
+        for (m, expected) in cases {
+            let message = refusal(m);
+            assert!(message.starts_with("t.wasm: invalid manifest: ") && message.ends_with(&expected), "{message}");
+            assert!(message.len() < 200, "the refusal does not repeat the field: {message}");
+        }
+    }
+
+    #[test]
+    fn tool_names_are_lowercase_identifiers() {
+        for name in ["", "Refund", "re fund", "refund!", "réfund"] {
+            let message = refusal(Manifest { name: name.into(), ..manifest() });
+            assert!(message.contains("`name`") && message.contains("a-z, 0-9"), "{message}");
+        }
+        let message = refusal(Manifest { compensated_by: Some("Undo Me".into()), ..manifest() });
+        assert!(message.contains("`compensated-by` `Undo Me`"), "{message}");
+        for name in ["refund", "a_b-9"] {
+            check_manifest(Path::new("t.wasm"), Manifest { name: name.into(), ..manifest() }).expect(name);
+        }
+    }
+
+    #[test]
+    fn a_file_that_is_not_wasm_gets_a_one_line_reason() {
+        assert_eq!(not_wasm(b""), Some("the file is empty".into()));
+        assert!(not_wasm(b"hello world\n").is_some_and(|r| r.starts_with("it is text")));
+        assert!(not_wasm(&[0x97, 0x1a, 0xf7, 0xa3, 0, 1]).is_some_and(|r| r.contains("magic bytes")));
+        assert_eq!(not_wasm(b"\0asm\x0d\0\x01\0"), None);
+        let multi = "failed to parse: bad magic number - expected=[\n    0x0,\n    0x61,\n] actual=[\n    0x68,\n]";
+        assert_eq!(one_line(multi), "failed to parse: bad magic number - expected=[ 0x0, 0x61, ] actual=[ 0x68, ]");
+        assert!(one_line(&"word ".repeat(1000)).len() < 400);
+    }
 }

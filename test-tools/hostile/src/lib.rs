@@ -47,6 +47,14 @@ pub enum Mode {
     Scan,
     /// `leave` then `scan` in one instance: proves the scanner finds what is there.
     LeaveAndScan,
+    /// Makes an effect whose label is `size` bytes: an HTTP POST to `url` if given, else a KV write.
+    LongLabel,
+    /// POSTs to `url` with `count` headers of its own.
+    ManyHeaders,
+    /// Fails with a permanent error whose message is `size` bytes, ending in `secret` or `echo`.
+    HugeError,
+    /// Uses a KV key of `size` bytes: `target` says how (`set`, `get` or `delete`).
+    LongKvKey,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -59,6 +67,8 @@ pub struct Args {
     mib: usize,
     #[serde(default)]
     count: u32,
+    #[serde(default)]
+    size: usize,
     #[serde(default)]
     url: Option<String>,
     #[serde(default)]
@@ -181,6 +191,32 @@ impl Tool for Hostile {
                 leave(&secret);
                 let (found, scanned) = scan(&secret);
                 Ok(Report { found: Some(found), scanned_bytes: Some(scanned), ..Report::default() })
+            }
+            Mode::LongLabel => {
+                let label = "l".repeat(args.size);
+                match &args.url {
+                    Some(url) => http::post_json(&label, url, &args.echo).map(drop)?,
+                    None => kv::set(&label, "k", b"v")?,
+                }
+                Ok(Report::default())
+            }
+            Mode::ManyHeaders => {
+                let headers = (0..args.count).map(|i| (format!("x-h-{i}"), "v".to_string())).collect();
+                let request = HttpRequest { method: "POST".into(), url: url()?, headers, body: b"{}".to_vec() };
+                Ok(Report { status: Some(http::send("headers", &request)?.status), ..Report::default() })
+            }
+            Mode::HugeError => {
+                let tail = args.secret.or(args.echo).unwrap_or_default();
+                Err(ToolError::permanent(format!("{}{tail}", "e".repeat(args.size.saturating_sub(tail.len())))))
+            }
+            Mode::LongKvKey => {
+                let key = "k".repeat(args.size);
+                match target()?.as_str() {
+                    "set" => kv::set("long-key", &key, b"v")?,
+                    "delete" => kv::delete("long-key", &key)?,
+                    _ => return Ok(Report { found: Some(kv::get(&key)?.is_some()), ..Report::default() }),
+                }
+                Ok(Report::default())
             }
         }
     }
