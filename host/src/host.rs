@@ -18,10 +18,16 @@ use crate::runtime::{LoadedTool, Runtime, ToolManifest};
 /// How long a claim is held before another caller may take the operation over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
+/// Where a host's ledger comes from.
+enum LedgerSource {
+    Path(PathBuf),
+    InMemory,
+    Opened(Ledger),
+}
+
 /// Configures a [`Host`].
 pub struct HostBuilder {
-    /// `None`: an in-memory ledger.
-    ledger: Option<PathBuf>,
+    ledger: LedgerSource,
     targets: HashMap<String, HttpTarget>,
     config: HashMap<String, HashMap<String, String>>,
     providers: HashMap<String, Arc<dyn EffectProvider>>,
@@ -38,13 +44,19 @@ pub struct HostBuilder {
 impl HostBuilder {
     /// A host whose ledger is the redb file at `ledger` (created if missing).
     pub fn new(ledger: impl AsRef<Path>) -> Self {
-        HostBuilder { ledger: Some(ledger.as_ref().to_path_buf()), ..Self::in_memory() }
+        HostBuilder { ledger: LedgerSource::Path(ledger.as_ref().to_path_buf()), ..Self::in_memory() }
+    }
+
+    /// A host on a ledger already opened (say with [`Ledger::open_on`], over a storage backend of
+    /// the embedder's or a test's own).
+    pub fn on_ledger(ledger: Ledger) -> Self {
+        HostBuilder { ledger: LedgerSource::Opened(ledger), ..Self::in_memory() }
     }
 
     /// A host whose ledger lives in memory: nothing survives the process. For tests and `inspect`.
     pub fn in_memory() -> Self {
         HostBuilder {
-            ledger: None,
+            ledger: LedgerSource::InMemory,
             targets: HashMap::new(),
             config: HashMap::new(),
             providers: HashMap::new(),
@@ -135,10 +147,13 @@ impl HostBuilder {
 
     /// Opens the ledger (recovering what a stopped host left) and starts the engine.
     pub async fn build(self) -> Result<Host, Error> {
-        let path = self.ledger.clone();
-        let ledger = tokio::task::spawn_blocking(move || path.map_or_else(Ledger::in_memory, Ledger::open))
-            .await
-            .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??;
+        let ledger = match self.ledger {
+            LedgerSource::Opened(ledger) => ledger,
+            LedgerSource::InMemory => Ledger::in_memory()?,
+            LedgerSource::Path(path) => tokio::task::spawn_blocking(move || Ledger::open(path))
+                .await
+                .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??,
+        };
         let shared = Arc::new(Shared {
             ledger,
             http: http_client(&self.tls_roots)?,

@@ -226,3 +226,24 @@ fn a_file_that_is_not_a_component_gets_one_line_naming_the_file() {
         }
     }
 }
+
+// Multi-threaded: the provider must keep serving while this thread blocks on the child process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_target_keeps_what_the_policy_file_says_of_the_host() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("oncebox.toml");
+    let host = provider.addr();
+    std::fs::write(&policy, format!("[hosts.\"{host}\".headers]\nauthorization = \"Bearer sk_test_kept\"\n"))
+        .expect("policy");
+    let mut call = charge_flags(&dir.path().join("l.redb"), &provider);
+    let args = charge("o-1").to_string();
+    let policy = policy.to_str().expect("utf8").to_string();
+    call.extend(
+        ["--policy", &policy, "--run", "r1", "--step", "s1", oncebox_artifacts::CHARGE, &args].map(String::from),
+    );
+    let call: Vec<&str> = call.iter().map(String::as_str).collect();
+    let (code, outcome, stderr) = oncebox(&call);
+    assert_eq!(code, 0, "{outcome} {stderr}");
+    assert_eq!(provider.last_authorization().as_deref(), Some("Bearer sk_test_kept"), "the file's credential was sent");
+}

@@ -9,6 +9,7 @@ mod cli;
 mod concurrency;
 mod effects;
 mod guarantee;
+mod kill;
 mod loading;
 mod recovery;
 mod replay;

@@ -40,9 +40,10 @@ pub struct Args {
     /// If another caller is running this step, wait up to this many seconds for its result.
     #[arg(long, value_name = "SECS")]
     pub wait: Option<f64>,
-    /// How long to wait for a downstream's answer before the outcome is unknown.
-    #[arg(long, default_value_t = 10_000)]
-    pub timeout_ms: u64,
+    /// How long to wait for a `--key-target`'s answer before the outcome is unknown (default: the
+    /// policy file's `timeout` for that host, else 10 s).
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
     /// The component file.
     pub tool: PathBuf,
     /// The args, as JSON.
@@ -59,21 +60,27 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 /// Builds the host the flags describe, loads the tool and shapes the call.
 pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
     let mut builder = super::cached(Host::builder(&args.ledger));
-    if let Some(path) = &args.policy {
-        builder = builder.policy_file(PolicyFile::load(path)?);
+    let file = args.policy.as_deref().map(PolicyFile::load).transpose()?;
+    let file_hosts: std::collections::HashMap<String, HttpTarget> =
+        file.as_ref().map(|file| file.hosts().into_iter().collect()).unwrap_or_default();
+    if let Some(file) = file {
+        builder = builder.policy_file(file);
     }
     for path in &args.tls_roots {
         let pem = std::fs::read(path).map_err(|e| Usage(format!("--tls-root {}: {e}", path.display())))?;
         builder = builder.tls_root_certificate(pem);
     }
-    let timeout = Duration::from_millis(args.timeout_ms);
     for target in &args.key_targets {
-        let settings = HttpTarget {
-            honours_keys: true,
-            key_retention: Duration::from_secs(24 * 3600),
-            timeout,
-            ..Default::default()
-        };
+        // The flag says the host honours keys; everything else the file says of it (its timeout,
+        // settle window, credentials) still holds.
+        let mut settings = file_hosts.get(target).cloned().unwrap_or_default();
+        if !settings.honours_keys || settings.key_retention.is_zero() {
+            settings.key_retention = Duration::from_secs(24 * 3600);
+        }
+        settings.honours_keys = true;
+        if let Some(ms) = args.timeout_ms {
+            settings.timeout = Duration::from_millis(ms);
+        }
         builder = builder.http_target(target.clone(), settings);
     }
     let mut config = Vec::new();

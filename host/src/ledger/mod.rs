@@ -135,6 +135,18 @@ impl Ledger {
         Ledger::serve(db, path, highest_fence)
     }
 
+    /// Opens (or creates) a ledger over any redb storage backend (`name` names it in messages),
+    /// recovering as [`Ledger::open`] does: for a backend that fails on command in a test, or an
+    /// embedder's own storage.
+    pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        let path = name.as_ref().to_path_buf();
+        let db = Database::builder().create_with_backend(backend).map_err(|e| LedgerError::open(&path, e))?;
+        let db = Arc::new(db);
+        init(&db, &path)?;
+        let highest_fence = recover(&db, crate::clock::now_ms())?;
+        Ledger::serve(db, path, highest_fence)
+    }
+
     /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
     /// tool in isolation in a test.
     pub fn in_memory() -> Result<Self, LedgerError> {
