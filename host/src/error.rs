@@ -36,6 +36,8 @@ pub enum Error {
     Call(#[from] CallError),
     #[error(transparent)]
     Policy(#[from] crate::policy_file::PolicyError),
+    #[error(transparent)]
+    Key(#[from] crate::secret::KeyFileError),
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
     #[error("the retry policy set in code for `{tool}` ({class}) is refused: {violation}")]

@@ -30,11 +30,20 @@ pub(crate) struct Prepared {
     pub step_id: String,
     pub operation_key: String,
     pub fingerprint: String,
+    /// The fingerprints under the ledger's older secrets (see `keys::FingerprintKey`).
+    pub older_fingerprints: Vec<String>,
+}
+
+impl Prepared {
+    /// Whether an operation recorded with `fingerprint` was asked for with these args.
+    pub fn matches(&self, fingerprint: &str) -> bool {
+        self.fingerprint == fingerprint || self.older_fingerprints.iter().any(|older| older == fingerprint)
+    }
 }
 
 /// Validates the args (bad input: a clear error, and nothing recorded) and derives the keys from
 /// the orchestrator's ids.
-pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallError> {
+pub(crate) fn prepare(host: &Inner, tool: &LoadedTool, call: Call) -> Result<Prepared, CallError> {
     let name = tool.manifest.name.as_str();
     let args = validate(tool, &call.args)?;
     let (Some(run_id), Some(step_id)) = (call.run_id, call.step_id) else {
@@ -43,7 +52,8 @@ pub(crate) fn prepare(tool: &LoadedTool, call: Call) -> Result<Prepared, CallErr
     let canonical_args = keys::canonical_json(&args);
     Ok(Prepared {
         operation_key: keys::operation_key(&run_id, &step_id, name),
-        fingerprint: keys::fingerprint(name, &canonical_args),
+        fingerprint: host.shared.keying.fingerprint(name, &canonical_args),
+        older_fingerprints: host.shared.keying.older_fingerprints(name, &canonical_args),
         canonical_args,
         args,
         run_id,
@@ -62,13 +72,14 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy, &secrets).await);
     }
     let wait = call.wait.unwrap_or_default();
-    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint } =
-        prepare(tool, call)?;
+    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint, older_fingerprints } =
+        prepare(host, tool, call)?;
 
     let secrets = sensitive_values(&args, &tool.manifest.sensitive);
     let request = ClaimRequest {
         key: operation_key.clone(),
         fingerprint,
+        older_fingerprints,
         args: redact(&args, &tool.manifest.sensitive),
         run_id: run_id.clone(),
         step_id: step_id.clone(),

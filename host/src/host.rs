@@ -154,8 +154,15 @@ impl HostBuilder {
                 .await
                 .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??,
         };
+        // The fingerprint key lives beside a ledger file (created with it), and dies with a ledger
+        // in memory.
+        let keying = match ledger.path() {
+            path if path == Path::new(":memory:") => crate::secret::random()?,
+            path => crate::secret::load_or_create(&crate::secret::beside(path))?,
+        };
         let shared = Arc::new(Shared {
             ledger,
+            keying,
             http: http_client(&self.tls_roots)?,
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,

@@ -18,17 +18,100 @@ pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
     hash("oncebox/effect/v1", &[operation_key.as_bytes(), label.as_bytes(), &occurrence.to_be_bytes()])
 }
 
-/// Identifies a request: the tool and its args in canonical form ([`canonical_json`]). Same step,
-/// different fingerprint: the caller changed its mind, and that is a conflict, not a retry.
-pub fn fingerprint(tool: &str, canonical_args: &str) -> String {
-    hash("oncebox/fingerprint/v1", &[tool.as_bytes(), canonical_args.as_bytes()])
+/// The ledger's fingerprint secrets, newest first. Fingerprints are HMAC-SHA256 under the newest:
+/// a plain hash of the args would let anyone holding the ledger file recover a short or guessable
+/// sensitive value (a PIN, a card number's missing digits) by hashing guesses. Older secrets are
+/// kept only so that operations fingerprinted before a rotation still match their replays.
+#[derive(Clone)]
+pub struct FingerprintKey {
+    /// Never empty.
+    secrets: std::sync::Arc<Vec<[u8; SECRET_BYTES]>>,
 }
 
-/// Identifies what an effect asked for, so a replay that asks for something else is caught.
-pub fn effect_fingerprint(kind: &str, parts: &[&[u8]]) -> String {
-    let mut all: Vec<&[u8]> = vec![kind.as_bytes()];
-    all.extend_from_slice(parts);
-    hash("oncebox/effect-request/v1", &all)
+/// The length of one fingerprint secret.
+pub const SECRET_BYTES: usize = 32;
+
+impl std::fmt::Debug for FingerprintKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FingerprintKey({} secret(s), redacted)", self.secrets.len())
+    }
+}
+
+impl FingerprintKey {
+    /// `secrets`, newest first; `None` if there is none.
+    pub fn new(secrets: Vec<[u8; SECRET_BYTES]>) -> Option<Self> {
+        (!secrets.is_empty()).then(|| FingerprintKey { secrets: std::sync::Arc::new(secrets) })
+    }
+
+    /// How many secrets it holds (the newest signs, the others only match).
+    pub fn len(&self) -> usize {
+        self.secrets.len()
+    }
+
+    /// Always false: a key holds at least one secret.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Identifies a request: the tool and its args in canonical form ([`canonical_json`]). Same
+    /// step, different fingerprint: the caller changed its mind, a conflict, not a retry.
+    pub fn fingerprint(&self, tool: &str, canonical_args: &str) -> String {
+        mac(&self.secrets[0], "oncebox/fingerprint/v2", &[tool.as_bytes(), canonical_args.as_bytes()])
+    }
+
+    /// The same request's fingerprints under the older secrets (none, unless the key was
+    /// rotated): an operation recorded before the rotation matches one of them.
+    pub fn older_fingerprints(&self, tool: &str, canonical_args: &str) -> Vec<String> {
+        let parts: [&[u8]; 2] = [tool.as_bytes(), canonical_args.as_bytes()];
+        self.secrets[1..].iter().map(|secret| mac(secret, "oncebox/fingerprint/v2", &parts)).collect()
+    }
+
+    /// Identifies what an effect asked for (its bodies hold sensitive values too), so that a replay
+    /// that asks for something else is caught.
+    pub fn effect_fingerprint(&self, kind: &str, parts: &[&[u8]]) -> String {
+        let mut all: Vec<&[u8]> = vec![kind.as_bytes()];
+        all.extend_from_slice(parts);
+        mac(&self.secrets[0], "oncebox/effect-request/v2", &all)
+    }
+
+    /// The secrets as the key file holds them: one lower-case hex line each, newest first.
+    pub fn to_text(&self) -> String {
+        self.secrets.iter().map(|secret| format!("{}\n", hex::encode(secret))).collect()
+    }
+
+    /// Reads what [`FingerprintKey::to_text`] wrote (blank lines and `#` comments skipped).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut secrets = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bytes = hex::decode(line).map_err(|_| format!("line {}: not hex", n + 1))?;
+            let secret: [u8; SECRET_BYTES] =
+                bytes.try_into().map_err(|_| format!("line {}: not {SECRET_BYTES} bytes", n + 1))?;
+            secrets.push(secret);
+        }
+        FingerprintKey::new(secrets).ok_or_else(|| "no secret in it".to_string())
+    }
+
+    /// This key with a new newest secret in front of the others.
+    pub fn rotated(&self, newest: [u8; SECRET_BYTES]) -> Self {
+        let mut secrets = vec![newest];
+        secrets.extend(self.secrets.iter().copied());
+        FingerprintKey { secrets: std::sync::Arc::new(secrets) }
+    }
+}
+
+/// HMAC-SHA256 under `secret` over the domain and the length-prefixed parts, in lower-case hex.
+fn mac(secret: &[u8; SECRET_BYTES], domain: &str, parts: &[&[u8]]) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("any key length"));
+    for part in std::iter::once(domain.as_bytes()).chain(parts.iter().copied()) {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part);
+    }
+    format!("{:x}", mac.finalize().into_bytes())
 }
 
 /// JSON with sorted object keys and no insignificant whitespace.
@@ -90,9 +173,14 @@ mod tests {
         assert_eq!(canonical_json(&value), r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);
     }
 
+    fn key(byte: u8) -> FingerprintKey {
+        FingerprintKey::new(vec![[byte; SECRET_BYTES]]).expect("one secret")
+    }
+
     #[test]
     fn fingerprint_ignores_key_order_but_not_values() {
-        let fingerprint = |tool, args: Value| fingerprint(tool, &canonical_json(&args));
+        let key = key(7);
+        let fingerprint = |tool, args: Value| key.fingerprint(tool, &canonical_json(&args));
         let a = fingerprint("charge", json!({"order_id": "o1", "amount_cents": 100}));
         let b = fingerprint("charge", json!({"amount_cents": 100, "order_id": "o1"}));
         let c = fingerprint("charge", json!({"amount_cents": 101, "order_id": "o1"}));
@@ -114,6 +202,28 @@ mod tests {
         assert_eq!(op, operation_key("run-1", "step-1", "charge"));
         assert_eq!(op.len(), 64);
         assert_ne!(op, hash("oncebox/effect/v1", &[b"run-1", b"step-1", b"charge"]));
+    }
+
+    #[test]
+    fn fingerprints_depend_on_the_secret_and_survive_a_rotation() {
+        let (old, other) = (key(1), key(2));
+        let args = r#"{"pin":"1234"}"#;
+        assert_ne!(old.fingerprint("t", args), other.fingerprint("t", args), "no secret, no guessing");
+        // Not the unkeyed hash a dictionary attack would compute.
+        assert_ne!(old.fingerprint("t", args), hash("oncebox/fingerprint/v2", &[b"t", args.as_bytes()]));
+        let rotated = old.rotated([3; SECRET_BYTES]);
+        assert_ne!(rotated.fingerprint("t", args), old.fingerprint("t", args), "the newest secret signs");
+        assert_eq!(
+            rotated.older_fingerprints("t", args),
+            vec![old.fingerprint("t", args)],
+            "the old one still matches"
+        );
+        assert!(old.older_fingerprints("t", args).is_empty());
+        let reread = FingerprintKey::parse(&rotated.to_text()).expect("parses");
+        assert_eq!(reread.fingerprint("t", args), rotated.fingerprint("t", args));
+        assert!(FingerprintKey::parse("# nothing\n").is_err());
+        assert!(FingerprintKey::parse("abcd\n").is_err());
+        assert!(!format!("{rotated:?}").contains(&hex::encode([3u8; SECRET_BYTES])), "Debug shows no secret");
     }
 
     /// Keys reach downstream services as `Idempotency-Key`s and live in ledgers: they must not

@@ -24,6 +24,7 @@
 //!   attempt or an HTTP exchange can end, mapped to a class (pure).
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
+//! - `secret`: the fingerprint key kept beside the ledger, and its rotation.
 //! - `ledger/`: the redb ledger: tables, records, recovery, fencing, live claims, and the
 //!   group-commit writer (`writer.rs`) every write goes through.
 //! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
@@ -57,6 +58,7 @@ mod reconcile;
 mod redact;
 pub mod retry;
 mod runtime;
+pub mod secret;
 
 pub use call::{Call, Outcome, Status};
 pub use capabilities::{Grant, Grants, Sandbox};

@@ -41,12 +41,12 @@ pub enum Reconciliation {
 }
 
 pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Reconciliation, CallError> {
-    let prepared = prepare(tool, call)?;
+    let prepared = prepare(host, tool, call)?;
     let key = prepared.operation_key.clone();
     let Some(op) = host.shared.ledger.operation(&key)? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
-    if op.status != OperationStatus::Unknown || op.fingerprint != prepared.fingerprint {
+    if op.status != OperationStatus::Unknown || !prepared.matches(&op.fingerprint) {
         return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(&op)) });
     }
     let still =

@@ -82,3 +82,56 @@ async fn card_numbers_and_bearer_tokens_appear_in_no_log_record_or_output() {
         assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()), "`{secret}` is in the ledger file");
     }
 }
+
+/// A short sensitive value (a PIN) cannot be recovered from the ledger file by hashing guesses:
+/// fingerprints are keyed with a secret kept beside the ledger, readable by its owner only, and a
+/// rotation of that secret keeps every recorded step replaying.
+#[tokio::test]
+async fn fingerprints_are_keyed_with_a_secret_beside_the_ledger_and_survive_its_rotation() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let provider = Provider::start().await.expect("provider");
+    let args = serde_json::json!({"mode": "ok", "echo": "1234"}).to_string();
+    let call = || oncebox::Call::step("run-1", "pin", "panicky", args.clone());
+    let fingerprint = {
+        let host = crate::support::host_for(&ledger, &provider, true).await;
+        let outcome = host.call(call()).await.expect("call");
+        let op = host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
+        op.fingerprint
+    };
+    // What an attacker with the ledger file would compute for each guess: the unkeyed hash.
+    let canonical = r#"{"echo":"1234","mode":"ok"}"#;
+    for domain in ["oncebox/fingerprint/v1", "oncebox/fingerprint/v2"] {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        for part in [domain.as_bytes(), b"panicky", canonical.as_bytes()] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        assert_ne!(fingerprint, format!("{:x}", hasher.finalize()), "the fingerprint is not a plain hash");
+    }
+    let key_file = oncebox::secret::beside(&ledger);
+    let text = std::fs::read_to_string(&key_file).expect("a key file beside the ledger");
+    let secret = text.lines().next().expect("one secret").to_string();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "owner-only: {mode:o}");
+    }
+    let file = std::fs::read(&ledger).expect("ledger bytes");
+    assert!(!file.windows(secret.len()).any(|w| w == secret.as_bytes()), "the secret is not in the ledger");
+
+    // Rotate: a new secret signs, the old one still matches the recorded step.
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let (code, rotated, stderr) = crate::support::oncebox(&["ledger", "rotate-key", "--ledger", ledger_arg]);
+    assert_eq!((code, rotated["secrets"].as_u64()), (0, Some(2)), "{rotated} {stderr}");
+    let host = crate::support::host_for(&ledger, &provider, true).await;
+    let replay = host.call(call()).await.expect("call");
+    assert!(replay.replayed && replay.is_completed(), "the step recorded before the rotation replays: {replay:?}");
+    let changed = host.call(oncebox::Call::step("run-1", "pin", "panicky", r#"{"mode":"ok","echo":"9999"}"#)).await;
+    assert_eq!(changed.expect("call").status, oncebox::Status::Conflict, "other args are still a conflict");
+    let new = host.call(oncebox::Call::step("run-1", "pin-2", "panicky", args.clone())).await.expect("call");
+    let op = host.ledger().operation(new.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    assert_ne!(op.fingerprint, fingerprint, "a new step is fingerprinted under the new secret");
+}

@@ -1,4 +1,4 @@
-//! `oncebox ledger list [--run R]` and `oncebox ledger show KEY`
+//! `oncebox ledger list [--run R]`, `oncebox ledger show KEY` and `oncebox ledger rotate-key`
 
 use std::path::PathBuf;
 
@@ -15,6 +15,12 @@ pub enum Command {
         /// Only this run's steps.
         #[arg(long)]
         run: Option<String>,
+    },
+    /// Put a new fingerprint secret in front of the ledger's key file (`LEDGER.key`); the old ones
+    /// stay, so that operations recorded before still replay.
+    RotateKey {
+        #[arg(long)]
+        ledger: PathBuf,
     },
     /// An operation with its effects and attempts.
     Show {
@@ -39,6 +45,14 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
                     "attempts": op.attempts,
                 }))?;
             }
+        }
+        Command::RotateKey { ledger } => {
+            if !ledger.exists() {
+                return Err(Usage(format!("no ledger at {}", ledger.display())).into());
+            }
+            let path = oncebox::secret::beside(&ledger);
+            let kept = oncebox::secret::rotate(&path)?;
+            print_json(&serde_json::json!({ "key_file": path, "secrets": kept }))?;
         }
         Command::Show { ledger, key } => {
             let ledger = open(ledger)?;

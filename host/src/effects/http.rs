@@ -10,7 +10,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::failure::{self, HttpObservation, HttpVerdict};
-use crate::keys;
 use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
@@ -228,7 +227,7 @@ impl EffectCtx {
         let settings = self.shared.targets.get(&target);
         // Validate everything the guest controls before the write-ahead record exists.
         let prepared = builder(&self.shared.http, &request.method, url, &request.headers, &settings)?;
-        let fingerprint = keys::effect_fingerprint(
+        let fingerprint = self.shared.keying.effect_fingerprint(
             "http",
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );

@@ -3,7 +3,6 @@
 //! and committed with its next durable write, so a call whose effects are all local costs one commit.
 
 use crate::clock::now_ms;
-use crate::keys;
 use crate::ledger::{EffectRecord, EffectSource, EffectStatus, LocalOutcome, LocalWrite};
 use crate::runtime::bindings::ToolError;
 
@@ -21,16 +20,18 @@ impl EffectCtx {
             LocalWrite::KvSet { namespace, key, value, .. } => (
                 "kv-set",
                 namespace.clone(),
-                keys::effect_fingerprint("kv-set", &[namespace.as_bytes(), key.as_bytes(), value]),
+                self.shared.keying.effect_fingerprint("kv-set", &[namespace.as_bytes(), key.as_bytes(), value]),
             ),
             LocalWrite::KvDelete { namespace, key } => (
                 "kv-delete",
                 namespace.clone(),
-                keys::effect_fingerprint("kv-delete", &[namespace.as_bytes(), key.as_bytes()]),
+                self.shared.keying.effect_fingerprint("kv-delete", &[namespace.as_bytes(), key.as_bytes()]),
             ),
-            LocalWrite::Outbox { topic, payload } => {
-                ("outbox", topic.clone(), keys::effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]))
-            }
+            LocalWrite::Outbox { topic, payload } => (
+                "outbox",
+                topic.clone(),
+                self.shared.keying.effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]),
+            ),
         };
         let now = now_ms();
         let record = EffectRecord {

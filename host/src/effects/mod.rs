@@ -27,6 +27,8 @@ use crate::runtime::bindings::{ToolError, oncebox::tool};
 /// and the embedder's providers.
 pub struct Shared {
     pub ledger: Ledger,
+    /// Keys every fingerprint (of calls and of effects) with the ledger's secret.
+    pub keying: crate::keys::FingerprintKey,
     pub http: reqwest::Client,
     pub targets: targets::Targets,
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::keys;
 use crate::runtime::bindings::ToolError;
 
 use super::EffectCtx;
@@ -53,7 +52,7 @@ impl EffectCtx {
         let provider = self.shared.providers.get(&name).cloned().ok_or_else(|| {
             ToolError::Permanent(format!("no effect provider named `{name}` is registered with this host"))
         })?;
-        let fingerprint = keys::effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
+        let fingerprint = self.shared.keying.effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
         let kind = format!("provider:{name}");
         let begin = self.begin(Request { kind: &kind, label: &label, target: &name, fingerprint }).await?;
         let (record, source) = match begin {

@@ -14,7 +14,7 @@ use super::{
 /// `None`: the caller takes it (new, or its lease expired).
 pub(super) fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
     let op = existing?;
-    if op.fingerprint != req.fingerprint {
+    if !req.matches(&op.fingerprint) {
         Some(Claim::Conflict(op.clone()))
     } else if op.status != OperationStatus::Claimed {
         Some(Claim::Recorded(op.clone()))
@@ -53,7 +53,7 @@ pub(super) fn reopen(
     let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? else {
         return Err(LedgerError::NotInDoubt { operation_key: req.key.clone() });
     };
-    if op.fingerprint != req.fingerprint {
+    if !req.matches(&op.fingerprint) {
         return Ok(Claim::Conflict(op));
     }
     let in_doubt: Vec<EffectRecord> =

@@ -48,10 +48,20 @@ pub struct ClaimRequest {
     pub tool: String,
     pub class: crate::ReplayClass,
     pub fingerprint: String,
+    /// The same request's fingerprints under the ledger's older secrets (empty unless its key was
+    /// rotated): an operation recorded under one of them is this request, not a conflict.
+    pub older_fingerprints: Vec<String>,
     pub args: serde_json::Value,
     pub owner: String,
     pub now_ms: u64,
     pub lease_ms: u64,
+}
+
+impl ClaimRequest {
+    /// Whether an operation recorded with `fingerprint` was asked for with these args.
+    pub fn matches(&self, fingerprint: &str) -> bool {
+        self.fingerprint == fingerprint || self.older_fingerprints.iter().any(|older| older == fingerprint)
+    }
 }
 
 /// What the ledger says about an operation when a call arrives.
