@@ -298,7 +298,8 @@ async fn reopen(host: &Inner, request: &ClaimRequest, policy: &RetryPolicy) -> R
     let resendable: Vec<String> = host
         .shared
         .ledger
-        .effects(&request.key)?
+        .effects(&request.key)
+        .await?
         .into_iter()
         .filter(|e| e.status.in_doubt() && host.shared.resendable(e, policy.redispatch_in_doubt, now))
         .map(|e| e.key)
@@ -306,7 +307,7 @@ async fn reopen(host: &Inner, request: &ClaimRequest, policy: &RetryPolicy) -> R
     let mut request = request.clone();
     request.now_ms = now;
     // The job checks the effects again inside its transaction: what was read here may be stale.
-    Ok(host.shared.ledger.reopen(&request, move |e| resendable.contains(&e.key)).await?)
+    Ok(host.shared.ledger.reopen(&request, resendable).await?)
 }
 
 /// Asks the ledger who runs the operation; while another caller holds it and this one asked to
@@ -476,7 +477,7 @@ async fn standing(
     policy: &RetryPolicy,
 ) -> Result<(Vec<InDoubt>, Vec<String>), CallError> {
     let key = operation_key.to_string();
-    let recorded = host.shared.ledger.effects(&key)?;
+    let recorded = host.shared.ledger.effects(&key).await?;
     let now = now_ms();
     let mut in_doubt = ctx.in_doubt.clone();
     let mut taken = Vec::new();

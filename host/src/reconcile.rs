@@ -43,7 +43,7 @@ pub enum Reconciliation {
 pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Reconciliation, CallError> {
     let prepared = prepare(host, tool, call)?;
     let key = prepared.operation_key.clone();
-    let Some(op) = host.shared.ledger.operation(&key)? else {
+    let Some(op) = host.shared.ledger.operation(&key).await? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
     if op.status != OperationStatus::Unknown || !prepared.matches(&op.fingerprint) {
@@ -51,7 +51,8 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     }
     let still =
         |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms: None });
-    let in_doubt: Vec<_> = host.shared.ledger.effects(&key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
+    let in_doubt: Vec<_> =
+        host.shared.ledger.effects(&key).await?.into_iter().filter(|e| e.status.in_doubt()).collect();
     let effect = match in_doubt.as_slice() {
         [one] => one.clone(),
         [] => return still("no effect is in doubt: the tool itself reported the unknown outcome".into()),

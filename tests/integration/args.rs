@@ -15,7 +15,7 @@ async fn malformed_json_is_refused_and_nothing_is_recorded() {
         }
         other => panic!("expected invalid args, got {other:?}"),
     }
-    assert!(f.host.ledger().operations(None).expect("list").is_empty());
+    assert!(f.host.ledger().operations(None).await.expect("list").is_empty());
     assert_eq!(f.provider.requests(), 0);
 }
 
@@ -27,7 +27,7 @@ async fn schema_invalid_args_name_every_problem_and_record_nothing() {
     let message = err.to_string();
     assert!(message.contains("/order_id"), "{message}");
     assert!(message.contains("payment_method"), "{message}");
-    assert!(f.host.ledger().operations(None).expect("list").is_empty());
+    assert!(f.host.ledger().operations(None).await.expect("list").is_empty());
     assert_eq!(f.provider.requests(), 0);
     // The same step with good args then runs normally: the refusal left no trace to conflict with.
     let ok = f.call("run-1", "s", "charge", &crate::support::charge("o-1")).await;
@@ -58,5 +58,5 @@ async fn oversized_args_are_refused_before_parsing() {
     let err = f.host.call(Call::step("run-1", "s", "panicky", huge)).await.expect_err("refused");
     assert!(matches!(err, CallError::InvalidArgs { .. }), "{err:?}");
     assert!(err.to_string().contains("over the limit"), "{err}");
-    assert!(f.host.ledger().operations(None).expect("list").is_empty());
+    assert!(f.host.ledger().operations(None).await.expect("list").is_empty());
 }

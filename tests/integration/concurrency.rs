@@ -81,13 +81,13 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
     let fenced = stalled.await.expect("task");
     assert!(matches!(fenced, Err(oncebox::CallError::Ledger(oncebox::LedgerError::Fenced { .. }))), "{fenced:?}");
     let key = taken_over.operation_key.expect("key");
-    let op = host.ledger().operation(&key).expect("read").expect("op");
+    let op = host.ledger().operation(&key).await.expect("read").expect("op");
     assert_eq!(op.fence, 2);
     assert_eq!(op.status, oncebox::ledger::OperationStatus::Completed);
     assert_eq!(op.output.as_deref().map(|o| o.contains("done")), Some(true));
-    let effects = host.ledger().effects(&key).expect("effects");
+    let effects = host.ledger().effects(&key).await.expect("effects");
     assert_eq!(effects.len(), 1, "the KV effect was written once, by B");
-    let attempts = host.ledger().attempts(&key).expect("attempts");
+    let attempts = host.ledger().attempts(&key).await.expect("attempts");
     assert!(attempts.iter().all(|a| a.fence == 2), "nothing of A's was recorded after the takeover");
 }
 
@@ -114,9 +114,9 @@ async fn a_healthy_slow_owner_renews_its_lease_and_a_waiting_caller_gets_its_res
     assert_eq!(owner.status, Status::Completed, "{owner:?}");
     assert!(waiter.replayed && waiter.is_completed(), "the waiter got the owner's result: {waiter:?}");
     let key = owner.operation_key.expect("key");
-    let attempts = host.ledger().attempts(&key).expect("attempts");
+    let attempts = host.ledger().attempts(&key).await.expect("attempts");
     assert_eq!(attempts.len(), 1, "one attempt, by the owner: {attempts:?}");
-    assert_eq!(host.ledger().operation(&key).expect("read").expect("op").fence, 1, "never taken over");
+    assert_eq!(host.ledger().operation(&key).await.expect("read").expect("op").fence, 1, "never taken over");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -139,7 +139,7 @@ async fn concurrent_reservations_of_one_sku_lose_no_update() {
     }
     totals.sort_unstable();
     assert_eq!(totals, (1..=16).collect::<Vec<u64>>(), "each reservation saw the ones before it, none lost");
-    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter");
+    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").await.expect("kv").expect("counter");
     assert_eq!(stored, b"16");
 }
 
@@ -203,7 +203,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         unique.dedup();
         assert_eq!(unique.len(), fences.len(), "round {round}: a fence was handed out twice: {fences:?}");
         // Whatever raced, at most one owner's write-ahead is on record per fence the op holds now.
-        let held = ledger.operation(&op).expect("read").map(|op| op.fence);
+        let held = ledger.operation(&op).await.expect("read").map(|op| op.fence);
         assert!(held.is_none_or(|fence| fences.contains(&fence)), "round {round}: {held:?} not among {fences:?}");
     }
 }
@@ -347,7 +347,7 @@ mod interleavings {
                 }
                 Step::Read(w) => {
                     if workers[w].fence.is_some() {
-                        let recorded = ledger.effect(OP, EFFECT).expect("read");
+                        let recorded = rt.block_on(ledger.effect(OP, EFFECT)).expect("read");
                         // Only a record saying nothing took effect (or none) allows a dispatch; a
                         // downstream that ignores keys never gets an in-doubt effect again.
                         workers[w].may_dispatch = recorded.as_ref().is_none_or(|e| e.status == EffectStatus::Retryable);
@@ -444,9 +444,9 @@ async fn a_call_whose_effects_are_all_local_is_one_commit_and_a_remote_effect_ad
     let outcome = f.call("run-1", "reserve", "reserve", &reserve).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(ledger.commits() - before, 1, "one durable commit for a local-only call");
-    assert_eq!(ledger.kv_get("reservations", "reserved/sku-1").expect("kv").as_deref(), Some(&b"2"[..]));
+    assert_eq!(ledger.kv_get("reservations", "reserved/sku-1").await.expect("kv").as_deref(), Some(&b"2"[..]));
     let key = outcome.operation_key.expect("key");
-    assert_eq!(ledger.effects(&key).expect("effects").len(), 2, "both writes recorded with their effects");
+    assert_eq!(ledger.effects(&key).await.expect("effects").len(), 2, "both writes recorded with their effects");
 
     // charge: write-ahead, answer, result.
     let before = ledger.commits();

@@ -19,11 +19,11 @@ async fn a_lost_response_is_retried_with_the_same_key_and_charges_once() {
     assert_eq!(f.provider.requests(), 2, "the second request was the same key, answered from the provider's record");
 
     let key = outcome.operation_key.expect("key");
-    let effects = f.host.ledger().effects(&key).expect("effects");
+    let effects = f.host.ledger().effects(&key).await.expect("effects");
     assert_eq!(effects.len(), 1, "both attempts used one effect key");
     assert_eq!(effects[0].dispatches, 2);
     assert_eq!(effects[0].status, EffectStatus::Completed);
-    let attempts = f.host.ledger().attempts(&key).expect("attempts");
+    let attempts = f.host.ledger().attempts(&key).await.expect("attempts");
     assert_eq!(attempts.len(), 2);
     assert_eq!(attempts[0].outcome, "unknown-outcome");
     assert_eq!(attempts[1].effects[0].source, EffectSource::Redispatched);
@@ -74,7 +74,7 @@ async fn a_rate_limit_and_a_5xx_from_a_key_honouring_host_are_retried_with_the_s
     assert_eq!(f.provider.counts("o-1").payments, 1);
     let key = outcome.operation_key.expect("key");
     let classes: Vec<String> =
-        f.host.ledger().attempts(&key).expect("attempts").into_iter().map(|a| a.outcome).collect();
+        f.host.ledger().attempts(&key).await.expect("attempts").into_iter().map(|a| a.outcome).collect();
     // The 5xx proves nothing, so the effect was in doubt; the host honours keys, so it was resent.
     assert_eq!(classes, ["rate-limited", "unknown-outcome", "ok"]);
 }
@@ -107,14 +107,14 @@ async fn a_reservation_is_made_once_however_often_it_is_asked_for() {
     let other = f.call("run-2", "reserve", "reserve", &reserve("o-2")).await;
     assert_eq!(other.output.as_ref().expect("output")["reserved_total"], 4);
 
-    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter");
+    let stored = f.host.ledger().kv_get("reservations", "reserved/sku-1").await.expect("kv").expect("counter");
     assert_eq!(stored, b"4", "the ledger's own KV holds 2 + 2");
 
     let released = f.call("run-1", "release", "release", &json!({"order_id": "o-1"})).await;
     assert_eq!(released.output.as_ref().expect("output")["released"], 2);
     let released_again = f.call("run-1", "release-2", "release", &json!({"order_id": "o-1"})).await;
     assert_eq!(released_again.output.as_ref().expect("output")["released"], 0);
-    assert_eq!(f.host.ledger().kv_get("reservations", "reserved/sku-1").expect("kv").expect("counter"), b"2");
+    assert_eq!(f.host.ledger().kv_get("reservations", "reserved/sku-1").await.expect("kv").expect("counter"), b"2");
 }
 
 #[tokio::test]
@@ -123,7 +123,7 @@ async fn an_outbox_message_is_enqueued_once() {
     let args = json!({"order_id": "o-1", "email": "a@example.com", "template": "receipt"});
     f.call("run-1", "notify", "notify", &args).await;
     f.call("run-1", "notify", "notify", &args).await;
-    let outbox = f.host.ledger().outbox().expect("outbox");
+    let outbox = f.host.ledger().outbox().await.expect("outbox");
     assert_eq!(outbox.len(), 1, "{outbox:?}");
     assert_eq!(outbox[0].topic, "email");
     assert!(outbox[0].payload.contains("receipt"));
@@ -138,17 +138,17 @@ async fn the_local_writes_of_a_failed_attempt_are_discarded() {
     assert_eq!(outcome.attempts, 3);
     let key = outcome.operation_key.expect("key");
     // `failed` means nothing of the operation took effect: not even its own KV write.
-    assert!(f.host.ledger().kv_get("panicky", "panicky/last").expect("kv").is_none());
-    assert!(f.host.ledger().effects(&key).expect("effects").is_empty());
-    let attempts = f.host.ledger().attempts(&key).expect("attempts");
+    assert!(f.host.ledger().kv_get("panicky", "panicky/last").await.expect("kv").is_none());
+    assert!(f.host.ledger().effects(&key).await.expect("effects").is_empty());
+    let attempts = f.host.ledger().attempts(&key).await.expect("attempts");
     assert!(attempts.iter().all(|a| a.effects.is_empty()), "{attempts:?}");
-    assert_eq!(f.host.ledger().operation(&key).expect("op").expect("op").status, OperationStatus::Failed);
+    assert_eq!(f.host.ledger().operation(&key).await.expect("op").expect("op").status, OperationStatus::Failed);
 
     // The same write in an attempt that completes lands once.
     let args = json!({"mode": "ok", "write_first": true});
     let outcome = f.call("run-1", "steady", "panicky", &args).await;
     assert_eq!(outcome.status, Status::Completed);
-    assert_eq!(f.host.ledger().kv_get("panicky", "panicky/last").expect("kv").as_deref(), Some(&b"written"[..]));
+    assert_eq!(f.host.ledger().kv_get("panicky", "panicky/last").await.expect("kv").as_deref(), Some(&b"written"[..]));
 }
 
 #[tokio::test]
@@ -159,7 +159,8 @@ async fn sensitive_args_never_reach_the_ledger_file() {
     args["payment_method"] = card.into();
     let outcome = f.call("run-1", "charge", "charge", &args).await;
     assert_eq!(outcome.status, Status::Completed);
-    let op = f.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    let op =
+        f.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_eq!(op.args["payment_method"], oncebox::REDACTED);
     drop(f.host);
     let bytes = std::fs::read(f.dir.path().join("ledger.redb")).expect("read ledger file");
@@ -173,7 +174,7 @@ async fn a_read_only_tool_runs_without_a_step_and_records_nothing() {
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(outcome.output.expect("output")["available"], 10);
     assert_eq!(outcome.operation_key, None);
-    assert!(f.host.ledger().operations(None).expect("list").is_empty());
+    assert!(f.host.ledger().operations(None).await.expect("list").is_empty());
 }
 
 /// An embedder's effect that counts what reaches it.
@@ -224,7 +225,7 @@ async fn an_embedder_provider_gets_keys_and_deduplication_for_free() {
     let keys = bank.keys.lock().expect("lock").clone();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert_ne!(keys[0], keys[1], "each operation's effect has its own key");
-    let recorded = host.ledger().effects(ok.operation_key.as_deref().expect("key")).expect("effects");
+    let recorded = host.ledger().effects(ok.operation_key.as_deref().expect("key")).await.expect("effects");
     assert_eq!(recorded[0].key, keys[1], "the provider saw the ledger's effect key");
 
     let missing = host.call(call("missing", json!({"mode": "ok", "provider": "nobody"}))).await.expect("call");
@@ -266,9 +267,9 @@ async fn an_effect_left_in_doubt_keeps_the_operation_from_completing_even_if_a_l
     let error = outcome.error.expect("error");
     assert_eq!(error.class, "unknown-outcome");
     let key = outcome.operation_key.expect("key");
-    let op = host.ledger().operation(&key).expect("read").expect("op");
+    let op = host.ledger().operation(&key).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown, "never completed while the bank's effect is in doubt");
     assert!(op.output.is_none());
     // The KV write made before the bank's call went to disk with its write-ahead, before the call left.
-    assert_eq!(host.ledger().kv_get("panicky", "panicky/flipped").expect("kv").as_deref(), Some(&b"yes"[..]));
+    assert_eq!(host.ledger().kv_get("panicky", "panicky/flipped").await.expect("kv").as_deref(), Some(&b"yes"[..]));
 }

@@ -40,9 +40,9 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     assert_eq!(provider.counts("o-1").payments, 1);
 
     let key = outcome.operation_key.expect("key");
-    let op = restarted.ledger().operation(&key).expect("read").expect("op");
+    let op = restarted.ledger().operation(&key).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown);
-    let effects = restarted.ledger().effects(&key).expect("effects");
+    let effects = restarted.ledger().effects(&key).await.expect("effects");
     assert_eq!(effects.len(), 1);
     assert_eq!(effects[0].status, EffectStatus::Unknown);
 
@@ -85,7 +85,7 @@ async fn after_a_crash_an_effect_in_doubt_at_a_key_honouring_host_is_resent_with
     assert!(!outcome.replayed);
     assert_eq!(provider.counts("o-1").refunds, 1, "the resend was answered from the provider's key store");
     let key = outcome.operation_key.expect("key");
-    let effects = restarted.ledger().effects(&key).expect("effects");
+    let effects = restarted.ledger().effects(&key).await.expect("effects");
     assert_eq!((effects.len(), effects[0].dispatches), (1, 2), "one key, sent twice");
     assert!(restarted.call(call()).await.expect("call").replayed);
 }
@@ -153,7 +153,7 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
         let reconciled = host.reconcile(call.clone()).await.expect("reconcile");
         assert!(matches!(reconciled, Reconciliation::NotCommitted { .. }), "{reconciled:?}");
         let key = outcome.operation_key.expect("key");
-        host.ledger().effects(&key).expect("effects")[0].key.clone()
+        host.ledger().effects(&key).await.expect("effects")[0].key.clone()
     };
     hole_task.abort();
     let _ = hole_task.await;
@@ -165,7 +165,7 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
     let outcome = host.call(call).await.expect("call");
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     assert_eq!(provider.counts("o-1").payments, 1);
-    let effects = host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    let effects = host.ledger().effects(outcome.operation_key.as_deref().expect("key")).await.expect("effects");
     assert_eq!(effects.len(), 1);
     assert_eq!(effects[0].key, first_key, "the resend reused the effect key");
     let stored = reqwest::get(format!("{}/payments/by-key/{first_key}", provider.base_url())).await.expect("lookup");
@@ -255,11 +255,11 @@ async fn a_schema_2_ledger_is_migrated_and_its_kv_values_keep_their_bytes() {
     }
     let provider = Provider::start().await.expect("provider");
     let host = host_for(&ledger, &provider, true).await;
-    assert_eq!(host.ledger().kv_entry("reservations", "reserved/sku-1").expect("kv"), Some((b"4".to_vec(), 1)));
+    assert_eq!(host.ledger().kv_entry("reservations", "reserved/sku-1").await.expect("kv"), Some((b"4".to_vec(), 1)));
     let args = serde_json::json!({"order_id": "o-9", "sku": "sku-1", "quantity": 1}).to_string();
     let outcome = host.call(oncebox::Call::step("r", "s", "reserve", args)).await.expect("call");
     assert_eq!(outcome.output.expect("output")["reserved_total"], 5, "the migrated count was read");
-    let (value, version) = host.ledger().kv_entry("reservations", "reserved/sku-1").expect("kv").expect("entry");
+    let (value, version) = host.ledger().kv_entry("reservations", "reserved/sku-1").await.expect("kv").expect("entry");
     assert_eq!(value, b"5");
     assert_ne!(version, 1, "a write stamps a new version");
 }

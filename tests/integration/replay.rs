@@ -50,7 +50,8 @@ async fn changed_args_for_the_same_step_are_a_conflict() {
     assert_eq!(f.provider.counts("o-1").payments, 1);
 
     // The record still holds the first request's result.
-    let op = f.host.ledger().operation(conflict.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    let op =
+        f.host.ledger().operation(conflict.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_eq!(op.args["amount_cents"], 1200);
 }
 
@@ -74,7 +75,7 @@ async fn the_same_step_in_another_run_is_another_operation() {
     let b = f.call("run-b", "charge", "charge", &charge("o-1")).await;
     assert_ne!(a.operation_key, b.operation_key);
     assert_eq!(f.provider.counts("o-1").payments, 2);
-    let run_a = f.host.ledger().operations(Some("run-a")).expect("list");
+    let run_a = f.host.ledger().operations(Some("run-a")).await.expect("list");
     assert_eq!(run_a.len(), 1);
     assert_eq!(run_a[0].run_id, "run-a");
 }

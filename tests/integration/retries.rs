@@ -14,7 +14,7 @@ async fn transient_failures_are_retried_up_to_three_attempts() {
     assert_eq!(outcome.status, Status::Failed);
     assert_eq!(outcome.attempts, 3);
     let key = outcome.operation_key.expect("key");
-    let attempts = f.host.ledger().attempts(&key).expect("attempts");
+    let attempts = f.host.ledger().attempts(&key).await.expect("attempts");
     assert_eq!(attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2, 3]);
     assert!(attempts.iter().all(|a| a.outcome == "transient" && a.max_attempts == 3));
 }
@@ -34,7 +34,7 @@ async fn an_unknown_outcome_stops_and_is_recorded_unknown() {
     let outcome = f.call("run-1", "s", "panicky", &json!({"mode": "unknown"})).await;
     assert_eq!(outcome.status, Status::Unknown);
     assert_eq!(outcome.attempts, 1);
-    let op = f.host.ledger().operation(&outcome.operation_key.expect("key")).expect("read").expect("op");
+    let op = f.host.ledger().operation(&outcome.operation_key.expect("key")).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Unknown);
 }
 
@@ -88,6 +88,6 @@ async fn a_spinning_guest_is_interrupted_at_its_deadline() {
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
     assert_eq!(outcome.attempts, 2);
     assert_eq!(outcome.error.expect("error").class, "deadline");
-    let op = host.ledger().operation(&outcome.operation_key.expect("key")).expect("read").expect("op");
+    let op = host.ledger().operation(&outcome.operation_key.expect("key")).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Failed, "never left claimed");
 }

@@ -58,9 +58,9 @@ impl Cell {
     }
 
     /// The outcome classes of the attempts the ledger recorded.
-    fn attempts(&self, outcome: &Outcome) -> Vec<String> {
+    async fn attempts(&self, outcome: &Outcome) -> Vec<String> {
         let key = outcome.operation_key.as_deref().expect("key");
-        self.host.ledger().attempts(key).expect("attempts").into_iter().map(|a| a.outcome).collect()
+        self.host.ledger().attempts(key).await.expect("attempts").into_iter().map(|a| a.outcome).collect()
     }
 
     fn counts(&self) -> Counts {
@@ -96,7 +96,7 @@ async fn read_only_transient_is_retried() {
     let cell = Cell::new(true, vec![fault(Route::Inventory, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = cell.call("stock", &stock()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["transient", "ok"]);
     assert_eq!(cell.provider.reads(), 2);
     assert_eq!(outcome.output.expect("output")["available"], 7);
 }
@@ -106,7 +106,7 @@ async fn read_only_rate_limited_waits_and_retries() {
     let cell = Cell::new(true, vec![fault(Route::Inventory, rate_limit(), 1)]).await;
     let outcome = cell.call("stock", &stock()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["rate-limited", "ok"]);
     assert_eq!(cell.provider.reads(), 2);
 }
 
@@ -115,7 +115,7 @@ async fn read_only_lost_answer_is_retried() {
     let cell = Cell::new(false, vec![fault(Route::Inventory, FaultKind::LoseResponse, 1)]).await;
     let outcome = cell.call("stock", &stock()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome).len(), 2, "a read changes nothing, so a lost answer is just retried");
+    assert_eq!(cell.attempts(&outcome).await.len(), 2, "a read changes nothing, so a lost answer is just retried");
     assert_eq!(cell.provider.reads(), 2);
 }
 
@@ -124,7 +124,7 @@ async fn read_only_stops_after_three_attempts() {
     let cell = Cell::new(true, vec![fault(Route::Inventory, FaultKind::ErrorBeforeCommit, 5)]).await;
     let outcome = cell.call("stock", &stock()).await;
     assert_eq!(outcome.status, Status::Failed);
-    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    assert_eq!(cell.attempts(&outcome).await, ["transient", "transient", "transient"]);
     assert_eq!(cell.provider.reads(), 3);
 }
 
@@ -135,8 +135,8 @@ async fn idempotent_transient_is_retried_until_the_last_attempt() {
     let cell = Cell::refused().await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
-    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    assert_eq!(cell.attempts(&outcome).await, ["transient", "transient", "transient"]);
+    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).await.expect("effects");
     assert_eq!((effects.len(), effects[0].dispatches), (1, 3), "one key, tried three times, never sent");
 }
 
@@ -145,9 +145,9 @@ async fn idempotent_5xx_from_a_key_honouring_host_is_resent_with_the_same_key() 
     let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome", "ok"]);
     assert_eq!(cell.counts().refunds, 1);
-    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).expect("effects");
+    let effects = cell.host.ledger().effects(outcome.operation_key.as_deref().expect("key")).await.expect("effects");
     assert_eq!((effects.len(), effects[0].dispatches), (1, 2), "one key, sent twice");
 }
 
@@ -156,7 +156,7 @@ async fn idempotent_rate_limited_waits_and_retries() {
     let cell = Cell::new(true, vec![fault(Route::Refunds, rate_limit(), 1)]).await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["rate-limited", "ok"]);
     assert_eq!(cell.counts().refunds, 1);
 }
 
@@ -165,7 +165,7 @@ async fn idempotent_unknown_is_resent_with_the_same_key_while_the_downstream_kee
     let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::LoseResponse, 1)]).await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome", "ok"]);
     assert_eq!(cell.counts().refunds, 1);
     assert_eq!(cell.provider.requests(), 2);
 }
@@ -199,7 +199,7 @@ async fn idempotent_5xx_on_every_attempt_ends_unknown_not_failed() {
     let cell = Cell::new(true, vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 5)]).await;
     let outcome = cell.call("refund", &refund()).await;
     assert_eq!(outcome.status, Status::Unknown, "a 5xx is no proof that nothing happened: {outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome", "unknown-outcome", "unknown-outcome"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome", "unknown-outcome", "unknown-outcome"]);
     assert_eq!(cell.counts().refunds, 0);
     assert_eq!(cell.provider.requests(), 3);
 }
@@ -211,7 +211,7 @@ async fn compensatable_transient_is_retried() {
     let cell = Cell::refused().await;
     let outcome = cell.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient", "transient", "transient"]);
+    assert_eq!(cell.attempts(&outcome).await, ["transient", "transient", "transient"]);
 }
 
 #[tokio::test]
@@ -219,13 +219,13 @@ async fn compensatable_5xx_is_resent_only_with_key_support() {
     let with = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = with.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(with.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(with.attempts(&outcome).await, ["unknown-outcome", "ok"]);
     assert_eq!(with.counts().payments, 1);
 
     let without = Cell::new(false, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = without.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(without.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(without.attempts(&outcome).await, ["unknown-outcome"]);
     assert_eq!(without.provider.requests(), 1, "never a blind resend");
 }
 
@@ -234,7 +234,7 @@ async fn compensatable_rate_limited_waits_and_retries() {
     let cell = Cell::new(true, vec![fault(Route::Payments, rate_limit(), 1)]).await;
     let outcome = cell.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["rate-limited", "ok"]);
+    assert_eq!(cell.attempts(&outcome).await, ["rate-limited", "ok"]);
     assert_eq!(cell.counts().payments, 1);
 }
 
@@ -243,13 +243,13 @@ async fn compensatable_unknown_is_resent_only_with_key_support() {
     let with = Cell::new(true, vec![fault(Route::Payments, FaultKind::LoseResponse, 1)]).await;
     let outcome = with.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(with.attempts(&outcome), ["unknown-outcome", "ok"]);
+    assert_eq!(with.attempts(&outcome).await, ["unknown-outcome", "ok"]);
     assert_eq!(with.counts().payments, 1);
 
     let without = Cell::new(false, vec![fault(Route::Payments, FaultKind::LoseResponse, 1)]).await;
     let outcome = without.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(without.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(without.attempts(&outcome).await, ["unknown-outcome"]);
     assert_eq!(without.counts().payments, 1);
     assert_eq!(without.provider.requests(), 1);
 }
@@ -259,7 +259,7 @@ async fn compensatable_stops_after_three_attempts() {
     let cell = Cell::new(true, vec![fault(Route::Payments, FaultKind::ErrorBeforeCommit, 5)]).await;
     let outcome = cell.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome).len(), 3);
+    assert_eq!(cell.attempts(&outcome).await.len(), 3);
     assert_eq!(cell.counts().payments, 0);
 }
 
@@ -270,7 +270,7 @@ async fn irreversible_transient_is_not_retried() {
     let cell = Cell::refused().await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["transient"]);
+    assert_eq!(cell.attempts(&outcome).await, ["transient"]);
 }
 
 #[tokio::test]
@@ -278,7 +278,7 @@ async fn irreversible_5xx_is_unknown_even_with_key_support() {
     let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::ErrorBeforeCommit, 1)]).await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome"]);
     assert_eq!(cell.provider.requests(), 1);
 }
 
@@ -287,7 +287,7 @@ async fn irreversible_rate_limited_is_not_retried() {
     let cell = Cell::new(true, vec![fault(Route::Fulfillments, rate_limit(), 1)]).await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["rate-limited"]);
+    assert_eq!(cell.attempts(&outcome).await, ["rate-limited"]);
     assert_eq!(cell.provider.requests(), 1);
 }
 
@@ -296,7 +296,7 @@ async fn irreversible_unknown_goes_to_reconciliation_even_with_key_support() {
     let cell = Cell::new(true, vec![fault(Route::Fulfillments, FaultKind::LoseResponse, 1)]).await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome"]);
     assert_eq!(cell.counts().fulfillments, 1);
     assert_eq!(cell.provider.requests(), 1);
     let reconciled = cell.host.reconcile(Call::step("run-1", "step-1", "fulfill", fulfill().to_string())).await;
@@ -309,7 +309,8 @@ async fn irreversible_makes_one_attempt() {
     let cell = Cell::refused().await;
     let outcome = cell.call("fulfill", &fulfill()).await;
     assert_eq!(outcome.attempts, 1);
-    let op = cell.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    let op =
+        cell.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Failed);
 }
 
@@ -322,7 +323,7 @@ async fn permanent_is_never_retried() {
     declined["payment_method"] = "card_declined".into();
     let outcome = cell.call("charge", &declined).await;
     assert_eq!(outcome.status, Status::Failed);
-    assert_eq!(cell.attempts(&outcome), ["permanent"]);
+    assert_eq!(cell.attempts(&outcome).await, ["permanent"]);
     assert_eq!(cell.provider.requests(), 1);
 }
 
@@ -334,7 +335,7 @@ async fn a_transport_retry_is_an_attempt_and_a_repeated_call_is_not() {
     let requests = cell.provider.requests();
     let again = cell.call("charge", &charge("o-1")).await;
     assert_eq!((again.attempts, again.replayed), (2, true), "the model asking again is answered from the ledger");
-    assert_eq!(cell.attempts(&again).len(), 2, "and recorded no new attempt");
+    assert_eq!(cell.attempts(&again).await.len(), 2, "and recorded no new attempt");
     assert_eq!(cell.provider.requests(), requests);
     assert_eq!(cell.counts().payments, 1);
 }
@@ -415,7 +416,7 @@ async fn an_effect_timing_out_after_dispatch_is_in_doubt() {
     let cell = Cell::new(false, vec![fault(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }, 1)]).await;
     let outcome = cell.call("charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
-    assert_eq!(cell.attempts(&outcome), ["unknown-outcome"]);
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome"]);
     let message = outcome.error.expect("error").message;
     assert!(message.contains("timed out"), "{message}");
     assert_eq!(cell.counts().payments, 1, "it did take effect: exactly why a blind retry would be wrong");

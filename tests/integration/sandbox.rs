@@ -51,7 +51,7 @@ async fn failed_and_served(host: &Host, outcome: &Outcome, class: &str) -> Strin
     let error = outcome.error.clone().expect("an error");
     assert_eq!(error.class, class, "{}", error.message);
     let key = outcome.operation_key.as_deref().expect("recorded");
-    let op = host.ledger().operation(key).expect("read").expect("operation");
+    let op = host.ledger().operation(key).await.expect("read").expect("operation");
     assert_eq!(op.status, OperationStatus::Failed, "settled, not left claimed");
     let next = hostile(host, &format!("after-{key}"), json!({"mode": "ok", "echo": "still here"})).await;
     assert_eq!(next.status, Status::Completed, "the host serves the next call: {next:?}");
@@ -109,9 +109,9 @@ async fn a_flood_of_effect_calls_stops_at_the_limit_even_when_the_tool_swallows_
     failed_and_served(&host, &outcome, "effects-limit").await;
     let key = outcome.operation_key.expect("key");
     // The attempt failed, so none of its writes landed: not the 1000 within the limit either.
-    assert!(host.ledger().effects(&key).expect("effects").is_empty(), "nothing of a failed attempt is recorded");
-    assert!(host.ledger().kv_get("hostile", "k999").expect("kv").is_none());
-    assert!(host.ledger().kv_get("hostile", "k1000").expect("kv").is_none(), "the 1001st write never landed");
+    assert!(host.ledger().effects(&key).await.expect("effects").is_empty(), "nothing of a failed attempt is recorded");
+    assert!(host.ledger().kv_get("hostile", "k999").await.expect("kv").is_none());
+    assert!(host.ledger().kv_get("hostile", "k1000").await.expect("kv").is_none(), "the 1001st write never landed");
 }
 
 /// A provider, and a host whose `hostile` tool is granted `grants` only.
@@ -137,7 +137,7 @@ async fn http_to_a_host_not_granted_is_denied_naming_the_grant_and_nothing_is_se
     let outcome = hostile(&host, "read", json!({"mode": "http-read", "url": read})).await;
     failed_and_served(&host, &outcome, "permanent").await;
     assert_eq!((provider.requests(), provider.reads()), (0, 0), "nothing reached the provider");
-    assert!(host.ledger().effects(&outcome.operation_key.expect("key")).expect("effects").is_empty());
+    assert!(host.ledger().effects(&outcome.operation_key.expect("key")).await.expect("effects").is_empty());
 
     // A grant for another origin is no grant for this one; the granted origin is reachable.
     let (other, host) = with_provider(&[http_grant(&provider)]).await;
@@ -181,12 +181,12 @@ async fn kv_namespaces_outbox_topics_and_providers_need_grants() {
         let message = failed_and_served(&host, &outcome, "permanent").await;
         assert!(message.contains(grant), "{message}");
     }
-    assert!(host.ledger().kv_get("reservations", "stolen").expect("kv").is_none());
-    assert!(host.ledger().outbox().expect("outbox").is_empty());
+    assert!(host.ledger().kv_get("reservations", "stolen").await.expect("kv").is_none());
+    assert!(host.ledger().outbox().await.expect("outbox").is_empty());
     // The granted namespace works.
     let ok = hostile(&host, "shared", json!({"mode": "kv-other", "target": "shared"})).await;
     assert_eq!(ok.status, Status::Completed, "{ok:?}");
-    assert_eq!(host.ledger().kv_get("shared", "stolen").expect("kv").as_deref(), Some(&b"yes"[..]));
+    assert_eq!(host.ledger().kv_get("shared", "stolen").await.expect("kv").as_deref(), Some(&b"yes"[..]));
 }
 
 /// Runs the `oncebox` binary with logs at `level` and the suite's compile cache; returns the exit
@@ -217,7 +217,8 @@ fn a_secret_the_tool_prints_is_scrubbed_from_the_logs_and_kept_out_of_the_ledger
     assert!(stderr.contains("the secret is"), "the guest's output was logged: {stderr}");
     assert!(!stderr.contains(SECRET) && !stdout.contains(SECRET), "the secret leaked: {stdout}{stderr}");
     let ledger = oncebox::Ledger::open(&ledger).expect("open the ledger");
-    let records = format!("{:?}", ledger.operations(None).expect("operations"));
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let records = format!("{:?}", runtime.block_on(ledger.operations(None)).expect("operations"));
     assert!(records.contains("print") && !records.contains(SECRET), "{records}");
 }
 
@@ -350,7 +351,7 @@ async fn refused_recording_nothing(host: &Host, step: &str, args: Value) -> Stri
     let outcome = hostile(host, step, args).await;
     let key = outcome.operation_key.clone().expect("recorded");
     let message = failed_and_served(host, &outcome, "permanent").await;
-    assert!(host.ledger().effects(&key).expect("effects").is_empty(), "{step}: nothing recorded");
+    assert!(host.ledger().effects(&key).await.expect("effects").is_empty(), "{step}: nothing recorded");
     message
 }
 
@@ -371,7 +372,7 @@ async fn an_effect_label_over_its_limit_is_refused_and_nothing_is_recorded_or_se
         assert!(message.contains(&over("label", limit + 1, limit)), "{message}");
     }
     assert_eq!(provider.requests(), 0, "nothing was sent");
-    assert!(host.ledger().kv_get("hostile", "k").expect("kv").is_none(), "nothing was written");
+    assert!(host.ledger().kv_get("hostile", "k").await.expect("kv").is_none(), "nothing was written");
     // At the limit, the same calls go through.
     let ok = hostile(&host, "at-limit", json!({"mode": "long-label", "size": limit, "url": url, "echo": "x"})).await;
     assert_eq!(ok.status, Status::Completed, "{ok:?}");
@@ -453,12 +454,12 @@ async fn an_oversize_kv_key_namespace_outbox_topic_or_provider_name_is_refused()
         assert!(message.contains(&expected), "{step}: {message}");
         assert!(!message.contains(&long_name), "{step}: refused before the grant check, which would quote it");
     }
-    assert!(host.ledger().outbox().expect("outbox").is_empty());
+    assert!(host.ledger().outbox().await.expect("outbox").is_empty());
     let at_limit = json!({"mode": "long-kv-key", "size": MAX_KV_KEY_BYTES, "target": "set"});
     let ok = hostile(&host, "at-limit", at_limit).await;
     assert_eq!(ok.status, Status::Completed, "{ok:?}");
     let key = "k".repeat(MAX_KV_KEY_BYTES);
-    assert!(host.ledger().kv_get("hostile", &key).expect("kv").is_some(), "a key at the limit is written");
+    assert!(host.ledger().kv_get("hostile", &key).await.expect("kv").is_some(), "a key at the limit is written");
 }
 
 #[tokio::test]
@@ -471,9 +472,9 @@ async fn a_huge_guest_error_message_is_cut_before_it_is_recorded() {
     let marker = format!("… (cut at {MAX_ERROR_MESSAGE_BYTES} of {} bytes)", 1 << 20);
     assert!(message.ends_with(&marker) && !message.contains("THE-END"), "{}", &message[message.len() - 100..]);
     assert!(message.len() <= MAX_ERROR_MESSAGE_BYTES + marker.len(), "{} bytes", message.len());
-    let op = host.ledger().operation(&key).expect("read").expect("operation");
+    let op = host.ledger().operation(&key).await.expect("read").expect("operation");
     assert_eq!(op.error.expect("error").message, message, "the ledger keeps the cut message");
-    let attempts = host.ledger().attempts(&key).expect("attempts");
+    let attempts = host.ledger().attempts(&key).await.expect("attempts");
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].message.as_deref(), Some(message.as_str()));
 

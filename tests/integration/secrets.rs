@@ -96,7 +96,8 @@ async fn fingerprints_are_keyed_with_a_secret_beside_the_ledger_and_survive_its_
     let fingerprint = {
         let host = crate::support::host_for(&ledger, &provider, true).await;
         let outcome = host.call(call()).await.expect("call");
-        let op = host.ledger().operation(outcome.operation_key.as_deref().expect("key")).expect("read").expect("op");
+        let op =
+            host.ledger().operation(outcome.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
         op.fingerprint
     };
     // What an attacker with the ledger file would compute for each guess: the unkeyed hash.
@@ -132,6 +133,6 @@ async fn fingerprints_are_keyed_with_a_secret_beside_the_ledger_and_survive_its_
     let changed = host.call(oncebox::Call::step("run-1", "pin", "panicky", r#"{"mode":"ok","echo":"9999"}"#)).await;
     assert_eq!(changed.expect("call").status, oncebox::Status::Conflict, "other args are still a conflict");
     let new = host.call(oncebox::Call::step("run-1", "pin-2", "panicky", args.clone())).await.expect("call");
-    let op = host.ledger().operation(new.operation_key.as_deref().expect("key")).expect("read").expect("op");
+    let op = host.ledger().operation(new.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_ne!(op.fingerprint, fingerprint, "a new step is fingerprinted under the new secret");
 }

@@ -35,7 +35,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::List { ledger, run } => {
             let ledger = open(ledger)?;
-            for op in ledger.operations(run.as_deref())? {
+            for op in ledger.operations(run.as_deref()).await? {
                 print_json(&serde_json::json!({
                     "operation_key": op.key,
                     "run": op.run_id,
@@ -56,11 +56,11 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
         }
         Command::Show { ledger, key } => {
             let ledger = open(ledger)?;
-            let op = ledger.operation(&key)?.ok_or_else(|| Usage(format!("no operation with key {key}")))?;
+            let op = ledger.operation(&key).await?.ok_or_else(|| Usage(format!("no operation with key {key}")))?;
             print_json(&serde_json::json!({
                 "operation": op,
-                "effects": ledger.effects(&key)?,
-                "attempts": ledger.attempts(&key)?,
+                "effects": ledger.effects(&key).await?,
+                "attempts": ledger.attempts(&key).await?,
             }))?;
         }
     }

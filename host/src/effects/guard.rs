@@ -72,7 +72,7 @@ impl EffectCtx {
         let op = scope.operation_key.clone();
         let lookup_key = key.clone();
         let existing =
-            if scope.first { None } else { self.shared.ledger.effect(&op, &lookup_key).map_err(host_error)? };
+            if scope.first { None } else { self.shared.ledger.effect(&op, &lookup_key).await.map_err(host_error)? };
         let now = now_ms();
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
 

@@ -56,13 +56,13 @@ impl EffectCtx {
         let state = if scope.first {
             LocalOutcome::Applied
         } else {
-            self.shared.ledger.local_effect_state(&record).map_err(host_error)?
+            self.shared.ledger.local_effect_state(&record).await.map_err(host_error)?
         };
         match state {
             LocalOutcome::Applied => {
                 if let LocalWrite::KvSet { namespace, key, expected: Some(expected), .. } = &write {
                     // Checked against the committed state now, and again when the write commits.
-                    let current = self.shared.ledger.kv_version(namespace, key).map_err(host_error)?;
+                    let current = self.shared.ledger.kv_version(namespace, key).await.map_err(host_error)?;
                     if current != *expected {
                         return Ok(false);
                     }

@@ -231,7 +231,7 @@ impl tool::reads::Host for EffectCtx {
         within("KV key", key.len(), limits::MAX_KV_KEY_BYTES)?;
         let namespace = self.kv_namespace(namespace.as_deref())?;
         // A read transaction takes microseconds: no need for the blocking pool.
-        let committed = self.shared.ledger.kv_entry(&namespace, &key).map_err(guard::host_error)?;
+        let committed = self.shared.ledger.kv_entry(&namespace, &key).await.map_err(guard::host_error)?;
         // The attempt reads its own staged writes first, the latest one winning, with the version
         // the key had when the attempt began: the one a versioned write must name.
         let version = committed.as_ref().map_or(0, |(_, version)| *version);

@@ -1,43 +1,43 @@
-//! The durable record of operations, effects and attempts: an embedded redb file.
+//! The durable record of operations, effects and attempts, behind a narrow interface.
 //!
-//! Every write goes through the group-commit writer (`writer.rs`): concurrent writes share one redb
-//! transaction, committed with redb's default (immediate, fsync'd) durability, and each returns
-//! only after that commit: nobody is told "recorded" before the record is on disk. Reads are redb
-//! read transactions and see committed state. Writes for an operation carry the fencing token of
-//! the claim that made them and are refused when a newer claim took the operation over.
+//! [`Store`] is exactly what the call pipeline needs of a ledger: claim, reopen, renew, write an
+//! effect ahead and record its answer, record an attempt (and finish the operation), resolve, and
+//! read committed state. Nothing in it assumes that one process owns the store: a claim, a take-over
+//! and every fence check are decided by the store. [`Ledger`] is the handle the host holds, cheap to
+//! clone, over any store. Two backends implement it:
 //!
-//! A new operation's claim lives in memory (`live`) until the operation's first durable write:
-//! the write-ahead of its first remote effect, or its attempt's record. One process owns the
-//! ledger, so memory is where claims race; what the disk must know before anything leaves the
-//! host is on disk before it leaves. A call whose effects are all local therefore costs one commit:
-//! its claim, its KV and outbox writes (staged by the effects, see [`Staged`]) and its result go
-//! to disk together. After a crash nothing of such a call exists, which is the truth: nothing of
-//! it left the process.
+//! - `redb/`: the embedded redb file (group commit, claims in memory until their first durable
+//!   write: an optimisation one process owning the file allows, and that the trait does not see);
+//! - `reference`: a plain in-memory model written to be obviously right, the oracle the conformance
+//!   suite and the model-based test compare the redb backend with.
 //!
-//! Writes are async: the caller awaits the writer's answer. Reads are plain read transactions
-//! (microseconds on a warm page cache), called directly.
+//! The rules every backend applies (who gets an operation, when a finish is refused) live here,
+//! in [`verdict`] and [`refused_finish`], once.
 
 mod error;
-mod jobs;
-mod open;
 mod records;
-mod tables;
-mod writer;
+pub mod redb;
+pub mod reference;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use redb::{Database, ReadableDatabase, ReadableTable, Table};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
 
 pub use error::LedgerError;
-use jobs::{claim, encode_staged, put_effect, record_attempt, renew, reopen, resolve, take_over, verdict};
-use open::{init, recover};
 pub use records::*;
-use tables::*;
+
+/// A boxed future, so that [`Store`] can be a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An operation's final state, its output (JSON) and its error, recorded with its last attempt.
+pub type Finish = (OperationStatus, Option<String>, Option<ErrorRecord>);
+
+/// A KV key's committed value and version.
+pub type KvEntry = (Vec<u8>, u64);
+
+/// Local effects an attempt made, to commit with its next durable write: (record, write) in order.
+pub type Staged = Vec<(EffectRecord, LocalWrite)>;
 
 /// What a caller brings to claim an operation.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ pub enum Claim {
 #[derive(Debug, Clone)]
 pub enum LocalWrite {
     /// `expected`: write only if the key still has this version when the write commits (0: the
-    /// key must not exist); else the write job refuses (`KvConflict`).
+    /// key must not exist); else the write is refused (`KvConflict`).
     KvSet {
         namespace: String,
         key: String,
@@ -108,187 +108,154 @@ pub enum LocalOutcome {
     Diverged(Box<EffectRecord>),
 }
 
-#[derive(Clone)]
-pub struct Ledger {
-    db: Arc<Database>,
-    path: PathBuf,
-    writer: Arc<writer::Writer>,
-    /// Claims of operations that have no durable record yet, by operation key.
-    live: Live,
-    /// The next fence a take-over gets, in memory or on disk: one counter for the whole ledger,
-    /// above every fence on disk when it was opened, so no token is ever handed out twice (an
-    /// operation's fences grow, whichever path took it over).
-    next_fence: Arc<AtomicU64>,
+/// What the call pipeline needs of a ledger, and nothing more. Every write carries the fencing
+/// token of the claim that makes it and is refused (`Fenced`) once another caller took the
+/// operation over; every write is durable when its future resolves `Ok`, and nothing of a write
+/// that resolves `Err` was recorded. Reads see committed state.
+pub trait Store: Send + Sync + 'static {
+    /// Names the store in messages (a file's path, `:memory:`).
+    fn name(&self) -> &Path;
+
+    /// Decides, atomically, who runs an operation ([`verdict`]); a new or expired claim goes to
+    /// this caller with a fence no owner of the operation ever held.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>>;
+
+    /// Takes over an unknown operation to resend its in-doubt effects with their keys, if every
+    /// one of them is in `resendable` (effect keys the caller judged resendable); otherwise
+    /// answers with the record. The store checks the effects again itself.
+    fn reopen<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+        resendable: Vec<String>,
+    ) -> BoxFuture<'a, Result<Claim, LedgerError>>;
+
+    /// Extends the lease of `fence`'s claim to `until_ms` (never shortens it).
+    fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// Writes an effect record (write-ahead `dispatched`, or its answer) with the local effects
+    /// staged before it, as a compare-and-set: `expected` is the effect's (status, dispatches) as
+    /// the writer last saw them, `None` if it must be new (else `EffectChanged`).
+    fn put_effect<'a>(
+        &'a self,
+        fence: u64,
+        effect: &'a EffectRecord,
+        expected: Option<(EffectStatus, u32)>,
+        staged: Staged,
+    ) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// Records one attempt, the local effects it staged and, when the call is over, the
+    /// operation's final state, together. A finish the rule of evidence forbids is refused
+    /// ([`refused_finish`]); a versioned KV write whose key moved on is refused (`KvConflict`).
+    fn record_attempt<'a>(
+        &'a self,
+        fence: u64,
+        attempt: &'a AttemptRecord,
+        finish: Option<Finish>,
+        now_ms: u64,
+        staged: Staged,
+    ) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// Settles an unknown operation's in-doubt effect (`effect_key`, or its only one): the
+    /// operation completes (committed) or reopens for the next call (not committed) once nothing
+    /// else of it is in doubt.
+    fn resolve<'a>(
+        &'a self,
+        operation_key: &'a str,
+        effect_key: Option<&'a str>,
+        resolution: &'a Resolution,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>>;
+
+    fn operation<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<OperationRecord>, LedgerError>>;
+
+    /// All operations, or a run's, in key order.
+    fn operations<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>>;
+
+    fn effect<'a>(
+        &'a self,
+        operation_key: &'a str,
+        effect_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EffectRecord>, LedgerError>>;
+
+    /// An operation's effects, in the order they were first dispatched.
+    fn effects<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<EffectRecord>, LedgerError>>;
+
+    /// An operation's attempts, in order.
+    fn attempts<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<AttemptRecord>, LedgerError>>;
+
+    /// A KV key's committed value and version.
+    fn kv_entry<'a>(&'a self, namespace: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<KvEntry>, LedgerError>>;
+
+    /// Every outbox message, in the order enqueued.
+    fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>>;
+
+    /// Durable commits so far, for a store that counts them (group commit shares them).
+    fn commits(&self) -> u64 {
+        0
+    }
 }
 
-/// Claims held in memory; the writer's jobs check fences against them too.
-type Live = Arc<Mutex<HashMap<String, OperationRecord>>>;
-
-/// Local effects an attempt made, to commit with its next durable write: (record, write) in order.
-pub type Staged = Vec<(EffectRecord, LocalWrite)>;
+/// The host's handle on its ledger: cheap to clone, over any [`Store`].
+#[derive(Clone)]
+pub struct Ledger {
+    store: Arc<dyn Store>,
+}
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ledger").field("path", &self.path).finish()
+        f.debug_struct("Ledger").field("store", &self.store.name()).finish()
     }
 }
 
 impl Ledger {
-    /// Opens (or creates) the ledger at `path` and recovers what a stopped host left behind:
+    /// Opens (or creates) the redb ledger at `path` and recovers what a stopped host left behind:
     /// effects written ahead but never answered become `unknown`, operations holding one become
     /// `unknown`, and the other claims lose their lease so the next call takes them over.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
-        let path = path.as_ref().to_path_buf();
-        let db = Arc::new(Database::create(&path).map_err(|e| LedgerError::open(&path, e))?);
-        init(&db, &path)?;
-        let highest_fence = recover(&db, crate::clock::now_ms())?;
-        Ledger::serve(db, path, highest_fence)
+        Ok(Ledger::on(redb::RedbStore::open(path)?))
     }
 
-    /// Opens (or creates) a ledger over any redb storage backend (`name` names it in messages),
-    /// recovering as [`Ledger::open`] does: for a backend that fails on command in a test, or an
-    /// embedder's own storage.
-    pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
-        let path = name.as_ref().to_path_buf();
-        let db = Database::builder().create_with_backend(backend).map_err(|e| LedgerError::open(&path, e))?;
-        let db = Arc::new(db);
-        init(&db, &path)?;
-        let highest_fence = recover(&db, crate::clock::now_ms())?;
-        Ledger::serve(db, path, highest_fence)
+    /// Opens (or creates) a redb ledger over any redb storage backend (`name` names it in
+    /// messages), recovering as [`Ledger::open`] does: for a backend that fails on command in a
+    /// test, or an embedder's own storage.
+    pub fn open_on(backend: impl ::redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        Ok(Ledger::on(redb::RedbStore::open_on(backend, name)?))
     }
 
-    /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
-    /// tool in isolation in a test.
+    /// A redb ledger that lives in memory and dies with the process: for `inspect` and for
+    /// running a tool in isolation in a test.
     pub fn in_memory() -> Result<Self, LedgerError> {
-        let db = Database::builder()
-            .create_with_backend(redb::backends::InMemoryBackend::new())
-            .map_err(|e| LedgerError::open(Path::new(":memory:"), e))?;
-        let db = Arc::new(db);
-        let path = PathBuf::from(":memory:");
-        init(&db, &path)?;
-        Ledger::serve(db, path, 1)
+        Ok(Ledger::on(redb::RedbStore::in_memory()?))
     }
 
-    fn serve(db: Arc<Database>, path: PathBuf, highest_fence: u64) -> Result<Self, LedgerError> {
-        let writer = Arc::new(writer::Writer::start(db.clone())?);
-        // New operations start at fence 1, so take-overs start above it.
-        let next_fence = Arc::new(AtomicU64::new(highest_fence.max(1) + 1));
-        Ok(Ledger { db, path, writer, live: Live::default(), next_fence })
-    }
-
-    /// A fence never handed out before.
-    fn fresh_fence(&self) -> u64 {
-        self.next_fence.fetch_add(1, Ordering::Relaxed)
+    /// A handle on `store`.
+    pub fn on(store: impl Store) -> Self {
+        Ledger { store: Arc::new(store) }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.store.name()
     }
 
-    /// Durable write transactions committed since this ledger was opened. Concurrent writes share
-    /// one, so under load this grows slower than the number of writes.
+    /// Durable write transactions committed since this ledger was opened, where the store counts
+    /// them. Concurrent writes share one, so under load this grows slower than the number of writes.
     pub fn commits(&self) -> u64 {
-        self.writer.commits()
+        self.store.commits()
     }
-}
 
-impl Ledger {
-    /// Decides, atomically, who runs an operation. A recorded result, a conflict or a live lease is
-    /// answered from one read transaction, and a new operation is claimed in memory: no commit,
-    /// no writer. Only taking over a durable claim whose lease expired is a durable write.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
-        let durable = match self.claim_in_memory(req)? {
-            Ok(answer) => return Ok(answer),
-            Err(durable) => durable,
-        };
-        if let Some(answer) = verdict(Some(&durable), req) {
-            return Ok(answer);
-        }
-        let (req, fence) = (req.clone(), self.fresh_fence());
-        self.writer.submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. })).await
+        self.store.claim(req).await
     }
 
-    /// Takes over an unknown operation to resend its in-doubt effects with their keys, if every one
-    /// of them is `resendable`; otherwise answers with the record.
-    pub async fn reopen(
-        &self,
-        req: &ClaimRequest,
-        resendable: impl Fn(&EffectRecord) -> bool + Send + 'static,
-    ) -> Result<Claim, LedgerError> {
-        let (req, fence) = (req.clone(), self.fresh_fence());
-        self.writer
-            .submit(move |txn| reopen(txn, &req, fence, &resendable), |claim| matches!(claim, Claim::Owned { .. }))
-            .await
+    /// See [`Store::reopen`]: `resendable` judges each in-doubt effect.
+    pub async fn reopen(&self, req: &ClaimRequest, resendable: Vec<String>) -> Result<Claim, LedgerError> {
+        self.store.reopen(req, resendable).await
     }
 
-    /// Extends the lease of `fence`'s claim to `until_ms`, so that a live owner is not taken over;
-    /// refused (`Fenced`) once another caller took the operation over.
     pub async fn renew(&self, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
-        {
-            let mut live = self.live();
-            if let Some(op) = live.get_mut(key) {
-                if op.fence != fence {
-                    let current = op.fence;
-                    return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current });
-                }
-                op.lease_until_ms = op.lease_until_ms.max(until_ms);
-                return Ok(());
-            }
-        }
-        // Not in memory: durable by now (or taken from this owner, which the job tells).
-        let key = key.to_string();
-        self.writer.submit(move |txn| renew(txn, &key, fence, until_ms), |_| true).await
+        self.store.renew(key, fence, until_ms).await
     }
 
-    /// A claim decided in memory (`Ok(answer)`), or the durable record that decides it (`Err`).
-    fn claim_in_memory(&self, req: &ClaimRequest) -> Result<Result<Claim, OperationRecord>, LedgerError> {
-        let mut live = self.live();
-        // Read under the lock: a job makes an operation durable before it drops its live claim,
-        // so between the two, one of them is always visible here.
-        if let Some(op) = self.operation(&req.key)? {
-            live.remove(&req.key);
-            return Ok(Err(op));
-        }
-        if let Some(answer) = verdict(live.get(&req.key), req) {
-            return Ok(Ok(answer));
-        }
-        // A live claim here expired: its owner stalled before writing anything durable.
-        let expired = live.remove(&req.key);
-        let fence = if expired.is_some() { self.fresh_fence() } else { 1 };
-        let op = take_over(expired, req, fence);
-        let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-        live.insert(req.key.clone(), op);
-        Ok(Ok(claim))
-    }
-
-    /// Records one attempt, the local effects it staged and, when the call is over, the
-    /// operation's final state: one commit.
-    pub async fn record_attempt(
-        &self,
-        fence: u64,
-        attempt: &AttemptRecord,
-        finish: Option<(OperationStatus, Option<String>, Option<ErrorRecord>)>,
-        now_ms: u64,
-        staged: Staged,
-    ) -> Result<(), LedgerError> {
-        // Records are encoded here, on the caller's task: the writer is one thread for every caller.
-        let (encoded, staged, live) = (encode(attempt)?, encode_staged(staged)?, self.live.clone());
-        let (key, number) = (attempt.operation_key.clone(), attempt.attempt);
-        let job_key = key.clone();
-        self.writer
-            .submit(
-                move |txn| record_attempt(txn, &live, fence, (&job_key, number, &encoded), &staged, finish, now_ms),
-                |_| true,
-            )
-            .await?;
-        self.settle(&key, fence);
-        Ok(())
-    }
-
-    /// Writes an effect record (write-ahead `dispatched`, or its answer) for the owner of `fence`,
-    /// with the local effects staged before it: they are on disk before the effect leaves.
-    /// `expected`: the effect's (status, dispatches) as the writer last saw them, `None` if it
-    /// must be new; a record that changed since is not overwritten (`EffectChanged`).
     pub async fn put_effect(
         &self,
         fence: u64,
@@ -296,44 +263,20 @@ impl Ledger {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> Result<(), LedgerError> {
-        let (encoded, staged, live) = (encode(effect)?, encode_staged(staged)?, self.live.clone());
-        let (key, effect_key) = (effect.operation_key.clone(), effect.key.clone());
-        let job_key = key.clone();
-        self.writer
-            .submit(
-                move |txn| put_effect(txn, &live, fence, (&job_key, &effect_key, &encoded), expected, &staged),
-                |_| true,
-            )
-            .await?;
-        self.settle(&key, fence);
-        Ok(())
+        self.store.put_effect(fence, effect, expected, staged).await
     }
 
-    /// What a local effect's key already holds: nothing (stage it), the same request (already
-    /// applied by an earlier attempt), or another one (the tool diverged).
-    pub fn local_effect_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
-        Ok(match self.effect(&effect.operation_key, &effect.key)? {
-            None => LocalOutcome::Applied,
-            Some(existing) if existing.fingerprint != effect.fingerprint => LocalOutcome::Diverged(Box::new(existing)),
-            Some(_) => LocalOutcome::AlreadyApplied,
-        })
+    pub async fn record_attempt(
+        &self,
+        fence: u64,
+        attempt: &AttemptRecord,
+        finish: Option<Finish>,
+        now_ms: u64,
+        staged: Staged,
+    ) -> Result<(), LedgerError> {
+        self.store.record_attempt(fence, attempt, finish, now_ms, staged).await
     }
 
-    /// Drops the live claim of `fence` once its operation is durable.
-    fn settle(&self, key: &str, fence: u64) {
-        let mut live = self.live();
-        if live.get(key).is_some_and(|op| op.fence == fence) {
-            live.remove(key);
-        }
-    }
-
-    fn live(&self) -> MutexGuard<'_, HashMap<String, OperationRecord>> {
-        self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Settles an unknown operation's in-doubt effect (`effect_key`, or its only one) with what
-    /// reconciliation or a person established, recorded with who and why. The operation completes
-    /// (committed) or reopens for the next call (not committed) once nothing else is in doubt.
     pub async fn resolve(
         &self,
         operation_key: &str,
@@ -341,143 +284,191 @@ impl Ledger {
         resolution: &Resolution,
         settlement: &Settlement,
     ) -> Result<OperationRecord, LedgerError> {
-        let (op, effect) = (operation_key.to_string(), effect_key.map(str::to_string));
-        let (resolution, settlement) = (resolution.clone(), settlement.clone());
-        self.writer.submit(move |txn| resolve(txn, &op, effect.as_deref(), &resolution, &settlement), |_| true).await
-    }
-}
-
-impl Ledger {
-    pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        get(&txn.open_table(RECORDS)?, operation_id(key))
+        self.store.resolve(operation_key, effect_key, resolution, settlement).await
     }
 
-    /// All operations, or a run's, in key order.
-    pub fn operations(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        let records = txn.open_table(RECORDS)?;
-        let mut out = Vec::new();
-        match run_id {
-            None => {
-                for entry in records.iter()? {
-                    let (key, value) = entry?;
-                    let (key, kind, _) = key.value();
-                    if kind == OPERATION {
-                        out.push(decode("operations", key, value.value())?);
-                    }
-                }
-            }
-            Some(run) => {
-                let steps = txn.open_table(RUN_STEPS)?;
-                for entry in steps.range((run, "", "")..)? {
-                    let (key, op_key) = entry?;
-                    if key.value().0 != run {
-                        break;
-                    }
-                    if let Some(op) = get(&records, operation_id(op_key.value()))? {
-                        out.push(op);
-                    }
-                }
-            }
-        }
-        Ok(out)
+    pub async fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
+        self.store.operation(key).await
     }
 
-    pub fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        get(&txn.open_table(RECORDS)?, (operation_key, EFFECT, effect_key))
+    pub async fn operations(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
+        self.store.operations(run_id).await
     }
 
-    pub fn effects(&self, operation_key: &str) -> Result<Vec<EffectRecord>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        effects_of(&txn.open_table(RECORDS)?, operation_key)
+    pub async fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
+        self.store.effect(operation_key, effect_key).await
     }
 
-    pub fn attempts(&self, operation_key: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(RECORDS)?;
-        let mut out = Vec::new();
-        for entry in table.range((operation_key, ATTEMPT, "")..(operation_key, EFFECT, ""))? {
-            let (key, value) = entry?;
-            out.push(decode("attempts", key.value().0, value.value())?);
-        }
-        Ok(out)
+    pub async fn effects(&self, operation_key: &str) -> Result<Vec<EffectRecord>, LedgerError> {
+        self.store.effects(operation_key).await
     }
 
-    pub fn kv_get(&self, namespace: &str, key: &str) -> Result<Option<Vec<u8>>, LedgerError> {
-        Ok(self.kv_entry(namespace, key)?.map(|(value, _)| value))
+    pub async fn attempts(&self, operation_key: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        self.store.attempts(operation_key).await
     }
 
-    /// A KV key's committed value and version.
-    pub fn kv_entry(&self, namespace: &str, key: &str) -> Result<Option<(Vec<u8>, u64)>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(KV)?;
-        let Some(stored) = table.get((namespace, key))? else {
-            return Ok(None);
-        };
-        let (version, value) = kv_decode(stored.value())
-            .ok_or_else(|| LedgerError::Corrupt { what: format!("kv {namespace}/{key}: no version") })?;
-        Ok(Some((value.to_vec(), version)))
+    pub async fn kv_entry(&self, namespace: &str, key: &str) -> Result<Option<KvEntry>, LedgerError> {
+        self.store.kv_entry(namespace, key).await
+    }
+
+    pub async fn kv_get(&self, namespace: &str, key: &str) -> Result<Option<Vec<u8>>, LedgerError> {
+        Ok(self.kv_entry(namespace, key).await?.map(|(value, _)| value))
     }
 
     /// A KV key's committed version (0: absent).
-    pub fn kv_version(&self, namespace: &str, key: &str) -> Result<u64, LedgerError> {
-        Ok(self.kv_entry(namespace, key)?.map_or(0, |(_, version)| version))
+    pub async fn kv_version(&self, namespace: &str, key: &str) -> Result<u64, LedgerError> {
+        Ok(self.kv_entry(namespace, key).await?.map_or(0, |(_, version)| version))
     }
 
-    pub fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(OUTBOX)?;
-        let mut out = Vec::new();
-        for entry in table.iter()? {
-            let (seq, value) = entry?;
-            out.push(decode("outbox", &seq.value().to_string(), value.value())?);
-        }
-        Ok(out)
+    pub async fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {
+        self.store.outbox().await
+    }
+
+    /// What a local effect's key already holds: nothing (stage it), the same request (already
+    /// applied by an earlier attempt), or another one (the tool diverged).
+    pub async fn local_effect_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
+        Ok(match self.effect(&effect.operation_key, &effect.key).await? {
+            None => LocalOutcome::Applied,
+            Some(existing) if existing.fingerprint != effect.fingerprint => LocalOutcome::Diverged(Box::new(existing)),
+            Some(_) => LocalOutcome::AlreadyApplied,
+        })
     }
 }
 
-fn effects_of(
-    table: &impl ReadableTable<RecordKey, &'static [u8]>,
+/// What an operation's record (or its absence) means for a caller that wants to run it.
+/// `None`: the caller takes it (new, or its lease expired).
+pub fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
+    let op = existing?;
+    if !req.matches(&op.fingerprint) {
+        Some(Claim::Conflict(op.clone()))
+    } else if op.status != OperationStatus::Claimed {
+        Some(Claim::Recorded(op.clone()))
+    } else if op.lease_until_ms > req.now_ms {
+        Some(Claim::InProgress(op.clone()))
+    } else {
+        None
+    }
+}
+
+/// The rule of evidence for an operation's end, whoever asks: an operation with an effect in
+/// doubt is neither completed nor failed, and one with an effect that took place is not failed.
+/// `effects` are every effect of the operation the finish would leave recorded.
+pub fn refused_finish<'e>(
     operation_key: &str,
-) -> Result<Vec<EffectRecord>, LedgerError> {
-    let mut out: Vec<EffectRecord> = Vec::new();
-    for entry in table.range((operation_key, EFFECT, "")..(operation_key, EFFECT + 1, ""))? {
-        let (key, value) = entry?;
-        out.push(decode("effects", key.value().2, value.value())?);
+    status: OperationStatus,
+    effects: impl IntoIterator<Item = &'e EffectRecord>,
+) -> Option<LedgerError> {
+    if !matches!(status, OperationStatus::Completed | OperationStatus::Failed) {
+        return None;
     }
-    out.sort_by(|a, b| a.first_dispatched_ms.cmp(&b.first_dispatched_ms).then(a.label.cmp(&b.label)));
-    Ok(out)
+    let failing = status == OperationStatus::Failed;
+    let effect = effects.into_iter().find(|e| e.status.in_doubt() || (failing && e.status.taken()))?;
+    let (operation_key, effect_key) = (operation_key.to_string(), effect.key.clone());
+    Some(if effect.status.in_doubt() {
+        LedgerError::InDoubt { operation_key, effect_key }
+    } else {
+        LedgerError::EffectTaken { operation_key, effect_key }
+    })
 }
 
-fn get<'k, K: redb::Key + 'static, T: DeserializeOwned>(
-    table: &impl ReadableTable<K, &'static [u8]>,
-    key: impl std::borrow::Borrow<K::SelfType<'k>> + std::fmt::Debug,
-) -> Result<Option<T>, LedgerError> {
-    let Some(value) = table.get(key.borrow())? else {
-        return Ok(None);
+/// The operation for `req`'s caller: an expired claim taken over with `fence`, or a new one
+/// (whose fence is 1: no claim of it existed, so no token of it was ever handed out).
+pub fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest, fence: u64) -> OperationRecord {
+    match expired {
+        Some(mut op) => {
+            op.fence = fence;
+            op.owner.clone_from(&req.owner);
+            op.lease_until_ms = req.now_ms + req.lease_ms;
+            op.updated_ms = req.now_ms;
+            op
+        }
+        None => new_operation(req),
+    }
+}
+
+fn new_operation(req: &ClaimRequest) -> OperationRecord {
+    OperationRecord {
+        key: req.key.clone(),
+        run_id: req.run_id.clone(),
+        step_id: req.step_id.clone(),
+        tool: req.tool.clone(),
+        class: req.class,
+        fingerprint: req.fingerprint.clone(),
+        args: req.args.clone(),
+        status: OperationStatus::Claimed,
+        owner: req.owner.clone(),
+        lease_until_ms: req.now_ms + req.lease_ms,
+        fence: 1,
+        attempts: 0,
+        output: None,
+        error: None,
+        created_ms: req.now_ms,
+        updated_ms: req.now_ms,
+    }
+}
+
+/// What settling an unknown operation's in-doubt effect (`effect_key`, or its only one) makes of
+/// its records: the operation (completed, or reopened for the next call, once nothing else of it
+/// is in doubt) and the settled effect. `effects` are all of the operation's effects.
+pub fn settled(
+    operation_key: &str,
+    op: Option<OperationRecord>,
+    effects: &[EffectRecord],
+    effect_key: Option<&str>,
+    resolution: &Resolution,
+    settlement: &Settlement,
+) -> Result<(OperationRecord, Option<EffectRecord>), LedgerError> {
+    let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
+    let mut op = op.ok_or_else(not_in_doubt)?;
+    if op.status != OperationStatus::Unknown {
+        return Err(not_in_doubt());
+    }
+    let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
+    // The effect to settle: the one named, or the only one. None: the tool itself reported the
+    // unknown outcome and no effect of it is in doubt; the settlement is the operation's.
+    let settled = match effect_key {
+        Some(wanted) => {
+            Some(in_doubt.iter().find(|e| e.key == wanted).copied().ok_or_else(|| LedgerError::NotInDoubt {
+                operation_key: format!("{operation_key} (effect {wanted})"),
+            })?)
+        }
+        None if in_doubt.len() > 1 => {
+            let keys: Vec<&str> = in_doubt.iter().map(|e| e.key.as_str()).collect();
+            return Err(LedgerError::Ambiguous { operation_key: operation_key.to_string(), effects: keys.join(", ") });
+        }
+        None => in_doubt.first().copied(),
     };
-    // The key is formatted only for the error: this runs on every read.
-    serde_json::from_slice(value.value())
-        .map(Some)
-        .map_err(|e| LedgerError::Corrupt { what: format!("key {key:?}: undecodable record: {e}") })
+    let still_in_doubt = in_doubt.len() - usize::from(settled.is_some());
+    let now_ms = settlement.at_ms;
+    op.updated_ms = now_ms;
+    let effect = settled.cloned().map(|mut effect| {
+        effect.updated_ms = now_ms;
+        effect.status = match resolution {
+            Resolution::Committed { .. } => EffectStatus::Completed,
+            Resolution::NotCommitted => EffectStatus::Retryable,
+        };
+        effect.resolution = Some(settlement.clone());
+        effect
+    });
+    // Another effect still in doubt keeps the operation unknown: settle that one too.
+    if still_in_doubt == 0 {
+        op.lease_until_ms = 0;
+        op.error = None;
+        match resolution {
+            Resolution::Committed { output } => {
+                op.status = OperationStatus::Completed;
+                op.output = Some(output.clone());
+            }
+            // Claimed with an expired lease: the next call takes it over and runs it again.
+            Resolution::NotCommitted => op.status = OperationStatus::Claimed,
+        }
+    }
+    Ok((op, effect))
 }
 
-fn put<'k, K: redb::Key + 'static, T: Serialize>(
-    table: &mut Table<K, &'static [u8]>,
-    key: impl std::borrow::Borrow<K::SelfType<'k>>,
-    value: &T,
-) -> Result<(), LedgerError> {
-    table.insert(key, encode(value)?.as_slice())?;
-    Ok(())
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, LedgerError> {
-    serde_json::to_vec(value).map_err(|e| LedgerError::Corrupt { what: format!("encoding a record: {e}") })
-}
-
-fn decode<T: DeserializeOwned>(table: &str, key: &str, bytes: &[u8]) -> Result<T, LedgerError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| LedgerError::Corrupt { what: format!("table {table}, key {key}: undecodable record: {e}") })
+/// The version a write stamps on its key: taken from its effect key, which no other write ever
+/// has, so versions never repeat (and never come back after a delete). Never 0, which means absent.
+pub fn stamp(effect_key: &str) -> u64 {
+    let n = effect_key.get(..16).and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(1);
+    n.max(1)
 }

@@ -49,13 +49,6 @@ pub fn kv_decode(bytes: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_le_bytes(*version), value))
 }
 
-/// The version a write stamps on its key: taken from its effect key, which no other write ever
-/// has, so versions never repeat (and never come back after a delete). Never 0, which means absent.
-pub fn kv_version(effect_key: &str) -> u64 {
-    let n = effect_key.get(..16).and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(1);
-    n.max(1)
-}
-
 /// The id of an attempt: its number, padded so that attempts sort in order.
 pub fn attempt_id(number: u32) -> String {
     format!("{number:010}")

@@ -7,23 +7,9 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::tables::*;
 use super::{
     Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
-    OperationStatus, OutboxMessage, Resolution, Settlement, Staged, encode, get, put,
+    OperationStatus, OutboxMessage, Resolution, Settlement, Staged, encode, get, put, verdict,
 };
-
-/// What an operation's record (or its absence) means for a caller that wants to run it.
-/// `None`: the caller takes it (new, or its lease expired).
-pub(super) fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
-    let op = existing?;
-    if !req.matches(&op.fingerprint) {
-        Some(Claim::Conflict(op.clone()))
-    } else if op.status != OperationStatus::Claimed {
-        Some(Claim::Recorded(op.clone()))
-    } else if op.lease_until_ms > req.now_ms {
-        Some(Claim::InProgress(op.clone()))
-    } else {
-        None
-    }
-}
+use crate::ledger::{refused_finish, settled, take_over};
 
 /// Takes over an expired durable claim with `fence`, a token the ledger never handed out before.
 pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest, fence: u64) -> Result<Claim, LedgerError> {
@@ -47,7 +33,7 @@ pub(super) fn reopen(
     txn: &WriteTransaction,
     req: &ClaimRequest,
     fence: u64,
-    resendable: &dyn Fn(&EffectRecord) -> bool,
+    resendable: &[String],
 ) -> Result<Claim, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? else {
@@ -58,7 +44,10 @@ pub(super) fn reopen(
     }
     let in_doubt: Vec<EffectRecord> =
         super::effects_of(&records, &req.key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
-    if op.status != OperationStatus::Unknown || in_doubt.is_empty() || !in_doubt.iter().all(resendable) {
+    if op.status != OperationStatus::Unknown
+        || in_doubt.is_empty()
+        || !in_doubt.iter().all(|e| resendable.contains(&e.key))
+    {
         return Ok(Claim::Recorded(op));
     }
     let mut op = take_over(Some(op), req, fence);
@@ -78,42 +67,6 @@ pub(super) fn renew(txn: &WriteTransaction, key: &str, fence: u64, until_ms: u64
             put(&mut records, operation_id(key), &op)
         }
         op => Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.map_or(0, |op| op.fence) }),
-    }
-}
-
-/// The operation for `req`'s caller: an expired claim taken over with `fence`, or a new one
-/// (whose fence is 1: no claim of it existed, so no token of it was ever handed out).
-pub(super) fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest, fence: u64) -> OperationRecord {
-    match expired {
-        Some(mut op) => {
-            op.fence = fence;
-            op.owner.clone_from(&req.owner);
-            op.lease_until_ms = req.now_ms + req.lease_ms;
-            op.updated_ms = req.now_ms;
-            op
-        }
-        None => new_operation(req),
-    }
-}
-
-fn new_operation(req: &ClaimRequest) -> OperationRecord {
-    OperationRecord {
-        key: req.key.clone(),
-        run_id: req.run_id.clone(),
-        step_id: req.step_id.clone(),
-        tool: req.tool.clone(),
-        class: req.class,
-        fingerprint: req.fingerprint.clone(),
-        args: req.args.clone(),
-        status: OperationStatus::Claimed,
-        owner: req.owner.clone(),
-        lease_until_ms: req.now_ms + req.lease_ms,
-        fence: 1,
-        attempts: 0,
-        output: None,
-        error: None,
-        created_ms: req.now_ms,
-        updated_ms: req.now_ms,
     }
 }
 
@@ -142,22 +95,13 @@ pub(super) fn record_attempt(
     let mut records = txn.open_table(RECORDS)?;
     let (mut op, first_write) = owned(&records, live, key, fence)?;
     let fresh = unapplied(txn, &records, key, staged)?;
-    // The rule of evidence, enforced whoever asks: an operation with an effect in doubt is
-    // neither completed nor failed, and one with an effect taken is not failed. A first write has
+    // The rule of evidence, enforced whoever asks (`ledger::refused_finish`). A first write has
     // no effect on disk to look at, only the local ones it carries.
-    if let Some((status @ (OperationStatus::Completed | OperationStatus::Failed), _, _)) = &finish {
-        let failing = *status == OperationStatus::Failed;
+    if let Some((status, _, _)) = &finish {
         let on_disk = if first_write { Vec::new() } else { super::effects_of(&records, key)? };
         let carried = fresh.iter().map(|write| &write.effect);
-        if let Some(effect) =
-            on_disk.iter().chain(carried).find(|e| e.status.in_doubt() || (failing && e.status.taken()))
-        {
-            let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
-            return Err(if effect.status.in_doubt() {
-                LedgerError::InDoubt { operation_key, effect_key }
-            } else {
-                LedgerError::EffectTaken { operation_key, effect_key }
-            });
+        if let Some(refusal) = refused_finish(key, *status, on_disk.iter().chain(carried)) {
+            return Err(refusal);
         }
     }
     // Decided; from here on only writes.
@@ -289,7 +233,7 @@ fn apply_local(
     for StagedWrite { effect, bytes, write } in writes {
         match write {
             LocalWrite::KvSet { namespace, key, value, .. } => {
-                let stored = kv_encode(kv_version(&effect.key), value);
+                let stored = kv_encode(crate::ledger::stamp(&effect.key), value);
                 txn.open_table(KV)?.insert((namespace.as_str(), key.as_str()), stored.as_slice())?;
             }
             LocalWrite::KvDelete { namespace, key } => {
@@ -322,52 +266,15 @@ pub(super) fn resolve(
     settlement: &Settlement,
 ) -> Result<OperationRecord, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
-    let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
-    let mut op: OperationRecord = get(&records, operation_id(operation_key))?.ok_or_else(not_in_doubt)?;
-    if op.status != OperationStatus::Unknown {
-        return Err(not_in_doubt());
-    }
-    let in_doubt: Vec<EffectRecord> =
-        super::effects_of(&records, operation_key)?.into_iter().filter(|e| e.status.in_doubt()).collect();
-    // The effect to settle: the one named, or the only one. None: the tool itself reported the
-    // unknown outcome and no effect of it is in doubt; the settlement is the operation's.
-    let settled = match effect_key {
-        Some(wanted) => {
-            Some(in_doubt.iter().find(|e| e.key == wanted).cloned().ok_or_else(|| LedgerError::NotInDoubt {
-                operation_key: format!("{operation_key} (effect {wanted})"),
-            })?)
-        }
-        None if in_doubt.len() > 1 => {
-            let keys: Vec<&str> = in_doubt.iter().map(|e| e.key.as_str()).collect();
-            return Err(LedgerError::Ambiguous { operation_key: operation_key.to_string(), effects: keys.join(", ") });
-        }
-        None => in_doubt.first().cloned(),
+    let op: Option<OperationRecord> = get(&records, operation_id(operation_key))?;
+    let effects = match &op {
+        Some(_) => super::effects_of(&records, operation_key)?,
+        None => Vec::new(),
     };
-    let still_in_doubt = in_doubt.len() - usize::from(settled.is_some());
+    let (op, effect) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
     // Decided; from here on only writes.
-    let now_ms = settlement.at_ms;
-    op.updated_ms = now_ms;
-    if let Some(mut effect) = settled {
-        effect.updated_ms = now_ms;
-        effect.status = match resolution {
-            Resolution::Committed { .. } => EffectStatus::Completed,
-            Resolution::NotCommitted => EffectStatus::Retryable,
-        };
-        effect.resolution = Some(settlement.clone());
+    if let Some(effect) = effect {
         put(&mut records, (operation_key, EFFECT, effect.key.as_str()), &effect)?;
-    }
-    // Another effect still in doubt keeps the operation unknown: settle that one too.
-    if still_in_doubt == 0 {
-        op.lease_until_ms = 0;
-        op.error = None;
-        match resolution {
-            Resolution::Committed { output } => {
-                op.status = OperationStatus::Completed;
-                op.output = Some(output.clone());
-            }
-            // Claimed with an expired lease: the next call takes it over and runs it again.
-            Resolution::NotCommitted => op.status = OperationStatus::Claimed,
-        }
     }
     put(&mut records, operation_id(operation_key), &op)?;
     Ok(op)
