@@ -107,19 +107,22 @@ pub async fn run(command: Command) -> Exit {
 fn exit_for(e: &anyhow::Error) -> Exit {
     use oncebox::policy_file::PolicyError;
     use oncebox::{CallError, Error, LoadError};
+    use oncebox::LedgerError;
     let usage = |e: &Error| {
         matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
             || matches!(e, Error::DuplicateTool { .. } | Error::Policy(_) | Error::PolicyRefused { .. })
+            || matches!(e, Error::Ledger(l) if l.is_unusable_ledger())
     };
-    let call_usage = |e: &CallError| {
-        !matches!(e, CallError::Ledger(_))
-            || matches!(
-                e,
-                CallError::Ledger(oncebox::LedgerError::NotInDoubt { .. } | oncebox::LedgerError::Ambiguous { .. })
-            )
+    let call_usage = |e: &CallError| match e {
+        CallError::Ledger(l) => {
+            l.is_unusable_ledger() || matches!(l, LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. })
+        }
+        _ => true,
     };
+    // A file given as the ledger that is not a usable one is the caller's input.
     if e.downcast_ref::<Error>().is_some_and(usage)
         || e.downcast_ref::<CallError>().is_some_and(call_usage)
+        || e.downcast_ref::<LedgerError>().is_some_and(LedgerError::is_unusable_ledger)
         || e.downcast_ref::<Usage>().is_some()
         || e.downcast_ref::<PolicyError>().is_some()
     {

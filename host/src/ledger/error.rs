@@ -10,10 +10,16 @@ pub enum LedgerError {
          serve it from that process, or use a shared backend"
     )]
     AlreadyOpen { path: String },
-    #[error("cannot open the ledger {path}: {source}")]
-    Open { path: String, source: redb::DatabaseError },
+    /// The file is not a ledger this oncebox can use (not a redb file, a damaged or truncated one,
+    /// one of another file format); it was left as it was.
+    #[error("{path} is not a usable oncebox ledger: {reason}")]
+    Unusable { path: String, reason: String },
+    // The redb errors below are part of the message, not sources: a chain printed with `{:#}`
+    // would say them twice.
+    #[error("cannot open the ledger {path}: {error}")]
+    Open { path: String, error: redb::DatabaseError },
     #[error("ledger storage: {0}")]
-    Storage(#[from] redb::Error),
+    Storage(redb::Error),
     #[error("corrupt ledger: {what}")]
     Corrupt { what: String },
     #[error("operation {operation_key} is no longer in doubt; another caller resolved it")]
@@ -51,12 +57,40 @@ pub enum LedgerError {
 }
 
 impl LedgerError {
-    pub(super) fn open(path: &Path, source: redb::DatabaseError) -> Self {
+    pub(super) fn open(path: &Path, error: redb::DatabaseError) -> Self {
+        use redb::{DatabaseError, StorageError};
         let path = path.display().to_string();
-        match source {
-            redb::DatabaseError::DatabaseAlreadyOpen => LedgerError::AlreadyOpen { path },
-            source => LedgerError::Open { path, source },
-        }
+        let reason = match &error {
+            DatabaseError::DatabaseAlreadyOpen => return LedgerError::AlreadyOpen { path },
+            DatabaseError::Storage(StorageError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                if e.to_string().contains("magic number") {
+                    "not a redb database file (it does not start with redb's magic number)".to_string()
+                } else {
+                    format!("not a redb database file ({e})")
+                }
+            }
+            DatabaseError::Storage(StorageError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                format!("the file ends early, it was truncated ({e})")
+            }
+            DatabaseError::Storage(StorageError::Corrupted(what)) => format!("the file is damaged ({what})"),
+            DatabaseError::UpgradeRequired(version) => {
+                format!("redb file format {version}, which this oncebox cannot read")
+            }
+            _ => return LedgerError::Open { path, error },
+        };
+        LedgerError::Unusable { path, reason }
+    }
+
+    /// Whether the ledger given cannot be used as it is (not a ledger, damaged, of another format
+    /// or schema version): the caller's input, not a failure of the host.
+    pub fn is_unusable_ledger(&self) -> bool {
+        matches!(self, LedgerError::Unusable { .. } | LedgerError::Corrupt { .. })
+    }
+}
+
+impl From<redb::Error> for LedgerError {
+    fn from(e: redb::Error) -> Self {
+        LedgerError::Storage(e)
     }
 }
 

@@ -69,7 +69,11 @@ impl RedbStore {
     /// `unknown`, and the other claims lose their lease so the next call takes them over.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
-        let db = Arc::new(Database::create(&path).map_err(|e| LedgerError::open(&path, e))?);
+        // Every page's checksum is verified at open: a file damaged outside redb is refused here,
+        // left as it was, instead of trusted until a read of it panics (redb's plain open trusts
+        // a cleanly closed file). A full read of the file, once per open.
+        let db = Database::builder().set_check_integrity_on_open(true).create(&path);
+        let db = Arc::new(db.map_err(|e| LedgerError::open(&path, e))?);
         init(&db, &path)?;
         let highest_fence = recover(&db, crate::clock::now_ms())?;
         RedbStore::serve(db, path, highest_fence)
@@ -80,7 +84,10 @@ impl RedbStore {
     /// embedder's own storage.
     pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = name.as_ref().to_path_buf();
-        let db = Database::builder().create_with_backend(backend).map_err(|e| LedgerError::open(&path, e))?;
+        let db = Database::builder()
+            .set_check_integrity_on_open(true)
+            .create_with_backend(backend)
+            .map_err(|e| LedgerError::open(&path, e))?;
         let db = Arc::new(db);
         init(&db, &path)?;
         let highest_fence = recover(&db, crate::clock::now_ms())?;

@@ -1,0 +1,303 @@
+//! The conformance suite: the same tests against every ledger backend (the redb file and the
+//! reference model), each stating what the `ledger::Store` contract promises. A new backend (the
+//! PostgreSQL one next) joins by adding one line to `backends!` below.
+
+use oncebox::ReplayClass;
+use oncebox::ledger::reference::ReferenceStore;
+use oncebox::ledger::{
+    AttemptRecord, AttemptSource, Claim, ClaimRequest, EffectRecord, EffectStatus, Ledger, LedgerError, LocalWrite,
+    OperationStatus, Resolution, Settlement,
+};
+
+const LEASE: u64 = 100;
+
+fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
+    ClaimRequest {
+        key: key.into(),
+        run_id: "run".into(),
+        step_id: key.into(),
+        tool: "charge".into(),
+        class: ReplayClass::Compensatable,
+        fingerprint: "args".into(),
+        older_fingerprints: Vec::new(),
+        args: serde_json::Value::Null,
+        owner: owner.into(),
+        now_ms,
+        lease_ms: LEASE,
+    }
+}
+
+fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) -> EffectRecord {
+    EffectRecord {
+        key: format!("{:016x}{op}", 0xe000 + n),
+        operation_key: op.into(),
+        label: format!("e{n}"),
+        occurrence: 0,
+        kind: "http".into(),
+        target: "bank:443".into(),
+        fingerprint: "f".into(),
+        status,
+        response: status.answered().then(|| "{}".to_string()),
+        error: None,
+        dispatches,
+        first_dispatched_ms: n.into(),
+        last_dispatched_ms: n.into(),
+        updated_ms: 0,
+        resolution: None,
+    }
+}
+
+fn attempt(op: &str, number: u32, fence: u64) -> AttemptRecord {
+    AttemptRecord {
+        operation_key: op.into(),
+        run_id: "run".into(),
+        step_id: op.into(),
+        tool: "charge".into(),
+        attempt: number,
+        max_attempts: 3,
+        fence,
+        started_ms: 0,
+        duration_us: 0,
+        outcome: "ok".into(),
+        message: None,
+        source: AttemptSource::Fresh,
+        downstream_accepted: None,
+        effects: Vec::new(),
+    }
+}
+
+fn owned(claim: Claim) -> u64 {
+    match claim {
+        Claim::Owned { fence, .. } => fence,
+        other => panic!("expected to own the operation, got {other:?}"),
+    }
+}
+
+fn finish(status: OperationStatus) -> Option<oncebox::ledger::Finish> {
+    Some((status, Some("{}".into()), None))
+}
+
+async fn a_claim_is_exclusive_until_its_lease_expires_and_fences_never_repeat(ledger: Ledger) {
+    let first = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    assert!(matches!(ledger.claim(&request("op", "b", 1_050)).await, Ok(Claim::InProgress(_))));
+    let second = owned(ledger.claim(&request("op", "b", 1_000 + LEASE + 1)).await.expect("take over"));
+    assert!(second > first, "{second} after {first}");
+    // The stale owner's write is refused, the new owner's accepted.
+    let refused = ledger.put_effect(first, &effect("op", 0, EffectStatus::Dispatched, 1), None, Vec::new()).await;
+    assert!(matches!(refused, Err(LedgerError::Fenced { .. })), "{refused:?}");
+    ledger.put_effect(second, &effect("op", 0, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("write");
+    // A durable take-over gets yet another fence.
+    let third = owned(ledger.claim(&request("op", "c", 1_000 + 3 * LEASE)).await.expect("take over"));
+    assert!(third > second && third != first, "{third} after {second}");
+}
+
+async fn a_finished_operation_is_replayed_and_other_args_are_a_conflict(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("record");
+    let again = ledger.claim(&request("op", "b", 5_000)).await.expect("claim");
+    assert!(matches!(&again, Claim::Recorded(op) if op.status == OperationStatus::Completed), "{again:?}");
+    let mut other = request("op", "b", 5_000);
+    other.fingerprint = "other args".into();
+    assert!(matches!(ledger.claim(&other).await, Ok(Claim::Conflict(_))));
+    // Under a rotated key, the old fingerprint still matches.
+    let mut rotated = request("op", "b", 5_000);
+    rotated.fingerprint = "under the new key".into();
+    rotated.older_fingerprints = vec!["args".into()];
+    assert!(matches!(ledger.claim(&rotated).await, Ok(Claim::Recorded(_))));
+    let op = ledger.operation("op").await.expect("read").expect("op");
+    assert_eq!((op.status, op.attempts, op.output.as_deref()), (OperationStatus::Completed, 1, Some("{}")));
+}
+
+async fn a_write_ahead_is_a_compare_and_set(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    let ahead = effect("op", 0, EffectStatus::Dispatched, 1);
+    ledger.put_effect(fence, &ahead, None, Vec::new()).await.expect("write ahead");
+    let twice = ledger.put_effect(fence, &ahead, None, Vec::new()).await;
+    assert!(matches!(twice, Err(LedgerError::EffectChanged { .. })), "a second 'new' write-ahead: {twice:?}");
+    let stale = ledger
+        .put_effect(fence, &effect("op", 0, EffectStatus::Completed, 1), Some((EffectStatus::Unknown, 1)), Vec::new())
+        .await;
+    assert!(matches!(stale, Err(LedgerError::EffectChanged { .. })), "{stale:?}");
+    let answered = effect("op", 0, EffectStatus::Completed, 1);
+    ledger.put_effect(fence, &answered, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("answer");
+    let recorded = ledger.effect("op", &answered.key).await.expect("read").expect("effect");
+    assert_eq!((recorded.status, recorded.dispatches), (EffectStatus::Completed, 1));
+}
+
+async fn no_finish_the_rule_of_evidence_forbids_is_recorded(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    ledger.put_effect(fence, &effect("op", 0, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("ahead");
+    for status in [OperationStatus::Completed, OperationStatus::Failed] {
+        let refused = ledger.record_attempt(fence, &attempt("op", 1, fence), finish(status), 1_001, Vec::new()).await;
+        assert!(matches!(refused, Err(LedgerError::InDoubt { .. })), "{status:?} with an effect in doubt: {refused:?}");
+    }
+    let taken = effect("op", 0, EffectStatus::Completed, 1);
+    ledger.put_effect(fence, &taken, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("answer");
+    let refused = ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Failed), 1_002, Vec::new())
+        .await;
+    assert!(matches!(refused, Err(LedgerError::EffectTaken { .. })), "failed after a taken effect: {refused:?}");
+    assert_eq!(
+        ledger.operation("op").await.expect("read").expect("op").status,
+        OperationStatus::Claimed,
+        "nothing recorded"
+    );
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Completed), 1_003, Vec::new())
+        .await
+        .expect("completed is fine");
+}
+
+async fn a_renewed_lease_keeps_its_owner(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    ledger.renew("op", fence, 1_000 + 3 * LEASE).await.expect("renew in memory");
+    assert!(matches!(ledger.claim(&request("op", "b", 1_000 + 2 * LEASE)).await, Ok(Claim::InProgress(_))));
+    ledger.put_effect(fence, &effect("op", 0, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("ahead");
+    ledger.renew("op", fence, 1_000 + 6 * LEASE).await.expect("renew on record");
+    assert!(matches!(ledger.claim(&request("op", "b", 1_000 + 5 * LEASE)).await, Ok(Claim::InProgress(_))));
+    let other = owned(ledger.claim(&request("op", "b", 1_000 + 7 * LEASE)).await.expect("take over"));
+    let late = ledger.renew("op", fence, 1_000 + 9 * LEASE).await;
+    assert!(matches!(late, Err(LedgerError::Fenced { .. })), "a taken-over owner cannot renew: {late:?}");
+    assert_ne!(other, fence);
+}
+
+async fn an_unknown_operation_is_settled_and_reopened_only_as_proven(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    let doubt = effect("op", 0, EffectStatus::Unknown, 1);
+    ledger.put_effect(fence, &doubt, None, Vec::new()).await.expect("in doubt");
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Unknown), 1_001, Vec::new())
+        .await
+        .expect("unknown");
+    // Not every effect in doubt may be resent: it stays recorded.
+    let kept = ledger.reopen(&request("op", "b", 2_000), Vec::new()).await.expect("reopen");
+    assert!(matches!(kept, Claim::Recorded(_)), "{kept:?}");
+    let settlement =
+        Settlement { verdict: "committed".into(), by: "alice".into(), note: Some("checked".into()), at_ms: 2_001 };
+    let output = Resolution::Committed { output: r#"{"id":"pay_1"}"#.into() };
+    let settled = ledger.resolve("op", None, &output, &settlement).await.expect("resolve");
+    assert_eq!((settled.status, settled.output.as_deref()), (OperationStatus::Completed, Some(r#"{"id":"pay_1"}"#)));
+    let recorded = ledger.effect("op", &doubt.key).await.expect("read").expect("effect");
+    assert_eq!(recorded.resolution.map(|r| r.by).as_deref(), Some("alice"));
+    let again = ledger.resolve("op", None, &output, &settlement).await;
+    assert!(matches!(again, Err(LedgerError::NotInDoubt { .. })), "{again:?}");
+
+    // Another operation whose effect may be resent is reopened with a new fence.
+    let fence = owned(ledger.claim(&request("op2", "a", 3_000)).await.expect("claim"));
+    let doubt = effect("op2", 0, EffectStatus::Unknown, 1);
+    ledger.put_effect(fence, &doubt, None, Vec::new()).await.expect("in doubt");
+    ledger
+        .record_attempt(fence, &attempt("op2", 1, fence), finish(OperationStatus::Unknown), 3_001, Vec::new())
+        .await
+        .expect("unknown");
+    let reopened = owned(ledger.reopen(&request("op2", "b", 4_000), vec![doubt.key.clone()]).await.expect("reopen"));
+    assert!(reopened > fence);
+}
+
+async fn local_writes_apply_once_and_a_versioned_write_sees_other_writers(ledger: Ledger) {
+    let kv = |n: u32, op: &str, expected: Option<u64>| {
+        let mut record = effect(op, 10 + n, EffectStatus::Completed, 1);
+        record.kind = "kv-set".into();
+        (record, LocalWrite::KvSet { namespace: "ns".into(), key: "k".into(), value: vec![n as u8], expected })
+    };
+    let a = owned(ledger.claim(&request("a", "a", 1_000)).await.expect("claim"));
+    let b = owned(ledger.claim(&request("b", "b", 1_000)).await.expect("claim"));
+    // Both read "absent" and write on that basis: the first to commit wins, the second is refused.
+    ledger
+        .record_attempt(a, &attempt("a", 1, a), finish(OperationStatus::Completed), 1_001, vec![kv(1, "a", Some(0))])
+        .await
+        .expect("first writer");
+    let (value, version) = ledger.kv_entry("ns", "k").await.expect("read").expect("entry");
+    assert_eq!(value, vec![1]);
+    assert_ne!(version, 0);
+    let lost = ledger
+        .record_attempt(b, &attempt("b", 1, b), finish(OperationStatus::Completed), 1_002, vec![kv(2, "b", Some(0))])
+        .await;
+    assert!(matches!(lost, Err(LedgerError::KvConflict { .. })), "{lost:?}");
+    assert_eq!(ledger.operation("b").await.expect("read"), None, "nothing of the refused attempt was written");
+    // Reading the new version, the second writer succeeds.
+    ledger
+        .record_attempt(
+            b,
+            &attempt("b", 1, b),
+            finish(OperationStatus::Completed),
+            1_003,
+            vec![kv(2, "b", Some(version))],
+        )
+        .await
+        .expect("second writer");
+    assert_eq!(ledger.kv_get("ns", "k").await.expect("read"), Some(vec![2]));
+    // The same staged write again (a retried attempt's) is not applied twice.
+    let c = owned(ledger.claim(&request("c", "c", 1_000)).await.expect("claim"));
+    let write = kv(3, "c", None);
+    ledger.record_attempt(c, &attempt("c", 1, c), None, 1_004, vec![write.clone()]).await.expect("first");
+    ledger.record_attempt(c, &attempt("c", 2, c), None, 1_005, vec![write]).await.expect("again");
+    assert_eq!(ledger.effects("c").await.expect("read").len(), 1);
+}
+
+async fn an_outbox_message_is_enqueued_with_its_record_in_order(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    let message = |n: u32| {
+        let mut record = effect("op", 20 + n, EffectStatus::Completed, 1);
+        record.kind = "outbox".into();
+        (record, LocalWrite::Outbox { topic: "email".into(), payload: format!("m{n}") })
+    };
+    ledger
+        .record_attempt(
+            fence,
+            &attempt("op", 1, fence),
+            finish(OperationStatus::Completed),
+            1_001,
+            vec![message(1), message(2)],
+        )
+        .await
+        .expect("record");
+    let outbox = ledger.outbox().await.expect("read");
+    let payloads: Vec<(u64, &str)> = outbox.iter().map(|m| (m.seq, m.payload.as_str())).collect();
+    assert_eq!(payloads, [(1, "m1"), (2, "m2")]);
+    assert!(ledger.operations(Some("run")).await.expect("read").iter().any(|op| op.key == "op"));
+}
+
+/// The backends, each a fresh ledger (and what must live as long as it).
+async fn redb() -> (Ledger, Option<tempfile::TempDir>) {
+    let dir = tempfile::tempdir().expect("dir");
+    (Ledger::open(dir.path().join("l.redb")).expect("open"), Some(dir))
+}
+
+async fn reference() -> (Ledger, Option<tempfile::TempDir>) {
+    (Ledger::on(ReferenceStore::new()), None)
+}
+
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        macro_rules! backend {
+            ($backend:ident) => {
+                mod $backend {
+                    $(
+                        #[tokio::test]
+                        async fn $test() {
+                            let (ledger, _dir) = super::$backend().await;
+                            super::$test(ledger).await;
+                        }
+                    )*
+                }
+            };
+        }
+        backend!(redb);
+        backend!(reference);
+    };
+}
+
+conformance!(
+    a_claim_is_exclusive_until_its_lease_expires_and_fences_never_repeat,
+    a_finished_operation_is_replayed_and_other_args_are_a_conflict,
+    a_write_ahead_is_a_compare_and_set,
+    no_finish_the_rule_of_evidence_forbids_is_recorded,
+    a_renewed_lease_keeps_its_owner,
+    an_unknown_operation_is_settled_and_reopened_only_as_proven,
+    local_writes_apply_once_and_a_versioned_write_sees_other_writers,
+    an_outbox_message_is_enqueued_with_its_record_in_order,
+);
