@@ -127,8 +127,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         // A fresh claim's first attempt: nothing of the operation exists but what it writes.
         let first = fence == 1 && attempt == 1 && reruns == 0;
         let scope = Scope {
-            operation_key: operation_key.clone(),
-            fence,
+            journal: host.shared.ledger.journal(&operation_key, fence),
             redispatch_in_doubt: policy.redispatch_in_doubt,
             first,
         };

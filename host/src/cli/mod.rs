@@ -105,9 +105,9 @@ pub async fn run(command: Command) -> Exit {
 
 /// Blames the input or the host, from the error's type.
 fn exit_for(e: &anyhow::Error) -> Exit {
+    use oncebox::LedgerError;
     use oncebox::policy_file::PolicyError;
     use oncebox::{CallError, Error, LoadError};
-    use oncebox::LedgerError;
     let usage = |e: &Error| {
         matches!(e, Error::Load(l) if !matches!(l, LoadError::Engine(_)))
             || matches!(e, Error::DuplicateTool { .. } | Error::Policy(_) | Error::PolicyRefused { .. })

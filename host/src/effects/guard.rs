@@ -56,7 +56,7 @@ impl EffectCtx {
 
     /// The key the next effect with `label` gets, without using it up.
     pub(super) fn peek_key(&self, label: &str) -> Result<(String, u32), ToolError> {
-        let operation_key = &self.scope()?.operation_key;
+        let operation_key = self.scope()?.journal.operation_key();
         let occurrence = self.occurrences.get(label).copied().unwrap_or(0);
         Ok((keys::effect_key(operation_key, label, occurrence), occurrence))
     }
@@ -69,10 +69,9 @@ impl EffectCtx {
     pub(super) async fn begin(&mut self, request: Request<'_>) -> Result<Begin, ToolError> {
         let (key, occurrence) = self.next_key(request.label)?;
         let scope = self.scope()?.clone();
-        let op = scope.operation_key.clone();
+
         let lookup_key = key.clone();
-        let existing =
-            if scope.first { None } else { self.shared.ledger.effect(&op, &lookup_key).await.map_err(host_error)? };
+        let existing = if scope.first { None } else { scope.journal.effect(&lookup_key).await.map_err(host_error)? };
         let now = now_ms();
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
 
@@ -108,7 +107,7 @@ impl EffectCtx {
             None => (
                 EffectRecord {
                     key,
-                    operation_key: scope.operation_key.clone(),
+                    operation_key: scope.journal.operation_key().to_string(),
                     label: request.label.to_string(),
                     occurrence,
                     kind: request.kind.to_string(),
@@ -135,7 +134,7 @@ impl EffectCtx {
         // far. The job compares the effect's recorded state with what this attempt read (`existing`).
         let (ahead, staged) = (record.clone(), std::mem::take(&mut self.staged));
         let expected = existing_state.as_ref().map(|(status, dispatches)| (*status, *dispatches));
-        if let Err(e) = self.shared.ledger.put_effect(scope.fence, &ahead, expected, staged).await {
+        if let Err(e) = scope.journal.write(&ahead, expected, staged).await {
             // Refused or not committed: nothing was written, nothing left. But the local writes staged
             // before it went down with the job, so this attempt can no longer complete.
             self.in_doubt.retain(|d| d.key != record.key);
@@ -152,7 +151,7 @@ impl EffectCtx {
         source: EffectSource,
         outcome: Dispatched,
     ) -> Result<String, ToolError> {
-        let fence = self.scope()?.fence;
+        let journal = self.scope()?.journal.clone();
         record.updated_ms = now_ms();
         let result = match outcome {
             Dispatched::Committed(response) => {
@@ -180,7 +179,7 @@ impl EffectCtx {
         };
         let stored = record.clone();
         let expected = Some((EffectStatus::Dispatched, record.dispatches));
-        if let Err(e) = self.shared.ledger.put_effect(fence, &stored, expected, Vec::new()).await {
+        if let Err(e) = journal.write(&stored, expected, Vec::new()).await {
             // The effect went out but its answer is not on disk: the ledger holds its write-ahead,
             // so it stays in doubt (the entry `begin` made), and no resend can be trusted.
             for doubt in self.in_doubt.iter_mut().filter(|d| d.key == record.key) {

@@ -36,7 +36,7 @@ impl EffectCtx {
         let now = now_ms();
         let record = EffectRecord {
             key,
-            operation_key: scope.operation_key.clone(),
+            operation_key: scope.journal.operation_key().to_string(),
             label,
             occurrence,
             kind: kind.to_string(),
@@ -56,7 +56,7 @@ impl EffectCtx {
         let state = if scope.first {
             LocalOutcome::Applied
         } else {
-            self.shared.ledger.local_effect_state(&record).await.map_err(host_error)?
+            scope.journal.local_state(&record).await.map_err(host_error)?
         };
         match state {
             LocalOutcome::Applied => {

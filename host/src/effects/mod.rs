@@ -88,8 +88,8 @@ impl Shared {
 /// The operation an invocation works for.
 #[derive(Debug, Clone)]
 pub struct Scope {
-    pub operation_key: String,
-    pub fence: u64,
+    /// The operation's records, written with the attempt's fence.
+    pub journal: crate::ledger::Journal,
     /// Whether the class and policy allow an in-doubt effect to be sent again with its key.
     pub redispatch_in_doubt: bool,
     /// The first attempt of a new operation's first claim: the ledger holds nothing of the
@@ -315,6 +315,6 @@ impl tool::effects::Host for EffectCtx {
     }
 
     async fn operation_key(&mut self) -> String {
-        self.scope.as_ref().map(|s| s.operation_key.clone()).unwrap_or_default()
+        self.scope.as_ref().map(|s| s.journal.operation_key().to_string()).unwrap_or_default()
     }
 }

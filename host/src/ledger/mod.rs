@@ -64,6 +64,50 @@ impl ClaimRequest {
     }
 }
 
+/// An attempt's view of the ledger, bound to its operation and its fence: the effects read and
+/// write their own records through it, never another operation's, and every write carries the
+/// fence without the effect having to know it.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    ledger: Ledger,
+    operation_key: String,
+    fence: u64,
+}
+
+impl Journal {
+    pub fn operation_key(&self) -> &str {
+        &self.operation_key
+    }
+
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// This operation's record of the effect `effect_key`.
+    pub async fn effect(&self, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
+        self.ledger.effect(&self.operation_key, effect_key).await
+    }
+
+    /// Writes one of this operation's effect records (see [`Store::put_effect`]).
+    pub async fn write(
+        &self,
+        effect: &EffectRecord,
+        expected: Option<(EffectStatus, u32)>,
+        staged: Staged,
+    ) -> Result<(), LedgerError> {
+        if effect.operation_key != self.operation_key {
+            let (operation_key, fence) = (effect.operation_key.clone(), self.fence);
+            return Err(LedgerError::Fenced { operation_key, fence, current: 0 });
+        }
+        self.ledger.put_effect(self.fence, effect, expected, staged).await
+    }
+
+    /// What a local effect's key already holds in this operation.
+    pub async fn local_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
+        self.ledger.local_effect_state(effect).await
+    }
+}
+
 /// What the ledger says about an operation when a call arrives.
 #[derive(Debug, Clone)]
 pub enum Claim {
@@ -245,6 +289,11 @@ impl Ledger {
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
         self.store.claim(req).await
+    }
+
+    /// The journal of the owner of `fence` for `operation_key`, for its effects.
+    pub fn journal(&self, operation_key: &str, fence: u64) -> Journal {
+        Journal { ledger: self.clone(), operation_key: operation_key.to_string(), fence }
     }
 
     /// See [`Store::reopen`]: `resendable` judges each in-doubt effect.
