@@ -25,8 +25,11 @@
 //! - `retry`: `decide(failure, policy, attempt, elapsed, jitter)` (pure).
 //! - `redact`: sensitive values out of records and logs (pure).
 //! - `secret`: the fingerprint key kept beside the ledger, and its rotation.
-//! - `ledger/`: the redb ledger: tables, records, recovery, fencing, live claims, and the
-//!   group-commit writer (`writer.rs`) every write goes through.
+//! - `ledger/`: the `Store` trait (exactly what the pipeline needs), the `Ledger` handle over
+//!   any store, the `Journal` effects write through, the records and the rules every backend
+//!   applies; `redb/` (tables, recovery, fencing, live claims, the group-commit writer) and
+//!   `reference.rs` (the in-memory model the conformance suite and the model-based test compare
+//!   redb with).
 //! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
 //!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
