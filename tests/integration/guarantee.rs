@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use oncebox::ledger::EffectStatus;
 use oncebox::{Call, HttpTarget, Outcome, Reconciliation, ReplayClass, Status};
 use oncebox_example_provider::{Fault, FaultKind, Provider, ProviderHandle, Route, Settings};
 use serde_json::{Value, json};
@@ -318,5 +319,105 @@ async fn the_builder_cannot_give_an_irreversible_tool_retries_or_resends() {
         assert!(matches!(refused, oncebox::Error::PolicyRefused { .. }), "{refused}");
         assert!(refused.to_string().contains("irreversible"), "{refused}");
         drop(host);
+    }
+}
+
+/// An embedder's bank that takes effect as soon as it is called, then answers 20 ms later (or
+/// never, if the caller stopped waiting): it counts what took effect, by effect key.
+#[derive(Default)]
+struct SlowBank {
+    committed: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+impl oncebox::EffectProvider for SlowBank {
+    fn call<'a>(
+        &'a self,
+        effect_key: &'a str,
+        request: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = oncebox::ProviderOutcome> + Send + 'a>> {
+        Box::pin(async move {
+            *self.committed.lock().expect("lock").entry(effect_key.to_string()).or_default() += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            oncebox::ProviderOutcome::Committed(format!(r#"{{"seen":{request}}}"#))
+        })
+    }
+}
+
+/// Polls `future` `polls` times, a few milliseconds apart so that the ledger's writer and the bank
+/// make progress in between, and drops it unless it finished: a call cancelled at whatever await
+/// point it had reached.
+async fn poll_then_drop<F: std::future::Future>(future: F, polls: usize) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
+        if let std::task::Poll::Ready(output) = polled {
+            return Some(output);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// The guarded path cancelled at each of its await points in turn (the claim, the write-ahead,
+/// the dispatch, the answer's record, the attempt's record): whatever point a dropped call reached,
+/// nothing is dispatched without a durable write-ahead, and the step called again never sends a
+/// second time what may have taken effect, nor calls it failed or completed without proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_at_any_await_point_keeps_its_effect_in_doubt() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = Provider::start().await.expect("provider");
+    let bank = std::sync::Arc::new(SlowBank::default());
+    let lease = Duration::from_millis(60);
+    let host = builder_for(&dir.path().join("l.redb"), &provider, false)
+        .provider("bank", bank.clone())
+        .lease(lease)
+        .build()
+        .await
+        .expect("host");
+    host.load(oncebox_artifacts::PANICKY).await.expect("load");
+    let mut phases = std::collections::BTreeSet::new();
+    let count = |key: &str| bank.committed.lock().expect("lock").get(key).copied().unwrap_or(0);
+    let total = || bank.committed.lock().expect("lock").values().sum::<u32>();
+    for polls in 1..=14 {
+        let step = format!("cancel-{polls}");
+        let args = json!({"mode": "ok", "provider": "bank", "echo": step}).to_string();
+        let call = || Call::step("run-1", &step, "panicky", args.clone());
+        let before = total();
+        let finished = poll_then_drop(host.call(call()), polls).await;
+        // Let whatever the dropped call handed the writer land, and its lease run out.
+        tokio::time::sleep(lease * 2).await;
+        let key = oncebox::keys::operation_key("run-1", &step, "panicky");
+        let recorded = host.ledger().effects(&key).await.expect("effects");
+        let committed: u32 = recorded.iter().map(|e| count(&e.key)).sum();
+        // Everything that reached the bank has its write-ahead on record.
+        assert_eq!(total() - before, committed, "polls {polls}: the bank was called without a write-ahead");
+        assert!(committed <= 1, "polls {polls}: {committed} commits");
+        let phase = match (&finished, recorded.first().map(|e| e.status)) {
+            (Some(_), _) => "finished",
+            (None, None) => "dropped before the write-ahead",
+            (None, Some(EffectStatus::Dispatched)) if committed == 0 => "dropped after the write-ahead",
+            (None, Some(EffectStatus::Dispatched)) => "dropped while the bank answered",
+            (None, Some(_)) => "dropped after the answer was recorded",
+        };
+        phases.insert(phase);
+
+        // The step called again: replayed, taken over, or left unknown; never a second dispatch.
+        let again = host.call(call()).await.expect("call");
+        let effects = host.ledger().effects(&key).await.expect("effects");
+        let after: u32 = effects.iter().map(|e| count(&e.key)).sum();
+        assert!(after <= 1, "polls {polls} ({phase}): the step was sent {after} times; {again:?}");
+        match again.status {
+            Status::Completed => {
+                assert_eq!(after, 1, "polls {polls} ({phase}): completed without its effect; {again:?}")
+            }
+            Status::Failed => assert_eq!(after, 0, "polls {polls} ({phase}): failed after its effect; {again:?}"),
+            // Unknown only where something may have happened.
+            Status::Unknown => assert_ne!(phase, "dropped before the write-ahead", "polls {polls}: {again:?}"),
+            other => panic!("polls {polls} ({phase}): {other:?}"),
+        }
+        eprintln!("polls {polls}: {phase}, then {:?}, {after} commit(s)", again.status);
+    }
+    for phase in ["dropped after the write-ahead", "dropped while the bank answered", "finished"] {
+        assert!(phases.contains(phase), "never {phase}: {phases:?}");
     }
 }
