@@ -287,6 +287,8 @@ async fn a_404_from_a_lookup_while_the_charge_is_in_flight_proves_nothing() {
     assert_eq!(early["result"], "still-unknown", "{early} {stderr}");
     assert!(early["counts_from_ms"].is_u64(), "{early}");
     assert_eq!(code, 1);
+    let key = early["operation_key"].as_str().expect("key");
+    assert!(stderr.contains(&format!("oncebox resolve --ledger {} {key}", ledger.display())), "{stderr}");
     let (_, again, _) = run_cli(call_flags(&ledger, &provider), &step);
     assert_eq!(again["status"], "unknown", "not resent on the strength of a 404: {again}");
     assert_eq!(provider.requests(), 1);
