@@ -19,4 +19,5 @@ mod retries;
 mod retry_matrix;
 mod sandbox;
 mod secrets;
+mod storage;
 mod tls;

@@ -33,13 +33,18 @@ impl Fixture {
 
 /// A builder for a host on `ledger` talking to `provider`, with fast retries for the tests.
 pub fn builder_for(ledger: &std::path::Path, provider: &ProviderHandle, honours_keys: bool) -> HostBuilder {
+    configure(Host::builder(ledger), provider, honours_keys)
+}
+
+/// `builder` (on any ledger) talking to `provider`, configured as [`builder_for`] configures one.
+pub fn configure(builder: HostBuilder, provider: &ProviderHandle, honours_keys: bool) -> HostBuilder {
     let target = HttpTarget {
         honours_keys,
         key_retention: Duration::from_secs(24 * 3600),
         timeout: EFFECT_TIMEOUT,
         ..Default::default()
     };
-    let mut builder = Host::builder(ledger).http_target(provider.addr().to_string(), target);
+    let mut builder = builder.http_target(provider.addr().to_string(), target);
     for tool in ["stock", "charge", "refund", "fulfill"] {
         builder = builder.tool_config(tool, "base_url", provider.base_url()).grant(tool, http_grant(provider));
     }

@@ -50,7 +50,12 @@ pub enum LedgerError {
     KvConflict { namespace: String, key: String },
     #[error("operation {operation_key} has several effects in doubt ({effects}); name the one to settle")]
     Ambiguous { operation_key: String, effects: String },
-    #[error("the group commit this write was part of failed, so nothing of it was recorded: {reason}")]
+    // A commit that failed may still have reached the disk (its fsync failed, the page cache did
+    // not): nothing more is known of it until the ledger is opened again.
+    #[error(
+        "the ledger could not commit this write ({reason}); whether it reached the disk is known only \
+         once the ledger is opened again"
+    )]
     BatchFailed { reason: String },
     #[error("the ledger writer: {reason}")]
     Writer { reason: String },

@@ -6,7 +6,9 @@
 //! The rule for a job: decide first, then write. A job that refuses (a fenced write, a conflict)
 //! must do so before it writes anything, so its refusal leaves the shared transaction as it found
 //! it. A storage failure after writing may leave it half-done, so it fails the whole batch: every
-//! caller in it is told nothing was recorded, which is true, since nothing was committed.
+//! caller in it is told its write was not committed. That is not "nothing reached the disk" (a
+//! commit whose fsync failed may have written its pages): callers treat it as unknown, never as
+//! proof that a write-ahead is absent, and only reopening the ledger tells.
 
 use std::any::Any;
 use std::sync::Arc;
