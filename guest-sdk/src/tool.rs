@@ -34,7 +34,7 @@ pub trait Tool {
 /// evidence). In particular `NotCommitted` is only "no record of it *now*": a downstream still
 /// processing the request, or one whose index lags, shows nothing for a charge that will commit.
 /// The host counts it as proof only once the downstream's `settle_window` (the operator's setting
-/// per host, 5 minutes by default) has passed since the effect was last sent; before that the
+/// per host, 5 minutes by default) has passed since the effect's last send ended; before that the
 /// operation stays unknown, and the reconcile answer says from when a `NotCommitted` would count.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reconciliation<T> {

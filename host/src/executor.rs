@@ -134,6 +134,15 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
         let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
         let (mut invocation, mut ctx) = leased(host, &operation_key, fence, invoke).await;
+        if ctx.rerun && reruns < MAX_KV_RERUNS {
+            // A write-ahead carried a versioned KV write whose key another step wrote first: it was
+            // refused, nothing of it left, and the attempt runs again from the start, uncounted.
+            reruns += 1;
+            attempt -= 1;
+            let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
+            leased(host, &operation_key, fence, tokio::time::sleep(after)).await;
+            continue;
+        }
         if let (Invocation::Returned(_), Some(message)) = (&invocation, ctx.broken.take()) {
             // The guest swallowed a failed write-ahead, and the local writes it staged before it
             // are gone: this attempt did not happen as the guest believes.
@@ -228,12 +237,34 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                 record.message = Some(error.message.clone());
                 record.effects.clear();
                 let finish = Some((OperationStatus::Failed, None, Some(error.clone())));
-                host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
-                return Ok(Verdict::Failed { failure: Failure::Transient, error }.into_outcome(
-                    Status::Failed,
-                    attempt,
-                    Some(operation_key),
-                ));
+                match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await {
+                    Ok(()) => {
+                        let failure = Failure::Transient;
+                        return Ok(Verdict::Failed { failure, error }.into_outcome(
+                            Status::Failed,
+                            attempt,
+                            Some(operation_key),
+                        ));
+                    }
+                    // An earlier attempt's effect took place (or is in doubt): not failed, unknown.
+                    Err(LedgerError::InDoubt { effect_key, .. } | LedgerError::EffectTaken { effect_key, .. }) => {
+                        let error = ErrorRecord {
+                            class: "unknown-outcome".into(),
+                            message: format!("{}; effect {effect_key} may have taken place", error.message),
+                        };
+                        record.outcome = error.class.clone();
+                        record.message = Some(error.message.clone());
+                        let finish = Some((OperationStatus::Unknown, None, Some(error.clone())));
+                        host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
+                        let failure = Failure::UnknownOutcome { redispatchable: false };
+                        return Ok(Verdict::Failed { failure, error }.into_outcome(
+                            Status::Unknown,
+                            attempt,
+                            Some(operation_key),
+                        ));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             // The ledger holds an effect in doubt (or taken) that this attempt did not account
             // for: the rule of evidence wins over the attempt's view, and the operation is unknown.

@@ -56,11 +56,12 @@ pub fn http(observation: &HttpObservation) -> HttpVerdict {
         HttpObservation::Answered { status: 429, retry_after } => {
             HttpVerdict::NotTaken(Failure::RateLimited { retry_after: retry_after.unwrap_or(DEFAULT_RETRY_AFTER) })
         }
-        // 5xx: a gateway or a crashed handler can answer after the origin committed. 408: the
+        // 5xx: a gateway or a crashed handler can answer after the origin committed; 499 (nginx,
+        // grpc-gateway: the client closed the request) is sent while the backend may go on. 408: the
         // server may have read and acted on the request before giving up on the connection. 409: a
         // request with this key is in flight, and it may commit. A key-honouring host replays a
         // commit to a same-key resend, which is what makes a resend to it safe.
-        HttpObservation::Answered { status: 408 | 409 | 500..=599, .. } => HttpVerdict::InDoubt,
+        HttpObservation::Answered { status: 408 | 409 | 499 | 500..=599, .. } => HttpVerdict::InDoubt,
         HttpObservation::Answered { status: 400..=499, .. } => HttpVerdict::Refused,
         // 1xx is never final; anything else that is not an error may have done the work.
         HttpObservation::Answered { .. } => HttpVerdict::Taken,
@@ -94,8 +95,9 @@ pub enum Proven {
 /// When a `not-committed` answer about an effect can count, by the downstream's contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookup {
-    /// When the effect was last sent.
-    pub last_dispatched_ms: u64,
+    /// When the effect's last send ended at the latest: its start plus the time the client waited
+    /// for an answer. Until then the request may still have been on its way.
+    pub sent_until_ms: u64,
     /// How long a request the downstream received can still commit.
     pub settle_window: Duration,
     /// When a downstream that forgets keys forgets this one (the first dispatch plus its key
@@ -105,15 +107,15 @@ pub struct Lookup {
 
 /// The rule of evidence for reconciliation. An empty lookup proves nothing while the request can
 /// still commit (a downstream still processing it, an index that lags): `not-committed` counts
-/// only once `settle_window` has passed since the effect's last dispatch, and only while the
+/// only once `settle_window` has passed since the effect's last send ended, and only while the
 /// downstream still remembers the key it was sent with.
 pub fn reconciled(reported: Reported, lookup: Lookup, now_ms: u64) -> Proven {
-    let Lookup { last_dispatched_ms, settle_window, forgotten_from_ms } = lookup;
+    let Lookup { sent_until_ms, settle_window, forgotten_from_ms } = lookup;
     match reported {
         Reported::Committed(output) => Proven::Taken(output),
         Reported::StillUnknown => Proven::InDoubt { reason: "the authority cannot tell".into(), counts_from_ms: None },
         Reported::NotCommitted => {
-            let settled_ms = last_dispatched_ms.saturating_add(settle_window.as_millis() as u64);
+            let settled_ms = sent_until_ms.saturating_add(u64::try_from(settle_window.as_millis()).unwrap_or(u64::MAX));
             if let Some(forgotten) =
                 forgotten_from_ms.filter(|forgotten| now_ms >= *forgotten || settled_ms >= *forgotten)
             {
@@ -129,9 +131,9 @@ pub fn reconciled(reported: Reported, lookup: Lookup, now_ms: u64) -> Proven {
             } else {
                 Proven::InDoubt {
                     reason: format!(
-                        "the authority has no record of it yet, but a request sent {} ago can still commit \
-                         (settle window {})",
-                        humantime::format_duration(Duration::from_millis(now_ms.saturating_sub(last_dispatched_ms))),
+                        "the authority has no record of it yet, but a request whose last send ended {} ago can \
+                         still commit (settle window {})",
+                        humantime::format_duration(Duration::from_millis(now_ms.saturating_sub(sent_until_ms))),
                         humantime::format_duration(settle_window)
                     ),
                     counts_from_ms: Some(settled_ms),
@@ -293,7 +295,7 @@ mod tests {
             answered(429, None),
             HttpVerdict::NotTaken(Failure::RateLimited { retry_after: DEFAULT_RETRY_AFTER })
         );
-        for status in [500, 502, 503, 504, 408, 409] {
+        for status in [500, 502, 503, 504, 408, 409, 499] {
             assert_eq!(answered(status, None), HttpVerdict::InDoubt, "{status}");
         }
         assert_eq!(answered(201, None), HttpVerdict::Taken);
@@ -307,8 +309,7 @@ mod tests {
     #[test]
     fn not_committed_counts_only_after_the_settle_window() {
         let sent = 1_000_000;
-        let lookup =
-            Lookup { last_dispatched_ms: sent, settle_window: Duration::from_secs(60), forgotten_from_ms: None };
+        let lookup = Lookup { sent_until_ms: sent, settle_window: Duration::from_secs(60), forgotten_from_ms: None };
         let early = reconciled(Reported::NotCommitted, lookup, sent + 59_999);
         assert!(matches!(early, Proven::InDoubt { counts_from_ms: Some(at), .. } if at == sent + 60_000), "{early:?}");
         assert_eq!(reconciled(Reported::NotCommitted, lookup, sent + 60_000), Proven::NotTaken);
@@ -320,7 +321,7 @@ mod tests {
     fn not_committed_proves_nothing_once_the_key_is_forgotten() {
         let sent = 1_000_000;
         let day = Lookup {
-            last_dispatched_ms: sent,
+            sent_until_ms: sent,
             settle_window: Duration::from_secs(60),
             forgotten_from_ms: Some(sent + 86_400_000),
         };

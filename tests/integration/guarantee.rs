@@ -88,7 +88,8 @@ async fn case(tool: &str, route: Route, args: &Value, downstream: Downstream, fa
     seen.push(host.call(call()).await.expect("first call"));
     seen.push(host.call(call()).await.expect("the orchestrator retries the step"));
     provider.settled().await;
-    tokio::time::sleep(SETTLE + Duration::from_millis(100)).await;
+    // The settle window runs from the end of the last send (its start plus the host's timeout).
+    tokio::time::sleep(SETTLE + TIMEOUT + Duration::from_millis(100)).await;
     let reconciles = host.manifest(tool).is_some_and(|m| m.class.reconciles());
     let lookups_tell_the_truth = !matches!(downstream, Downstream::Keyless);
     if seen.last().is_some_and(|o| o.status == Status::Unknown) && reconciles && lookups_tell_the_truth {
@@ -422,4 +423,57 @@ async fn a_call_cancelled_at_any_await_point_keeps_its_effect_in_doubt() {
     for phase in ["dropped after the write-ahead", "dropped while the bank answered", "finished"] {
         assert!(phases.contains(phase), "never {phase}: {phases:?}");
     }
+}
+
+/// A gateway that commits the first request it gets, answers 502, and goes away: every later
+/// connection is refused. Counts its commits.
+async fn one_shot_gateway() -> (String, std::sync::Arc<std::sync::atomic::AtomicU32>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    let commits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = commits.clone();
+    tokio::spawn(async move {
+        if let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 8192];
+            let _ = socket.read(&mut buf).await;
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = r#"{"error":"bad_gateway"}"#;
+            let reply = format!(
+                "HTTP/1.1 502 Bad Gateway\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(reply.as_bytes()).await;
+        }
+        // The listener is dropped here: from now on connections are refused.
+    });
+    (origin, commits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_resend_after_a_502_is_no_proof_that_nothing_happened() {
+    let (origin, commits) = one_shot_gateway().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = Provider::start().await.expect("provider");
+    let host_port = origin.trim_start_matches("http://").to_string();
+    let target = HttpTarget {
+        honours_keys: true,
+        key_retention: Duration::from_secs(86_400),
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
+    let host = builder_for(&dir.path().join("l.redb"), &provider, true)
+        .http_target(host_port, target)
+        .tool_config("refund", "base_url", &origin)
+        .grant("refund", oncebox::Grant::Http(origin.parse().expect("origin")))
+        .build()
+        .await
+        .expect("host");
+    host.load(oncebox_artifacts::REFUND).await.expect("load");
+    let args = json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+    let outcome = host.call(Call::step("run-1", "refund", "refund", args.clone())).await.expect("call");
+    assert_eq!(commits.load(std::sync::atomic::Ordering::SeqCst), 1, "the gateway committed once");
+    assert_eq!(outcome.status, Status::Unknown, "a refused resend proves nothing of the first send: {outcome:?}");
+    let again = host.call(Call::step("run-1", "refund", "refund", args)).await.expect("call");
+    assert_ne!(again.status, Status::Failed, "{again:?}");
 }

@@ -421,3 +421,14 @@ async fn an_effect_timing_out_after_dispatch_is_in_doubt() {
     assert!(message.contains("timed out"), "{message}");
     assert_eq!(cell.counts().payments, 1, "it did take effect: exactly why a blind retry would be wrong");
 }
+
+#[tokio::test]
+async fn a_resend_that_is_rate_limited_leaves_the_first_send_in_doubt() {
+    // The first send gets a 500 (no proof of anything); the resends with its key are rate-limited,
+    // which proves only that they were not taken. The operation is unknown, never failed.
+    let faults = vec![fault(Route::Refunds, FaultKind::ErrorBeforeCommit, 1), fault(Route::Refunds, rate_limit(), 2)];
+    let cell = Cell::new(true, faults).await;
+    let outcome = cell.call("refund", &refund()).await;
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(cell.attempts(&outcome).await, ["unknown-outcome", "unknown-outcome", "unknown-outcome"]);
+}

@@ -13,10 +13,12 @@ pub struct Args {
     ledger: PathBuf,
     /// The unknown operation's key (`oncebox call` printed it; `oncebox ledger list` shows it).
     key: String,
-    /// The effect in doubt to settle; needed only when the operation has several.
+    /// The effect in doubt that did not take place; needed with --not-committed when the
+    /// operation has several.
     #[arg(long)]
     effect: Option<String>,
-    /// It took place; JSON is the operation's output, as the tool would have returned it.
+    /// The operation took place; JSON is its output, as the tool would have returned it. Every
+    /// effect of it still in doubt is settled with it.
     #[arg(long, value_name = "JSON", conflicts_with = "not_committed", required_unless_present = "not_committed")]
     committed: Option<String>,
     /// It did not take place: the next call of the step runs it again, with the same keys.

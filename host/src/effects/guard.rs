@@ -22,8 +22,9 @@ use super::{EffectCtx, InDoubt};
 pub enum Begin {
     /// Answered from the ledger: here is the recorded response.
     Replay(String),
-    /// Written ahead; perform it now with `record.key` as the idempotency key.
-    Dispatch { record: Box<EffectRecord>, source: EffectSource },
+    /// Written ahead; perform it now with `record.key` as the idempotency key. `was_in_doubt`:
+    /// this is a resend of an effect an earlier send may have committed.
+    Dispatch { record: Box<EffectRecord>, source: EffectSource, was_in_doubt: bool },
 }
 
 /// How a dispatched effect ended.
@@ -74,6 +75,7 @@ impl EffectCtx {
         let existing = if scope.first { None } else { scope.journal.effect(&lookup_key).await.map_err(host_error)? };
         let now = now_ms();
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
+        let was_in_doubt = existing_state.is_some_and(|(status, _)| status.in_doubt());
 
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
@@ -133,26 +135,47 @@ impl EffectCtx {
         // Write-ahead: durable before anything leaves the host, with the local effects staged so
         // far. The job compares the effect's recorded state with what this attempt read (`existing`).
         let (ahead, staged) = (record.clone(), std::mem::take(&mut self.staged));
+        let carried: Vec<String> = staged.iter().map(|(effect, _)| effect.key.clone()).collect();
         let expected = existing_state.as_ref().map(|(status, dispatches)| (*status, *dispatches));
         if let Err(e) = scope.journal.write(&ahead, expected, staged).await {
-            // Refused or not committed: nothing was written, nothing left. But the local writes staged
-            // before it went down with the job, so this attempt can no longer complete.
+            // Refused or not committed: nothing left. But the local writes staged before it went
+            // down with the job (they are no effects of this attempt any more), so this attempt can
+            // no longer complete; a KV conflict among them runs it again, uncounted.
             self.in_doubt.retain(|d| d.key != record.key);
+            self.effects.retain(|noted| !carried.contains(&noted.key));
+            if matches!(e, crate::ledger::LedgerError::KvConflict { .. }) {
+                self.rerun = true;
+            }
             let error = host_error(e);
             self.broken.get_or_insert_with(|| tool_error_text(&error));
             return Err(error);
         }
-        Ok(Begin::Dispatch { record: Box::new(record), source })
+        Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt })
     }
 
     pub(super) async fn finish(
         &mut self,
         mut record: Box<EffectRecord>,
         source: EffectSource,
+        was_in_doubt: bool,
         outcome: Dispatched,
     ) -> Result<String, ToolError> {
         let journal = self.scope()?.journal.clone();
         record.updated_ms = now_ms();
+        // A resend of an effect an earlier send may have committed: only a taken answer settles it.
+        // A refused connection, a rate limit, a refusal or a lost answer speak for this send alone
+        // (a rate limiter or an expired credential in front of the idempotency layer answers without
+        // looking at the key), so the effect stays in doubt.
+        let outcome = match outcome {
+            Dispatched::Retryable(error) if was_in_doubt => Dispatched::Unknown(format!(
+                "the resend was not taken ({}); the first send may have been",
+                tool_error_text(&error)
+            )),
+            Dispatched::Refused(_) if was_in_doubt => {
+                Dispatched::Unknown("the resend was refused, which says nothing of the first send".into())
+            }
+            outcome => outcome,
+        };
         let result = match outcome {
             Dispatched::Committed(response) => {
                 record.status = EffectStatus::Completed;

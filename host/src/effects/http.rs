@@ -232,14 +232,14 @@ impl EffectCtx {
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );
         let begin = self.begin(Request { kind: "http", label: &label, target: &target, fingerprint }).await?;
-        let (record, source) = match begin {
+        let (record, source, was_in_doubt) = match begin {
             Begin::Replay(json) => return decode(&json),
-            Begin::Dispatch { record, source } => (record, source),
+            Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
         };
         let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
         let outcome = perform(prepared, &target).await;
-        let json = self.finish(record, source, outcome).await?;
+        let json = self.finish(record, source, was_in_doubt, outcome).await?;
         decode(&json)
     }
 }

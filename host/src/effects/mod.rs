@@ -60,10 +60,9 @@ impl Shared {
     /// What the effect's downstream promises about looking it up: how long after its last
     /// dispatch it can still commit, and when it forgets the effect's key.
     pub fn lookup(&self, effect: &EffectRecord) -> crate::failure::Lookup {
-        let last_dispatched_ms = effect.last_dispatch_ms();
         match effect.kind.strip_prefix("provider:") {
             Some(name) => crate::failure::Lookup {
-                last_dispatched_ms,
+                sent_until_ms: effect.last_dispatch_ms(),
                 settle_window: self
                     .providers
                     .get(name)
@@ -73,8 +72,10 @@ impl Shared {
             None => {
                 let target = self.targets.get(&effect.target);
                 let retention_ms = u64::try_from(target.key_retention.as_millis()).unwrap_or(u64::MAX);
+                let timeout_ms = u64::try_from(target.timeout.as_millis()).unwrap_or(u64::MAX);
                 crate::failure::Lookup {
-                    last_dispatched_ms,
+                    // The request may have been on its way until the client gave up on it.
+                    sent_until_ms: effect.last_dispatch_ms().saturating_add(timeout_ms),
                     settle_window: target.settle_window,
                     forgotten_from_ms: target
                         .honours_keys
@@ -115,6 +116,9 @@ pub struct EffectCtx {
     /// Set when a write-ahead failed: the local writes staged before it are lost with its job, so
     /// the attempt cannot complete, whatever the guest does with the error it got.
     pub broken: Option<String>,
+    /// Set when a write-ahead was refused because a versioned KV write it carried found its key
+    /// moved on: the attempt runs again from the start, uncounted, as for a conflict at its end.
+    pub rerun: bool,
     /// KV and outbox writes not yet on disk: they go with the attempt's next durable write (a
     /// remote effect's write-ahead, or the attempt's record), in the same transaction.
     pub staged: Staged,
@@ -149,6 +153,7 @@ impl EffectCtx {
             in_doubt: Vec::new(),
             staged: Vec::new(),
             broken: None,
+            rerun: false,
             flooded: None,
         }
     }

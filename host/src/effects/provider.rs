@@ -55,9 +55,9 @@ impl EffectCtx {
         let fingerprint = self.shared.keying.effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
         let kind = format!("provider:{name}");
         let begin = self.begin(Request { kind: &kind, label: &label, target: &name, fingerprint }).await?;
-        let (record, source) = match begin {
+        let (record, source, was_in_doubt) = match begin {
             Begin::Replay(json) => return Ok(json),
-            Begin::Dispatch { record, source } => (record, source),
+            Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
         };
         let outcome = match provider.call(&record.key, &request).await {
             ProviderOutcome::Committed(json) => Dispatched::Committed(json),
@@ -65,6 +65,6 @@ impl EffectCtx {
             ProviderOutcome::Transient(m) => Dispatched::Retryable(ToolError::Transient(m)),
             ProviderOutcome::Unknown(m) => Dispatched::Unknown(m),
         };
-        self.finish(record, source, outcome).await
+        self.finish(record, source, was_in_doubt, outcome).await
     }
 }

@@ -199,9 +199,9 @@ pub trait Store: Send + Sync + 'static {
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Settles an unknown operation's in-doubt effect (`effect_key`, or its only one): the
-    /// operation completes (committed) or reopens for the next call (not committed) once nothing
-    /// else of it is in doubt.
+    /// Settles an unknown operation ([`settled`]): `committed` completes it, settling every effect
+    /// of it in doubt; `not-committed` settles one effect in doubt (`effect_key`, or the only one),
+    /// and the operation reopens for the next call once nothing else of it is in doubt.
     fn resolve<'a>(
         &'a self,
         operation_key: &'a str,
@@ -456,9 +456,13 @@ fn new_operation(req: &ClaimRequest) -> OperationRecord {
     }
 }
 
-/// What settling an unknown operation's in-doubt effect (`effect_key`, or its only one) makes of
-/// its records: the operation (completed, or reopened for the next call, once nothing else of it
-/// is in doubt) and the settled effect. `effects` are all of the operation's effects.
+/// What settling an unknown operation makes of its records: the operation and the effects it
+/// settles. `committed` is said of the whole operation (its output is the operation's): every
+/// effect of it still in doubt is settled as taken and the operation completes, so that nothing
+/// is left in doubt under a completed operation. `not-committed` is said of one effect in doubt
+/// (`effect_key`, or the only one): it may be sent again, and once nothing else of the operation is
+/// in doubt the operation reopens for the next call, which sends what was not taken. `effects` are
+/// all of the operation's effects.
 pub fn settled(
     operation_key: &str,
     op: Option<OperationRecord>,
@@ -466,39 +470,45 @@ pub fn settled(
     effect_key: Option<&str>,
     resolution: &Resolution,
     settlement: &Settlement,
-) -> Result<(OperationRecord, Option<EffectRecord>), LedgerError> {
+) -> Result<(OperationRecord, Vec<EffectRecord>), LedgerError> {
     let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
     let mut op = op.ok_or_else(not_in_doubt)?;
     if op.status != OperationStatus::Unknown {
         return Err(not_in_doubt());
     }
     let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
-    // The effect to settle: the one named, or the only one. None: the tool itself reported the
-    // unknown outcome and no effect of it is in doubt; the settlement is the operation's.
-    let settled = match effect_key {
-        Some(wanted) => {
-            Some(in_doubt.iter().find(|e| e.key == wanted).copied().ok_or_else(|| LedgerError::NotInDoubt {
-                operation_key: format!("{operation_key} (effect {wanted})"),
-            })?)
-        }
-        None if in_doubt.len() > 1 => {
+    if let Some(wanted) = effect_key
+        && !in_doubt.iter().any(|e| e.key == wanted)
+    {
+        return Err(LedgerError::NotInDoubt { operation_key: format!("{operation_key} (effect {wanted})") });
+    }
+    // The effects this settles. None in doubt: the tool itself reported the unknown outcome, and
+    // the settlement is the operation's alone.
+    let settled: Vec<&EffectRecord> = match (resolution, effect_key) {
+        (Resolution::Committed { .. }, _) => in_doubt.clone(),
+        (Resolution::NotCommitted, Some(wanted)) => in_doubt.iter().copied().filter(|e| e.key == wanted).collect(),
+        (Resolution::NotCommitted, None) if in_doubt.len() > 1 => {
             let keys: Vec<&str> = in_doubt.iter().map(|e| e.key.as_str()).collect();
             return Err(LedgerError::Ambiguous { operation_key: operation_key.to_string(), effects: keys.join(", ") });
         }
-        None => in_doubt.first().copied(),
+        (Resolution::NotCommitted, None) => in_doubt.clone(),
     };
-    let still_in_doubt = in_doubt.len() - usize::from(settled.is_some());
+    let still_in_doubt = in_doubt.len() - settled.len();
     let now_ms = settlement.at_ms;
     op.updated_ms = now_ms;
-    let effect = settled.cloned().map(|mut effect| {
-        effect.updated_ms = now_ms;
-        effect.status = match resolution {
-            Resolution::Committed { .. } => EffectStatus::Completed,
-            Resolution::NotCommitted => EffectStatus::Retryable,
-        };
-        effect.resolution = Some(settlement.clone());
-        effect
-    });
+    let effects = settled
+        .into_iter()
+        .cloned()
+        .map(|mut effect| {
+            effect.updated_ms = now_ms;
+            effect.status = match resolution {
+                Resolution::Committed { .. } => EffectStatus::Completed,
+                Resolution::NotCommitted => EffectStatus::Retryable,
+            };
+            effect.resolution = Some(settlement.clone());
+            effect
+        })
+        .collect();
     // Another effect still in doubt keeps the operation unknown: settle that one too.
     if still_in_doubt == 0 {
         op.lease_until_ms = 0;
@@ -512,7 +522,7 @@ pub fn settled(
             Resolution::NotCommitted => op.status = OperationStatus::Claimed,
         }
     }
-    Ok((op, effect))
+    Ok((op, effects))
 }
 
 /// The version a write stamps on its key: taken from its effect key, which no other write ever

@@ -68,7 +68,8 @@ pub enum EffectStatus {
     /// The downstream answered definitively that it did not do it (a 4xx, a provider's refusal);
     /// the answer is in `response` and is replayed like any other.
     Refused,
-    /// Known not to have taken effect (refused connection, 429, 409, 5xx): may be sent again.
+    /// Proven not to have taken effect, every send of it (a refused connection, 429, a lookup's
+    /// `not-committed` after the settle window, a person's word): may be sent again.
     Retryable,
     /// Sent, and the answer was lost.
     Unknown,

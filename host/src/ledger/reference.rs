@@ -322,8 +322,8 @@ impl Store for ReferenceStore {
                 _ => None,
             };
             let effects = state.effects_of(operation_key);
-            let (op, effect) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
-            if let Some(effect) = effect {
+            let (op, effects) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
+            for effect in effects {
                 state.effects.insert((operation_key.to_string(), effect.key.clone()), effect);
             }
             state.write_operation(op.clone());

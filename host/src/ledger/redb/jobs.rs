@@ -271,9 +271,9 @@ pub(super) fn resolve(
         Some(_) => super::effects_of(&records, operation_key)?,
         None => Vec::new(),
     };
-    let (op, effect) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
+    let (op, effects) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
     // Decided; from here on only writes.
-    if let Some(effect) = effect {
+    for effect in effects {
         put(&mut records, (operation_key, EFFECT, effect.key.as_str()), &effect)?;
     }
     put(&mut records, operation_id(operation_key), &op)?;
