@@ -26,7 +26,12 @@ pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
 pub struct FingerprintKey {
     /// Never empty.
     secrets: std::sync::Arc<Vec<[u8; SECRET_BYTES]>>,
+    /// An HMAC already keyed with each secret: keying hashes two blocks, done once here rather
+    /// than on every fingerprint of the hot path.
+    keyed: std::sync::Arc<Vec<Keyed>>,
 }
+
+type Keyed = hmac::Hmac<Sha256>;
 
 /// The length of one fingerprint secret.
 pub const SECRET_BYTES: usize = 32;
@@ -40,7 +45,13 @@ impl std::fmt::Debug for FingerprintKey {
 impl FingerprintKey {
     /// `secrets`, newest first; `None` if there is none.
     pub fn new(secrets: Vec<[u8; SECRET_BYTES]>) -> Option<Self> {
-        (!secrets.is_empty()).then(|| FingerprintKey { secrets: std::sync::Arc::new(secrets) })
+        use hmac::Mac;
+        if secrets.is_empty() {
+            return None;
+        }
+        // HMAC takes a key of any length, so keying cannot fail.
+        let keyed = secrets.iter().filter_map(|secret| Keyed::new_from_slice(secret).ok()).collect();
+        Some(FingerprintKey { secrets: std::sync::Arc::new(secrets), keyed: std::sync::Arc::new(keyed) })
     }
 
     /// How many secrets it holds (the newest signs, the others only match).
@@ -56,14 +67,14 @@ impl FingerprintKey {
     /// Identifies a request: the tool and its args in canonical form ([`canonical_json`]). Same
     /// step, different fingerprint: the caller changed its mind, a conflict, not a retry.
     pub fn fingerprint(&self, tool: &str, canonical_args: &str) -> String {
-        mac(&self.secrets[0], "oncebox/fingerprint/v2", &[tool.as_bytes(), canonical_args.as_bytes()])
+        mac(&self.keyed[0], "oncebox/fingerprint/v2", &[tool.as_bytes(), canonical_args.as_bytes()])
     }
 
     /// The same request's fingerprints under the older secrets (none, unless the key was
     /// rotated): an operation recorded before the rotation matches one of them.
     pub fn older_fingerprints(&self, tool: &str, canonical_args: &str) -> Vec<String> {
         let parts: [&[u8]; 2] = [tool.as_bytes(), canonical_args.as_bytes()];
-        self.secrets[1..].iter().map(|secret| mac(secret, "oncebox/fingerprint/v2", &parts)).collect()
+        self.keyed[1..].iter().map(|keyed| mac(keyed, "oncebox/fingerprint/v2", &parts)).collect()
     }
 
     /// Identifies what an effect asked for (its bodies hold sensitive values too), so that a replay
@@ -71,7 +82,7 @@ impl FingerprintKey {
     pub fn effect_fingerprint(&self, kind: &str, parts: &[&[u8]]) -> String {
         let mut all: Vec<&[u8]> = vec![kind.as_bytes()];
         all.extend_from_slice(parts);
-        mac(&self.secrets[0], "oncebox/effect-request/v2", &all)
+        mac(&self.keyed[0], "oncebox/effect-request/v2", &all)
     }
 
     /// The secrets as the key file holds them: one lower-case hex line each, newest first.
@@ -99,14 +110,14 @@ impl FingerprintKey {
     pub fn rotated(&self, newest: [u8; SECRET_BYTES]) -> Self {
         let mut secrets = vec![newest];
         secrets.extend(self.secrets.iter().copied());
-        FingerprintKey { secrets: std::sync::Arc::new(secrets) }
+        FingerprintKey::new(secrets).unwrap_or_else(|| self.clone())
     }
 }
 
-/// HMAC-SHA256 under `secret` over the domain and the length-prefixed parts, in lower-case hex.
-fn mac(secret: &[u8; SECRET_BYTES], domain: &str, parts: &[&[u8]]) -> String {
+/// HMAC-SHA256 (keyed by `keyed`) over the domain and the length-prefixed parts, in lower-case hex.
+fn mac(keyed: &Keyed, domain: &str, parts: &[&[u8]]) -> String {
     use hmac::Mac;
-    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("any key length"));
+    let mut mac = keyed.clone();
     for part in std::iter::once(domain.as_bytes()).chain(parts.iter().copied()) {
         mac.update(&(part.len() as u64).to_be_bytes());
         mac.update(part);
