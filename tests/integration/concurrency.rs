@@ -143,6 +143,36 @@ async fn concurrent_reservations_of_one_sku_lose_no_update() {
     assert_eq!(stored, b"16");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reservations_never_reserve_more_than_the_cap() {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
+        .tool_config("reserve", "max_per_sku", "10")
+        .build()
+        .await
+        .expect("host");
+    crate::support::load_all(&host).await;
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let host = host.clone();
+            let args = serde_json::json!({"order_id": format!("o-{i}"), "sku": "sku-1", "quantity": 1}).to_string();
+            tokio::spawn(async move {
+                host.call(oncebox::Call::step("run-1", format!("reserve-{i}"), "reserve", args)).await
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.expect("task").expect("call").status);
+    }
+    let completed = statuses.iter().filter(|s| **s == Status::Completed).count();
+    assert_eq!(completed, 10, "{statuses:?}");
+    assert!(statuses.iter().all(|s| matches!(s, Status::Completed | Status::Failed)), "{statuses:?}");
+    let stored = host.ledger().kv_get("reservations", "reserved/sku-1").await.expect("kv").expect("counter");
+    assert_eq!(stored, b"10", "never oversold");
+}
+
 /// Take-overs of one operation, in memory (nothing durable yet) and on disk (after its first
 /// write), racing the owners' write-aheads: every owner gets a fence no other owner ever held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

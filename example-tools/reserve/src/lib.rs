@@ -1,7 +1,9 @@
 //! `reserve`: ensures one reservation exists for an order. Idempotent: the reservation and the
 //! SKU's reserved count are KV effects, so a replay answers from the ledger and never counts twice.
+//! The count is a versioned update, so concurrent steps lose no update and never reserve more than
+//! the operator's `max_per_sku`.
 
-use oncebox_sdk::{Tool, ToolError, kv};
+use oncebox_sdk::{Tool, ToolError, config, kv};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -49,8 +51,20 @@ impl Tool for Reserve {
         // Other orders reserve the same SKU at the same time: a versioned update, never a plain
         // read-modify-write, so that no reservation goes missing from the count.
         let counter = format!("reserved/{}", args.sku);
-        let reserved_total = RESERVATIONS
-            .update_json("reserved-count", &counter, |total: Option<u64>| Ok(total.unwrap_or(0) + args.quantity))?;
+        // The operator's cap on units reserved per SKU (`[tools.reserve.config] max_per_sku`), if any.
+        let cap = config("max_per_sku")
+            .map(|v| v.parse::<u64>())
+            .transpose()
+            .map_err(|_| ToolError::permanent("config `max_per_sku` must be a whole number"))?;
+        let reserved_total = RESERVATIONS.update_json("reserved-count", &counter, |total: Option<u64>| {
+            let total = total.unwrap_or(0) + args.quantity;
+            match cap {
+                Some(cap) if total > cap => {
+                    Err(ToolError::permanent(format!("only {cap} units of {} may be reserved", args.sku)))
+                }
+                _ => Ok(total),
+            }
+        })?;
         let reservation =
             Reservation { order_id: args.order_id, sku: args.sku, quantity: args.quantity, reserved_total };
         if !RESERVATIONS.set_json_if("reservation", &key, &reservation, version)? {
