@@ -91,7 +91,8 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
     tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
     let settlement =
         Settlement { verdict: resolution.verdict().into(), by: "reconcile".into(), note: None, at_ms: now };
-    let resolved = host.shared.ledger.resolve(&key, Some(&effect.key), &resolution, &settlement).await?;
+    let resolved =
+        host.shared.ledger.resolve(&key, Some(&effect.key), Some(effect.dispatches), &resolution, &settlement).await?;
     Ok(match resolved.status {
         OperationStatus::Completed => {
             Reconciliation::Committed { outcome: Outcome { replayed: false, ..Outcome::replay(&resolved) } }
@@ -124,7 +125,7 @@ pub async fn settle(
         note: note.map(str::to_string),
         at_ms: crate::clock::now_ms(),
     };
-    let resolved = ledger.resolve(operation_key, effect_key, resolution, &settlement).await?;
+    let resolved = ledger.resolve(operation_key, effect_key, None, resolution, &settlement).await?;
     tracing::info!(%operation_key, ?effect_key, verdict = settlement.verdict, by, "settled by hand");
     Ok(Outcome { replayed: false, ..Outcome::replay(&resolved) })
 }

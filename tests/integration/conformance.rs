@@ -178,11 +178,14 @@ async fn an_unknown_operation_is_settled_and_reopened_only_as_proven(ledger: Led
     let settlement =
         Settlement { verdict: "committed".into(), by: "alice".into(), note: Some("checked".into()), at_ms: 2_001 };
     let output = Resolution::Committed { output: r#"{"id":"pay_1"}"#.into() };
-    let settled = ledger.resolve("op", None, &output, &settlement).await.expect("resolve");
+    // An answer about one send does not settle an effect that was sent again since.
+    let stale = ledger.resolve("op", Some(&doubt.key), Some(doubt.dispatches + 1), &output, &settlement).await;
+    assert!(matches!(stale, Err(LedgerError::EffectChanged { .. })), "{stale:?}");
+    let settled = ledger.resolve("op", None, None, &output, &settlement).await.expect("resolve");
     assert_eq!((settled.status, settled.output.as_deref()), (OperationStatus::Completed, Some(r#"{"id":"pay_1"}"#)));
     let recorded = ledger.effect("op", &doubt.key).await.expect("read").expect("effect");
     assert_eq!(recorded.resolution.map(|r| r.by).as_deref(), Some("alice"));
-    let again = ledger.resolve("op", None, &output, &settlement).await;
+    let again = ledger.resolve("op", None, None, &output, &settlement).await;
     assert!(matches!(again, Err(LedgerError::NotInDoubt { .. })), "{again:?}");
 
     // Another operation whose effect may be resent is reopened with a new fence.

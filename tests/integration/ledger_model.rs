@@ -283,7 +283,7 @@ impl oncebox::ledger::Store for ReferenceHandle {
         renew(key: &'a str, fence: u64, until_ms: u64) -> Result<(), LedgerError>;
         put_effect(fence: u64, effect: &'a EffectRecord, expected: Option<(EffectStatus, u32)>, staged: oncebox::ledger::Staged) -> Result<(), LedgerError>;
         record_attempt(fence: u64, attempt: &'a AttemptRecord, finish: Option<oncebox::ledger::Finish>, now_ms: u64, staged: oncebox::ledger::Staged) -> Result<(), LedgerError>;
-        resolve(operation_key: &'a str, effect_key: Option<&'a str>, resolution: &'a Resolution, settlement: &'a Settlement) -> Result<oncebox::ledger::OperationRecord, LedgerError>;
+        resolve(operation_key: &'a str, effect_key: Option<&'a str>, seen: Option<u32>, resolution: &'a Resolution, settlement: &'a Settlement) -> Result<oncebox::ledger::OperationRecord, LedgerError>;
         operation(key: &'a str) -> Result<Option<oncebox::ledger::OperationRecord>, LedgerError>;
         operations(run_id: Option<&'a str>) -> Result<Vec<oncebox::ledger::OperationRecord>, LedgerError>;
         effect(operation_key: &'a str, effect_key: &'a str) -> Result<Option<EffectRecord>, LedgerError>;
@@ -397,7 +397,9 @@ async fn apply(ledger: &Ledger, step: &Step, workers: &mut [Worker], now: u64) -
             };
             let settlement =
                 Settlement { verdict: resolution.verdict().into(), by: "test".into(), note: None, at_ms: now };
-            answer(&ledger.resolve(&op_key(op), None, &resolution, &settlement).await, |op| format!("{:?}", op.status))
+            answer(&ledger.resolve(&op_key(op), None, None, &resolution, &settlement).await, |op| {
+                format!("{:?}", op.status)
+            })
         }
         Step::Expire | Step::Crash => String::new(),
     }

@@ -202,10 +202,13 @@ pub trait Store: Send + Sync + 'static {
     /// Settles an unknown operation ([`settled`]): `committed` completes it, settling every effect
     /// of it in doubt; `not-committed` settles one effect in doubt (`effect_key`, or the only one),
     /// and the operation reopens for the next call once nothing else of it is in doubt.
+    /// `seen`: the named effect's dispatches as the caller read them (reconcile asked the
+    /// authority about that send); a settlement of an effect sent again since is refused.
     fn resolve<'a>(
         &'a self,
         operation_key: &'a str,
         effect_key: Option<&'a str>,
+        seen: Option<u32>,
         resolution: &'a Resolution,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>>;
@@ -330,10 +333,11 @@ impl Ledger {
         &self,
         operation_key: &str,
         effect_key: Option<&str>,
+        seen: Option<u32>,
         resolution: &Resolution,
         settlement: &Settlement,
     ) -> Result<OperationRecord, LedgerError> {
-        self.store.resolve(operation_key, effect_key, resolution, settlement).await
+        self.store.resolve(operation_key, effect_key, seen, resolution, settlement).await
     }
 
     pub async fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
@@ -468,6 +472,7 @@ pub fn settled(
     op: Option<OperationRecord>,
     effects: &[EffectRecord],
     effect_key: Option<&str>,
+    seen: Option<u32>,
     resolution: &Resolution,
     settlement: &Settlement,
 ) -> Result<(OperationRecord, Vec<EffectRecord>), LedgerError> {
@@ -477,10 +482,15 @@ pub fn settled(
         return Err(not_in_doubt());
     }
     let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
-    if let Some(wanted) = effect_key
-        && !in_doubt.iter().any(|e| e.key == wanted)
-    {
-        return Err(LedgerError::NotInDoubt { operation_key: format!("{operation_key} (effect {wanted})") });
+    if let Some(wanted) = effect_key {
+        let Some(effect) = in_doubt.iter().find(|e| e.key == wanted) else {
+            return Err(LedgerError::NotInDoubt { operation_key: format!("{operation_key} (effect {wanted})") });
+        };
+        // What was asked about was one send; a later one may have committed since.
+        if seen.is_some_and(|seen| seen != effect.dispatches) {
+            let (operation_key, effect_key) = (operation_key.to_string(), wanted.to_string());
+            return Err(LedgerError::EffectChanged { operation_key, effect_key });
+        }
     }
     // The effects this settles. None in doubt: the tool itself reported the unknown outcome, and
     // the settlement is the operation's alone.

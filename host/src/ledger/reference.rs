@@ -312,6 +312,7 @@ impl Store for ReferenceStore {
         &'a self,
         operation_key: &'a str,
         effect_key: Option<&'a str>,
+        seen: Option<u32>,
         resolution: &'a Resolution,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>> {
@@ -322,7 +323,7 @@ impl Store for ReferenceStore {
                 _ => None,
             };
             let effects = state.effects_of(operation_key);
-            let (op, effects) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
+            let (op, effects) = settled(operation_key, op, &effects, effect_key, seen, resolution, settlement)?;
             for effect in effects {
                 state.effects.insert((operation_key.to_string(), effect.key.clone()), effect);
             }

@@ -262,6 +262,7 @@ pub(super) fn resolve(
     txn: &WriteTransaction,
     operation_key: &str,
     effect_key: Option<&str>,
+    seen: Option<u32>,
     resolution: &Resolution,
     settlement: &Settlement,
 ) -> Result<OperationRecord, LedgerError> {
@@ -271,7 +272,7 @@ pub(super) fn resolve(
         Some(_) => super::effects_of(&records, operation_key)?,
         None => Vec::new(),
     };
-    let (op, effects) = settled(operation_key, op, &effects, effect_key, resolution, settlement)?;
+    let (op, effects) = settled(operation_key, op, &effects, effect_key, seen, resolution, settlement)?;
     // Decided; from here on only writes.
     for effect in effects {
         put(&mut records, (operation_key, EFFECT, effect.key.as_str()), &effect)?;

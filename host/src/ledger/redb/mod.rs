@@ -261,12 +261,15 @@ impl RedbStore {
         &self,
         operation_key: &str,
         effect_key: Option<&str>,
+        seen: Option<u32>,
         resolution: &Resolution,
         settlement: &Settlement,
     ) -> Result<OperationRecord, LedgerError> {
         let (op, effect) = (operation_key.to_string(), effect_key.map(str::to_string));
         let (resolution, settlement) = (resolution.clone(), settlement.clone());
-        self.writer.submit(move |txn| resolve(txn, &op, effect.as_deref(), &resolution, &settlement), |_| true).await
+        self.writer
+            .submit(move |txn| resolve(txn, &op, effect.as_deref(), seen, &resolution, &settlement), |_| true)
+            .await
     }
 }
 
@@ -400,10 +403,11 @@ impl Store for RedbStore {
         &'a self,
         operation_key: &'a str,
         effect_key: Option<&'a str>,
+        seen: Option<u32>,
         resolution: &'a Resolution,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>> {
-        Box::pin(RedbStore::resolve(self, operation_key, effect_key, resolution, settlement))
+        Box::pin(RedbStore::resolve(self, operation_key, effect_key, seen, resolution, settlement))
     }
 
     fn operation<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<OperationRecord>, LedgerError>> {
