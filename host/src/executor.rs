@@ -89,6 +89,8 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
     };
+    // Before the claim: the lease the ledger grants can only end later than this says.
+    let claimed_at = now_ms();
     let mut claimed = claim(host, &request, wait).await?;
     if let Claim::Recorded(op) = &claimed
         && op.status == OperationStatus::Unknown
@@ -117,6 +119,8 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
     };
 
     let call_started = Instant::now();
+    let mut lease =
+        Lease { host, key: operation_key.clone(), fence, until_ms: claimed_at + host.lease.as_millis() as u64 };
     let mut attempt = previous_attempts;
     // Attempts run again because another step's KV write committed first (see below).
     let mut reruns = 0;
@@ -133,14 +137,15 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         };
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
         let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
-        let (mut invocation, mut ctx) = leased(host, &operation_key, fence, invoke).await;
+        // The attempt's deadline bounds it (the store's timeout), with a moment to hand back.
+        let (mut invocation, mut ctx) = lease.over(policy.attempt_deadline + Duration::from_secs(1), invoke).await;
         if ctx.rerun && reruns < MAX_KV_RERUNS {
             // A write-ahead carried a versioned KV write whose key another step wrote first: it was
             // refused, nothing of it left, and the attempt runs again from the start, uncounted.
             reruns += 1;
             attempt -= 1;
             let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
-            leased(host, &operation_key, fence, tokio::time::sleep(after)).await;
+            lease.over(after, tokio::time::sleep(after)).await;
             continue;
         }
         if let (Invocation::Returned(_), Some(message)) = (&invocation, ctx.broken.take()) {
@@ -225,7 +230,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                 attempt -= 1;
                 tracing::debug!(%operation_key, %namespace, %key, reruns, "kv conflict; running the attempt again");
                 let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
-                leased(host, &operation_key, fence, tokio::time::sleep(after)).await;
+                lease.over(after, tokio::time::sleep(after)).await;
                 continue;
             }
             Err(LedgerError::KvConflict { namespace, key }) => {
@@ -289,7 +294,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         }
 
         match next {
-            Next::Retry(after) => leased(host, &operation_key, fence, tokio::time::sleep(after)).await,
+            Next::Retry(after) => lease.over(after, tokio::time::sleep(after)).await,
             Next::Finish(status) => return Ok(verdict.into_outcome(status.into(), attempt, Some(operation_key))),
         }
     }
@@ -298,25 +303,50 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
 /// How often one call runs an attempt again after a KV conflict before it gives up.
 const MAX_KV_RERUNS: u32 = 64;
 
-/// Runs `work` for the owner of `fence`, renewing its lease every third of it, so that a live
-/// owner is never taken over however long an attempt (or a wait between attempts) runs; only a
-/// stalled or dead one is.
-async fn leased<T>(host: &Inner, key: &str, fence: u64, work: impl Future<Output = T>) -> T {
-    let lease = host.lease;
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tokio::pin!(work);
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = ticks.tick() => {
-                let until = now_ms() + lease.as_millis() as u64;
-                if let Err(e) = host.shared.ledger.renew(key, fence, until).await {
-                    // Taken over after all (the process stalled past its lease): every write of
-                    // this owner is refused from now on by its fence, so it can do no harm.
-                    tracing::warn!(operation_key = %key, fence, error = %e, "lease not renewed");
-                }
+/// The owner's view of its lease: never later than what the ledger holds.
+struct Lease<'h> {
+    host: &'h Inner,
+    key: String,
+    fence: u64,
+    until_ms: u64,
+}
+
+impl Lease<'_> {
+    /// Runs `work`, which ends within `bound`, keeping the lease live throughout, so that a live
+    /// owner is never taken over however long an attempt (or a wait between attempts) runs; only a
+    /// stalled or dead one is. Work that ends well inside the lease needs nothing (the common case:
+    /// no timer, no write); work that one renewal covers gets it first; longer work renews every
+    /// third of the lease while it runs.
+    async fn over<T>(&mut self, bound: Duration, work: impl Future<Output = T>) -> T {
+        let lease = self.host.lease;
+        let (lease_ms, bound_ms) = (lease.as_millis() as u64, u64::try_from(bound.as_millis()).unwrap_or(u64::MAX));
+        let margin_ms = lease_ms / 3;
+        let now = now_ms();
+        if now.saturating_add(bound_ms).saturating_add(margin_ms) <= self.until_ms {
+            return work.await;
+        }
+        if bound_ms.saturating_add(margin_ms) <= lease_ms {
+            self.renew(now).await;
+            return work.await;
+        }
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = ticks.tick() => self.renew(now_ms()).await,
             }
+        }
+    }
+
+    async fn renew(&mut self, now: u64) {
+        let until = now + self.host.lease.as_millis() as u64;
+        match self.host.shared.ledger.renew(&self.key, self.fence, until).await {
+            Ok(()) => self.until_ms = self.until_ms.max(until),
+            // Taken over after all (the process stalled past its lease): every write of this owner
+            // is refused from now on by its fence, so it can do no harm.
+            Err(e) => tracing::warn!(operation_key = %self.key, fence = self.fence, error = %e, "lease not renewed"),
         }
     }
 }
