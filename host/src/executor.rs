@@ -14,6 +14,7 @@ use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
 use crate::host::Inner;
 use crate::keys;
+use crate::lease::Lease;
 use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, OperationStatus};
 use crate::policy::ReplayClass;
 use crate::policy::RetryPolicy;
@@ -302,54 +303,6 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
 
 /// How often one call runs an attempt again after a KV conflict before it gives up.
 const MAX_KV_RERUNS: u32 = 64;
-
-/// The owner's view of its lease: never later than what the ledger holds.
-struct Lease<'h> {
-    host: &'h Inner,
-    key: String,
-    fence: u64,
-    until_ms: u64,
-}
-
-impl Lease<'_> {
-    /// Runs `work`, which ends within `bound`, keeping the lease live throughout, so that a live
-    /// owner is never taken over however long an attempt (or a wait between attempts) runs; only a
-    /// stalled or dead one is. Work that ends well inside the lease needs nothing (the common case:
-    /// no timer, no write); work that one renewal covers gets it first; longer work renews every
-    /// third of the lease while it runs.
-    async fn over<T>(&mut self, bound: Duration, work: impl Future<Output = T>) -> T {
-        let lease = self.host.lease;
-        let (lease_ms, bound_ms) = (lease.as_millis() as u64, u64::try_from(bound.as_millis()).unwrap_or(u64::MAX));
-        let margin_ms = lease_ms / 3;
-        let now = now_ms();
-        if now.saturating_add(bound_ms).saturating_add(margin_ms) <= self.until_ms {
-            return work.await;
-        }
-        if bound_ms.saturating_add(margin_ms) <= lease_ms {
-            self.renew(now).await;
-            return work.await;
-        }
-        let every = (lease / 3).max(Duration::from_millis(10));
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tokio::pin!(work);
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                _ = ticks.tick() => self.renew(now_ms()).await,
-            }
-        }
-    }
-
-    async fn renew(&mut self, now: u64) {
-        let until = now + self.host.lease.as_millis() as u64;
-        match self.host.shared.ledger.renew(&self.key, self.fence, until).await {
-            Ok(()) => self.until_ms = self.until_ms.max(until),
-            // Taken over after all (the process stalled past its lease): every write of this owner
-            // is refused from now on by its fence, so it can do no harm.
-            Err(e) => tracing::warn!(operation_key = %self.key, fence = self.fence, error = %e, "lease not renewed"),
-        }
-    }
-}
 
 /// An unknown operation whose in-doubt effects may all be resent with their keys (their hosts
 /// honour keys, within retention) is taken over to resend them; anything else stays as recorded.

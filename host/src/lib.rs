@@ -33,7 +33,8 @@
 //! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
 //!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.
-//! - `executor`: the call pipeline, top to bottom; `attempt_log`: its tracing events.
+//! - `executor`: the call pipeline, top to bottom; `lease`: the owner's lease kept live while it
+//!   works; `attempt_log`: its tracing events.
 //! - `reconcile`: asking the authority about an unknown outcome, and a person settling one.
 //! - `host`: [`Host`] and [`HostBuilder`].
 //!
@@ -53,6 +54,7 @@ mod executor;
 pub mod failure;
 mod host;
 pub mod keys;
+mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
