@@ -35,7 +35,7 @@ impl Tool for Charge {
         // The host sends `Idempotency-Key` and records the answer: a retry never charges twice.
         let response = http::post_json("charge", &format!("{}/payments", base_url()?), &args)?;
         match response.status {
-            200 => response.json(),
+            200..=299 => response.json(),
             402 => Err(ToolError::permanent("card declined")),
             status => Err(ToolError::permanent(format!("payments answered {status}"))),
         }

@@ -40,7 +40,7 @@ impl Tool for Fulfill {
     fn invoke(args: Args) -> Result<Shipment, ToolError> {
         let response = http::post_json("ship", &format!("{}/fulfillments", base_url()?), &args)?;
         match response.status {
-            200 => response.json(),
+            200..=299 => response.json(),
             status => Err(ToolError::permanent(format!("fulfillment answered {status}"))),
         }
     }

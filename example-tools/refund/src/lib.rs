@@ -31,7 +31,7 @@ impl Tool for RefundTool {
         let base = config("base_url").ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
         let response = http::post_json("refund", &format!("{base}/refunds"), &args)?;
         match response.status {
-            200 => response.json(),
+            200..=299 => response.json(),
             status => Err(ToolError::permanent(format!("refunds answered {status}"))),
         }
     }

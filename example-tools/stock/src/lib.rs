@@ -28,7 +28,7 @@ impl Tool for StockTool {
         let base = config("base_url").ok_or_else(|| ToolError::permanent("config `base_url` is not set"))?;
         let response = http::get(&format!("{base}/inventory/{}", args.sku))?;
         match response.status {
-            200 => response.json(),
+            200..=299 => response.json(),
             status => Err(ToolError::transient(format!("inventory answered {status}"))),
         }
     }

@@ -46,7 +46,9 @@ impl Shared {
             "http" => {
                 let target = self.targets.get(&effect.target);
                 let age = Duration::from_millis(now_ms.saturating_sub(effect.first_dispatched_ms));
-                target.honours_keys && age < target.key_retention
+                // The resend may reach the downstream up to its timeout from now: the key must
+                // still be remembered then, not only when it leaves.
+                target.honours_keys && age.saturating_add(target.timeout) < target.key_retention
             }
             kind => kind
                 .strip_prefix("provider:")
