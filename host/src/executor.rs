@@ -239,57 +239,28 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
                     class: "kv-conflict".into(),
                     message: format!("kv {namespace}/{key} kept changing under concurrent writes; nothing was written"),
                 };
-                record.outcome = error.class.clone();
-                record.message = Some(error.message.clone());
                 record.effects.clear();
-                let finish = Some((OperationStatus::Failed, None, Some(error.clone())));
-                match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await {
-                    Ok(()) => {
-                        let failure = Failure::Transient;
-                        return Ok(Verdict::Failed { failure, error }.into_outcome(
-                            Status::Failed,
-                            attempt,
-                            Some(operation_key),
-                        ));
-                    }
+                let failed = record_end(host, fence, &mut record, OperationStatus::Failed, error.clone()).await;
+                return match failed {
+                    Ok(()) => Ok(Verdict::Failed { failure: Failure::Transient, error }.into_outcome(
+                        Status::Failed,
+                        attempt,
+                        Some(operation_key),
+                    )),
                     // An earlier attempt's effect took place (or is in doubt): not failed, unknown.
                     Err(LedgerError::InDoubt { effect_key, .. } | LedgerError::EffectTaken { effect_key, .. }) => {
-                        let error = ErrorRecord {
-                            class: "unknown-outcome".into(),
-                            message: format!("{}; effect {effect_key} may have taken place", error.message),
-                        };
-                        record.outcome = error.class.clone();
-                        record.message = Some(error.message.clone());
-                        let finish = Some((OperationStatus::Unknown, None, Some(error.clone())));
-                        host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
-                        let failure = Failure::UnknownOutcome { redispatchable: false };
-                        return Ok(Verdict::Failed { failure, error }.into_outcome(
-                            Status::Unknown,
-                            attempt,
-                            Some(operation_key),
-                        ));
+                        let message = format!("{}; effect {effect_key} may have taken place", error.message);
+                        unknown(host, fence, &mut record, message, attempt, operation_key).await
                     }
-                    Err(e) => return Err(e.into()),
-                }
+                    Err(e) => Err(e.into()),
+                };
             }
             // The ledger holds an effect in doubt (or taken) that this attempt did not account
             // for: the rule of evidence wins over the attempt's view, and the operation is unknown.
             Err(LedgerError::InDoubt { effect_key, .. } | LedgerError::EffectTaken { effect_key, .. }) => {
                 tracing::error!(%operation_key, %effect_key, "an effect in doubt or taken was missed; recording unknown");
-                let error = ErrorRecord {
-                    class: "unknown-outcome".into(),
-                    message: format!("effect {effect_key} may have taken place; reconcile it"),
-                };
-                record.outcome = error.class.clone();
-                record.message = Some(error.message.clone());
-                let finish = Some((OperationStatus::Unknown, None, Some(error.clone())));
-                host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
-                let failure = Failure::UnknownOutcome { redispatchable: false };
-                return Ok(Verdict::Failed { failure, error }.into_outcome(
-                    Status::Unknown,
-                    attempt,
-                    Some(operation_key),
-                ));
+                let message = format!("effect {effect_key} may have taken place; reconcile it");
+                return unknown(host, fence, &mut record, message, attempt, operation_key).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -299,6 +270,34 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             Next::Finish(status) => return Ok(verdict.into_outcome(status.into(), attempt, Some(operation_key))),
         }
     }
+}
+
+/// Records `record` as the operation's last attempt, ending it `status` with `error`.
+async fn record_end(
+    host: &Inner,
+    fence: u64,
+    record: &mut AttemptRecord,
+    status: OperationStatus,
+    error: ErrorRecord,
+) -> Result<(), LedgerError> {
+    record.outcome = error.class.clone();
+    record.message = Some(error.message.clone());
+    host.shared.ledger.record_attempt(fence, record, Some((status, None, Some(error))), now_ms(), Vec::new()).await
+}
+
+/// Ends the operation `unknown` (an effect of it may have taken place), and says so.
+async fn unknown(
+    host: &Inner,
+    fence: u64,
+    record: &mut AttemptRecord,
+    message: String,
+    attempt: u32,
+    operation_key: String,
+) -> Result<Outcome, CallError> {
+    let error = ErrorRecord { class: "unknown-outcome".into(), message };
+    record_end(host, fence, record, OperationStatus::Unknown, error.clone()).await?;
+    let failure = Failure::UnknownOutcome { redispatchable: false };
+    Ok(Verdict::Failed { failure, error }.into_outcome(Status::Unknown, attempt, Some(operation_key)))
 }
 
 /// How often one call runs an attempt again after a KV conflict before it gives up.
