@@ -22,6 +22,11 @@ pub fn manifest<T: Tool>(class: ReplayClass, version: &str) -> Manifest {
         class,
         input_schema: serde_json::to_string(&schema).unwrap_or_else(|_| "{}".into()),
         compensated_by: T::COMPENSATED_BY.map(Into::into),
+        compensation_args: T::COMPENSATION_ARGS
+            .iter()
+            .map(|(arg, pointer)| ((*arg).into(), (*pointer).into()))
+            .collect(),
+        consequence: T::CONSEQUENCE.map(Into::into),
         sensitive: T::SENSITIVE.iter().map(|s| (*s).into()).collect(),
     }
 }

@@ -20,6 +20,16 @@ pub trait Tool {
     const DESCRIPTION: &'static str;
     /// The tool that undoes this one (compensatable tools).
     const COMPENSATED_BY: Option<&'static str> = None;
+    /// How the `COMPENSATED_BY` tool's args are made from this operation's, as pairs of (its arg
+    /// name, a JSON pointer into `{"args": ..., "output": ...}`): for `charge` undone by `refund`,
+    /// `&[("order_id", "/args/order_id"), ("amount_cents", "/output/amount_cents")]`. The host
+    /// builds them when it compensates, so nobody retypes them. Pointers may not reach a
+    /// `SENSITIVE` arg: the ledger keeps those redacted.
+    const COMPENSATION_ARGS: &'static [(&'static str, &'static str)] = &[];
+    /// For irreversible tools: what running it does that cannot be taken back, in words, shown to
+    /// the person asked to approve a call ("The shipment leaves the warehouse and cannot be
+    /// cancelled").
+    const CONSEQUENCE: Option<&'static str> = None;
     /// JSON pointers into the args whose values never appear in logs or records (`/payment_method`).
     const SENSITIVE: &'static [&'static str] = &[];
 

@@ -71,7 +71,7 @@ async fn every_example_tool_loads_with_its_class() {
     use ReplayClass::*;
     let expected = [
         ("stock", ReadOnly),
-        ("reserve", IdempotentWrite),
+        ("reserve", Compensatable),
         ("release", IdempotentWrite),
         ("charge", Compensatable),
         ("refund", IdempotentWrite),

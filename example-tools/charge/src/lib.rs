@@ -29,6 +29,8 @@ impl Tool for Charge {
     const NAME: &'static str = "charge";
     const DESCRIPTION: &'static str = "Charges an order's payment method once.";
     const COMPENSATED_BY: Option<&'static str> = Some("refund");
+    const COMPENSATION_ARGS: &'static [(&'static str, &'static str)] =
+        &[("order_id", "/args/order_id"), ("amount_cents", "/output/amount_cents")];
     const SENSITIVE: &'static [&'static str] = &["/payment_method"];
 
     fn invoke(args: Args) -> Result<Payment, ToolError> {

@@ -36,6 +36,8 @@ impl Tool for Fulfill {
     const NAME: &'static str = "fulfill";
     const DESCRIPTION: &'static str = "Ships an order to its address.";
     const SENSITIVE: &'static [&'static str] = &["/address"];
+    const CONSEQUENCE: Option<&'static str> =
+        Some("The order leaves the warehouse for this address; a shipment cannot be cancelled or recalled.");
 
     fn invoke(args: Args) -> Result<Shipment, ToolError> {
         let response = http::post_json("ship", &format!("{}/fulfillments", base_url()?), &args)?;

@@ -1,9 +1,9 @@
-//! `reserve`: ensures one reservation exists for an order. Idempotent: the reservation and the
+//! `reserve`: ensures one reservation exists for an order; undone by `release`. Idempotent: the reservation and the
 //! SKU's reserved count are KV effects, so a replay answers from the ledger and never counts twice.
 //! The count is a versioned update, so concurrent steps lose no update and never reserve more than
 //! the operator's `max_per_sku`.
 
-use oncebox_sdk::{Tool, ToolError, config, kv};
+use oncebox_sdk::{Reconcile, Reconciliation, Tool, ToolError, config, kv};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +35,8 @@ impl Tool for Reserve {
     type Output = Reservation;
     const NAME: &'static str = "reserve";
     const DESCRIPTION: &'static str = "Ensures one stock reservation exists for an order.";
+    const COMPENSATED_BY: Option<&'static str> = Some("release");
+    const COMPENSATION_ARGS: &'static [(&'static str, &'static str)] = &[("order_id", "/args/order_id")];
 
     fn invoke(args: Args) -> Result<Reservation, ToolError> {
         let key = format!("reservation/{}", args.order_id);
@@ -76,4 +78,13 @@ impl Tool for Reserve {
     }
 }
 
-oncebox_sdk::export!(Reserve, class = idempotent_write);
+impl Reconcile for Reserve {
+    /// Its effects are KV writes, committed with their records: never in doubt, so there is
+    /// nothing an authority could add.
+    fn reconcile(_effect_key: &str, _args: Args) -> Reconciliation<Reservation> {
+        Reconciliation::StillUnknown
+    }
+}
+
+// Compensatable: `release` undoes it when a later step of the run fails (`oncebox compensate`).
+oncebox_sdk::export!(Reserve, class = compensatable);

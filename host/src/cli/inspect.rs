@@ -22,6 +22,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         "description": manifest.description,
         "class": manifest.class,
         "compensated_by": manifest.compensated_by,
+        "compensation_args": manifest.compensation_args.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "consequence": manifest.consequence,
         "sensitive": manifest.sensitive,
         "input_schema": manifest.input_schema,
         "imports": imports,

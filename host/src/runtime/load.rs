@@ -81,6 +81,11 @@ pub struct ToolManifest {
     pub class: ReplayClass,
     pub input_schema: serde_json::Value,
     pub compensated_by: Option<String>,
+    /// How the compensating tool's args are made: (its arg name, a JSON pointer into
+    /// `{"args": ..., "output": ...}` of the operation it undoes).
+    pub compensation_args: Vec<(String, String)>,
+    /// What cannot be taken back once it ran, in words, for the approver.
+    pub consequence: Option<String>,
     pub sensitive: Vec<String>,
 }
 
@@ -232,6 +237,7 @@ fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManif
             return Err(bad(format!("sensitive field `{pointer}` is not a JSON pointer")));
         }
     }
+    check_compensation_args(&m).map_err(bad)?;
     let class = match m.class {
         WitReplayClass::ReadOnly => ReplayClass::ReadOnly,
         WitReplayClass::IdempotentWrite => ReplayClass::IdempotentWrite,
@@ -245,8 +251,46 @@ fn check_manifest(path: &Path, m: super::bindings::Manifest) -> Result<ToolManif
         class,
         input_schema,
         compensated_by: m.compensated_by,
+        compensation_args: m.compensation_args,
+        consequence: m.consequence,
         sensitive: m.sensitive,
     })
+}
+
+/// The compensation mapping: only with a `compensated-by`, each pointer into the operation's
+/// `/args/...` or `/output/...`, and none reaching a sensitive arg, which the ledger keeps redacted
+/// (the compensation would get `[redacted]` instead of the value).
+fn check_compensation_args(m: &super::bindings::Manifest) -> Result<(), String> {
+    if m.compensated_by.is_none() && !m.compensation_args.is_empty() {
+        return Err("`compensation-args` without `compensated-by`: nothing would receive them".into());
+    }
+    for (arg, pointer) in &m.compensation_args {
+        if arg.is_empty() {
+            return Err("`compensation-args` has an empty arg name".into());
+        }
+        let inside = pointer == "/args"
+            || pointer == "/output"
+            || pointer.starts_with("/args/")
+            || pointer.starts_with("/output/");
+        if !inside {
+            return Err(format!(
+                "`compensation-args` `{arg}` points at `{pointer}`, not into `/args/...` or `/output/...`"
+            ));
+        }
+        if let Some(arg_pointer) = pointer.strip_prefix("/args") {
+            let reaches = |sensitive: &String| {
+                let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+                under(arg_pointer, sensitive) || under(sensitive, arg_pointer) || arg_pointer.is_empty()
+            };
+            if let Some(sensitive) = m.sensitive.iter().find(|s| reaches(s)) {
+                return Err(format!(
+                    "`compensation-args` `{arg}` reads `{pointer}`, which holds the sensitive `{sensitive}`: the \
+                     ledger keeps it redacted, so the compensation would not get it"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a manifest field over its limit (`limits.rs`), naming the field, its size and the limit;
@@ -258,7 +302,22 @@ fn check_sizes(m: &super::bindings::Manifest) -> Result<(), String> {
         ("description", m.description.len(), MAX_DESCRIPTION_BYTES),
         ("input-schema", m.input_schema.len(), MAX_INPUT_SCHEMA_BYTES),
         ("compensated-by", m.compensated_by.as_ref().map_or(0, String::len), MAX_TOOL_NAME_BYTES),
+        ("consequence", m.consequence.as_ref().map_or(0, String::len), MAX_DESCRIPTION_BYTES),
     ];
+    if m.compensation_args.len() > MAX_SENSITIVE_POINTERS {
+        return Err(format!(
+            "`compensation-args` lists {} pairs, over the limit of {MAX_SENSITIVE_POINTERS}",
+            m.compensation_args.len()
+        ));
+    }
+    if let Some((arg, _)) = m
+        .compensation_args
+        .iter()
+        .find(|(arg, pointer)| arg.len() > MAX_SENSITIVE_POINTER_BYTES || pointer.len() > MAX_SENSITIVE_POINTER_BYTES)
+    {
+        let shown = cut_message(arg, 64);
+        return Err(format!("`compensation-args` `{shown}` is over the limit of {MAX_SENSITIVE_POINTER_BYTES} bytes"));
+    }
     for (field, len, max) in fields {
         if len > max {
             return Err(format!("`{field}` is {len} bytes, over the limit of {max}"));
@@ -336,6 +395,8 @@ mod tests {
             class: WitReplayClass::IdempotentWrite,
             input_schema: r#"{"type": "object"}"#.into(),
             compensated_by: None,
+            compensation_args: Vec::new(),
+            consequence: None,
             sensitive: vec!["/card".into()],
         }
     }
@@ -354,6 +415,8 @@ mod tests {
             version: "v".repeat(MAX_VERSION_BYTES),
             description: "d".repeat(MAX_DESCRIPTION_BYTES),
             compensated_by: Some("c".repeat(MAX_TOOL_NAME_BYTES)),
+            compensation_args: Vec::new(),
+            consequence: Some("x".repeat(MAX_DESCRIPTION_BYTES)),
             sensitive: vec![format!("/{}", "p".repeat(MAX_SENSITIVE_POINTER_BYTES - 1)); MAX_SENSITIVE_POINTERS],
             ..manifest()
         };
@@ -392,6 +455,32 @@ mod tests {
             let message = refusal(m);
             assert!(message.starts_with("t.wasm: invalid manifest: ") && message.ends_with(&expected), "{message}");
             assert!(message.len() < 200, "the refusal does not repeat the field: {message}");
+        }
+    }
+
+    #[test]
+    fn a_compensation_mapping_reads_only_the_args_and_output_the_ledger_keeps_whole() {
+        let undone = |pairs: &[(&str, &str)]| Manifest {
+            compensated_by: Some("refund".into()),
+            compensation_args: pairs.iter().map(|(a, p)| (a.to_string(), p.to_string())).collect(),
+            ..manifest()
+        };
+        let fine = undone(&[("order_id", "/args/order_id"), ("amount_cents", "/output/amount_cents")]);
+        assert!(check_manifest(Path::new("t.wasm"), fine).is_ok());
+        let cases = [
+            (undone(&[("card", "/args/card")]), "holds the sensitive `/card`"),
+            (undone(&[("card", "/args/card/last4")]), "holds the sensitive `/card`"),
+            (undone(&[("all", "/args")]), "holds the sensitive `/card`"),
+            (undone(&[("x", "/elsewhere/x")]), "not into `/args/...` or `/output/...`"),
+            (undone(&[("", "/args/x")]), "empty arg name"),
+            (
+                Manifest { compensation_args: vec![("a".into(), "/args/a".into())], ..manifest() },
+                "without `compensated-by`",
+            ),
+        ];
+        for (m, expected) in cases {
+            let message = refusal(m);
+            assert!(message.contains(expected), "{message}");
         }
     }
 
