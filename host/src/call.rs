@@ -58,6 +58,14 @@ pub enum Status {
     Conflict,
     /// Another caller owns the operation right now.
     InProgress,
+    /// An irreversible tool waits for a person to approve these exact params; nothing was
+    /// dispatched. `approval` says what, and how to approve it.
+    AwaitingApproval,
+    /// A person refused these params; nothing was dispatched, and nothing will be for this step.
+    Rejected,
+    /// The step's record expired (retention) and its downstream keys may have too; it was not run
+    /// as new. A new intent needs a new step id.
+    Expired,
 }
 
 impl From<OperationStatus> for Status {
@@ -84,6 +92,12 @@ pub struct Outcome {
     pub output: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorRecord>,
+    /// The request's fingerprint, where a person has to name it (approvals).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// What awaits approval (or was decided), for `awaiting-approval` and `rejected`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Box<crate::approvals::ApprovalView>>,
 }
 
 impl Outcome {
@@ -100,6 +114,8 @@ impl Outcome {
             operation_key: Some(op.key.clone()),
             output: op.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             error: op.error.clone(),
+            fingerprint: None,
+            approval: None,
         }
     }
 
@@ -111,6 +127,22 @@ impl Outcome {
             operation_key: Some(op.key.clone()),
             output: None,
             error: Some(ErrorRecord { class: class.into(), message }),
+            fingerprint: None,
+            approval: None,
+        }
+    }
+
+    /// Nothing ran and nothing of the operation exists: why, as a status and an error.
+    pub(crate) fn stopped(operation_key: &str, status: Status, class: &str, message: String) -> Self {
+        Outcome {
+            status,
+            replayed: false,
+            attempts: 0,
+            operation_key: Some(operation_key.to_string()),
+            output: None,
+            error: Some(ErrorRecord { class: class.into(), message }),
+            fingerprint: None,
+            approval: None,
         }
     }
 }

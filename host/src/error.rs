@@ -20,6 +20,8 @@ pub enum CallError {
     StepRequired { tool: String, class: ReplayClass },
     #[error("cannot settle the operation: {reason}")]
     InvalidResolution { reason: String },
+    #[error("cannot decide the approval of operation {operation_key}: {reason}")]
+    Approval { operation_key: String, reason: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }

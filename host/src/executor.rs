@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::approvals::{self, Gate};
 use crate::attempt_log;
 use crate::call::{Call, Outcome, Status};
 use crate::clock::now_ms;
@@ -73,15 +74,22 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy, &secrets).await);
     }
     let wait = call.wait.unwrap_or_default();
+    let prepared = prepare(host, tool, call)?;
+    let redacted = redact(&prepared.args, &tool.manifest.sensitive);
+    // Irreversible tools (and any a policy names): a person approves these exact params first.
+    if policy.requires_approval
+        && let Gate::Stop(outcome) = approvals::gate(&host.shared, &tool.manifest, &prepared, &redacted).await?
+    {
+        return Ok(outcome);
+    }
     let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint, older_fingerprints } =
-        prepare(host, tool, call)?;
-
+        prepared;
     let secrets = sensitive_values(&args, &tool.manifest.sensitive);
     let request = ClaimRequest {
         key: operation_key.clone(),
         fingerprint,
         older_fingerprints,
-        args: redact(&args, &tool.manifest.sensitive),
+        args: redacted,
         run_id: run_id.clone(),
         step_id: step_id.clone(),
         tool: name.to_string(),
@@ -117,6 +125,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             let message = format!("operation {} is being run by {}; try again later", op.key, op.owner);
             return Ok(Outcome::refused(&op, Status::InProgress, "in-progress", message));
         }
+        Claim::Expired(tombstone) => return Ok(crate::retention::expired(&tombstone)),
     };
 
     let call_started = Instant::now();
@@ -474,7 +483,7 @@ impl Verdict {
             Verdict::Ok(output) => (Some(output), None),
             Verdict::Failed { error, .. } => (None, Some(error)),
         };
-        Outcome { status, replayed: false, attempts, operation_key, output, error }
+        Outcome { status, replayed: false, attempts, operation_key, output, error, fingerprint: None, approval: None }
     }
 }
 

@@ -326,6 +326,86 @@ impl Host {
         crate::reconcile::settle(self.ledger(), operation_key, effect_key, resolution, by, note).await
     }
 
+    /// Reconciles every unknown operation of a run whose tool is loaded (`oncebox reconcile --run`).
+    pub async fn reconcile_run(&self, run_id: &str) -> Result<Vec<crate::reconcile::RunReconciliation>, CallError> {
+        let tools = |name: &str| self.tool(name).ok();
+        crate::reconcile::reconcile_run(&self.inner, &tools, run_id).await
+    }
+
+    /// Undoes a run's completed compensatable steps (see `saga.rs`).
+    pub async fn compensate(&self, run_id: &str) -> Result<crate::saga::SagaReport, CallError> {
+        crate::saga::compensate(self, run_id).await
+    }
+
+    /// Approves or rejects the request for approval of `operation_key`, bound to `fingerprint`.
+    pub async fn decide(
+        &self,
+        operation_key: &str,
+        fingerprint: &str,
+        decision: crate::approvals::Decision,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<crate::ledger::ApprovalRecord, CallError> {
+        crate::approvals::decide(self.ledger(), operation_key, fingerprint, decision, by, note).await
+    }
+
+    /// A request for approval with its sealed sensitive values opened (for the approver).
+    pub fn reveal(&self, record: &crate::ledger::ApprovalRecord) -> Result<serde_json::Value, String> {
+        crate::approvals::reveal(record, &self.inner.shared.keying)
+    }
+
+    /// Removes records that expired `retention` ago (see `retention.rs`).
+    pub async fn gc(&self, retention: Duration) -> Result<crate::retention::GcReport, crate::LedgerError> {
+        crate::retention::gc(self.ledger(), retention, crate::clock::now_ms()).await
+    }
+
+    /// Loads every `.wasm` in `dir` (in name order), then checks that each `compensated-by` names a
+    /// loaded tool whose input schema has the args the mapping makes. Returns the manifests.
+    pub async fn load_dir(&self, dir: impl AsRef<Path>) -> Result<Vec<ToolManifest>, Error> {
+        let dir = dir.as_ref();
+        let io = |e: std::io::Error| Error::Load(crate::LoadError::Io { path: dir.to_path_buf(), source: e });
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io)?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+            .collect();
+        paths.sort();
+        let mut manifests = Vec::new();
+        for path in paths {
+            manifests.push(self.load(&path).await?);
+        }
+        for manifest in &manifests {
+            self.check_compensation(manifest)?;
+        }
+        Ok(manifests)
+    }
+
+    /// A compensatable tool's `compensated-by` must be loaded, and accept the args its mapping makes.
+    pub fn check_compensation(&self, manifest: &ToolManifest) -> Result<(), Error> {
+        let Some(undo) = &manifest.compensated_by else {
+            return Ok(());
+        };
+        let path = self.tool(&manifest.name).map(|t| t.path.clone()).unwrap_or_default();
+        let bad = |reason: String| Error::Load(crate::LoadError::BadManifest { path: path.clone(), reason });
+        let Some(compensation) = self.manifest(undo) else {
+            return Err(bad(format!(
+                "`{}` is compensated by `{undo}`, which is not loaded (is it in the directory?)",
+                manifest.name
+            )));
+        };
+        if let Some(properties) = compensation.input_schema.get("properties").and_then(|p| p.as_object()) {
+            for (arg, _) in &manifest.compensation_args {
+                if !properties.contains_key(arg) {
+                    return Err(bad(format!(
+                        "`{}`'s compensation-args makes `{arg}`, which `{undo}`'s input schema does not have",
+                        manifest.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Creates one instance of a loaded tool and drops it, running nothing: the cost every attempt
     /// pays before the guest runs (for benchmarks, and to warm the instance pool).
     pub async fn instantiate(&self, tool: &str) -> Result<(), Error> {

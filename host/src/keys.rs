@@ -85,6 +85,20 @@ impl FingerprintKey {
         mac(&self.keyed[0], "oncebox/effect-request/v2", &all)
     }
 
+    /// The keys that seal values for a person holding the key file (`seal.rs`), newest first: one
+    /// derived from each secret, in a domain of its own, so no seal key is a fingerprint key.
+    pub fn sealing_keys(&self) -> Vec<[u8; SECRET_BYTES]> {
+        use hmac::Mac;
+        self.keyed
+            .iter()
+            .map(|keyed| {
+                let mut mac = keyed.clone();
+                mac.update(b"oncebox/seal/v1");
+                mac.finalize().into_bytes().into()
+            })
+            .collect()
+    }
+
     /// The secrets as the key file holds them: one lower-case hex line each, newest first.
     pub fn to_text(&self) -> String {
         self.secrets.iter().map(|secret| format!("{}\n", hex::encode(secret))).collect()

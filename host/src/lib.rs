@@ -44,6 +44,7 @@
 //! rolled into [`Error`]. A tool that fails is not an error: it is an [`Outcome`] with a status.
 //! `anyhow` appears only in the binary.
 
+pub mod approvals;
 mod attempt_log;
 mod call;
 pub mod capabilities;
@@ -60,11 +61,16 @@ pub mod limits;
 pub mod policy;
 pub mod policy_file;
 mod reconcile;
+pub mod recovery;
 mod redact;
+pub mod retention;
 pub mod retry;
 mod runtime;
+pub mod saga;
+pub mod seal;
 pub mod secret;
 
+pub use approvals::Decision;
 pub use call::{Call, Outcome, Status};
 pub use capabilities::{Grant, Grants, Sandbox};
 pub use effects::{DEFAULT_SETTLE_WINDOW, EffectProvider, HttpTarget, ProviderOutcome};
@@ -73,6 +79,6 @@ pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::Ledger;
 pub use limits::Limits;
 pub use policy::{ReplayClass, RetryPolicy};
-pub use reconcile::{Reconciliation, settle};
+pub use reconcile::{Reconciliation, RunReconciliation, settle};
 pub use redact::{REDACTED, redact};
 pub use runtime::{MAX_COMPONENT_BYTES, ToolManifest};

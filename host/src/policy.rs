@@ -56,6 +56,9 @@ pub struct RetryPolicy {
     /// Whether an effect whose outcome is unknown may be sent again with the same key (only where
     /// the downstream honours keys and its retention still holds).
     pub redispatch_in_doubt: bool,
+    /// Whether a call runs only with a person's approval bound to its exact params (always, for
+    /// an irreversible tool; a policy may ask it of any other write).
+    pub requires_approval: bool,
     /// Wall-clock limit for one attempt.
     pub attempt_deadline: Duration,
     /// Wall-clock limit for the whole call, every attempt and wait included.
@@ -70,12 +73,15 @@ impl RetryPolicy {
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
             redispatch_in_doubt: true,
+            requires_approval: false,
             attempt_deadline: Duration::from_secs(30),
             call_deadline: Duration::from_secs(120),
         };
         match class {
             ReplayClass::ReadOnly | ReplayClass::IdempotentWrite | ReplayClass::Compensatable => base,
-            ReplayClass::Irreversible => RetryPolicy { max_attempts: 1, redispatch_in_doubt: false, ..base },
+            ReplayClass::Irreversible => {
+                RetryPolicy { max_attempts: 1, redispatch_in_doubt: false, requires_approval: true, ..base }
+            }
         }
     }
 }
@@ -94,6 +100,10 @@ pub enum Violation {
          person, never sent again"
     )]
     IrreversibleRedispatch,
+    #[error("`requires_approval = false`: an irreversible tool runs only with a person's approval of its exact params")]
+    IrreversibleUnapproved,
+    #[error("`requires_approval = true`: a read-only tool changes nothing there would be to approve")]
+    ReadOnlyApproval,
     #[error("`max_attempts = {0}`: at least 1 (the first attempt counts) and at most {MAX_ATTEMPTS_LIMIT}")]
     Attempts(u32),
     #[error("`{small}` ({}) exceeds `{big}` ({})", humantime::format_duration(*small_value), humantime::format_duration(*big_value))]
@@ -108,6 +118,7 @@ impl Violation {
         match self {
             Violation::IrreversibleRetries(_) | Violation::Attempts(_) => "max_attempts",
             Violation::IrreversibleRedispatch => "redispatch_in_doubt",
+            Violation::IrreversibleUnapproved | Violation::ReadOnlyApproval => "requires_approval",
             Violation::Order { small, .. } => small,
             Violation::Zero(field) => field,
         }
@@ -116,13 +127,19 @@ impl Violation {
 
 impl RetryPolicy {
     /// The one check of a policy against its tool's class (DESIGN section 6): no source of policy
-    /// can give an irreversible tool automatic retries or in-doubt resends.
+    /// can give an irreversible tool automatic retries, in-doubt resends or a run without approval.
     pub fn check(&self, class: ReplayClass) -> Result<(), Violation> {
         if class == ReplayClass::Irreversible && self.max_attempts > 1 {
             return Err(Violation::IrreversibleRetries(self.max_attempts));
         }
         if class == ReplayClass::Irreversible && self.redispatch_in_doubt {
             return Err(Violation::IrreversibleRedispatch);
+        }
+        if class == ReplayClass::Irreversible && !self.requires_approval {
+            return Err(Violation::IrreversibleUnapproved);
+        }
+        if class == ReplayClass::ReadOnly && self.requires_approval {
+            return Err(Violation::ReadOnlyApproval);
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(Violation::Attempts(self.max_attempts));

@@ -42,12 +42,76 @@ pub enum Reconciliation {
 
 pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Reconciliation, CallError> {
     let prepared = prepare(host, tool, call)?;
-    let key = prepared.operation_key.clone();
-    let Some(op) = host.shared.ledger.operation(&key).await? else {
+    let Some(op) = host.shared.ledger.operation(&prepared.operation_key).await? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
-    if op.status != OperationStatus::Unknown || !prepared.matches(&op.fingerprint) {
+    if !prepared.matches(&op.fingerprint) {
         return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(&op)) });
+    }
+    reconcile_recorded(host, tool, &op, &prepared.canonical_args).await
+}
+
+/// One operation's answer in a run's reconciliation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReconciliation {
+    pub step_id: String,
+    pub tool: String,
+    pub operation_key: String,
+    #[serde(flatten)]
+    pub answer: Reconciliation,
+    /// What a person can run when the answer proved nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settle_by_hand: Option<String>,
+}
+
+/// Reconciles every unknown operation of run `run_id` whose tool is loaded, from its record (the
+/// tool's reconcile gets the recorded args, sensitive values redacted: lookups go by effect key).
+pub(crate) async fn reconcile_run(
+    host: &Inner,
+    tools: &dyn Fn(&str) -> Option<Arc<LoadedTool>>,
+    run_id: &str,
+) -> Result<Vec<RunReconciliation>, CallError> {
+    let mut answers = Vec::new();
+    for op in host.shared.ledger.operations(Some(run_id)).await? {
+        if op.status != OperationStatus::Unknown {
+            continue;
+        }
+        let answer = match tools(&op.tool) {
+            Some(tool) => reconcile_recorded(host, &tool, &op, &crate::keys::canonical_json(&op.args)).await?,
+            None => Reconciliation::StillUnknown {
+                operation_key: op.key.clone(),
+                reason: format!("`{}` is not loaded: put its component in --tools DIR", op.tool),
+                counts_from_ms: None,
+            },
+        };
+        let settle_by_hand = matches!(answer, Reconciliation::StillUnknown { .. }).then(|| {
+            format!(
+                "oncebox resolve --ledger {} {} (--committed 'OUTPUT JSON' | --not-committed) --by NAME --note WHY",
+                host.shared.ledger.path().display(),
+                op.key
+            )
+        });
+        answers.push(RunReconciliation {
+            step_id: op.step_id.clone(),
+            tool: op.tool.clone(),
+            operation_key: op.key.clone(),
+            answer,
+            settle_by_hand,
+        });
+    }
+    Ok(answers)
+}
+
+/// Asks the tool's authority about a recorded operation's effect in doubt, with `canonical_args`.
+async fn reconcile_recorded(
+    host: &Inner,
+    tool: &Arc<LoadedTool>,
+    op: &crate::ledger::OperationRecord,
+    canonical_args: &str,
+) -> Result<Reconciliation, CallError> {
+    let key = op.key.clone();
+    if op.status != OperationStatus::Unknown {
+        return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(op)) });
     }
     let still =
         |reason: String| Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms: None });
@@ -66,7 +130,7 @@ pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) 
         None,
     );
     let deadline = crate::executor::policy_of(host, tool).attempt_deadline;
-    let answer = match host.runtime.reconcile(tool, ctx, &effect.key, &prepared.canonical_args, deadline).await {
+    let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
         Some(Ok(answer)) => answer,

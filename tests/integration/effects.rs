@@ -56,7 +56,8 @@ async fn an_irreversible_tool_never_resends_even_where_keys_are_honoured() {
     let f = Fixture::new().await;
     f.provider.arm(Fault::new(Route::Fulfillments, FaultKind::LoseResponse).for_order("o-1"));
     let args = json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
-    let outcome = f.call("run-1", "fulfill", "fulfill", &args).await;
+    let call = oncebox::Call::step("run-1", "fulfill", "fulfill", args.to_string());
+    let outcome = crate::support::approved_call(&f.host, call).await;
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
     assert_eq!(outcome.attempts, 1);
     assert_eq!(f.provider.counts("o-1").fulfillments, 1);

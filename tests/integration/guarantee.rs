@@ -255,6 +255,9 @@ async fn the_attempt_deadline_during_a_slow_shipment_leaves_it_unknown_not_faile
     let policy = policy.to_str().expect("utf8");
     let step = ["--policy", policy, "--run", "r1", "--step", "ship", oncebox_artifacts::FULFILL, &args];
 
+    let (code, awaiting, stderr) = run_cli(call_flags(&ledger, &provider), &step);
+    assert_eq!(code, 1, "{stderr}");
+    crate::support::approve_cli(&ledger, &awaiting);
     let (code, outcome, stderr) = run_cli(call_flags(&ledger, &provider), &step);
     assert_eq!((code, outcome["status"].as_str()), (1, Some("unknown")), "{outcome} {stderr}");
     assert_ne!(outcome["status"], "failed", "an orchestrator that trusts `failed` would ship again");

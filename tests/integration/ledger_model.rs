@@ -183,6 +183,7 @@ fn claim_answer(claim: &Claim) -> String {
         Claim::Recorded(op) => format!("recorded {:?}", op.status),
         Claim::Conflict(_) => "conflict".into(),
         Claim::InProgress(op) => format!("in progress, fence {}", op.fence),
+        Claim::Expired(_) => "expired".into(),
     }
 }
 
@@ -293,6 +294,42 @@ impl oncebox::ledger::Store for ReferenceHandle {
     }
     fn outbox(&self) -> oncebox::ledger::BoxFuture<'_, Result<Vec<oncebox::ledger::OutboxMessage>, LedgerError>> {
         self.0.outbox()
+    }
+
+    fn approval<'a>(
+        &'a self,
+        operation_key: &'a str,
+    ) -> oncebox::ledger::BoxFuture<'a, Result<Option<oncebox::ledger::ApprovalRecord>, LedgerError>> {
+        self.0.approval(operation_key)
+    }
+
+    fn approvals<'a>(
+        &'a self,
+        run_id: Option<&'a str>,
+    ) -> oncebox::ledger::BoxFuture<'a, Result<Vec<oncebox::ledger::ApprovalRecord>, LedgerError>> {
+        self.0.approvals(run_id)
+    }
+
+    fn put_approval<'a>(
+        &'a self,
+        record: &'a oncebox::ledger::ApprovalRecord,
+    ) -> oncebox::ledger::BoxFuture<'a, Result<(), LedgerError>> {
+        self.0.put_approval(record)
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        operation_key: &'a str,
+    ) -> oncebox::ledger::BoxFuture<'a, Result<Option<oncebox::ledger::Tombstone>, LedgerError>> {
+        self.0.tombstone(operation_key)
+    }
+
+    fn expire<'a>(
+        &'a self,
+        tombstones: &'a [oncebox::ledger::Tombstone],
+        approvals: &'a [String],
+    ) -> oncebox::ledger::BoxFuture<'a, Result<usize, LedgerError>> {
+        self.0.expire(tombstones, approvals)
     }
 }
 

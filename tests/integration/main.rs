@@ -17,6 +17,7 @@ mod recovery;
 mod replay;
 mod retries;
 mod retry_matrix;
+mod saga;
 mod sandbox;
 mod secrets;
 mod storage;

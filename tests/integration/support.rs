@@ -19,10 +19,19 @@ pub struct Fixture {
 impl Fixture {
     /// A provider that honours keys, and a host with every example tool and `panicky` loaded.
     pub async fn new() -> Fixture {
+        Fixture::honouring_keys(true).await
+    }
+
+    /// Like [`Fixture::new`]; `honours_keys: false` also tells the provider to ignore keys, so
+    /// that host and provider agree (a host told keys are honoured would resend).
+    pub async fn honouring_keys(honours_keys: bool) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let provider = Provider::start().await.expect("start provider");
         provider.set_stock("sku-1", 10);
-        let host = host_for(&dir.path().join("ledger.redb"), &provider, true).await;
+        if !honours_keys {
+            provider.configure(oncebox_example_provider::Settings { honour_keys: false, ..Default::default() });
+        }
+        let host = host_for(&dir.path().join("ledger.redb"), &provider, honours_keys).await;
         Fixture { dir, provider, host }
     }
 
@@ -133,4 +142,33 @@ pub fn oncebox_with(args: &[&str], env: &[(&str, &str)]) -> (i32, serde_json::Va
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(serde_json::Value::Null);
     (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
+}
+
+/// Approves, as "test", what `outcome` (an `awaiting-approval`) asks to approve.
+pub async fn approve(host: &Host, outcome: &Outcome) {
+    assert_eq!(outcome.status, oncebox::Status::AwaitingApproval, "{outcome:?}");
+    let key = outcome.operation_key.as_deref().expect("operation key");
+    let fingerprint = outcome.fingerprint.as_deref().expect("fingerprint");
+    host.decide(key, fingerprint, oncebox::Decision::Approve { expires_ms: None }, "test", None)
+        .await
+        .expect("approve");
+}
+
+/// A call of a tool that needs approval: the first call dispatches nothing and awaits approval;
+/// approved, the same call runs.
+pub async fn approved_call(host: &Host, call: Call) -> Outcome {
+    let first = host.call(call.clone()).await.expect("call");
+    approve(host, &first).await;
+    host.call(call).await.expect("call")
+}
+
+/// The CLI's `approve` for what a CLI call printed as `awaiting-approval`.
+pub fn approve_cli(ledger: &std::path::Path, printed: &serde_json::Value) {
+    assert_eq!(printed["status"], "awaiting-approval", "{printed}");
+    let key = printed["operation_key"].as_str().expect("key");
+    let fingerprint = printed["fingerprint"].as_str().expect("fingerprint");
+    let ledger = ledger.to_str().expect("utf8");
+    let (code, _, stderr) =
+        oncebox(&["approve", "--ledger", ledger, key, "--fingerprint", fingerprint, "--by", "test"]);
+    assert_eq!(code, 0, "{stderr}");
 }

@@ -44,10 +44,13 @@ pub struct Args {
     /// policy file's `timeout` for that host, else 10 s).
     #[arg(long)]
     pub timeout_ms: Option<u64>,
+    /// A directory of components to load besides TOOL (reconcile: every tool of a run).
+    #[arg(long, value_name = "DIR")]
+    pub tools: Option<PathBuf>,
     /// The component file.
-    pub tool: PathBuf,
+    pub tool: Option<PathBuf>,
     /// The args, as JSON.
-    pub args: String,
+    pub args: Option<String>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
@@ -95,11 +98,17 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
         .map(|text| text.parse::<Grant>().map_err(|e| Usage(format!("--grant {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let host = builder.build().await?;
-    let manifest = host.load_granting(&args.tool, &grants).await?;
+    if let Some(dir) = &args.tools {
+        host.load_dir(dir).await?;
+    }
+    let (Some(tool), Some(json)) = (args.tool.as_ref(), args.args.clone()) else {
+        return Err(Usage("give the component file and its args as JSON: TOOL.wasm 'JSON'".into()).into());
+    };
+    let manifest = host.load_granting(tool, &grants).await?;
     host.set_tool_config(&manifest.name, config);
     let call = match (args.run, args.step) {
         (Some(run), Some(step)) => {
-            let call = Call::step(run, step, &manifest.name, args.args);
+            let call = Call::step(run, step, &manifest.name, json);
             match args.wait {
                 Some(secs) => call.waiting(
                     Duration::try_from_secs_f64(secs).map_err(|_| Usage(format!("--wait {secs}: not a duration")))?,
@@ -107,7 +116,7 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
                 None => call,
             }
         }
-        (None, None) => Call::unrecorded(&manifest.name, args.args),
+        (None, None) => Call::unrecorded(&manifest.name, json),
         _ => return Err(Usage("--run and --step go together".into()).into()),
     };
     Ok((host, call))

@@ -22,6 +22,17 @@ pub enum Command {
         #[arg(long)]
         ledger: PathBuf,
     },
+    /// Remove completed and failed operations (with their attempts, effects and approvals) and
+    /// rejected requests for approval older than the retention; never unknown, claimed,
+    /// awaiting-approval or outstanding-compensation ones. A removed step leaves a tombstone: a
+    /// call of it is answered `expired`, not run as new.
+    Gc {
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The retention (default 7 days).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+        older_than: std::time::Duration,
+    },
     /// An operation with its effects and attempts.
     Show {
         #[arg(long)]
@@ -53,6 +64,12 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
             let path = oncebox::secret::beside(&ledger);
             let kept = oncebox::secret::rotate(&path)?;
             print_json(&serde_json::json!({ "key_file": path, "secrets": kept }))?;
+        }
+        Command::Gc { ledger, older_than } => {
+            let ledger = open(ledger)?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let report = oncebox::retention::gc(&ledger, older_than, now as u64).await?;
+            print_json(&report)?;
         }
         Command::Show { ledger, key } => {
             let ledger = open(ledger)?;

@@ -2,6 +2,7 @@
 //! 1 the tool did not complete (failed, unknown, conflict, in progress), 2 the input was unusable
 //! (bad flags, bad args, a refused component), 3 the host failed (ledger, engine).
 
+mod approvals;
 mod call;
 #[cfg(feature = "demo")]
 mod demo;
@@ -10,6 +11,7 @@ mod ledger;
 mod policy;
 mod reconcile;
 mod resolve;
+mod saga;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,8 +40,20 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Call a tool for one step of a run.
     Call(call::Args),
-    /// Ask the tool's authority what became of a step whose outcome is unknown.
+    /// Ask the tool's authority what became of a step whose outcome is unknown; with `--run R
+    /// --tools DIR` and no step, every unknown step of the run.
     Reconcile(call::Args),
+    /// Approve a call of an irreversible tool: its operation key and the fingerprint of its params.
+    Approve(approvals::DecideArgs),
+    /// Reject a call of an irreversible tool: nothing will be dispatched for that step.
+    Reject(approvals::DecideArgs),
+    /// Requests for approval.
+    #[command(subcommand)]
+    Approvals(approvals::Command),
+    /// Undo a run's completed compensatable steps, in reverse order, each once.
+    Compensate(saga::CompensateArgs),
+    /// Report what a restart left, per run, and what a person must decide.
+    Recover(saga::RecoverArgs),
     /// Settle by hand an operation whose outcome is unknown: it took place, or it did not.
     Resolve(resolve::Args),
     /// Show the effective retry policy of a tool.
@@ -89,6 +103,11 @@ pub async fn run(command: Command) -> Exit {
         Command::Call(args) => call::run(args).await,
         Command::Reconcile(args) => reconcile::run(args).await,
         Command::Resolve(args) => resolve::run(args).await,
+        Command::Approve(args) => approvals::decide_run(args, true).await,
+        Command::Reject(args) => approvals::decide_run(args, false).await,
+        Command::Approvals(command) => approvals::run(command).await,
+        Command::Compensate(args) => saga::compensate(args).await,
+        Command::Recover(args) => saga::recover(args).await,
         Command::Ledger(command) => ledger::run(command).await,
         Command::Policy(command) => policy::run(command).await,
         #[cfg(feature = "demo")]

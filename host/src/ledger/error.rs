@@ -48,6 +48,10 @@ pub enum LedgerError {
     EffectChanged { operation_key: String, effect_key: String },
     #[error("kv {namespace}/{key} was written by another step since this attempt read it; nothing was written")]
     KvConflict { namespace: String, key: String },
+    #[error("the request for approval of operation {operation_key} changed since it was read; read it again")]
+    ApprovalChanged { operation_key: String },
+    #[error("operation {operation_key} is {status}: only completed and failed operations expire")]
+    NotExpirable { operation_key: String, status: &'static str },
     #[error("operation {operation_key} has several effects in doubt ({effects}); name the one to settle")]
     Ambiguous { operation_key: String, effects: String },
     // A commit that failed may still have reached the disk (its fsync failed, the page cache did

@@ -119,6 +119,9 @@ pub enum Claim {
     Conflict(OperationRecord),
     /// Another caller holds a live lease.
     InProgress(OperationRecord),
+    /// The operation's records expired and were removed (retention): running the step again
+    /// could repeat its effect, so it is not run as new.
+    Expired(Tombstone),
 }
 
 /// A local effect, applied in the same transaction as its record.
@@ -235,6 +238,29 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every outbox message, in the order enqueued.
     fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>>;
+
+    /// The request for approval of an operation (by operation key), if any.
+    fn approval<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>, LedgerError>>;
+
+    /// All requests for approval, or a run's, in operation key order.
+    fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>>;
+
+    /// Writes a request for approval as a compare-and-set on its revision: `record.revision` must
+    /// be the stored one plus 1 (1 for a new request), else `ApprovalChanged` and nothing written.
+    fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// What retention left of a removed operation, if it was removed.
+    fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>>;
+
+    /// Removes operations whose records expired, with their attempts, effects and approvals,
+    /// leaving a tombstone for each (a later claim of it is answered `Expired`), and the
+    /// approvals of `approvals` (keys without an operation). Refuses all (`NotExpirable`) if one
+    /// of the operations is not completed or failed. Returns how many operations it removed.
+    fn expire<'a>(
+        &'a self,
+        tombstones: &'a [Tombstone],
+        approvals: &'a [String],
+    ) -> BoxFuture<'a, Result<usize, LedgerError>>;
 
     /// Durable commits so far, for a store that counts them (group commit shares them).
     fn commits(&self) -> u64 {
@@ -377,6 +403,26 @@ impl Ledger {
         self.store.outbox().await
     }
 
+    pub async fn approval(&self, operation_key: &str) -> Result<Option<ApprovalRecord>, LedgerError> {
+        self.store.approval(operation_key).await
+    }
+
+    pub async fn approvals(&self, run_id: Option<&str>) -> Result<Vec<ApprovalRecord>, LedgerError> {
+        self.store.approvals(run_id).await
+    }
+
+    pub async fn put_approval(&self, record: &ApprovalRecord) -> Result<(), LedgerError> {
+        self.store.put_approval(record).await
+    }
+
+    pub async fn tombstone(&self, operation_key: &str) -> Result<Option<Tombstone>, LedgerError> {
+        self.store.tombstone(operation_key).await
+    }
+
+    pub async fn expire(&self, tombstones: &[Tombstone], approvals: &[String]) -> Result<usize, LedgerError> {
+        self.store.expire(tombstones, approvals).await
+    }
+
     /// What a local effect's key already holds: nothing (stage it), the same request (already
     /// applied by an earlier attempt), or another one (the tool diverged).
     pub async fn local_effect_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
@@ -422,6 +468,23 @@ pub fn refused_finish<'e>(
     } else {
         LedgerError::EffectTaken { operation_key, effect_key }
     })
+}
+
+/// Whether an approval write may replace `stored`: its revision follows the stored one.
+pub fn approval_follows(stored: Option<&ApprovalRecord>, record: &ApprovalRecord) -> Result<(), LedgerError> {
+    if record.revision == stored.map_or(0, |s| s.revision) + 1 {
+        Ok(())
+    } else {
+        Err(LedgerError::ApprovalChanged { operation_key: record.operation_key.clone() })
+    }
+}
+
+/// Refuses to expire an operation that is not over: only completed and failed ones expire.
+pub fn expirable(op: &OperationRecord) -> Result<(), LedgerError> {
+    match op.status {
+        OperationStatus::Completed | OperationStatus::Failed => Ok(()),
+        status => Err(LedgerError::NotExpirable { operation_key: op.key.clone(), status: status.as_str() }),
+    }
 }
 
 /// The operation for `req`'s caller: an expired claim taken over with `fence`, or a new one

@@ -233,3 +233,89 @@ impl Resolution {
         }
     }
 }
+
+/// Where a request for approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalState {
+    /// Asked for; nobody decided yet.
+    Pending,
+    /// A person approved these exact params (the fingerprint), until `expires_ms` if set.
+    Approved,
+    /// A person refused: the operation never dispatches.
+    Rejected,
+}
+
+impl ApprovalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Rejected => "rejected",
+        }
+    }
+}
+
+/// A call of a tool that needs a person's approval, and what they decided. Bound to one operation
+/// (run, step, tool) and one fingerprint (the exact params): an approval of other params, or of
+/// another step, approves nothing. Used once: the operation it lets through is recorded, and every
+/// later call of the step is answered from that record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    pub operation_key: String,
+    pub fingerprint: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub tool: String,
+    pub description: String,
+    /// What cannot be taken back, in the tool's words.
+    pub consequence: Option<String>,
+    /// The params with their sensitive values redacted.
+    pub args: serde_json::Value,
+    /// The sensitive values, sealed under the ledger's key (`seal.rs`): the approver reveals them
+    /// with the key file; the ledger and the logs never hold them in the clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
+    pub requested_ms: u64,
+    pub state: ApprovalState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// An approval not used by then lets nothing through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// Raised by every write: a write is a compare-and-set on the revision it read.
+    pub revision: u32,
+}
+
+impl ApprovalRecord {
+    /// Whether it lets a call with `fingerprint` through at `now_ms`.
+    pub fn approves(&self, fingerprint: &str, now_ms: u64) -> bool {
+        self.state == ApprovalState::Approved
+            && self.fingerprint == fingerprint
+            && self.expires_ms.is_none_or(|until| now_ms < until)
+    }
+
+    /// Approved, but past its expiry.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.state == ApprovalState::Approved && self.expires_ms.is_some_and(|until| now_ms >= until)
+    }
+}
+
+/// What is left of an operation that retention removed: enough to refuse a call of its step
+/// instead of running it as new (its downstream keys may have expired too).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub operation_key: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub tool: String,
+    pub fingerprint: String,
+    pub status: OperationStatus,
+    /// When the operation was last written (its end).
+    pub ended_ms: u64,
+    pub removed_ms: u64,
+}

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
+use super::{ApprovalRecord, Tombstone, approval_follows, expirable};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
@@ -33,6 +34,8 @@ struct State {
     /// (namespace, key) -> (value, version).
     kv: BTreeMap<(String, String), (Vec<u8>, u64)>,
     outbox: Vec<OutboxMessage>,
+    approvals: BTreeMap<String, ApprovalRecord>,
+    tombstones: BTreeMap<String, Tombstone>,
     next_fence: u64,
 }
 
@@ -44,6 +47,8 @@ impl Default for State {
             attempts: BTreeMap::new(),
             kv: BTreeMap::new(),
             outbox: Vec::new(),
+            approvals: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
             next_fence: 2,
         }
     }
@@ -194,6 +199,11 @@ impl Store for ReferenceStore {
             let existing = state.operations.get(&req.key).cloned();
             if let Some(answer) = verdict(existing.as_ref().map(|(op, _)| op), req) {
                 return Ok(answer);
+            }
+            if existing.is_none()
+                && let Some(tombstone) = state.tombstones.get(&req.key)
+            {
+                return Ok(Claim::Expired(tombstone.clone()));
             }
             let written = existing.as_ref().is_some_and(|(_, written)| *written);
             let fence = if existing.is_some() { state.fresh_fence() } else { 1 };
@@ -382,5 +392,59 @@ impl Store for ReferenceStore {
 
     fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>> {
         Box::pin(async move { Ok(self.lock().outbox.clone()) })
+    }
+
+    fn approval<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>, LedgerError>> {
+        Box::pin(async move { Ok(self.lock().approvals.get(operation_key).cloned()) })
+    }
+
+    fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        Box::pin(async move {
+            let state = self.lock();
+            Ok(state.approvals.values().filter(|a| run_id.is_none_or(|run| a.run_id == run)).cloned().collect())
+        })
+    }
+
+    fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            approval_follows(state.approvals.get(&record.operation_key), record)?;
+            state.approvals.insert(record.operation_key.clone(), record.clone());
+            Ok(())
+        })
+    }
+
+    fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
+        Box::pin(async move { Ok(self.lock().tombstones.get(operation_key).cloned()) })
+    }
+
+    fn expire<'a>(
+        &'a self,
+        tombstones: &'a [Tombstone],
+        approvals: &'a [String],
+    ) -> BoxFuture<'a, Result<usize, LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            let mut removed = 0;
+            for tombstone in tombstones {
+                if let Some((op, true)) = state.operations.get(&tombstone.operation_key) {
+                    expirable(op)?;
+                }
+            }
+            for tombstone in tombstones {
+                let key = &tombstone.operation_key;
+                if state.operations.remove(key).is_some() {
+                    removed += 1;
+                }
+                state.effects.retain(|(op, _), _| op != key);
+                state.attempts.retain(|(op, _), _| op != key);
+                state.approvals.remove(key);
+                state.tombstones.insert(key.clone(), tombstone.clone());
+            }
+            for key in approvals {
+                state.approvals.remove(key);
+            }
+            Ok(removed)
+        })
     }
 }

@@ -24,8 +24,15 @@ use crate::policy::{ReplayClass, RetryPolicy};
 pub use crate::policy::MAX_ATTEMPTS_LIMIT;
 
 /// The `RetryPolicy` fields a file may set, as the file spells them, in the struct's order.
-const FIELDS: [&str; 6] =
-    ["max_attempts", "initial_backoff", "max_backoff", "redispatch_in_doubt", "attempt_deadline", "call_deadline"];
+const FIELDS: [&str; 7] = [
+    "max_attempts",
+    "initial_backoff",
+    "max_backoff",
+    "redispatch_in_doubt",
+    "requires_approval",
+    "attempt_deadline",
+    "call_deadline",
+];
 
 /// A parsed and checked policy file. Cheap to clone; holds no handle on the file.
 #[derive(Debug, Clone)]
@@ -49,6 +56,7 @@ struct ToolSection {
     initial_backoff: Option<At<Duration>>,
     max_backoff: Option<At<Duration>>,
     redispatch_in_doubt: Option<At<bool>>,
+    requires_approval: Option<At<bool>>,
     attempt_deadline: Option<At<Duration>>,
     call_deadline: Option<At<Duration>>,
     config: Config,
@@ -161,6 +169,10 @@ impl PolicyFile {
             policy.redispatch_in_doubt = at.value;
             from_file("redispatch_in_doubt", at.line);
         }
+        if let Some(at) = section.requires_approval {
+            policy.requires_approval = at.value;
+            from_file("requires_approval", at.line);
+        }
         let durations = [
             ("initial_backoff", section.initial_backoff, &mut policy.initial_backoff),
             ("max_backoff", section.max_backoff, &mut policy.max_backoff),
@@ -180,6 +192,7 @@ impl PolicyFile {
             let line_of = |field: &str| match field {
                 "max_attempts" => section.max_attempts.map(|at| at.line),
                 "redispatch_in_doubt" => section.redispatch_in_doubt.map(|at| at.line),
+                "requires_approval" => section.requires_approval.map(|at| at.line),
                 "initial_backoff" => section.initial_backoff.map(|at| at.line),
                 "max_backoff" => section.max_backoff.map(|at| at.line),
                 "attempt_deadline" => section.attempt_deadline.map(|at| at.line),
@@ -245,6 +258,7 @@ impl Effective {
                 "initial_backoff": duration(p.initial_backoff),
                 "max_backoff": duration(p.max_backoff),
                 "redispatch_in_doubt": p.redispatch_in_doubt,
+                "requires_approval": p.requires_approval,
                 "attempt_deadline": duration(p.attempt_deadline),
                 "call_deadline": duration(p.call_deadline),
             },
@@ -295,6 +309,7 @@ struct RawTool {
     initial_backoff: Option<Spanned<Value>>,
     max_backoff: Option<Spanned<Value>>,
     redispatch_in_doubt: Option<Spanned<Value>>,
+    requires_approval: Option<Spanned<Value>>,
     attempt_deadline: Option<Spanned<Value>>,
     call_deadline: Option<Spanned<Value>>,
     #[serde(default)]
@@ -350,6 +365,7 @@ impl Lines<'_> {
             initial_backoff: raw.initial_backoff.map(|v| self.positive("initial_backoff", v)).transpose()?,
             max_backoff: raw.max_backoff.map(|v| self.positive("max_backoff", v)).transpose()?,
             redispatch_in_doubt: raw.redispatch_in_doubt.map(|v| self.boolean("redispatch_in_doubt", v)).transpose()?,
+            requires_approval: raw.requires_approval.map(|v| self.boolean("requires_approval", v)).transpose()?,
             attempt_deadline: raw.attempt_deadline.map(|v| self.positive("attempt_deadline", v)).transpose()?,
             call_deadline: raw.call_deadline.map(|v| self.positive("call_deadline", v)).transpose()?,
             config: Config(

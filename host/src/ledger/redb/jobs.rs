@@ -9,7 +9,7 @@ use super::{
     Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
     OperationStatus, OutboxMessage, Resolution, Settlement, Staged, encode, get, put, verdict,
 };
-use crate::ledger::{refused_finish, settled, take_over};
+use crate::ledger::{ApprovalRecord, Tombstone, approval_follows, expirable, refused_finish, settled, take_over};
 
 /// Takes over an expired durable claim with `fence`, a token the ledger never handed out before.
 pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest, fence: u64) -> Result<Claim, LedgerError> {
@@ -279,4 +279,54 @@ pub(super) fn resolve(
     }
     put(&mut records, operation_id(operation_key), &op)?;
     Ok(op)
+}
+
+/// Writes a request for approval if its revision follows the stored one.
+pub(super) fn put_approval(txn: &WriteTransaction, record: &ApprovalRecord) -> Result<(), LedgerError> {
+    let mut approvals = txn.open_table(APPROVALS)?;
+    let stored: Option<ApprovalRecord> = get(&approvals, record.operation_key.as_str())?;
+    approval_follows(stored.as_ref(), record)?;
+    put(&mut approvals, record.operation_key.as_str(), record)
+}
+
+/// Removes expired operations with every record of theirs, leaving their tombstones, and the
+/// approvals named; refuses all if one operation is not over.
+pub(super) fn expire(
+    txn: &WriteTransaction,
+    tombstones: &[Tombstone],
+    approvals: &[String],
+) -> Result<usize, LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let mut found = Vec::new();
+    for tombstone in tombstones {
+        if let Some(op) = get::<_, OperationRecord>(&records, operation_id(&tombstone.operation_key))? {
+            expirable(&op)?;
+            found.push(op);
+        }
+    }
+    // Decided; from here on only writes.
+    let mut steps = txn.open_table(RUN_STEPS)?;
+    let mut approval_table = txn.open_table(APPROVALS)?;
+    for op in &found {
+        let key = op.key.as_str();
+        let mut ids = Vec::new();
+        for entry in records.range((key, ATTEMPT, "")..(key, TOMBSTONE, ""))? {
+            let (id, _) = entry?;
+            let (_, kind, id) = id.value();
+            ids.push((kind, id.to_string()));
+        }
+        for (kind, id) in ids {
+            records.remove((key, kind, id.as_str()))?;
+        }
+        records.remove(operation_id(key))?;
+        steps.remove((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()))?;
+        approval_table.remove(key)?;
+    }
+    for tombstone in tombstones {
+        put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
+    }
+    for key in approvals {
+        approval_table.remove(key.as_str())?;
+    }
+    Ok(found.len())
 }

@@ -32,12 +32,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::take_over;
+use super::{ApprovalRecord, Tombstone};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
     verdict,
 };
-use jobs::{claim, encode_staged, put_effect, record_attempt, renew, reopen, resolve};
+use jobs::{claim, encode_staged, expire, put_approval, put_effect, record_attempt, renew, reopen, resolve};
 use open::{init, recover};
 use tables::*;
 
@@ -184,6 +185,11 @@ impl RedbStore {
         }
         if let Some(answer) = verdict(live.get(&req.key), req) {
             return Ok(Ok(answer));
+        }
+        if !live.contains_key(&req.key)
+            && let Some(tombstone) = self.tombstone(&req.key)?
+        {
+            return Ok(Ok(Claim::Expired(tombstone)));
         }
         // A live claim here expired: its owner stalled before writing anything durable.
         let expired = live.remove(&req.key);
@@ -343,6 +349,30 @@ impl RedbStore {
         Ok(Some((value.to_vec(), version)))
     }
 
+    pub fn approval(&self, operation_key: &str) -> Result<Option<ApprovalRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        get(&txn.open_table(APPROVALS)?, operation_key)
+    }
+
+    pub fn approvals(&self, run_id: Option<&str>) -> Result<Vec<ApprovalRecord>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(APPROVALS)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (key, value) = entry?;
+            let record: ApprovalRecord = decode("approvals", key.value(), value.value())?;
+            if run_id.is_none_or(|run| record.run_id == run) {
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn tombstone(&self, operation_key: &str) -> Result<Option<Tombstone>, LedgerError> {
+        let txn = self.db.begin_read()?;
+        get(&txn.open_table(RECORDS)?, (operation_key, TOMBSTONE, ""))
+    }
+
     pub fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(OUTBOX)?;
@@ -440,6 +470,32 @@ impl Store for RedbStore {
 
     fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>> {
         Box::pin(async move { RedbStore::outbox(self) })
+    }
+
+    fn approval<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>, LedgerError>> {
+        Box::pin(async move { RedbStore::approval(self, operation_key) })
+    }
+
+    fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        Box::pin(async move { RedbStore::approvals(self, run_id) })
+    }
+
+    fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let record = record.clone();
+        Box::pin(async move { self.writer.submit(move |txn| put_approval(txn, &record), |_| true).await })
+    }
+
+    fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
+        Box::pin(async move { RedbStore::tombstone(self, operation_key) })
+    }
+
+    fn expire<'a>(
+        &'a self,
+        tombstones: &'a [Tombstone],
+        approvals: &'a [String],
+    ) -> BoxFuture<'a, Result<usize, LedgerError>> {
+        let (tombstones, approvals) = (tombstones.to_vec(), approvals.to_vec());
+        Box::pin(async move { self.writer.submit(move |txn| expire(txn, &tombstones, &approvals), |_| true).await })
     }
 
     fn commits(&self) -> u64 {

@@ -37,6 +37,8 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(RUN_STEPS)?;
         txn.open_table(KV)?;
         txn.open_table(OUTBOX)?;
+        // Added to schema 3 without a change of layout: a file without it gets it here.
+        txn.open_table(APPROVALS)?;
     }
     txn.commit()?;
     Ok(())

@@ -13,6 +13,8 @@ pub type RecordKey = (&'static str, u8, &'static str);
 pub const OPERATION: u8 = 0;
 pub const ATTEMPT: u8 = 1;
 pub const EFFECT: u8 = 2;
+/// What retention left of a removed operation (`Tombstone`, id ""): its other records are gone.
+pub const TOMBSTONE: u8 = 3;
 /// (run id, step id, tool) -> operation key: a run's steps
 pub const RUN_STEPS: TableDefinition<(&str, &str, &str), &str> = TableDefinition::new("run_steps");
 /// (namespace, key) -> the key's version (8 bytes, little-endian) and then its value: the tools'
@@ -21,6 +23,8 @@ pub const RUN_STEPS: TableDefinition<(&str, &str, &str), &str> = TableDefinition
 pub const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
 /// sequence number -> `OutboxMessage`
 pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+/// operation key -> `ApprovalRecord`: requests for approval and their decisions
+pub const APPROVALS: TableDefinition<&str, &[u8]> = TableDefinition::new("approvals");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 

@@ -1,0 +1,292 @@
+//! Approvals (DESIGN sections 4 and 6): an irreversible tool runs only with a person's approval
+//! bound to its operation (run, step, tool) and its fingerprint (the exact params).
+//!
+//! The gate stands before the claim. An operation already on record is answered from its record
+//! whatever anyone approved, so an approval never authorises a second dispatch, least of all of
+//! an operation whose outcome is unknown. With nothing on record, the request for approval says
+//! what happens next: none yet (it is recorded, pending, and the call returns
+//! `awaiting-approval`), pending or expired (the same), rejected (the call returns `rejected`),
+//! asked with other params (a conflict), or approved for these params (the call proceeds, once:
+//! the operation it starts is recorded, and every later call of the step is answered from it).
+//!
+//! The approver must see what they approve, and some of it is sensitive (`fulfill`'s address).
+//! The request holds the params redacted, as every record does, plus the sensitive values sealed
+//! under the ledger's key file (`seal.rs`): `oncebox approvals show KEY --reveal`, run by someone
+//! who can read the key file, shows them; the ledger file, its backups and the logs never hold
+//! them in the clear. The fingerprint the approver names covers the exact values, sealed or not.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::call::{Outcome, Status};
+use crate::clock::now_ms;
+use crate::effects::Shared;
+use crate::error::CallError;
+use crate::executor::Prepared;
+use crate::ledger::{ApprovalRecord, ApprovalState, Ledger, LedgerError};
+use crate::runtime::ToolManifest;
+
+/// Whether a call may go on to its claim.
+pub(crate) enum Gate {
+    Proceed,
+    Stop(Outcome),
+}
+
+/// What a caller is shown of a request for approval: everything but the sealed values.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalView {
+    pub state: ApprovalState,
+    pub tool: String,
+    pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consequence: Option<String>,
+    pub run_id: String,
+    pub step_id: String,
+    /// The exact params, sensitive values redacted (`--reveal` shows them to the key's holder).
+    pub params: Value,
+    pub requested_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// How to approve it.
+    pub approve: String,
+}
+
+impl ApprovalView {
+    pub fn of(record: &ApprovalRecord, ledger: &Ledger) -> Self {
+        ApprovalView {
+            state: record.state,
+            tool: record.tool.clone(),
+            description: record.description.clone(),
+            consequence: record.consequence.clone(),
+            run_id: record.run_id.clone(),
+            step_id: record.step_id.clone(),
+            params: record.args.clone(),
+            requested_ms: record.requested_ms,
+            decided_by: record.decided_by.clone(),
+            note: record.note.clone(),
+            expires_ms: record.expires_ms,
+            approve: format!(
+                "oncebox approve --ledger {} {} --fingerprint {} --by NAME",
+                ledger.path().display(),
+                record.operation_key,
+                record.fingerprint
+            ),
+        }
+    }
+}
+
+/// The gate for a call of a tool that needs approval (see the module's docs).
+pub(crate) async fn gate(
+    shared: &Shared,
+    manifest: &ToolManifest,
+    prepared: &Prepared,
+    redacted: &Value,
+) -> Result<Gate, CallError> {
+    let ledger = &shared.ledger;
+    let key = &prepared.operation_key;
+    if ledger.operation(key).await?.is_some() {
+        return Ok(Gate::Proceed);
+    }
+    let now = now_ms();
+    let record = match ledger.approval(key).await? {
+        Some(record) => record,
+        None => {
+            let record = request(shared, manifest, prepared, redacted, now)?;
+            match ledger.put_approval(&record).await {
+                Ok(()) => {
+                    tracing::info!(operation_key = %key, tool = %manifest.name, "awaiting approval");
+                    return Ok(Gate::Stop(awaiting(&record, ledger, "a person must approve these exact params")));
+                }
+                // Another caller asked at the same moment: decide on what it recorded.
+                Err(LedgerError::ApprovalChanged { .. }) => {
+                    ledger.approval(key).await?.ok_or(LedgerError::ApprovalChanged { operation_key: key.clone() })?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if !prepared.matches(&record.fingerprint) {
+        let message = format!(
+            "step `{}` of run `{}` was submitted for approval with other params (fingerprint {}); nothing was \
+             dispatched. An approval covers exact params: use a new step id for a new intent",
+            record.step_id, record.run_id, record.fingerprint
+        );
+        return Ok(Gate::Stop(stopped(&record, Status::Conflict, "conflict", message, ledger)));
+    }
+    Ok(match record.state {
+        ApprovalState::Approved if !record.expired(now) => Gate::Proceed,
+        ApprovalState::Approved => {
+            let message = format!("the approval expired at {}; approve again", time(record.expires_ms.unwrap_or(0)));
+            Gate::Stop(awaiting(&record, ledger, &message))
+        }
+        ApprovalState::Pending => Gate::Stop(awaiting(&record, ledger, "a person must approve these exact params")),
+        ApprovalState::Rejected => {
+            let message = format!(
+                "rejected by {} at {}{}; nothing was dispatched, and nothing will be for this step",
+                record.decided_by.as_deref().unwrap_or("?"),
+                time(record.decided_ms.unwrap_or(0)),
+                record.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+            );
+            Gate::Stop(stopped(&record, Status::Rejected, "rejected", message, ledger))
+        }
+    })
+}
+
+/// A new request for approval: the params redacted, their sensitive values sealed.
+fn request(
+    shared: &Shared,
+    manifest: &ToolManifest,
+    prepared: &Prepared,
+    redacted: &Value,
+    now: u64,
+) -> Result<ApprovalRecord, CallError> {
+    let sensitive: serde_json::Map<String, Value> = manifest
+        .sensitive
+        .iter()
+        .filter_map(|pointer| prepared.args.pointer(pointer).map(|v| (pointer.clone(), v.clone())))
+        .collect();
+    let sealed = if sensitive.is_empty() {
+        None
+    } else {
+        let mut nonce = [0u8; crate::seal::NONCE_BYTES];
+        getrandom::fill(&mut nonce).map_err(|e| CallError::Approval {
+            operation_key: prepared.operation_key.clone(),
+            reason: format!("no randomness to seal its sensitive params: {e}"),
+        })?;
+        let plaintext = Value::Object(sensitive).to_string();
+        Some(crate::seal::seal(&shared.keying, &prepared.operation_key, plaintext.as_bytes(), nonce))
+    };
+    Ok(ApprovalRecord {
+        operation_key: prepared.operation_key.clone(),
+        fingerprint: prepared.fingerprint.clone(),
+        run_id: prepared.run_id.clone(),
+        step_id: prepared.step_id.clone(),
+        tool: manifest.name.clone(),
+        description: manifest.description.clone(),
+        consequence: manifest.consequence.clone(),
+        args: redacted.clone(),
+        sealed,
+        requested_ms: now,
+        state: ApprovalState::Pending,
+        decided_by: None,
+        decided_ms: None,
+        note: None,
+        expires_ms: None,
+        revision: 1,
+    })
+}
+
+/// What a person decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Lets the call with these params through once, until `expires_ms` if set.
+    Approve { expires_ms: Option<u64> },
+    /// Nothing is ever dispatched for this step.
+    Reject,
+}
+
+/// Records a person's decision on the request for approval of `operation_key`. `fingerprint`
+/// must be the request's: a decision is about the exact params the person saw. Refused once the
+/// operation ran (an approval never authorises another dispatch) and after a rejection (final).
+pub async fn decide(
+    ledger: &Ledger,
+    operation_key: &str,
+    fingerprint: &str,
+    decision: Decision,
+    by: &str,
+    note: Option<&str>,
+) -> Result<ApprovalRecord, CallError> {
+    let refuse = |reason: String| CallError::Approval { operation_key: operation_key.to_string(), reason };
+    if by.trim().is_empty() {
+        return Err(refuse("say who decides (--by NAME)".into()));
+    }
+    let Some(mut record) = ledger.approval(operation_key).await? else {
+        return Err(refuse("no call of it awaits approval (call the tool first; the call records the request)".into()));
+    };
+    if record.fingerprint != fingerprint {
+        return Err(refuse(format!(
+            "it awaits approval of params with fingerprint {}, not {fingerprint}: look at `oncebox approvals show \
+             {operation_key}` and decide on what it shows",
+            record.fingerprint
+        )));
+    }
+    if let Some(op) = ledger.operation(operation_key).await? {
+        return Err(refuse(format!(
+            "it already ran under its approval and is {}; an approval never authorises another dispatch{}",
+            op.status.as_str(),
+            if op.status == crate::ledger::OperationStatus::Unknown {
+                " (reconcile it, or settle it with `oncebox resolve`)"
+            } else {
+                ""
+            }
+        )));
+    }
+    if record.state == ApprovalState::Rejected {
+        return Err(refuse(format!(
+            "{} rejected it at {}; a rejection is final (a new intent needs a new step id)",
+            record.decided_by.as_deref().unwrap_or("?"),
+            time(record.decided_ms.unwrap_or(0))
+        )));
+    }
+    let now = now_ms();
+    record.state = match decision {
+        Decision::Approve { expires_ms } => {
+            if expires_ms.is_some_and(|until| until <= now) {
+                return Err(refuse("the expiry given is already past".into()));
+            }
+            record.expires_ms = expires_ms;
+            ApprovalState::Approved
+        }
+        Decision::Reject => {
+            record.expires_ms = None;
+            ApprovalState::Rejected
+        }
+    };
+    record.decided_by = Some(by.to_string());
+    record.decided_ms = Some(now);
+    record.note = note.map(str::to_string);
+    record.revision += 1;
+    ledger.put_approval(&record).await?;
+    tracing::info!(%operation_key, state = record.state.as_str(), by, "approval decided");
+    Ok(record)
+}
+
+/// The sealed sensitive values of a request, opened with the ledger's key (for the approver).
+pub fn reveal(record: &ApprovalRecord, key: &crate::keys::FingerprintKey) -> Result<Value, String> {
+    let mut params = record.args.clone();
+    let Some(sealed) = &record.sealed else {
+        return Ok(params);
+    };
+    let plaintext = crate::seal::open(key, &record.operation_key, sealed).map_err(|e| e.to_string())?;
+    let values: serde_json::Map<String, Value> =
+        serde_json::from_slice(&plaintext).map_err(|e| format!("the sealed values are not JSON: {e}"))?;
+    for (pointer, value) in values {
+        if let Some(slot) = params.pointer_mut(&pointer) {
+            *slot = value;
+        }
+    }
+    Ok(params)
+}
+
+fn awaiting(record: &ApprovalRecord, ledger: &Ledger, why: &str) -> Outcome {
+    let message = format!("{why}: {}", ApprovalView::of(record, ledger).approve);
+    stopped(record, Status::AwaitingApproval, "awaiting-approval", message, ledger)
+}
+
+fn stopped(record: &ApprovalRecord, status: Status, class: &str, message: String, ledger: &Ledger) -> Outcome {
+    Outcome {
+        fingerprint: Some(record.fingerprint.clone()),
+        approval: Some(Box::new(ApprovalView::of(record, ledger))),
+        ..Outcome::stopped(&record.operation_key, status, class, message)
+    }
+}
+
+/// A timestamp for messages.
+pub(crate) fn time(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(at).to_string()
+}

@@ -1,0 +1,117 @@
+//! `oncebox approve`, `oncebox reject` and `oncebox approvals list|show`: a person decides on a
+//! call of an irreversible tool, bound to its operation key and the fingerprint of its params.
+
+use std::path::{Path, PathBuf};
+
+use oncebox::approvals::{ApprovalView, Decision, decide, reveal};
+use oncebox::ledger::ApprovalRecord;
+use oncebox::{Ledger, keys::FingerprintKey};
+
+use super::{Exit, Usage, print_json};
+
+#[derive(Debug, clap::Args)]
+pub struct DecideArgs {
+    #[arg(long)]
+    ledger: PathBuf,
+    /// The operation key (`oncebox call` printed it with `awaiting-approval`).
+    key: String,
+    /// The fingerprint of the params you decide on, as `approvals show` shows it.
+    #[arg(long)]
+    fingerprint: String,
+    /// Who decides (recorded).
+    #[arg(long)]
+    by: String,
+    /// Why (recorded).
+    #[arg(long)]
+    note: Option<String>,
+    /// Approve only for this long (say `30m`); unused by then, it lets nothing through.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    expires_in: Option<std::time::Duration>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// One line of JSON per request for approval.
+    List {
+        #[arg(long)]
+        ledger: PathBuf,
+        #[arg(long)]
+        run: Option<String>,
+        /// Only those awaiting a decision.
+        #[arg(long)]
+        pending: bool,
+    },
+    /// A request with its exact params; `--reveal` opens its sealed sensitive values with the
+    /// ledger's key file (they are never in the ledger or the logs in the clear).
+    Show {
+        #[arg(long)]
+        ledger: PathBuf,
+        key: String,
+        #[arg(long)]
+        reveal: bool,
+    },
+}
+
+pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit> {
+    let ledger = open(&args.ledger)?;
+    let decision = if approve {
+        let expires_ms = args.expires_in.map(|d| now_ms() + d.as_millis() as u64);
+        Decision::Approve { expires_ms }
+    } else {
+        Decision::Reject
+    };
+    let record = decide(&ledger, &args.key, &args.fingerprint, decision, &args.by, args.note.as_deref()).await?;
+    print_json(&view(&record, &ledger))?;
+    Ok(Exit::Ok)
+}
+
+pub async fn run(command: Command) -> anyhow::Result<Exit> {
+    match command {
+        Command::List { ledger: path, run, pending } => {
+            let ledger = open(&path)?;
+            for record in ledger.approvals(run.as_deref()).await? {
+                let used = ledger.operation(&record.operation_key).await?.is_some();
+                if pending && (used || record.state != oncebox::ledger::ApprovalState::Pending) {
+                    continue;
+                }
+                let mut line = view(&record, &ledger);
+                line["used"] = used.into();
+                print_json(&line)?;
+            }
+        }
+        Command::Show { ledger: path, key, reveal: open_sealed } => {
+            let ledger = open(&path)?;
+            let record =
+                ledger.approval(&key).await?.ok_or_else(|| Usage(format!("no request for approval of {key}")))?;
+            let mut shown = view(&record, &ledger);
+            if open_sealed {
+                let key_file = oncebox::secret::beside(&path);
+                let text = std::fs::read_to_string(&key_file)
+                    .map_err(|e| Usage(format!("--reveal needs the ledger's key file {}: {e}", key_file.display())))?;
+                let key = FingerprintKey::parse(&text).map_err(|e| Usage(format!("{}: {e}", key_file.display())))?;
+                shown["params"] = reveal(&record, &key).map_err(|e| Usage(format!("cannot reveal: {e}")))?;
+                shown["revealed"] = true.into();
+            }
+            print_json(&shown)?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+fn view(record: &ApprovalRecord, ledger: &Ledger) -> serde_json::Value {
+    let mut value = serde_json::to_value(ApprovalView::of(record, ledger)).unwrap_or_default();
+    value["operation_key"] = record.operation_key.clone().into();
+    value["fingerprint"] = record.fingerprint.clone().into();
+    value
+}
+
+fn open(path: &Path) -> anyhow::Result<Ledger> {
+    if !path.exists() {
+        return Err(Usage(format!("no ledger at {}", path.display())).into());
+    }
+    Ok(Ledger::open(path)?)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

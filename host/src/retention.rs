@@ -1,0 +1,109 @@
+//! Retention (DESIGN section 7): records expire after a window (7 days by default), and
+//! `oncebox ledger gc` removes the expired ones. Only what is over goes: completed and failed
+//! operations, with their attempts, effects and approval, and rejected requests for approval.
+//! Nothing a person or a later call still needs goes: an operation unknown or claimed, a request
+//! awaiting approval (or approved and not used yet), and every record of a run whose
+//! compensation is outstanding.
+//!
+//! A removed operation leaves a tombstone. A call of its step afterwards is answered `expired`
+//! and dispatches nothing: its downstream's idempotency keys may have expired too (Stripe keeps
+//! them 24 hours), so running it as new could repeat its effect with nobody the wiser. A new
+//! intent takes a new step id.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::approvals::time;
+use crate::call::{Outcome, Status};
+use crate::ledger::{ApprovalState, Ledger, LedgerError, OperationRecord, OperationStatus, Tombstone};
+
+/// How long records are kept by default.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What a gc removed and what it kept for a reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GcReport {
+    pub removed_operations: usize,
+    pub removed_approvals: usize,
+    /// Expired by age but kept: (operation key, why).
+    pub kept: Vec<(String, String)>,
+}
+
+/// The answer to a call of a step whose record expired.
+pub(crate) fn expired(tombstone: &Tombstone) -> Outcome {
+    let message = format!(
+        "step `{}` of run `{}` ended {} at {} and its record expired (removed at {}); its downstream's keys may \
+         have expired too, so it is not run again as new. A new intent needs a new step id",
+        tombstone.step_id,
+        tombstone.run_id,
+        tombstone.status.as_str(),
+        time(tombstone.ended_ms),
+        time(tombstone.removed_ms)
+    );
+    Outcome::stopped(&tombstone.operation_key, Status::Expired, "expired", message)
+}
+
+/// Removes what expired before `now_ms - retention` (see the module's docs).
+pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcReport, LedgerError> {
+    let cutoff = now_ms.saturating_sub(retention.as_millis() as u64);
+    let operations = ledger.operations(None).await?;
+    let approvals = ledger.approvals(None).await?;
+    let mut report = GcReport::default();
+    // Runs whose compensation is outstanding keep every record: the saga reads them.
+    let mut runs: BTreeSet<&str> = operations.iter().map(|op| op.run_id.as_str()).collect();
+    runs.retain(|run| {
+        let of_run: Vec<&OperationRecord> = operations.iter().filter(|op| op.run_id == *run).collect();
+        crate::saga::outstanding(&of_run)
+    });
+    let mut tombstones = Vec::new();
+    for op in &operations {
+        if op.updated_ms >= cutoff {
+            continue;
+        }
+        let kept = match op.status {
+            OperationStatus::Unknown => Some("unknown: reconcile it or settle it by hand first".to_string()),
+            OperationStatus::Claimed => Some("claimed: a caller may still be running it".to_string()),
+            _ if runs.contains(op.run_id.as_str()) => Some(format!("run `{}` has compensation outstanding", op.run_id)),
+            OperationStatus::Completed | OperationStatus::Failed => None,
+        };
+        match kept {
+            Some(why) => report.kept.push((op.key.clone(), why)),
+            None => tombstones.push(Tombstone {
+                operation_key: op.key.clone(),
+                run_id: op.run_id.clone(),
+                step_id: op.step_id.clone(),
+                tool: op.tool.clone(),
+                fingerprint: op.fingerprint.clone(),
+                status: op.status,
+                ended_ms: op.updated_ms,
+                removed_ms: now_ms,
+            }),
+        }
+    }
+    let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
+    let mut rejected = Vec::new();
+    for approval in &approvals {
+        if with_operation.contains(approval.operation_key.as_str()) {
+            continue; // goes, or stays, with its operation
+        }
+        let decided = approval.decided_ms.unwrap_or(approval.requested_ms);
+        if decided >= cutoff {
+            continue;
+        }
+        match approval.state {
+            ApprovalState::Rejected => rejected.push(approval.operation_key.clone()),
+            state => report.kept.push((
+                approval.operation_key.clone(),
+                format!(
+                    "{}: awaiting a decision or its use",
+                    if state == ApprovalState::Pending { "awaiting approval" } else { "approved, not used yet" }
+                ),
+            )),
+        }
+    }
+    report.removed_operations = ledger.expire(&tombstones, &rejected).await?;
+    report.removed_approvals = rejected.len();
+    Ok(report)
+}

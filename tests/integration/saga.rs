@@ -1,0 +1,288 @@
+//! After something went wrong: approvals bound to exact params, a run's reconciliation, the saga's
+//! compensation, recovery and retention, each counted at the example provider.
+
+use std::time::Duration;
+
+use oncebox::ledger::{ApprovalState, OperationStatus};
+use oncebox::saga::SagaState;
+use oncebox::{Call, Decision, Reconciliation, Status};
+use oncebox_example_provider::{Fault, FaultKind, Route};
+use serde_json::{Value, json};
+
+use crate::support::{Fixture, approve, charge};
+
+fn fulfill(address: &str) -> Value {
+    json!({"order_id": "o-1", "address": address, "items": [{"sku": "sku-1", "quantity": 1}]})
+}
+
+fn step(run: &str, step: &str, tool: &str, args: &Value) -> Call {
+    Call::step(run, step, tool, args.to_string())
+}
+
+fn reserve() -> Value {
+    json!({"order_id": "o-1", "sku": "sku-1", "quantity": 2})
+}
+
+async fn reserved(f: &Fixture) -> u64 {
+    let bytes = f.host.ledger().kv_get("reservations", "reserved/sku-1").await.expect("kv");
+    bytes.map_or(0, |b| serde_json::from_slice(&b).expect("count"))
+}
+
+// Approvals
+
+#[tokio::test]
+async fn an_irreversible_call_without_approval_dispatches_nothing_and_records_the_request() {
+    let f = Fixture::new().await;
+    let outcome = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(outcome.status, Status::AwaitingApproval, "{outcome:?}");
+    assert_eq!(f.provider.requests(), 0);
+    let key = outcome.operation_key.clone().expect("key");
+    assert!(f.host.ledger().operation(&key).await.expect("read").is_none(), "no operation exists yet");
+    let view = outcome.approval.as_ref().expect("what to approve");
+    assert_eq!(view.params["address"], oncebox::REDACTED, "the address is not shown in the clear");
+    assert_eq!(view.params["order_id"], "o-1");
+    assert!(view.consequence.as_deref().is_some_and(|c| c.contains("cannot be cancelled")), "{view:?}");
+    assert!(view.approve.contains(outcome.fingerprint.as_deref().expect("fingerprint")));
+
+    // The request holds the address sealed: not in the ledger file, but the key's holder reads it.
+    let record = f.host.ledger().approval(&key).await.expect("read").expect("request");
+    assert_eq!(record.state, ApprovalState::Pending);
+    let file = std::fs::read(f.dir.path().join("ledger.redb")).expect("ledger file");
+    assert!(!file.windows(9).any(|w| w == b"1 Main St"), "the ledger file holds no address in the clear");
+    assert_eq!(f.host.reveal(&record).expect("reveal")["address"], "1 Main St");
+
+    // Asking again changes nothing.
+    let again = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(again.status, Status::AwaitingApproval);
+    assert_eq!(f.provider.requests(), 0);
+}
+
+#[tokio::test]
+async fn an_approved_call_ships_once_and_every_later_call_is_a_replay() {
+    let f = Fixture::new().await;
+    let call = step("r", "ship", "fulfill", &fulfill("1 Main St"));
+    let first = f.host.call(call.clone()).await.expect("call");
+    approve(&f.host, &first).await;
+    let shipped = f.host.call(call.clone()).await.expect("call");
+    assert_eq!(shipped.status, Status::Completed, "{shipped:?}");
+    for _ in 0..3 {
+        let again = f.host.call(call.clone()).await.expect("call");
+        assert!(again.replayed && again.status == Status::Completed, "{again:?}");
+    }
+    assert_eq!(f.provider.counts("o-1").fulfillments, 1);
+    // The approval was used: deciding on it again is refused.
+    let key = first.operation_key.as_deref().expect("key");
+    let fingerprint = first.fingerprint.as_deref().expect("fingerprint");
+    let refused = f.host.decide(key, fingerprint, Decision::Reject, "bob", None).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("already ran")));
+}
+
+#[tokio::test]
+async fn an_approval_of_other_params_approves_nothing() {
+    let f = Fixture::new().await;
+    let first = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    approve(&f.host, &first).await;
+    // The orchestrator sends the step with another address: not what was approved.
+    let changed = f.host.call(step("r", "ship", "fulfill", &fulfill("9 Elsewhere Rd"))).await.expect("call");
+    assert_eq!(changed.status, Status::Conflict, "{changed:?}");
+    assert_eq!(f.provider.requests(), 0);
+    // Approving with a fingerprint other than the request's is refused.
+    let key = first.operation_key.as_deref().expect("key");
+    let wrong = f.host.decide(key, "0".repeat(64).as_str(), Decision::Approve { expires_ms: None }, "a", None).await;
+    assert!(wrong.is_err_and(|e| e.to_string().contains("fingerprint")));
+    assert_eq!(f.provider.counts("o-1").fulfillments, 0);
+}
+
+#[tokio::test]
+async fn a_rejected_or_expired_approval_never_dispatches() {
+    let f = Fixture::new().await;
+    let rejected = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let (key, fingerprint) = (rejected.operation_key.clone().expect("key"), rejected.fingerprint.clone().expect("fp"));
+    f.host.decide(&key, &fingerprint, Decision::Reject, "carol", Some("address unverified")).await.expect("reject");
+    let after = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(after.status, Status::Rejected, "{after:?}");
+    assert!(after.error.as_ref().is_some_and(|e| e.message.contains("address unverified")));
+    let again = f.host.decide(&key, &fingerprint, Decision::Approve { expires_ms: None }, "dave", None).await;
+    assert!(again.is_err_and(|e| e.to_string().contains("final")), "a rejection is final");
+
+    let expiring = f.host.call(step("r", "ship-2", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let until = oncebox_now() + 50;
+    let (key, fingerprint) = (expiring.operation_key.clone().expect("key"), expiring.fingerprint.clone().expect("fp"));
+    f.host.decide(&key, &fingerprint, Decision::Approve { expires_ms: Some(until) }, "erin", None).await.expect("ok");
+    while oncebox_now() <= until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let late = f.host.call(step("r", "ship-2", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(late.status, Status::AwaitingApproval, "{late:?}");
+    assert!(late.error.as_ref().is_some_and(|e| e.message.contains("expired")));
+    assert_eq!(f.provider.requests(), 0);
+}
+
+#[tokio::test]
+async fn an_approval_never_authorises_a_second_dispatch_of_an_unknown_shipment() {
+    let f = Fixture::new().await;
+    f.provider.arm(Fault::new(Route::Fulfillments, FaultKind::LoseResponse).for_order("o-1"));
+    let call = step("r", "ship", "fulfill", &fulfill("1 Main St"));
+    let first = f.host.call(call.clone()).await.expect("call");
+    approve(&f.host, &first).await;
+    let lost = f.host.call(call.clone()).await.expect("call");
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    // A second confirmation is refused, and the next call ships nothing.
+    let (key, fingerprint) = (first.operation_key.as_deref().expect("k"), first.fingerprint.as_deref().expect("f"));
+    let again = f.host.decide(key, fingerprint, Decision::Approve { expires_ms: None }, "frank", None).await;
+    assert!(again.is_err_and(|e| e.to_string().contains("unknown")));
+    let replay = f.host.call(call).await.expect("call");
+    assert_eq!((replay.status, replay.replayed), (Status::Unknown, true));
+    assert_eq!(f.provider.counts("o-1").fulfillments, 1);
+    assert_eq!(f.provider.requests(), 1);
+}
+
+#[tokio::test]
+async fn tools_of_other_classes_need_no_approval() {
+    let f = Fixture::new().await;
+    let paid = f.host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    assert_eq!(paid.status, Status::Completed, "{paid:?}");
+    assert!(paid.approval.is_none());
+    assert!(f.host.ledger().approvals(None).await.expect("read").is_empty());
+}
+
+// Reconciliation of a run
+
+#[tokio::test]
+async fn a_run_s_lost_charge_is_reconciled_committed_and_never_charged_again() {
+    let f = Fixture::honouring_keys(false).await;
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
+    let lost = f.host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    let answers = f.host.reconcile_run("r").await.expect("reconcile");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(matches!(answers[0].answer, Reconciliation::Committed { .. }), "{answers:?}");
+    assert!(answers[0].settle_by_hand.is_none());
+    let again = f.host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    assert_eq!((again.status, again.replayed), (Status::Completed, true), "{again:?}");
+    assert_eq!(f.provider.counts("o-1").payments, 1);
+    assert_eq!(f.provider.totals().payments, 1);
+}
+
+// Compensation
+
+#[tokio::test]
+async fn fulfillment_rejected_so_the_refund_and_the_release_run_once_each() {
+    let f = Fixture::new().await;
+    assert_eq!(f.host.call(step("r", "1-reserve", "reserve", &reserve())).await.expect("c").status, Status::Completed);
+    assert_eq!(reserved(&f).await, 2);
+    assert_eq!(f.host.call(step("r", "2-pay", "charge", &charge("o-1"))).await.expect("c").status, Status::Completed);
+    let ship = f.host.call(step("r", "3-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let (key, fingerprint) = (ship.operation_key.clone().expect("k"), ship.fingerprint.clone().expect("f"));
+    f.host.decide(&key, &fingerprint, Decision::Reject, "ops", Some("fraud check")).await.expect("reject");
+
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Done, "{report:?}");
+    let actions: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.tool.as_str(), s.action)).collect();
+    assert_eq!(actions, [("charge", "compensated"), ("reserve", "compensated")], "reverse order");
+    assert_eq!(f.provider.counts("o-1").refunds, 1);
+    assert_eq!(reserved(&f).await, 0, "released");
+
+    // Run again (a retry, a resume): answered from the record, nothing refunded twice.
+    let again = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(again.state, SagaState::Done);
+    assert!(again.steps.iter().all(|s| s.compensation.as_ref().is_some_and(|c| c.replayed)), "{again:?}");
+    assert_eq!(f.provider.counts("o-1").refunds, 1);
+    assert_eq!(reserved(&f).await, 0);
+    assert_eq!(f.provider.counts("o-1").fulfillments, 0);
+}
+
+#[tokio::test]
+async fn compensation_refuses_while_a_step_is_unknown_or_awaits_approval_and_keeps_what_shipped() {
+    let f = Fixture::new().await;
+    f.provider.arm(Fault::new(Route::Fulfillments, FaultKind::LoseResponse).for_order("o-1"));
+    f.host.call(step("r", "1-pay", "charge", &charge("o-1"))).await.expect("call");
+    let pending = f.host.call(step("r", "2-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let blocked = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(blocked.state, SagaState::Blocked, "{blocked:?}");
+    assert!(
+        blocked
+            .steps
+            .iter()
+            .any(|s| s.tool == "fulfill" && s.reason.as_deref().is_some_and(|r| r.contains("approval")))
+    );
+
+    approve(&f.host, &pending).await;
+    let lost = f.host.call(step("r", "2-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(lost.status, Status::Unknown);
+    let blocked = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(blocked.state, SagaState::Blocked, "the refund waits for the shipment's truth");
+    assert!(
+        blocked.steps.iter().any(|s| s.tool == "fulfill" && s.reason.as_deref().is_some_and(|r| r.contains("unknown")))
+    );
+    assert_eq!(f.provider.counts("o-1").refunds, 0);
+
+    // Reconciled (it shipped): the refund runs, and the shipment is kept and reported.
+    let answers = f.host.reconcile_run("r").await.expect("reconcile");
+    assert!(matches!(answers[0].answer, Reconciliation::Committed { .. }), "{answers:?}");
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Done, "{report:?}");
+    assert!(report.steps.iter().any(|s| s.tool == "fulfill" && s.action == "kept"));
+    assert_eq!(f.provider.counts("o-1").refunds, 1);
+    assert_eq!(f.provider.counts("o-1").fulfillments, 1);
+}
+
+#[tokio::test]
+async fn a_compensation_that_fails_stays_outstanding_and_resumes_once_fixed() {
+    let f = Fixture::new().await;
+    f.host.call(step("r", "1-pay", "charge", &charge("o-1"))).await.expect("call");
+    // The refunds service answers 500 to everything for now: each answer leaves the refund in doubt.
+    f.provider.arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit).for_order("o-1").times(100));
+    let report = f.host.compensate("r").await.expect("compensate");
+    // Resent with its key, and still in doubt: outstanding.
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("unknown")), "{report:?}");
+    let recovered = oncebox::recovery::report(f.host.ledger(), Some("r")).await.expect("recover");
+    assert_eq!(recovered["r"].compensation_outstanding.len(), 1, "{recovered:?}");
+    // Compensating again resends the same refund (same key), nothing new.
+    let again = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(again.state, SagaState::Outstanding);
+    assert_eq!(f.provider.counts("o-1").refunds, 0);
+    // gc keeps every record of a run whose compensation is outstanding.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let gc = f.host.gc(Duration::ZERO).await.expect("gc");
+    assert_eq!(gc.removed_operations, 0, "{gc:?}");
+    // The refunds service recovers: compensating again resends the same refund, and is done.
+    f.provider.clear_faults();
+    let done = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert_eq!(f.provider.counts("o-1").refunds, 1);
+}
+
+// Retention
+
+#[tokio::test]
+async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_as_new() {
+    let f = Fixture::new().await;
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-2").times(100));
+    assert_eq!(f.host.call(step("r", "pay-1", "charge", &charge("o-1"))).await.expect("c").status, Status::Completed);
+    assert_eq!(f.host.call(step("r", "pay-2", "charge", &charge("o-2"))).await.expect("c").status, Status::Unknown);
+    let awaiting = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    assert_eq!(awaiting.status, Status::AwaitingApproval);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    // Within the retention, nothing goes.
+    assert_eq!(f.host.gc(Duration::from_secs(3600)).await.expect("gc").removed_operations, 0);
+    let gc = f.host.gc(Duration::ZERO).await.expect("gc");
+    assert_eq!(gc.removed_operations, 1, "only the completed charge: {gc:?}");
+    let ops = f.host.ledger().operations(Some("r")).await.expect("read");
+    assert_eq!(ops.iter().map(|op| op.status).collect::<Vec<_>>(), [OperationStatus::Unknown], "{ops:?}");
+    assert!(f.host.ledger().approval(awaiting.operation_key.as_deref().expect("k")).await.expect("r").is_some());
+
+    // The expired step is refused, not charged again.
+    let requests = f.provider.requests();
+    let after = f.host.call(step("r", "pay-1", "charge", &charge("o-1"))).await.expect("call");
+    assert_eq!(after.status, Status::Expired, "{after:?}");
+    assert!(after.error.as_ref().is_some_and(|e| e.message.contains("new step id")));
+    assert_eq!(f.provider.requests(), requests);
+    assert_eq!(f.provider.counts("o-1").payments, 1);
+}
+
+fn oncebox_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+}
