@@ -286,3 +286,68 @@ async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_a
 fn oncebox_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
 }
+
+// The saga from the CLI, killed mid-refund and resumed
+
+/// A directory holding the components of `charge` and `refund`, and a policy file granting them
+/// the provider, which honours keys.
+fn tools_dir(dir: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) -> (String, String) {
+    let tools = dir.join("tools");
+    std::fs::create_dir_all(&tools).expect("tools dir");
+    for (name, path) in [("charge", oncebox_artifacts::CHARGE), ("refund", oncebox_artifacts::REFUND)] {
+        std::fs::copy(path, tools.join(format!("{name}.wasm"))).expect("copy component");
+    }
+    let base = provider.base_url();
+    let mut policy = format!("[hosts.\"{}\"]\nhonours_keys = true\nkey_retention = \"24h\"\ntimeout = \"500ms\"\n", provider.addr());
+    for tool in ["charge", "refund"] {
+        policy.push_str(&format!(
+            "[tools.{tool}]\ninitial_backoff = \"1ms\"\nmax_backoff = \"5ms\"\n[tools.{tool}.config]\nbase_url = \"{base}\"\n\
+             [tools.{tool}.grants]\nhttp = [\"{base}\"]\n"
+        ));
+    }
+    let file = dir.join("oncebox.toml");
+    std::fs::write(&file, policy).expect("policy");
+    (tools.to_str().expect("utf8").to_string(), file.to_str().expect("utf8").to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_killed_after_the_refund_was_sent_is_resumed_with_one_refund() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let (tools, policy) = tools_dir(dir.path(), &provider);
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8").to_string();
+    let pay = ["call", "--ledger", &ledger_arg, "--policy", &policy, "--run", "r", "--step", "pay"];
+    let args = charge("o-1").to_string();
+    let mut flags: Vec<&str> = pay.to_vec();
+    flags.extend([oncebox_artifacts::CHARGE, args.as_str()]);
+    let (code, paid, stderr) = crate::support::oncebox(&flags);
+    assert_eq!((code, paid["status"].as_str()), (0, Some("completed")), "{paid} {stderr}");
+
+    // The refunds service commits 2 s after it accepts; the compensate process is killed meanwhile.
+    provider.arm(Fault::new(Route::Refunds, FaultKind::CommitAfterDelay { delay_ms: 2_000 }).for_order("o-1"));
+    let compensate = ["compensate", "--ledger", &ledger_arg, "--run", "r", "--tools", &tools, "--policy", &policy];
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(compensate)
+        .env("ONCEBOX_CACHE", &cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    crate::support::eventually("the refund is in flight", || provider.in_flight() > 0).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    provider.settled().await;
+    assert_eq!(provider.counts("o-1").refunds, 1, "the refund landed after the kill");
+
+    // Resumed: the refund's write-ahead says it was sent; resent with its key, answered from the
+    // provider's record. One refund.
+    let (code, report, stderr) = crate::support::oncebox(&compensate);
+    assert_eq!((code, report["state"].as_str()), (0, Some("done")), "{report} {stderr}");
+    assert_eq!(report["steps"][0]["action"], "compensated", "{report}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    let (code, again, _) = crate::support::oncebox(&compensate);
+    assert_eq!((code, again["steps"][0]["compensation"]["replayed"].as_bool()), (0, Some(true)), "{again}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+}
