@@ -298,7 +298,8 @@ fn tools_dir(dir: &std::path::Path, provider: &oncebox_example_provider::Provide
         std::fs::copy(path, tools.join(format!("{name}.wasm"))).expect("copy component");
     }
     let base = provider.base_url();
-    let mut policy = format!("[hosts.\"{}\"]\nhonours_keys = true\nkey_retention = \"24h\"\ntimeout = \"500ms\"\n", provider.addr());
+    let mut policy =
+        format!("[hosts.\"{}\"]\nhonours_keys = true\nkey_retention = \"24h\"\ntimeout = \"500ms\"\n", provider.addr());
     for tool in ["charge", "refund"] {
         policy.push_str(&format!(
             "[tools.{tool}]\ninitial_backoff = \"1ms\"\nmax_backoff = \"5ms\"\n[tools.{tool}.config]\nbase_url = \"{base}\"\n\

@@ -64,16 +64,28 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         });
     }
     drop(host);
+    print_table(&rows);
+    let saga_ledger = ledger.with_extension("saga.redb");
+    let _ = std::fs::remove_file(&saga_ledger);
+    let saga = super::demo_saga::run(&saga_ledger).await?;
     if let Some(temp) = temp {
         // A leftover temporary ledger is harmless; failing to remove it is not worth an error.
-        let _ = std::fs::remove_file(temp);
+        for path in
+            [temp.clone(), saga_ledger.clone(), oncebox::secret::beside(&temp), oncebox::secret::beside(&saga_ledger)]
+        {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
-    print_table(&rows);
     let naive: u64 = rows.iter().map(|r| r.naive_charges).sum();
     let once: u64 = rows.iter().map(|r| r.oncebox_charges).sum();
     println!("demo: orders={} naive_charges={naive} oncebox_charges={once}", orders.len());
-    let exactly_once = rows.iter().all(|r| r.oncebox_charges == 1);
+    let saga_once = saga.rejected_refunds == 1
+        && saga.rejected_released
+        && saga.unknown_blocked
+        && saga.unknown_reconciled
+        && saga.approved_shipments == 1;
+    let exactly_once = rows.iter().all(|r| r.oncebox_charges == 1) && saga_once;
     Ok(if exactly_once { Exit::Ok } else { Exit::ToolFailed })
 }
 

@@ -6,6 +6,8 @@ mod approvals;
 mod call;
 #[cfg(feature = "demo")]
 mod demo;
+#[cfg(feature = "demo")]
+mod demo_saga;
 mod inspect;
 mod ledger;
 mod policy;
