@@ -1,7 +1,6 @@
 //! The call pipeline (DESIGN section 4), top to bottom. This is the only place that sequences:
 //! validation, keys, the ledger's verdict, the attempt loop, the final record.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -13,7 +12,6 @@ use crate::clock::now_ms;
 use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
-use crate::host::Inner;
 use crate::keys;
 use crate::lease::Lease;
 use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, OperationStatus};
@@ -23,6 +21,7 @@ use crate::redact::{redact, scrub, sensitive_values};
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::bindings::ToolError;
 use crate::runtime::{Invocation, LoadedTool};
+use crate::stage::{Entry, Stage};
 
 /// A call's args validated and its keys derived.
 pub(crate) struct Prepared {
@@ -45,7 +44,7 @@ impl Prepared {
 
 /// Validates the args (bad input: a clear error, and nothing recorded) and derives the keys from
 /// the orchestrator's ids.
-pub(crate) fn prepare(host: &Inner, tool: &LoadedTool, call: Call) -> Result<Prepared, CallError> {
+pub(crate) fn prepare(host: &Stage, tool: &LoadedTool, call: Call) -> Result<Prepared, CallError> {
     let name = tool.manifest.name.as_str();
     let args = validate(tool, &call.args)?;
     let (Some(run_id), Some(step_id)) = (call.run_id, call.step_id) else {
@@ -63,15 +62,15 @@ pub(crate) fn prepare(host: &Inner, tool: &LoadedTool, call: Call) -> Result<Pre
     })
 }
 
-pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Outcome, CallError> {
+pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<Outcome, CallError> {
+    let (tool, policy) = (&entry.tool, &entry.policy);
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
-    let policy = policy_of(host, tool);
 
     if call.run_id.is_none() && call.step_id.is_none() && !class.writes() {
         let args = validate(tool, &call.args)?;
         let secrets = sensitive_values(&args, &tool.manifest.sensitive);
-        return Ok(run_unrecorded(host, tool, &keys::canonical_json(&args), &policy, &secrets).await);
+        return Ok(run_unrecorded(host, entry, &keys::canonical_json(&args), &secrets).await);
     }
     let wait = call.wait.unwrap_or_default();
     let prepared = prepare(host, tool, call)?;
@@ -105,7 +104,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         && op.status == OperationStatus::Unknown
         && policy.redispatch_in_doubt
     {
-        claimed = reopen(host, &request, &policy).await?;
+        claimed = reopen(host, &request, policy).await?;
     }
     let (fence, previous_attempts) = match claimed {
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
@@ -145,7 +144,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
             redispatch_in_doubt: policy.redispatch_in_doubt,
             first,
         };
-        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, name), Some(scope));
+        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), Some(scope));
         let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
         // The attempt's deadline bounds it (the store's timeout), with a moment to hand back.
         let (mut invocation, mut ctx) = lease.over(policy.attempt_deadline + Duration::from_secs(1), invoke).await;
@@ -168,7 +167,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let (in_doubt, taken_before) = if first {
             (ctx.in_doubt.clone(), Vec::new())
         } else {
-            standing(host, &operation_key, &ctx, &policy).await?
+            standing(host, &operation_key, &ctx, policy).await?
         };
         let mut verdict = classify(invocation, &in_doubt, class).scrubbed(&secrets);
         let mut staged = std::mem::take(&mut ctx.staged);
@@ -182,8 +181,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
         let mut next = match &verdict {
             Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
             Verdict::Failed { failure, .. } => {
-                match retry::decide(failure, &policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt))
-                {
+                match retry::decide(failure, policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt)) {
                     Decision::Retry { after } => Next::Retry(after),
                     Decision::Fail => Next::Finish(OperationStatus::Failed),
                     Decision::Unknown => Next::Finish(OperationStatus::Unknown),
@@ -283,7 +281,7 @@ pub(crate) async fn execute(host: &Inner, tool: &Arc<LoadedTool>, call: Call) ->
 
 /// Records `record` as the operation's last attempt, ending it `status` with `error`.
 async fn record_end(
-    host: &Inner,
+    host: &Stage,
     fence: u64,
     record: &mut AttemptRecord,
     status: OperationStatus,
@@ -296,7 +294,7 @@ async fn record_end(
 
 /// Ends the operation `unknown` (an effect of it may have taken place), and says so.
 async fn unknown(
-    host: &Inner,
+    host: &Stage,
     fence: u64,
     record: &mut AttemptRecord,
     message: String,
@@ -314,7 +312,7 @@ const MAX_KV_RERUNS: u32 = 64;
 
 /// An unknown operation whose in-doubt effects may all be resent with their keys (their hosts
 /// honour keys, within retention) is taken over to resend them; anything else stays as recorded.
-async fn reopen(host: &Inner, request: &ClaimRequest, policy: &RetryPolicy) -> Result<Claim, CallError> {
+async fn reopen(host: &Stage, request: &ClaimRequest, policy: &RetryPolicy) -> Result<Claim, CallError> {
     let now = now_ms();
     let resendable: Vec<String> = host
         .shared
@@ -334,7 +332,7 @@ async fn reopen(host: &Inner, request: &ClaimRequest, policy: &RetryPolicy) -> R
 /// Asks the ledger who runs the operation; while another caller holds it and this one asked to
 /// wait, asks again until the result lands, the lease expires (then this caller takes over), or
 /// the wait is over.
-async fn claim(host: &Inner, request: &ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
+async fn claim(host: &Stage, request: &ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
     /// How often a waiting caller looks again.
     const POLL: Duration = Duration::from_millis(25);
     let until = Instant::now() + wait;
@@ -352,18 +350,13 @@ async fn claim(host: &Inner, request: &ClaimRequest, wait: Duration) -> Result<C
 }
 
 /// A read-only call outside any run: retried under the policy, never recorded.
-async fn run_unrecorded(
-    host: &Inner,
-    tool: &Arc<LoadedTool>,
-    canonical: &str,
-    policy: &RetryPolicy,
-    secrets: &[String],
-) -> Outcome {
+async fn run_unrecorded(host: &Stage, entry: &Entry, canonical: &str, secrets: &[String]) -> Outcome {
+    let (tool, policy) = (&entry.tool, &entry.policy);
     let call_started = Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), config_of(host, &tool.manifest.name), None);
+        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), None);
         let (invocation, ctx) = host.runtime.invoke(tool, ctx, canonical, policy.attempt_deadline, secrets).await;
         let verdict = classify(invocation, &ctx.in_doubt, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
@@ -492,7 +485,7 @@ impl Verdict {
 /// done or failed, whatever the guest returned. And the effects on record that took place, which
 /// keep it from being called failed.
 async fn standing(
-    host: &Inner,
+    host: &Stage,
     operation_key: &str,
     ctx: &EffectCtx,
     policy: &RetryPolicy,
@@ -574,15 +567,4 @@ fn tool_error_message(error: &ToolError) -> String {
         ToolError::Transient(m) | ToolError::Permanent(m) | ToolError::UnknownOutcome(m) => m.clone(),
         ToolError::RateLimited(r) => format!("{} (retry after {} ms)", r.message, r.retry_after_ms),
     }
-}
-
-/// The tool's effective retry policy (set at load), or its class's defaults.
-pub(crate) fn policy_of(host: &Inner, tool: &LoadedTool) -> RetryPolicy {
-    let policies = host.policies.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    policies.get(&tool.manifest.name).cloned().unwrap_or_else(|| RetryPolicy::for_class(tool.manifest.class))
-}
-
-pub(crate) fn config_of(host: &Inner, tool: &str) -> Arc<std::collections::HashMap<String, String>> {
-    let config = host.config.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    config.get(tool).cloned().unwrap_or_default()
 }

@@ -13,7 +13,8 @@ use crate::ledger::Ledger;
 use crate::limits::Limits;
 use crate::policy::RetryPolicy;
 use crate::policy_file::{PolicyFile, Source};
-use crate::runtime::{LoadedTool, Runtime, ToolManifest};
+use crate::runtime::{Runtime, ToolManifest};
+use crate::stage::{Entry, Stage};
 
 /// How long a claim is held before another caller may take the operation over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -169,17 +170,18 @@ impl HostBuilder {
         });
         Ok(Host {
             inner: Arc::new(Inner {
-                runtime: Runtime::new(self.compile_cache)?,
-                shared,
+                stage: Stage {
+                    runtime: Runtime::new(self.compile_cache)?,
+                    shared,
+                    lease: self.lease,
+                    owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
+                },
                 tools: RwLock::new(HashMap::new()),
-                config: RwLock::new(self.config.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
-                policies: RwLock::new(self.policies.clone()),
+                config: RwLock::new(self.config),
                 overrides: self.policies,
                 policy_file: self.policy_file,
                 grants: self.grants,
                 limits: self.limits,
-                lease: self.lease,
-                owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),
             }),
         })
     }
@@ -207,26 +209,24 @@ pub struct Host {
 }
 
 pub(crate) struct Inner {
-    pub runtime: Runtime,
-    pub shared: Arc<Shared>,
-    pub tools: RwLock<HashMap<String, Arc<LoadedTool>>>,
-    pub config: RwLock<HashMap<String, Arc<HashMap<String, String>>>>,
-    /// The effective retry policy of each loaded tool.
-    pub policies: RwLock<HashMap<String, RetryPolicy>>,
+    stage: Stage,
+    /// One entry per loaded tool; a call takes its entry under the read lock and then reads it
+    /// without any.
+    tools: RwLock<HashMap<String, Arc<Entry>>>,
+    /// Operator config by tool, as the builder and `set_tool_config` give it.
+    config: RwLock<HashMap<String, HashMap<String, String>>>,
     /// Policies the embedder set in code; they win over the file.
     overrides: HashMap<String, RetryPolicy>,
     policy_file: PolicyFile,
     /// Grants and limits the embedder set in code, by tool; merged with the file's at load.
     grants: HashMap<String, Grants>,
     limits: HashMap<String, Limits>,
-    pub lease: Duration,
-    /// Names this host's claims in the ledger.
-    pub owner: String,
 }
 
 impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host").field("ledger", &self.inner.shared.ledger).field("owner", &self.inner.owner).finish()
+        let stage = &self.inner.stage;
+        f.debug_struct("Host").field("ledger", &stage.shared.ledger).field("owner", &stage.owner).finish()
     }
 }
 
@@ -243,14 +243,20 @@ impl Host {
     /// Adds operator settings for a tool (the CLI learns the tool's name only after loading it).
     pub fn set_tool_config(&self, tool: &str, pairs: impl IntoIterator<Item = (String, String)>) {
         let mut config = self.inner.config.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut merged = config.get(tool).map(|c| (**c).clone()).unwrap_or_default();
+        let merged = config.entry(tool.to_string()).or_default();
         merged.extend(pairs);
-        config.insert(tool.to_string(), Arc::new(merged));
+        let merged = Arc::new(merged.clone());
+        // A loaded tool's entry is replaced whole: a call in flight keeps the entry it started with.
+        let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = tools.get(tool) {
+            let entry = Entry { tool: entry.tool.clone(), policy: entry.policy.clone(), config: merged };
+            tools.insert(tool.to_string(), Arc::new(entry));
+        }
     }
 
     /// A loaded tool's imports and exports, as the component declares them.
     pub fn interface(&self, tool: &str) -> Option<(Vec<String>, Vec<String>)> {
-        self.tool(tool).ok().map(|t| (t.imports.clone(), t.exports.clone()))
+        self.entry(tool).ok().map(|e| (e.tool.imports.clone(), e.tool.exports.clone()))
     }
 
     /// Loads and verifies a component; refuses a second tool with the same name, and a policy the
@@ -262,7 +268,8 @@ impl Host {
     /// Like [`Host::load`], granting the tool `extra` too, whatever its name turns out to be (the
     /// CLI's `--grant`).
     pub async fn load_granting(&self, path: impl AsRef<Path>, extra: &[Grant]) -> Result<ToolManifest, Error> {
-        let mut tool = self.inner.runtime.load(path.as_ref(), self.inner.shared.clone()).await?;
+        let stage = &self.inner.stage;
+        let mut tool = stage.runtime.load(path.as_ref(), stage.shared.clone()).await?;
         let manifest = tool.manifest.clone();
         let name = &manifest.name;
         let mut grants = self.inner.policy_file.grants(name);
@@ -287,30 +294,30 @@ impl Host {
             }
             None => self.inner.policy_file.effective(&manifest.name, manifest.class)?.policy,
         };
+        let config = {
+            let config = self.inner.config.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            Arc::new(config.get(name).cloned().unwrap_or_default())
+        };
         let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(existing) = tools.get(&manifest.name) {
-            return Err(Error::DuplicateTool { name: manifest.name, existing: existing.path.display().to_string() });
+            let existing = existing.tool.path.display().to_string();
+            return Err(Error::DuplicateTool { name: manifest.name, existing });
         }
-        tools.insert(manifest.name.clone(), Arc::new(tool));
-        self.inner
-            .policies
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(manifest.name.clone(), policy);
+        tools.insert(manifest.name.clone(), Arc::new(Entry { tool: Arc::new(tool), policy, config }));
         Ok(manifest)
     }
 
     /// Runs a call through the pipeline of DESIGN section 4.
     pub async fn call(&self, call: Call) -> Result<Outcome, CallError> {
-        let tool = self.tool(&call.tool)?;
-        crate::executor::execute(&self.inner, &tool, call).await
+        let entry = self.entry(&call.tool)?;
+        crate::executor::execute(&self.inner.stage, &entry, call).await
     }
 
     /// Asks the tool's authority what became of a step whose outcome is unknown. Takes the same
     /// call (the ledger keeps the args redacted; the tool needs them whole).
     pub async fn reconcile(&self, call: Call) -> Result<crate::Reconciliation, CallError> {
-        let tool = self.tool(&call.tool)?;
-        crate::reconcile::reconcile(&self.inner, &tool, call).await
+        let entry = self.entry(&call.tool)?;
+        crate::reconcile::reconcile(&self.inner.stage, &entry, call).await
     }
 
     /// Settles an unknown operation by a person's word: `effect_key` names the effect in doubt
@@ -328,8 +335,8 @@ impl Host {
 
     /// Reconciles every unknown operation of a run whose tool is loaded (`oncebox reconcile --run`).
     pub async fn reconcile_run(&self, run_id: &str) -> Result<Vec<crate::reconcile::RunReconciliation>, CallError> {
-        let tools = |name: &str| self.tool(name).ok();
-        crate::reconcile::reconcile_run(&self.inner, &tools, run_id).await
+        let tools = |name: &str| self.entry(name).ok();
+        crate::reconcile::reconcile_run(&self.inner.stage, &tools, run_id).await
     }
 
     /// Undoes a run's completed compensatable steps (see `saga.rs`).
@@ -351,7 +358,7 @@ impl Host {
 
     /// A request for approval with its sealed sensitive values opened (for the approver).
     pub fn reveal(&self, record: &crate::ledger::ApprovalRecord) -> Result<serde_json::Value, String> {
-        crate::approvals::reveal(record, &self.inner.shared.keying)
+        crate::approvals::reveal(record, &self.inner.stage.shared.keying)
     }
 
     /// Removes records that expired `retention` ago (see `retention.rs`).
@@ -385,7 +392,7 @@ impl Host {
         let Some(undo) = &manifest.compensated_by else {
             return Ok(());
         };
-        let path = self.tool(&manifest.name).map(|t| t.path.clone()).unwrap_or_default();
+        let path = self.entry(&manifest.name).map(|e| e.tool.path.clone()).unwrap_or_default();
         let bad = |reason: String| Error::Load(crate::LoadError::BadManifest { path: path.clone(), reason });
         let Some(compensation) = self.manifest(undo) else {
             return Err(bad(format!(
@@ -409,15 +416,20 @@ impl Host {
     /// Creates one instance of a loaded tool and drops it, running nothing: the cost every attempt
     /// pays before the guest runs (for benchmarks, and to warm the instance pool).
     pub async fn instantiate(&self, tool: &str) -> Result<(), Error> {
-        let tool = self.tool(tool)?;
-        let config = crate::executor::config_of(&self.inner, &tool.manifest.name);
-        let effects = crate::effects::EffectCtx::new(self.inner.shared.clone(), tool.sandbox.clone(), config, None);
-        self.inner.runtime.instantiate(&tool, effects).await.map_err(|e| Error::Load(crate::LoadError::Engine(e)))
+        let entry = self.entry(tool)?;
+        let stage = &self.inner.stage;
+        let effects = crate::effects::EffectCtx::new(
+            stage.shared.clone(),
+            entry.tool.sandbox.clone(),
+            entry.config.clone(),
+            None,
+        );
+        stage.runtime.instantiate(&entry.tool, effects).await.map_err(|e| Error::Load(crate::LoadError::Engine(e)))
     }
 
     /// What a loaded tool is granted, and its limits.
     pub fn sandbox(&self, tool: &str) -> Option<Sandbox> {
-        self.tool(tool).ok().map(|t| (*t.sandbox).clone())
+        self.entry(tool).ok().map(|e| (*e.tool.sandbox).clone())
     }
 
     /// A loaded tool's effective retry policy, and where each value came from.
@@ -432,14 +444,14 @@ impl Host {
     }
 
     pub fn ledger(&self) -> &Ledger {
-        &self.inner.shared.ledger
+        &self.inner.stage.shared.ledger
     }
 
     pub fn manifest(&self, tool: &str) -> Option<ToolManifest> {
-        self.tool(tool).ok().map(|t| t.manifest.clone())
+        self.entry(tool).ok().map(|e| e.tool.manifest.clone())
     }
 
-    fn tool(&self, name: &str) -> Result<Arc<LoadedTool>, CallError> {
+    fn entry(&self, name: &str) -> Result<Arc<Entry>, CallError> {
         let tools = self.inner.tools.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         tools.get(name).cloned().ok_or_else(|| {
             let mut loaded: Vec<_> = tools.keys().cloned().collect();

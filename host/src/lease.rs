@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use crate::clock::now_ms;
-use crate::host::Inner;
+use crate::stage::Stage;
 
 /// The owner's view of its lease: never later than what the ledger holds.
 pub(crate) struct Lease<'h> {
-    pub host: &'h Inner,
+    pub host: &'h Stage,
     pub key: String,
     pub fence: u64,
     pub until_ms: u64,

@@ -69,6 +69,7 @@ mod runtime;
 pub mod saga;
 pub mod seal;
 pub mod secret;
+mod stage;
 
 pub use approvals::Decision;
 pub use call::{Call, Outcome, Status};

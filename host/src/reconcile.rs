@@ -13,10 +13,9 @@ use crate::effects::EffectCtx;
 use crate::error::CallError;
 use crate::executor::prepare;
 use crate::failure::{self, Proven, Reported};
-use crate::host::Inner;
 use crate::ledger::{Ledger, OperationStatus, Resolution, Settlement};
-use crate::runtime::LoadedTool;
 use crate::runtime::bindings::Reconciliation as Answer;
+use crate::stage::{Entry, Stage};
 
 /// What reconciling an operation found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -40,15 +39,15 @@ pub enum Reconciliation {
     NotUnknown { outcome: Option<Outcome> },
 }
 
-pub(crate) async fn reconcile(host: &Inner, tool: &Arc<LoadedTool>, call: Call) -> Result<Reconciliation, CallError> {
-    let prepared = prepare(host, tool, call)?;
+pub(crate) async fn reconcile(host: &Stage, entry: &Entry, call: Call) -> Result<Reconciliation, CallError> {
+    let prepared = prepare(host, &entry.tool, call)?;
     let Some(op) = host.shared.ledger.operation(&prepared.operation_key).await? else {
         return Ok(Reconciliation::NotUnknown { outcome: None });
     };
     if !prepared.matches(&op.fingerprint) {
         return Ok(Reconciliation::NotUnknown { outcome: Some(Outcome::replay(&op)) });
     }
-    reconcile_recorded(host, tool, &op, &prepared.canonical_args).await
+    reconcile_recorded(host, entry, &op, &prepared.canonical_args).await
 }
 
 /// One operation's answer in a run's reconciliation.
@@ -67,8 +66,8 @@ pub struct RunReconciliation {
 /// Reconciles every unknown operation of run `run_id` whose tool is loaded, from its record (the
 /// tool's reconcile gets the recorded args, sensitive values redacted: lookups go by effect key).
 pub(crate) async fn reconcile_run(
-    host: &Inner,
-    tools: &dyn Fn(&str) -> Option<Arc<LoadedTool>>,
+    host: &Stage,
+    tools: &dyn Fn(&str) -> Option<Arc<Entry>>,
     run_id: &str,
 ) -> Result<Vec<RunReconciliation>, CallError> {
     let mut answers = Vec::new();
@@ -77,7 +76,7 @@ pub(crate) async fn reconcile_run(
             continue;
         }
         let answer = match tools(&op.tool) {
-            Some(tool) => reconcile_recorded(host, &tool, &op, &crate::keys::canonical_json(&op.args)).await?,
+            Some(entry) => reconcile_recorded(host, &entry, &op, &crate::keys::canonical_json(&op.args)).await?,
             None => Reconciliation::StillUnknown {
                 operation_key: op.key.clone(),
                 reason: format!("`{}` is not loaded: put its component in --tools DIR", op.tool),
@@ -104,8 +103,8 @@ pub(crate) async fn reconcile_run(
 
 /// Asks the tool's authority about a recorded operation's effect in doubt, with `canonical_args`.
 async fn reconcile_recorded(
-    host: &Inner,
-    tool: &Arc<LoadedTool>,
+    host: &Stage,
+    entry: &Entry,
     op: &crate::ledger::OperationRecord,
     canonical_args: &str,
 ) -> Result<Reconciliation, CallError> {
@@ -123,13 +122,9 @@ async fn reconcile_recorded(
         many => return still(format!("{} effects are in doubt; the tool can only vouch for one", many.len())),
     };
 
-    let ctx = EffectCtx::new(
-        host.shared.clone(),
-        tool.sandbox.clone(),
-        crate::executor::config_of(host, &tool.manifest.name),
-        None,
-    );
-    let deadline = crate::executor::policy_of(host, tool).attempt_deadline;
+    let tool = &entry.tool;
+    let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), None);
+    let deadline = entry.policy.attempt_deadline;
     let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
