@@ -1,9 +1,9 @@
 //! Approvals (DESIGN sections 4 and 6): an irreversible tool runs only with a person's approval
 //! bound to its operation (run, step, tool) and its fingerprint (the exact params).
 //!
-//! The gate stands before the claim. An operation already on record is answered from its record
-//! whatever anyone approved, so an approval never authorises a second dispatch, least of all of
-//! an operation whose outcome is unknown. With nothing on record, the request for approval says
+//! The gate stands before the claim. An operation already on record (or removed by retention,
+//! which leaves a tombstone) is answered from its record whatever anyone approved, so an approval
+//! never authorises a second dispatch, least of all of an operation whose outcome is unknown. With nothing on record, the request for approval says
 //! what happens next: none yet (it is recorded, pending, and the call returns
 //! `awaiting-approval`), pending or expired (the same), rejected (the call returns `rejected`),
 //! asked with other params (a conflict), or approved for these params (the call proceeds, once:
@@ -88,7 +88,8 @@ pub(crate) async fn gate(
 ) -> Result<Gate, CallError> {
     let ledger = &shared.ledger;
     let key = &prepared.operation_key;
-    if ledger.operation(key).await?.is_some() {
+    // On record, or expired (a tombstone): the claim answers from that, whatever anyone approved.
+    if ledger.operation(key).await?.is_some() || ledger.tombstone(key).await?.is_some() {
         return Ok(Gate::Proceed);
     }
     let now = now_ms();

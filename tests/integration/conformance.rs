@@ -264,6 +264,98 @@ async fn an_outbox_message_is_enqueued_with_its_record_in_order(ledger: Ledger) 
     assert!(ledger.operations(Some("run")).await.expect("read").iter().any(|op| op.key == "op"));
 }
 
+fn approval(key: &str, revision: u32, state: oncebox::ledger::ApprovalState) -> oncebox::ledger::ApprovalRecord {
+    oncebox::ledger::ApprovalRecord {
+        operation_key: key.into(),
+        fingerprint: "args".into(),
+        run_id: "run".into(),
+        step_id: key.into(),
+        tool: "fulfill".into(),
+        description: "Ships".into(),
+        consequence: None,
+        args: serde_json::json!({"address": "[redacted]"}),
+        sealed: Some("v1:00:00".into()),
+        requested_ms: 1,
+        state,
+        decided_by: None,
+        decided_ms: None,
+        note: None,
+        expires_ms: None,
+        revision,
+    }
+}
+
+async fn an_approval_is_written_as_a_compare_and_set_on_its_revision(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    ledger.put_approval(&approval("op", 1, Pending)).await.expect("new");
+    // A second request for the same operation, or a stale decision, is refused and changes nothing.
+    let again = ledger.put_approval(&approval("op", 1, Pending)).await;
+    assert!(matches!(again, Err(LedgerError::ApprovalChanged { .. })), "{again:?}");
+    let stale = ledger.put_approval(&approval("op", 3, Approved)).await;
+    assert!(matches!(stale, Err(LedgerError::ApprovalChanged { .. })), "{stale:?}");
+    ledger.put_approval(&approval("op", 2, Approved)).await.expect("decided");
+    let stored = ledger.approval("op").await.expect("read").expect("record");
+    assert_eq!((stored.state, stored.revision), (Approved, 2));
+    ledger.put_approval(&approval("other", 1, Pending)).await.expect("new");
+    let mut elsewhere = approval("elsewhere", 1, Pending);
+    elsewhere.run_id = "run-2".into();
+    ledger.put_approval(&elsewhere).await.expect("new");
+    let keys = |records: Vec<oncebox::ledger::ApprovalRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.operation_key).collect()
+    };
+    assert_eq!(keys(ledger.approvals(Some("run")).await.expect("read")), ["op", "other"]);
+    assert_eq!(keys(ledger.approvals(None).await.expect("read")).len(), 3);
+}
+
+async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledger: Ledger) {
+    let tombstone = |key: &str| oncebox::ledger::Tombstone {
+        operation_key: key.into(),
+        run_id: "run".into(),
+        step_id: key.into(),
+        tool: "charge".into(),
+        fingerprint: "args".into(),
+        status: OperationStatus::Completed,
+        ended_ms: 1_001,
+        removed_ms: 9_000,
+    };
+    let done = owned(ledger.claim(&request("done", "a", 1_000)).await.expect("claim"));
+    ledger.put_effect(done, &effect("done", 1, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("ahead");
+    ledger
+        .put_effect(
+            done,
+            &effect("done", 1, EffectStatus::Completed, 1),
+            Some((EffectStatus::Dispatched, 1)),
+            Vec::new(),
+        )
+        .await
+        .expect("answer");
+    ledger
+        .record_attempt(done, &attempt("done", 1, done), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("record");
+    let open = owned(ledger.claim(&request("open", "a", 1_000)).await.expect("claim"));
+    ledger.record_attempt(open, &attempt("open", 1, open), None, 1_001, Vec::new()).await.expect("record");
+    ledger.put_approval(&approval("done", 1, oncebox::ledger::ApprovalState::Approved)).await.expect("approval");
+    ledger.put_approval(&approval("gone", 1, oncebox::ledger::ApprovalState::Rejected)).await.expect("approval");
+
+    // An operation still claimed refuses the whole expiry: nothing is removed.
+    let refused = ledger.expire(&[tombstone("done"), tombstone("open")], &[]).await;
+    assert!(matches!(refused, Err(LedgerError::NotExpirable { .. })), "{refused:?}");
+    assert!(ledger.operation("done").await.expect("read").is_some());
+    assert!(ledger.tombstone("done").await.expect("read").is_none());
+
+    assert_eq!(ledger.expire(&[tombstone("done")], &["gone".into()]).await.expect("expire"), 1);
+    assert!(ledger.operation("done").await.expect("read").is_none());
+    assert!(ledger.effects("done").await.expect("read").is_empty());
+    assert!(ledger.attempts("done").await.expect("read").is_empty());
+    assert!(ledger.approval("done").await.expect("read").is_none());
+    assert!(ledger.approval("gone").await.expect("read").is_none());
+    assert_eq!(ledger.operations(Some("run")).await.expect("read").len(), 1, "the claimed one stays");
+    assert_eq!(ledger.tombstone("done").await.expect("read"), Some(tombstone("done")));
+    let claim = ledger.claim(&request("done", "b", 10_000)).await.expect("claim");
+    assert!(matches!(claim, Claim::Expired(ref t) if t.operation_key == "done"), "{claim:?}");
+}
+
 /// The backends, each a fresh ledger (and what must live as long as it).
 async fn redb() -> (Ledger, Option<tempfile::TempDir>) {
     let dir = tempfile::tempdir().expect("dir");
@@ -303,4 +395,6 @@ conformance!(
     an_unknown_operation_is_settled_and_reopened_only_as_proven,
     local_writes_apply_once_and_a_versioned_write_sees_other_writers,
     an_outbox_message_is_enqueued_with_its_record_in_order,
+    an_approval_is_written_as_a_compare_and_set_on_its_revision,
+    only_what_is_over_expires_and_an_expired_step_is_not_claimed_again,
 );

@@ -1,12 +1,12 @@
 //! The retry matrix of DESIGN section 6, one test per cell: a real component, the example
 //! provider's fault injection, and the provider's own count of what it committed.
 //!
-//! | class            | transient        | rate-limited    | unknown outcome                       | attempts |
-//! |------------------|------------------|-----------------|---------------------------------------|----------|
-//! | read-only        | retry            | wait, retry     | retry                                 | 3        |
-//! | idempotent-write | retry, same keys | wait, retry     | same key while the downstream keeps it | 3        |
-//! | compensatable    | retry            | wait, retry     | same key only with key support        | 3        |
-//! | irreversible     | no               | no              | unknown, reconcile                    | 1        |
+//! | class            | transient        | rate-limited    | unknown outcome                       | attempts | approval |
+//! |------------------|------------------|-----------------|---------------------------------------|----------|----------|
+//! | read-only        | retry            | wait, retry     | retry                                 | 3        | no       |
+//! | idempotent-write | retry, same keys | wait, retry     | same key while the downstream keeps it | 3        | no       |
+//! | compensatable    | retry            | wait, retry     | same key only with key support        | 3        | no       |
+//! | irreversible     | no               | no              | unknown, reconcile                    | 1        | yes, bound to the fingerprint |
 //!
 //! "Transient" for an HTTP effect is what proves nothing was sent: a refused connection
 //! ([`Cell::refused`]). A 5xx proves nothing of the kind, so it leaves the effect in doubt (the
@@ -321,6 +321,54 @@ async fn irreversible_makes_one_attempt() {
     let op =
         cell.host.ledger().operation(outcome.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_eq!(op.status, OperationStatus::Failed);
+}
+
+// approval: irreversible only, bound to the fingerprint of the exact params
+
+impl Cell {
+    /// One call of step 1, as it comes: no approval given.
+    async fn call_once(&self, tool: &str, args: &Value) -> Outcome {
+        self.host.call(Call::step("run-1", "step-1", tool, args.to_string())).await.expect("call")
+    }
+
+    async fn approvals(&self) -> usize {
+        self.host.ledger().approvals(None).await.expect("read").len()
+    }
+}
+
+#[tokio::test]
+async fn read_only_needs_no_approval() {
+    let cell = Cell::new(true, vec![]).await;
+    let outcome = cell.call_once("stock", &stock()).await;
+    assert_eq!((outcome.status, cell.approvals().await), (Status::Completed, 0), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn idempotent_needs_no_approval() {
+    let cell = Cell::new(true, vec![]).await;
+    let outcome = cell.call_once("refund", &refund()).await;
+    assert_eq!((outcome.status, cell.approvals().await), (Status::Completed, 0), "{outcome:?}");
+    assert_eq!(cell.counts().refunds, 1);
+}
+
+#[tokio::test]
+async fn compensatable_needs_no_approval() {
+    let cell = Cell::new(true, vec![]).await;
+    let outcome = cell.call_once("charge", &charge("o-1")).await;
+    assert_eq!((outcome.status, cell.approvals().await), (Status::Completed, 0), "{outcome:?}");
+    assert_eq!(cell.counts().payments, 1);
+}
+
+#[tokio::test]
+async fn irreversible_needs_an_approval_bound_to_its_fingerprint() {
+    let cell = Cell::new(true, vec![]).await;
+    let first = cell.call_once("fulfill", &fulfill()).await;
+    assert_eq!(first.status, Status::AwaitingApproval, "{first:?}");
+    assert_eq!((cell.provider.requests(), cell.approvals().await), (0, 1));
+    crate::support::approve(&cell.host, &first).await;
+    let shipped = cell.call_once("fulfill", &fulfill()).await;
+    assert_eq!(shipped.status, Status::Completed, "{shipped:?}");
+    assert_eq!(cell.counts().fulfillments, 1);
 }
 
 // every class

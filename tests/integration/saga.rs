@@ -352,3 +352,124 @@ async fn a_compensation_killed_after_the_refund_was_sent_is_resumed_with_one_ref
     assert_eq!((code, again["steps"][0]["compensation"]["replayed"].as_bool()), (0, Some(true)), "{again}");
     assert_eq!(provider.counts("o-1").refunds, 1);
 }
+
+// From the CLI: approvals, recovery and gc as an operator runs them
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_the_exact_params_with_reveal_approves_them_and_the_shipment_goes_once() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let base = provider.base_url();
+    let (config, grant) = (format!("base_url={base}"), format!("http={base}"));
+    let args = fulfill("1 Main St").to_string();
+    let ship = [
+        "call",
+        "--ledger",
+        ledger_arg,
+        "--config",
+        &config,
+        "--grant",
+        &grant,
+        "--run",
+        "r",
+        "--step",
+        "ship",
+        oncebox_artifacts::FULFILL,
+        &args,
+    ];
+    let (code, awaiting, stderr) = crate::support::oncebox(&ship);
+    assert_eq!((code, awaiting["status"].as_str()), (1, Some("awaiting-approval")), "{awaiting} {stderr}");
+    assert_eq!(provider.requests(), 0);
+    let key = awaiting["operation_key"].as_str().expect("key");
+    assert!(!stderr.contains("1 Main St"), "no log shows the address: {stderr}");
+
+    let (code, listed, _) = crate::support::oncebox(&["approvals", "list", "--ledger", ledger_arg, "--pending"]);
+    assert_eq!((code, listed["operation_key"].as_str()), (0, Some(key)), "{listed}");
+    let (_, shown, _) = crate::support::oncebox(&["approvals", "show", "--ledger", ledger_arg, key]);
+    assert_eq!(shown["params"]["address"], oncebox::REDACTED, "{shown}");
+    let (code, revealed, stderr) =
+        crate::support::oncebox(&["approvals", "show", "--ledger", ledger_arg, key, "--reveal"]);
+    assert_eq!((code, revealed["params"]["address"].as_str()), (0, Some("1 Main St")), "{revealed} {stderr}");
+    assert!(revealed["consequence"].as_str().is_some_and(|c| c.contains("cannot be cancelled")), "{revealed}");
+    let (_, ledger_show, _) = crate::support::oncebox(&["ledger", "list", "--ledger", ledger_arg]);
+    assert!(ledger_show.is_null(), "no operation exists before the approval: {ledger_show}");
+
+    crate::support::approve_cli(&ledger, &awaiting);
+    let (code, shipped, stderr) = crate::support::oncebox(&ship);
+    assert_eq!((code, shipped["status"].as_str()), (0, Some("completed")), "{shipped} {stderr}");
+    let (_, again, _) = crate::support::oncebox(&ship);
+    assert_eq!(again["replayed"], true);
+    assert_eq!(provider.counts("o-1").fulfillments, 1);
+
+    // Nothing left to decide: recover says so, and gc (with a zero retention) removes the shipment,
+    // after which the step is refused as expired, not shipped again.
+    let (code, recovered, _) = crate::support::oncebox(&["recover", "--ledger", ledger_arg]);
+    assert_eq!((code, recovered["runs"]["r"]["completed"][0]["tool"].as_str()), (0, Some("fulfill")), "{recovered}");
+    std::thread::sleep(Duration::from_millis(5));
+    let (code, gc, _) = crate::support::oncebox(&["ledger", "gc", "--ledger", ledger_arg, "--older-than", "0s"]);
+    assert_eq!((code, gc["removed_operations"].as_u64()), (0, Some(1)), "{gc}");
+    let (code, expired, _) = crate::support::oncebox(&ship);
+    assert_eq!((code, expired["status"].as_str()), (1, Some("expired")), "{expired}");
+    assert_eq!(provider.counts("o-1").fulfillments, 1);
+}
+
+#[tokio::test]
+async fn recovery_reports_what_a_person_must_decide_after_a_restart() {
+    let f = Fixture::honouring_keys(false).await;
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
+    f.host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let ledger_path = f.dir.path().join("ledger.redb");
+    drop(f.host);
+    // A restart: the ledger reopened from its file.
+    let ledger = oncebox::Ledger::open(&ledger_path).expect("reopen");
+    let runs = oncebox::recovery::report(&ledger, None).await.expect("report");
+    let run = &runs["r"];
+    assert_eq!(run.in_doubt.iter().map(|s| s.tool.as_str()).collect::<Vec<_>>(), ["charge"]);
+    assert_eq!(run.in_doubt[0].effects_in_doubt.len(), 1);
+    assert_eq!(run.awaiting_approval.iter().map(|s| s.tool.as_str()).collect::<Vec<_>>(), ["fulfill"]);
+    assert_eq!(run.decide.len(), 2, "{run:?}");
+    assert!(run.decide.iter().any(|d| d.command.contains("oncebox resolve")));
+    assert!(run.decide.iter().any(|d| d.command.contains("oncebox approve")));
+}
+
+#[tokio::test]
+async fn loading_a_directory_checks_that_each_compensation_exists_and_takes_the_mapped_args() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::copy(oncebox_artifacts::CHARGE, dir.path().join("charge.wasm")).expect("copy");
+    let host = oncebox::Host::builder_in_memory().build().await.expect("host");
+    let missing = host.load_dir(dir.path()).await;
+    assert!(missing.is_err_and(|e| e.to_string().contains("`refund`, which is not loaded")));
+    std::fs::copy(oncebox_artifacts::REFUND, dir.path().join("refund.wasm")).expect("copy");
+    let host = oncebox::Host::builder_in_memory().build().await.expect("host");
+    let loaded = host.load_dir(dir.path()).await.expect("both load");
+    assert_eq!(loaded.len(), 2);
+}
+
+#[tokio::test]
+async fn a_policy_may_ask_approval_of_any_write_but_never_waive_it_for_an_irreversible_tool() {
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("oncebox.toml");
+    std::fs::write(&policy, "[tools.charge]\nrequires_approval = true\n").expect("policy");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let file = oncebox::policy_file::PolicyFile::load(&policy).expect("policy file");
+    let builder = crate::support::configure(oncebox::Host::builder(dir.path().join("l.redb")), &provider, true);
+    // The test fixture's own charge policy would win over the file: set it here instead.
+    let builder = builder.retry_policy(
+        "charge",
+        oncebox::RetryPolicy { requires_approval: true, ..crate::support::fast(oncebox::ReplayClass::Compensatable) },
+    );
+    let host = builder.policy_file(file).build().await.expect("host");
+    host.load(oncebox_artifacts::CHARGE).await.expect("load");
+    let outcome = host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    assert_eq!(outcome.status, Status::AwaitingApproval, "{outcome:?}");
+    assert_eq!(provider.requests(), 0);
+
+    std::fs::write(&policy, "[tools.fulfill]\nrequires_approval = false\n").expect("policy");
+    let file = oncebox::policy_file::PolicyFile::load(&policy).expect("parses");
+    let host = oncebox::Host::builder_in_memory().policy_file(file).build().await.expect("host");
+    let refused = host.load(oncebox_artifacts::FULFILL).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("requires_approval")));
+}
