@@ -28,7 +28,11 @@ use crate::runtime::ToolManifest;
 
 /// Whether a call may go on to its claim.
 pub(crate) enum Gate {
-    Proceed,
+    /// With the revision of the approval that lets it through (`None`: the step is on record or
+    /// expired, and the claim answers from that).
+    Proceed {
+        revision: Option<u32>,
+    },
     Stop(Outcome),
 }
 
@@ -90,7 +94,7 @@ pub(crate) async fn gate(
     let key = &prepared.operation_key;
     // On record, or expired (a tombstone): the claim answers from that, whatever anyone approved.
     if ledger.operation(key).await?.is_some() || ledger.tombstone(key).await?.is_some() {
-        return Ok(Gate::Proceed);
+        return Ok(Gate::Proceed { revision: None });
     }
     let now = now_ms();
     let record = match ledger.approval(key).await? {
@@ -119,7 +123,7 @@ pub(crate) async fn gate(
         return Ok(Gate::Stop(stopped(&record, Status::Conflict, "conflict", message, ledger)));
     }
     Ok(match record.state {
-        ApprovalState::Approved if !record.expired(now) => Gate::Proceed,
+        ApprovalState::Approved if !record.expired(now) => Gate::Proceed { revision: Some(record.revision) },
         ApprovalState::Approved => {
             let message = format!("the approval expired at {}; approve again", time(record.expires_ms.unwrap_or(0)));
             Gate::Stop(awaiting(&record, ledger, &message))
@@ -159,7 +163,11 @@ fn request(
             reason: format!("no randomness to seal its sensitive params: {e}"),
         })?;
         let plaintext = Value::Object(sensitive).to_string();
-        Some(crate::seal::seal(&shared.keying, &prepared.operation_key, plaintext.as_bytes(), nonce))
+        let sealed = crate::seal::seal(&shared.keying, &prepared.operation_key, plaintext.as_bytes(), nonce);
+        Some(sealed.map_err(|e| CallError::Approval {
+            operation_key: prepared.operation_key.clone(),
+            reason: e.to_string(),
+        })?)
     };
     Ok(ApprovalRecord {
         operation_key: prepared.operation_key.clone(),
@@ -226,6 +234,9 @@ pub async fn decide(
             }
         )));
     }
+    if ledger.tombstone(operation_key).await?.is_some() {
+        return Err(refuse("its step ran and its record expired (retention): a new intent needs a new step id".into()));
+    }
     if record.state == ApprovalState::Rejected {
         return Err(refuse(format!(
             "{} rejected it at {}; a rejection is final (a new intent needs a new step id)",
@@ -251,7 +262,14 @@ pub async fn decide(
     record.decided_ms = Some(now);
     record.note = note.map(str::to_string);
     record.revision += 1;
-    ledger.put_approval(&record).await?;
+    match ledger.put_approval(&record).await {
+        Ok(()) => {}
+        // The call it approves started meanwhile: what it runs under can no longer change.
+        Err(LedgerError::ApprovalClosed { .. }) => {
+            return Err(refuse("a call of it started meanwhile; it runs under the approval it saw".into()));
+        }
+        Err(e) => return Err(e.into()),
+    }
     tracing::info!(%operation_key, state = record.state.as_str(), by, "approval decided");
     Ok(record)
 }

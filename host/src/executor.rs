@@ -76,30 +76,46 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
     let prepared = prepare(host, tool, call)?;
     let redacted = redact(&prepared.args, &tool.manifest.sensitive);
     // Irreversible tools (and any a policy names): a person approves these exact params first.
-    if policy.requires_approval
-        && let Gate::Stop(outcome) = approvals::gate(&host.shared, &tool.manifest, &prepared, &redacted).await?
-    {
-        return Ok(outcome);
+    let mut approval = None;
+    if policy.requires_approval {
+        match approvals::gate(&host.shared, &tool.manifest, &prepared, &redacted).await? {
+            Gate::Stop(outcome) => return Ok(outcome),
+            Gate::Proceed { revision } => approval = revision.or(Some(0)),
+        }
     }
-    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, fingerprint, older_fingerprints } =
-        prepared;
-    let secrets = sensitive_values(&args, &tool.manifest.sensitive);
-    let request = ClaimRequest {
-        key: operation_key.clone(),
-        fingerprint,
-        older_fingerprints,
+    let mut request = ClaimRequest {
+        key: prepared.operation_key.clone(),
+        fingerprint: prepared.fingerprint.clone(),
+        older_fingerprints: prepared.older_fingerprints.clone(),
         args: redacted,
-        run_id: run_id.clone(),
-        step_id: step_id.clone(),
+        run_id: prepared.run_id.clone(),
+        step_id: prepared.step_id.clone(),
         tool: name.to_string(),
         class,
         owner: host.owner.clone(),
         now_ms: now_ms(),
         lease_ms: host.lease.as_millis() as u64,
+        approval,
     };
     // Before the claim: the lease the ledger grants can only end later than this says.
-    let claimed_at = now_ms();
+    let mut claimed_at = now_ms();
     let mut claimed = claim(host, &request, wait).await?;
+    // A decision landed between the gate and the claim (the store checks the approval with the
+    // claim): the gate decides again, on what the approval says now.
+    for _ in 0..3 {
+        if !matches!(claimed, Claim::ApprovalChanged) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        match approvals::gate(&host.shared, &tool.manifest, &prepared, &request.args).await? {
+            Gate::Stop(outcome) => return Ok(outcome),
+            Gate::Proceed { revision } => request.approval = revision.or(Some(0)),
+        }
+        claimed_at = now_ms();
+        claimed = claim(host, &request, wait).await?;
+    }
+    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, .. } = prepared;
+    let secrets = sensitive_values(&args, &tool.manifest.sensitive);
     if let Claim::Recorded(op) = &claimed
         && op.status == OperationStatus::Unknown
         && policy.redispatch_in_doubt
@@ -125,6 +141,11 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             return Ok(Outcome::refused(&op, Status::InProgress, "in-progress", message));
         }
         Claim::Expired(tombstone) => return Ok(crate::retention::expired(&tombstone)),
+        Claim::ApprovalChanged => {
+            let message =
+                "its approval kept changing while the call was made; nothing was dispatched: call again".into();
+            return Ok(Outcome::stopped(&operation_key, Status::AwaitingApproval, "awaiting-approval", message));
+        }
     };
 
     let call_started = Instant::now();

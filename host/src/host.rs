@@ -341,7 +341,8 @@ impl Host {
 
     /// Undoes a run's completed compensatable steps (see `saga.rs`).
     pub async fn compensate(&self, run_id: &str) -> Result<crate::saga::SagaReport, CallError> {
-        crate::saga::compensate(self, run_id).await
+        let tools = |name: &str| self.entry(name).ok();
+        crate::saga::compensate(&self.inner.stage, &tools, run_id).await
     }
 
     /// Approves or rejects the request for approval of `operation_key`, bound to `fingerprint`.

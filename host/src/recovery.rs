@@ -79,8 +79,9 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
         }
     }
     for approval in ledger.approvals(run).await? {
-        let pending = matches!(approval.state, ApprovalState::Pending);
-        if !pending || ops.iter().any(|op| op.key == approval.operation_key) {
+        // Pending, or approved and not used yet (maybe expired): the saga waits for either.
+        let open = matches!(approval.state, ApprovalState::Pending | ApprovalState::Approved);
+        if !open || ops.iter().any(|op| op.key == approval.operation_key) {
             continue;
         }
         let entry = runs.entry(approval.run_id.clone()).or_default();

@@ -1,9 +1,10 @@
 //! Retention (DESIGN section 7): records expire after a window (7 days by default), and
 //! `oncebox ledger gc` removes the expired ones. Only what is over goes: completed and failed
-//! operations, with their attempts, effects and approval, and rejected requests for approval.
-//! Nothing a person or a later call still needs goes: an operation unknown or claimed, a request
-//! awaiting approval (or approved and not used yet), and every record of a run whose
-//! compensation is outstanding.
+//! operations, with their attempts, effects and approval, and rejected requests for approval
+//! (leaving a tombstone, so the rejection stays final). Nothing a person, a later call or a saga
+//! still needs goes: an operation unknown or claimed, a request awaiting approval (or approved
+//! and not used yet), and every record of a run with one of those or with compensation
+//! outstanding.
 //!
 //! A removed operation leaves a tombstone. A call of its step afterwards is answered `expired`
 //! and dispatches nothing: its downstream's idempotency keys may have expired too (Stripe keeps
@@ -33,12 +34,13 @@ pub struct GcReport {
 
 /// The answer to a call of a step whose record expired.
 pub(crate) fn expired(tombstone: &Tombstone) -> Outcome {
+    let ended = if tombstone.rejected { "was rejected" } else { tombstone.status.as_str() };
     let message = format!(
-        "step `{}` of run `{}` ended {} at {} and its record expired (removed at {}); its downstream's keys may \
+        "step `{}` of run `{}` {} at {} and its record expired (removed at {}); its downstream's keys may \
          have expired too, so it is not run again as new. A new intent needs a new step id",
         tombstone.step_id,
         tombstone.run_id,
-        tombstone.status.as_str(),
+        if tombstone.rejected { ended.to_string() } else { format!("ended {ended}") },
         time(tombstone.ended_ms),
         time(tombstone.removed_ms)
     );
@@ -51,11 +53,18 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
     let operations = ledger.operations(None).await?;
     let approvals = ledger.approvals(None).await?;
     let mut report = GcReport::default();
-    // Runs whose compensation is outstanding keep every record: the saga reads them.
+    // Runs a saga may still need keep every record: one whose compensation is outstanding, and one
+    // with a step still unknown, claimed or awaiting approval (whose compensation cannot start yet,
+    // and would find nothing to undo if the completed steps were gone).
+    let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
     let mut runs: BTreeSet<&str> = operations.iter().map(|op| op.run_id.as_str()).collect();
     runs.retain(|run| {
         let of_run: Vec<&OperationRecord> = operations.iter().filter(|op| op.run_id == *run).collect();
-        crate::saga::outstanding(&of_run)
+        let open = of_run.iter().any(|op| matches!(op.status, OperationStatus::Unknown | OperationStatus::Claimed));
+        let awaiting = approvals.iter().any(|a| {
+            a.run_id == *run && a.state != ApprovalState::Rejected && !with_operation.contains(a.operation_key.as_str())
+        });
+        open || awaiting || crate::saga::outstanding(&of_run)
     });
     let mut tombstones = Vec::new();
     for op in &operations {
@@ -65,7 +74,10 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
         let kept = match op.status {
             OperationStatus::Unknown => Some("unknown: reconcile it or settle it by hand first".to_string()),
             OperationStatus::Claimed => Some("claimed: a caller may still be running it".to_string()),
-            _ if runs.contains(op.run_id.as_str()) => Some(format!("run `{}` has compensation outstanding", op.run_id)),
+            _ if runs.contains(op.run_id.as_str()) => Some(format!(
+                "run `{}` has a step unknown, claimed or awaiting approval, or compensation outstanding",
+                op.run_id
+            )),
             OperationStatus::Completed | OperationStatus::Failed => None,
         };
         match kept {
@@ -79,10 +91,10 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
                 status: op.status,
                 ended_ms: op.updated_ms,
                 removed_ms: now_ms,
+                rejected: false,
             }),
         }
     }
-    let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
     let mut rejected = Vec::new();
     for approval in &approvals {
         if with_operation.contains(approval.operation_key.as_str()) {
@@ -93,7 +105,21 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             continue;
         }
         match approval.state {
-            ApprovalState::Rejected => rejected.push(approval.operation_key.clone()),
+            // A rejection stays final after its request goes: its tombstone refuses the step.
+            ApprovalState::Rejected => {
+                rejected.push(approval.operation_key.clone());
+                tombstones.push(Tombstone {
+                    operation_key: approval.operation_key.clone(),
+                    run_id: approval.run_id.clone(),
+                    step_id: approval.step_id.clone(),
+                    tool: approval.tool.clone(),
+                    fingerprint: approval.fingerprint.clone(),
+                    status: OperationStatus::Failed,
+                    ended_ms: decided,
+                    removed_ms: now_ms,
+                    rejected: true,
+                });
+            }
             state => report.kept.push((
                 approval.operation_key.clone(),
                 format!(
@@ -104,6 +130,7 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
         }
     }
     report.removed_operations = ledger.expire(&tombstones, &rejected).await?;
+    // (`expire` counts the operations it removed; the rejected requests had none.)
     report.removed_approvals = rejected.len();
     Ok(report)
 }

@@ -12,16 +12,20 @@
 //! It refuses to start while any step of the run is unknown, in progress or awaiting approval
 //! (undoing half of what may have happened is a second guess), and names them. It keeps completed
 //! irreversible steps and reports them. It stops at the first compensation that does not complete
-//! (reverse order is the contract) and reports what a person needs to do about it.
+//! (reverse order is the contract) and reports what a person needs to do about it: settle an
+//! unknown one, or undo by hand a step whose compensation failed (a failed compensation is
+//! recorded as such, and replayed, not tried again).
 
 use serde::Serialize;
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use crate::call::{Call, Outcome, Status};
 use crate::error::CallError;
-use crate::host::Host;
 use crate::ledger::{ApprovalState, OperationRecord, OperationStatus};
 use crate::policy::ReplayClass;
+use crate::stage::{Entry, Stage};
 
 /// The step id of the compensation of `op`.
 pub fn compensation_step(op: &OperationRecord) -> String {
@@ -96,10 +100,14 @@ fn step(op: &OperationRecord, action: &'static str, reason: Option<String>) -> S
     }
 }
 
-/// Compensates run `run_id` (see the module's docs). The compensatable tools and their
-/// compensations must be loaded in `host`.
-pub async fn compensate(host: &Host, run_id: &str) -> Result<SagaReport, CallError> {
-    let ledger = host.ledger();
+/// Compensates run `run_id` (see the module's docs). `tools` finds a loaded tool by name: the
+/// run's compensatable tools and their compensations must be loaded.
+pub(crate) async fn compensate(
+    stage: &Stage,
+    tools: &dyn Fn(&str) -> Option<Arc<Entry>>,
+    run_id: &str,
+) -> Result<SagaReport, CallError> {
+    let ledger = &stage.shared.ledger;
     let ops = ledger.operations(Some(run_id)).await?;
     let mut steps = Vec::new();
     for op in ops.iter().filter(|op| !is_compensation(op)) {
@@ -141,12 +149,6 @@ pub async fn compensate(host: &Host, run_id: &str) -> Result<SagaReport, CallErr
     done.sort_by(|a, b| (b.created_ms, &b.key).cmp(&(a.created_ms, &a.key)));
     let mut state = SagaState::Done;
     for op in done {
-        if state == SagaState::Outstanding {
-            if op.class == ReplayClass::Compensatable {
-                steps.push(step(op, "pending", Some("waits for the outstanding compensation before it".into())));
-            }
-            continue;
-        }
         match op.class {
             ReplayClass::Irreversible => {
                 steps.push(step(op, "kept", Some("irreversible: it cannot be undone, and was not".into())));
@@ -155,18 +157,22 @@ pub async fn compensate(host: &Host, run_id: &str) -> Result<SagaReport, CallErr
             ReplayClass::Compensatable => {}
             _ => continue,
         }
-        let plan = host
-            .manifest(&op.tool)
+        if state == SagaState::Outstanding {
+            steps.push(step(op, "pending", Some("waits for the outstanding compensation before it".into())));
+            continue;
+        }
+        let plan = tools(&op.tool)
             .ok_or_else(|| format!("`{}` is not loaded: put its component in --tools DIR", op.tool))
-            .and_then(|manifest| {
+            .and_then(|entry| {
+                let manifest = &entry.tool.manifest;
                 let undo =
                     manifest.compensated_by.clone().ok_or_else(|| format!("`{}` names no compensated-by", op.tool))?;
-                if host.manifest(&undo).is_none() {
+                let Some(undoing) = tools(&undo) else {
                     return Err(format!("its compensation `{undo}` is not loaded: put its component in --tools DIR"));
-                }
-                Ok((undo, compensation_args(&manifest.compensation_args, op)?))
+                };
+                Ok((undoing, compensation_args(&manifest.compensation_args, op)?))
             });
-        let (undo, args) = match plan {
+        let (undoing, args) = match plan {
             Ok(plan) => plan,
             Err(why) => {
                 steps.push(step(op, "outstanding", Some(why)));
@@ -174,8 +180,8 @@ pub async fn compensate(host: &Host, run_id: &str) -> Result<SagaReport, CallErr
                 continue;
             }
         };
-        let call = Call::step(run_id, compensation_step(op), undo, args.to_string());
-        let outcome = host.call(call).await?;
+        let call = Call::step(run_id, compensation_step(op), &undoing.tool.manifest.name, args.to_string());
+        let outcome = crate::executor::execute(stage, &undoing, call).await?;
         let reason = match outcome.status {
             Status::Completed => None,
             Status::Unknown => Some(format!(
@@ -183,9 +189,15 @@ pub async fn compensate(host: &Host, run_id: &str) -> Result<SagaReport, CallErr
                 outcome.operation_key.as_deref().unwrap_or("?")
             )),
             Status::InProgress => Some("the compensation is running elsewhere; run compensate again later".into()),
+            // Failed: nothing of the compensation took effect, and its step is recorded failed for
+            // good (a replay answers the same), so a person undoes this step by other means.
             _ => Some(format!(
-                "the compensation ended {:?}: {}; a person must undo this step, or fix the cause and run compensate again",
-                outcome.status,
+                "the compensation ended {}: {}; nothing of it took effect, and it is not tried again: a person must \
+                 undo this step by hand",
+                serde_json::to_value(outcome.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
                 outcome.error.as_ref().map_or("", |e| e.message.as_str())
             )),
         };

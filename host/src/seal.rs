@@ -20,16 +20,23 @@ pub enum SealError {
     Malformed,
     #[error("no key in the key file opens the sealed value (another ledger's, or its secret was deleted)")]
     NoKey,
+    #[error("the value is too long to seal")]
+    TooLong,
 }
 
 /// Seals `plaintext` for `operation_key` under the newest key, with a fresh random `nonce`.
-pub fn seal(key: &FingerprintKey, operation_key: &str, plaintext: &[u8], nonce: [u8; NONCE_BYTES]) -> String {
+pub fn seal(
+    key: &FingerprintKey,
+    operation_key: &str,
+    plaintext: &[u8],
+    nonce: [u8; NONCE_BYTES],
+) -> Result<String, SealError> {
     let sealing = key.sealing_keys()[0];
     let cipher = ChaCha20Poly1305::new(Key::from_slice(&sealing));
     let payload = Payload { msg: plaintext, aad: operation_key.as_bytes() };
     // Encryption fails only for a message over 256 GiB; args are bounded far below that.
-    let ciphertext = cipher.encrypt(Nonce::from_slice(&nonce), payload).unwrap_or_default();
-    format!("v1:{}:{}", hex::encode(nonce), hex::encode(ciphertext))
+    let ciphertext = cipher.encrypt(Nonce::from_slice(&nonce), payload).map_err(|_| SealError::TooLong)?;
+    Ok(format!("v1:{}:{}", hex::encode(nonce), hex::encode(ciphertext)))
 }
 
 /// Opens what [`seal`] sealed for `operation_key`, under any of the key file's secrets (a
@@ -62,7 +69,7 @@ mod tests {
 
     #[test]
     fn a_sealed_value_opens_with_its_key_and_operation_only() {
-        let sealed = seal(&key(1), "op-1", b"1 Main St", [7; NONCE_BYTES]);
+        let sealed = seal(&key(1), "op-1", b"1 Main St", [7; NONCE_BYTES]).expect("sealed");
         assert!(!sealed.contains("Main"), "{sealed}");
         assert_eq!(open(&key(1), "op-1", &sealed), Ok(b"1 Main St".to_vec()));
         assert_eq!(open(&key(2), "op-1", &sealed), Err(SealError::NoKey));
@@ -72,7 +79,7 @@ mod tests {
 
     #[test]
     fn a_value_sealed_before_a_rotation_still_opens() {
-        let sealed = seal(&key(1), "op", b"x", [0; NONCE_BYTES]);
+        let sealed = seal(&key(1), "op", b"x", [0; NONCE_BYTES]).expect("sealed");
         let rotated = key(1).rotated([9; 32]);
         assert_eq!(open(&rotated, "op", &sealed), Ok(b"x".to_vec()));
         let tampered = format!("{}0", &sealed[..sealed.len() - 1]);

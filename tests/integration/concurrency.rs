@@ -192,6 +192,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         owner: format!("owner-{owner}"),
         now_ms,
         lease_ms: 10,
+        approval: None,
     };
     let effect = |op: &str, owner: usize| EffectRecord {
         key: format!("{op}-effect-{owner}"),

@@ -24,6 +24,7 @@ fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
         owner: owner.into(),
         now_ms,
         lease_ms: LEASE,
+        approval: None,
     }
 }
 
@@ -307,6 +308,36 @@ async fn an_approval_is_written_as_a_compare_and_set_on_its_revision(ledger: Led
     assert_eq!(keys(ledger.approvals(None).await.expect("read")).len(), 3);
 }
 
+async fn a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_then_it_is_closed(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    let approved = |revision: u32, expires_ms: Option<u64>| oncebox::ledger::ApprovalRecord {
+        expires_ms,
+        ..approval("op", revision, Approved)
+    };
+    ledger.put_approval(&approval("op", 1, Pending)).await.expect("request");
+    let with = |revision: u32, now_ms: u64| ClaimRequest { approval: Some(revision), ..request("op", "a", now_ms) };
+    // Pending: no approval stands, whatever the caller saw.
+    assert!(matches!(ledger.claim(&with(1, 1_000)).await, Ok(Claim::ApprovalChanged)));
+    ledger.put_approval(&approved(2, Some(2_000))).await.expect("approve");
+    // Decided again since the caller looked (a rejection, a new expiry): nothing is claimed.
+    assert!(matches!(ledger.claim(&with(1, 1_000)).await, Ok(Claim::ApprovalChanged)));
+    // Expired by the time of the claim.
+    assert!(matches!(ledger.claim(&with(2, 2_000)).await, Ok(Claim::ApprovalChanged)));
+    let mut other_args = with(2, 1_000);
+    other_args.fingerprint = "other args".into();
+    assert!(matches!(ledger.claim(&other_args).await, Ok(Claim::ApprovalChanged)));
+    let fence = owned(ledger.claim(&with(2, 1_000)).await.expect("claim"));
+    // Claimed (in memory or on disk): its approval can no longer change.
+    let reject = oncebox::ledger::ApprovalRecord { ..approval("op", 3, Rejected) };
+    assert!(matches!(ledger.put_approval(&reject).await, Err(LedgerError::ApprovalClosed { .. })));
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("record");
+    assert!(matches!(ledger.put_approval(&reject).await, Err(LedgerError::ApprovalClosed { .. })));
+    assert_eq!(ledger.approval("op").await.expect("read").expect("record").state, Approved);
+}
+
 async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledger: Ledger) {
     let tombstone = |key: &str| oncebox::ledger::Tombstone {
         operation_key: key.into(),
@@ -317,7 +348,9 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
         status: OperationStatus::Completed,
         ended_ms: 1_001,
         removed_ms: 9_000,
+        rejected: false,
     };
+    ledger.put_approval(&approval("done", 1, oncebox::ledger::ApprovalState::Approved)).await.expect("approval");
     let done = owned(ledger.claim(&request("done", "a", 1_000)).await.expect("claim"));
     ledger.put_effect(done, &effect("done", 1, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("ahead");
     ledger
@@ -335,7 +368,6 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
         .expect("record");
     let open = owned(ledger.claim(&request("open", "a", 1_000)).await.expect("claim"));
     ledger.record_attempt(open, &attempt("open", 1, open), None, 1_001, Vec::new()).await.expect("record");
-    ledger.put_approval(&approval("done", 1, oncebox::ledger::ApprovalState::Approved)).await.expect("approval");
     ledger.put_approval(&approval("gone", 1, oncebox::ledger::ApprovalState::Rejected)).await.expect("approval");
 
     // An operation still claimed refuses the whole expiry: nothing is removed.
@@ -397,4 +429,5 @@ conformance!(
     an_outbox_message_is_enqueued_with_its_record_in_order,
     an_approval_is_written_as_a_compare_and_set_on_its_revision,
     only_what_is_over_expires_and_an_expired_step_is_not_claimed_again,
+    a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_then_it_is_closed,
 );

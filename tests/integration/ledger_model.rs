@@ -134,6 +134,7 @@ fn request(op: usize, worker: usize, other_args: bool, now_ms: u64) -> ClaimRequ
         owner: format!("worker-{worker}"),
         now_ms,
         lease_ms: LEASE_MS,
+        approval: None,
     }
 }
 
@@ -184,6 +185,7 @@ fn claim_answer(claim: &Claim) -> String {
         Claim::Conflict(_) => "conflict".into(),
         Claim::InProgress(op) => format!("in progress, fence {}", op.fence),
         Claim::Expired(_) => "expired".into(),
+        Claim::ApprovalChanged => "approval changed".into(),
     }
 }
 

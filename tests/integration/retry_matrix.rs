@@ -58,7 +58,10 @@ impl Cell {
     async fn call(&self, tool: &str, args: &Value) -> Outcome {
         let call = Call::step("run-1", "step-1", tool, args.to_string());
         let outcome = self.host.call(call.clone()).await.expect("call");
-        if outcome.status != Status::AwaitingApproval {
+        // The approval column: exactly the irreversible tool waits for one.
+        let irreversible = self.host.manifest(tool).expect("loaded").class == oncebox::ReplayClass::Irreversible;
+        assert_eq!(outcome.status == Status::AwaitingApproval, irreversible, "{tool}: {outcome:?}");
+        if !irreversible {
             return outcome;
         }
         assert_eq!(self.provider.requests(), 0, "nothing is dispatched before the approval");

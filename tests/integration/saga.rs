@@ -260,7 +260,11 @@ async fn a_compensation_that_fails_stays_outstanding_and_resumes_once_fixed() {
 async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_as_new() {
     let f = Fixture::new().await;
     f.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-2").times(100));
-    assert_eq!(f.host.call(step("r", "pay-1", "charge", &charge("o-1"))).await.expect("c").status, Status::Completed);
+    // Run "done" is over; run "r" has a step unknown and one awaiting approval, so all of it stays.
+    assert_eq!(
+        f.host.call(step("done", "pay-1", "charge", &charge("o-1"))).await.expect("c").status,
+        Status::Completed
+    );
     assert_eq!(f.host.call(step("r", "pay-2", "charge", &charge("o-2"))).await.expect("c").status, Status::Unknown);
     let awaiting = f.host.call(step("r", "ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
     assert_eq!(awaiting.status, Status::AwaitingApproval);
@@ -276,7 +280,7 @@ async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_a
 
     // The expired step is refused, not charged again.
     let requests = f.provider.requests();
-    let after = f.host.call(step("r", "pay-1", "charge", &charge("o-1"))).await.expect("call");
+    let after = f.host.call(step("done", "pay-1", "charge", &charge("o-1"))).await.expect("call");
     assert_eq!(after.status, Status::Expired, "{after:?}");
     assert!(after.error.as_ref().is_some_and(|e| e.message.contains("new step id")));
     assert_eq!(f.provider.requests(), requests);
@@ -472,4 +476,52 @@ async fn a_policy_may_ask_approval_of_any_write_but_never_waive_it_for_an_irreve
     let host = oncebox::Host::builder_in_memory().policy_file(file).build().await.expect("host");
     let refused = host.load(oncebox_artifacts::FULFILL).await;
     assert!(refused.is_err_and(|e| e.to_string().contains("requires_approval")));
+}
+
+#[tokio::test]
+async fn gc_keeps_a_run_a_saga_still_needs_and_a_rejection_stays_final_after_its_request_goes() {
+    let f = Fixture::new().await;
+    // Run "blocked": the charge completed, the shipment awaits approval. Its compensation cannot
+    // start yet, and must find the charge when it can.
+    f.host.call(step("blocked", "1-pay", "charge", &charge("o-1"))).await.expect("call");
+    f.host.call(step("blocked", "2-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    // Run "rejected": the shipment was rejected.
+    let ship = f.host.call(step("rejected", "ship", "fulfill", &fulfill("2 Main St"))).await.expect("call");
+    let (key, fingerprint) = (ship.operation_key.clone().expect("k"), ship.fingerprint.clone().expect("f"));
+    f.host.decide(&key, &fingerprint, Decision::Reject, "ops", None).await.expect("reject");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let gc = f.host.gc(Duration::ZERO).await.expect("gc");
+    assert_eq!((gc.removed_operations, gc.removed_approvals), (0, 1), "{gc:?}");
+    assert_eq!(f.host.ledger().operations(Some("blocked")).await.expect("read").len(), 1, "the charge is kept");
+    // The rejected step stays refused: not a fresh request that someone could approve.
+    let again = f.host.call(step("rejected", "ship", "fulfill", &fulfill("2 Main St"))).await.expect("call");
+    assert_eq!(again.status, Status::Expired, "{again:?}");
+    assert!(again.error.as_ref().is_some_and(|e| e.message.contains("was rejected")), "{again:?}");
+    assert!(f.host.ledger().approval(&key).await.expect("read").is_none());
+    assert_eq!(f.provider.counts("o-1").fulfillments, 0);
+}
+
+#[tokio::test]
+async fn an_irreversible_step_proven_not_committed_fails_and_is_not_shipped_again_without_a_person() {
+    let f = Fixture::new().await;
+    // The shipment fails before it commits (500), so it is in doubt; nobody resends it.
+    f.provider.arm(Fault::new(Route::Fulfillments, FaultKind::ErrorBeforeCommit).for_order("o-1"));
+    let call = step("r", "ship", "fulfill", &fulfill("1 Main St"));
+    let first = f.host.call(call.clone()).await.expect("call");
+    approve(&f.host, &first).await;
+    let lost = f.host.call(call.clone()).await.expect("call");
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    let key = lost.operation_key.as_deref().expect("key");
+    // A person looked: it did not ship. The step fails (nothing took effect) and is not run again.
+    let settled = f
+        .host
+        .resolve(key, None, &oncebox::ledger::Resolution::NotCommitted, "ops", Some("not in the warehouse system"))
+        .await
+        .expect("settle");
+    assert_eq!(settled.status, Status::Failed, "{settled:?}");
+    let again = f.host.call(call).await.expect("call");
+    assert_eq!((again.status, again.replayed), (Status::Failed, true), "{again:?}");
+    assert_eq!(f.provider.counts("o-1").fulfillments, 0);
+    assert_eq!(f.provider.requests(), 1);
 }

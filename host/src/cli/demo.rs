@@ -84,6 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         && saga.rejected_released
         && saga.unknown_blocked
         && saga.unknown_reconciled
+        && saga.unknown_refunds == 1
         && saga.approved_shipments == 1;
     let exactly_once = rows.iter().all(|r| r.oncebox_charges == 1) && saga_once;
     Ok(if exactly_once { Exit::Ok } else { Exit::ToolFailed })

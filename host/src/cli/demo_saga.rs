@@ -16,6 +16,7 @@ pub struct SagaCounts {
     pub rejected_released: bool,
     pub unknown_blocked: bool,
     pub unknown_reconciled: bool,
+    pub unknown_refunds: u64,
     pub approved_shipments: u64,
 }
 
@@ -68,12 +69,12 @@ pub async fn run(ledger: &std::path::Path) -> anyhow::Result<SagaCounts> {
     let ship = step(&host, run, "2-ship", "fulfill", fulfill("o-u")).await?;
     decide(&host, &ship, Decision::Approve { expires_ms: None }).await?;
     step(&host, run, "2-ship", "fulfill", fulfill("o-u")).await?;
-    let blocked = host.compensate(run).await?.state == SagaState::Blocked;
-    let reconciled = host
-        .reconcile_run(run)
-        .await?
-        .iter()
-        .all(|answer| matches!(answer.answer, oncebox::Reconciliation::Committed { .. }));
+    let blocked = host.compensate(run).await?.state == SagaState::Blocked && provider.counts("o-u").refunds == 0;
+    let answers = host.reconcile_run(run).await?;
+    let reconciled = !answers.is_empty()
+        && answers.iter().all(|answer| matches!(answer.answer, oncebox::Reconciliation::Committed { .. }));
+    // Reconciled (it shipped): the refund may run now, once, and the shipment is kept.
+    host.compensate(run).await?;
 
     // 3. Awaiting approval, approved with its exact params: shipped once, however often it is asked.
     let run = "saga-approved";
@@ -86,15 +87,16 @@ pub async fn run(ledger: &std::path::Path) -> anyhow::Result<SagaCounts> {
     let counts = SagaCounts {
         rejected_refunds: provider.counts("o-r").refunds,
         rejected_released: released,
-        unknown_blocked: blocked && provider.counts("o-u").refunds == 0,
+        unknown_blocked: blocked,
         unknown_reconciled: reconciled,
+        unknown_refunds: provider.counts("o-u").refunds,
         approved_shipments: provider.counts("o-a").fulfillments,
     };
     println!("The saga: a later step of an order goes wrong.\n");
     println!("  fulfillment rejected  -> refunds={} released={}", counts.rejected_refunds, counts.rejected_released);
     println!(
-        "  fulfillment unknown   -> refund blocked={} reconciled committed={}",
-        counts.unknown_blocked, counts.unknown_reconciled
+        "  fulfillment unknown   -> refund blocked={} reconciled committed={} then refunds={}",
+        counts.unknown_blocked, counts.unknown_reconciled, counts.unknown_refunds
     );
     println!("  approved exact params -> shipments={}\n", counts.approved_shipments);
     Ok(counts)

@@ -50,6 +50,8 @@ pub enum LedgerError {
     KvConflict { namespace: String, key: String },
     #[error("the request for approval of operation {operation_key} changed since it was read; read it again")]
     ApprovalChanged { operation_key: String },
+    #[error("operation {operation_key} is claimed or recorded: the approval it ran under can no longer change")]
+    ApprovalClosed { operation_key: String },
     #[error("operation {operation_key} is {status}: only completed and failed operations expire")]
     NotExpirable { operation_key: String, status: &'static str },
     #[error("operation {operation_key} has several effects in doubt ({effects}); name the one to settle")]

@@ -55,6 +55,10 @@ pub struct ClaimRequest {
     pub owner: String,
     pub now_ms: u64,
     pub lease_ms: u64,
+    /// For a tool that needs approval: the revision of the approval the caller saw approve these
+    /// params. A new operation is claimed only while that approval still stands (same revision,
+    /// not expired), checked by the store with the claim (`Claim::ApprovalChanged` otherwise).
+    pub approval: Option<u32>,
 }
 
 impl ClaimRequest {
@@ -122,6 +126,9 @@ pub enum Claim {
     /// The operation's records expired and were removed (retention): running the step again
     /// could repeat its effect, so it is not run as new.
     Expired(Tombstone),
+    /// The approval the caller saw changed (rejected, expired, decided again) or is being
+    /// decided: nothing was claimed; look at the approval again.
+    ApprovalChanged,
 }
 
 /// A local effect, applied in the same transaction as its record.
@@ -247,6 +254,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes a request for approval as a compare-and-set on its revision: `record.revision` must
     /// be the stored one plus 1 (1 for a new request), else `ApprovalChanged` and nothing written.
+    /// Refused (`ApprovalClosed`) once the operation is claimed or recorded: what it ran under
+    /// can no longer change. Atomic with [`Store::claim`]: a claim and a decision never both win.
     fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>>;
 
     /// What retention left of a removed operation, if it was removed.
@@ -479,6 +488,19 @@ pub fn approval_follows(stored: Option<&ApprovalRecord>, record: &ApprovalRecord
     }
 }
 
+/// Whether a new operation for `req` may be claimed, given its approval as stored: only while the
+/// approval the caller saw still approves these params at `req.now_ms`.
+pub fn approval_stands(req: &ClaimRequest, stored: Option<&ApprovalRecord>) -> bool {
+    match req.approval {
+        None => true,
+        Some(revision) => stored.is_some_and(|a| {
+            a.revision == revision && req.matches(&a.fingerprint) && {
+                a.state == ApprovalState::Approved && !a.expired(req.now_ms)
+            }
+        }),
+    }
+}
+
 /// Refuses to expire an operation that is not over: only completed and failed ones expire.
 pub fn expirable(op: &OperationRecord) -> Result<(), LedgerError> {
     match op.status {
@@ -528,8 +550,9 @@ fn new_operation(req: &ClaimRequest) -> OperationRecord {
 /// effect of it still in doubt is settled as taken and the operation completes, so that nothing
 /// is left in doubt under a completed operation. `not-committed` is said of one effect in doubt
 /// (`effect_key`, or the only one): it may be sent again, and once nothing else of the operation is
-/// in doubt the operation reopens for the next call, which sends what was not taken. `effects` are
-/// all of the operation's effects.
+/// in doubt the operation reopens for the next call, which sends what was not taken (an
+/// irreversible one fails instead: it is not sent again on anyone's word). `effects` are all of
+/// the operation's effects.
 pub fn settled(
     operation_key: &str,
     op: Option<OperationRecord>,
@@ -545,6 +568,7 @@ pub fn settled(
         return Err(not_in_doubt());
     }
     let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
+    let any_taken = effects.iter().any(|e| e.status.taken());
     if let Some(wanted) = effect_key {
         let Some(effect) = in_doubt.iter().find(|e| e.key == wanted) else {
             return Err(LedgerError::NotInDoubt { operation_key: format!("{operation_key} (effect {wanted})") });
@@ -590,6 +614,27 @@ pub fn settled(
             Resolution::Committed { output } => {
                 op.status = OperationStatus::Completed;
                 op.output = Some(output.clone());
+            }
+            // An irreversible operation is not run again on anyone's word: its approval was for one
+            // dispatch. Proven not taken, and nothing else of it taken, it failed: nothing of it
+            // took effect. A new attempt is a new intent (a new step id, a new approval).
+            Resolution::NotCommitted if op.class == crate::ReplayClass::Irreversible => {
+                if any_taken {
+                    op.error = Some(ErrorRecord {
+                        class: "unknown-outcome".into(),
+                        message: "another effect of it took place: a person settles what it amounts to".into(),
+                    });
+                } else {
+                    op.status = OperationStatus::Failed;
+                    op.error = Some(ErrorRecord {
+                        class: "not-committed".into(),
+                        message: format!(
+                            "proven not to have taken effect ({}); an irreversible step is not run again: a new \
+                             intent needs a new step id and its own approval",
+                            settlement.by
+                        ),
+                    });
+                }
             }
             // Claimed with an expired lease: the next call takes it over and runs it again.
             Resolution::NotCommitted => op.status = OperationStatus::Claimed,

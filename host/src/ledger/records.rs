@@ -315,7 +315,10 @@ pub struct Tombstone {
     pub tool: String,
     pub fingerprint: String,
     pub status: OperationStatus,
-    /// When the operation was last written (its end).
+    /// When the operation was last written (its end), or its request rejected.
     pub ended_ms: u64,
     pub removed_ms: u64,
+    /// What was removed was a rejected request for approval (no operation ever ran).
+    #[serde(default)]
+    pub rejected: bool,
 }

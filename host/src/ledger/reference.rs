@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{ApprovalRecord, Tombstone, approval_follows, expirable};
+use super::{ApprovalRecord, Tombstone, approval_follows, approval_stands, expirable};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
@@ -204,6 +204,9 @@ impl Store for ReferenceStore {
                 && let Some(tombstone) = state.tombstones.get(&req.key)
             {
                 return Ok(Claim::Expired(tombstone.clone()));
+            }
+            if existing.is_none() && !approval_stands(req, state.approvals.get(&req.key)) {
+                return Ok(Claim::ApprovalChanged);
             }
             let written = existing.as_ref().is_some_and(|(_, written)| *written);
             let fence = if existing.is_some() { state.fresh_fence() } else { 1 };
@@ -408,6 +411,9 @@ impl Store for ReferenceStore {
     fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
             let mut state = self.lock();
+            if state.operations.contains_key(&record.operation_key) {
+                return Err(LedgerError::ApprovalClosed { operation_key: record.operation_key.clone() });
+            }
             approval_follows(state.approvals.get(&record.operation_key), record)?;
             state.approvals.insert(record.operation_key.clone(), record.clone());
             Ok(())
@@ -433,6 +439,10 @@ impl Store for ReferenceStore {
             }
             for tombstone in tombstones {
                 let key = &tombstone.operation_key;
+                // A claim never written is invisible, as in redb: it is not expired.
+                if matches!(state.operations.get(key), Some((_, false))) {
+                    continue;
+                }
                 if state.operations.remove(key).is_some() {
                     removed += 1;
                 }

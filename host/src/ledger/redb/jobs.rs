@@ -283,6 +283,11 @@ pub(super) fn resolve(
 
 /// Writes a request for approval if its revision follows the stored one.
 pub(super) fn put_approval(txn: &WriteTransaction, record: &ApprovalRecord) -> Result<(), LedgerError> {
+    let key = record.operation_key.as_str();
+    let durable = get::<_, OperationRecord>(&txn.open_table(RECORDS)?, operation_id(key))?.is_some();
+    if durable {
+        return Err(LedgerError::ApprovalClosed { operation_key: key.to_string() });
+    }
     let mut approvals = txn.open_table(APPROVALS)?;
     let stored: Option<ApprovalRecord> = get(&approvals, record.operation_key.as_str())?;
     approval_follows(stored.as_ref(), record)?;

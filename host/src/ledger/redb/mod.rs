@@ -49,10 +49,26 @@ pub struct RedbStore {
     writer: Arc<writer::Writer>,
     /// Claims of operations that have no durable record yet, by operation key.
     live: Live,
+    /// Operation keys whose approval is being written: a claim of one waits (`ApprovalChanged`)
+    /// until the decision is on disk, and a decision is refused while the key is claimed. Both
+    /// are checked under the `live` lock, so a claim and a decision never both win.
+    deciding: Arc<Mutex<std::collections::HashSet<String>>>,
     /// The next fence a take-over gets, in memory or on disk: one counter for the whole ledger,
     /// above every fence on disk when it was opened, so no token is ever handed out twice (an
     /// operation's fences grow, whichever path took it over).
     next_fence: Arc<AtomicU64>,
+}
+
+/// Takes a key out of `deciding` when its approval write is over (or abandoned).
+struct Deciding {
+    set: Arc<Mutex<std::collections::HashSet<String>>>,
+    key: String,
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.key);
+    }
 }
 
 /// Claims held in memory; the writer's jobs check fences against them too.
@@ -111,7 +127,7 @@ impl RedbStore {
         let writer = Arc::new(writer::Writer::start(db.clone())?);
         // New operations start at fence 1, so take-overs start above it.
         let next_fence = Arc::new(AtomicU64::new(highest_fence.max(1) + 1));
-        Ok(RedbStore { db, path, writer, live: Live::default(), next_fence })
+        Ok(RedbStore { db, path, writer, live: Live::default(), deciding: Arc::default(), next_fence })
     }
 
     /// A fence never handed out before.
@@ -179,17 +195,27 @@ impl RedbStore {
         let mut live = self.live();
         // Read under the lock: a job makes an operation durable before it drops its live claim,
         // so between the two, one of them is always visible here.
-        if let Some(op) = self.operation(&req.key)? {
+        // One read transaction for the operation and, for a new one, its tombstone and approval.
+        let txn = self.db.begin_read()?;
+        let records = txn.open_table(RECORDS)?;
+        if let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? {
             live.remove(&req.key);
             return Ok(Err(op));
         }
         if let Some(answer) = verdict(live.get(&req.key), req) {
             return Ok(Ok(answer));
         }
-        if !live.contains_key(&req.key)
-            && let Some(tombstone) = self.tombstone(&req.key)?
-        {
-            return Ok(Ok(Claim::Expired(tombstone)));
+        if !live.contains_key(&req.key) {
+            if let Some(tombstone) = get(&records, (req.key.as_str(), TOMBSTONE, ""))? {
+                return Ok(Ok(Claim::Expired(tombstone)));
+            }
+            if req.approval.is_some() {
+                let deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let stored: Option<ApprovalRecord> = get(&txn.open_table(APPROVALS)?, req.key.as_str())?;
+                if deciding.contains(&req.key) || !super::approval_stands(req, stored.as_ref()) {
+                    return Ok(Ok(Claim::ApprovalChanged));
+                }
+            }
         }
         // A live claim here expired: its owner stalled before writing anything durable.
         let expired = live.remove(&req.key);
@@ -482,7 +508,19 @@ impl Store for RedbStore {
 
     fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
         let record = record.clone();
-        Box::pin(async move { self.writer.submit(move |txn| put_approval(txn, &record), |_| true).await })
+        Box::pin(async move {
+            let key = record.operation_key.clone();
+            {
+                let live = self.live();
+                if live.contains_key(&key) {
+                    return Err(LedgerError::ApprovalClosed { operation_key: key });
+                }
+                self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key.clone());
+            }
+            // Claims of the key wait until the decision is on disk, even if this future is dropped.
+            let _deciding = Deciding { set: self.deciding.clone(), key };
+            self.writer.submit(move |txn| put_approval(txn, &record), |_| true).await
+        })
     }
 
     fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
