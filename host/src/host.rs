@@ -336,7 +336,22 @@ impl Host {
     /// Reconciles every unknown operation of a run whose tool is loaded (`oncebox reconcile --run`).
     pub async fn reconcile_run(&self, run_id: &str) -> Result<Vec<crate::reconcile::RunReconciliation>, CallError> {
         let tools = |name: &str| self.entry(name).ok();
-        crate::reconcile::reconcile_run(&self.inner.stage, &tools, run_id).await
+        crate::reconcile::reconcile_run(&self.inner.stage, &tools, run_id, None).await
+    }
+
+    /// Reconciles one unknown operation, by its key, from its record (`oncebox reconcile
+    /// --operation KEY`). `None` if there is no such operation.
+    pub async fn reconcile_operation(
+        &self,
+        operation_key: &str,
+    ) -> Result<Option<crate::reconcile::RunReconciliation>, CallError> {
+        let Some(op) = self.ledger().operation(operation_key).await? else {
+            return Ok(None);
+        };
+        let tools = |name: &str| self.entry(name).ok();
+        let answers =
+            crate::reconcile::reconcile_run(&self.inner.stage, &tools, &op.run_id, Some(operation_key)).await?;
+        Ok(answers.into_iter().next())
     }
 
     /// Undoes a run's completed compensatable steps (see `saga.rs`).

@@ -63,16 +63,18 @@ pub struct RunReconciliation {
     pub settle_by_hand: Option<String>,
 }
 
-/// Reconciles every unknown operation of run `run_id` whose tool is loaded, from its record (the
-/// tool's reconcile gets the recorded args, sensitive values redacted: lookups go by effect key).
+/// Reconciles every unknown operation of run `run_id` (or only the one keyed `only`) whose tool is
+/// loaded, from its record (the tool's reconcile gets the recorded args, sensitive values
+/// redacted: lookups go by effect key).
 pub(crate) async fn reconcile_run(
     host: &Stage,
     tools: &dyn Fn(&str) -> Option<Arc<Entry>>,
     run_id: &str,
+    only: Option<&str>,
 ) -> Result<Vec<RunReconciliation>, CallError> {
     let mut answers = Vec::new();
     for op in host.shared.ledger.operations(Some(run_id)).await? {
-        if op.status != OperationStatus::Unknown {
+        if op.status != OperationStatus::Unknown || only.is_some_and(|key| key != op.key) {
             continue;
         }
         let answer = match tools(&op.tool) {

@@ -525,3 +525,50 @@ async fn an_irreversible_step_proven_not_committed_fails_and_is_not_shipped_agai
     assert_eq!(f.provider.counts("o-1").fulfillments, 0);
     assert_eq!(f.provider.requests(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_charge_is_reconciled_from_the_cli_by_run_and_by_operation_key() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    provider.configure(oncebox_example_provider::Settings { honour_keys: false, ..Default::default() });
+    let dir = tempfile::tempdir().expect("dir");
+    let (tools, policy) = tools_dir(dir.path(), &provider);
+    // This downstream ignores keys: the policy must not say otherwise.
+    let policy_text = std::fs::read_to_string(&policy)
+        .expect("read")
+        .replace("honours_keys = true\nkey_retention = \"24h\"\n", "honours_keys = false\n");
+    std::fs::write(&policy, policy_text).expect("write");
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    provider.arm(Fault::new(Route::Payments, FaultKind::LoseResponse).for_order("o-1"));
+    let args = charge("o-1").to_string();
+    let pay = [
+        "call",
+        "--ledger",
+        ledger_arg,
+        "--policy",
+        &policy,
+        "--run",
+        "r",
+        "--step",
+        "pay",
+        oncebox_artifacts::CHARGE,
+        &args,
+    ];
+    let (code, lost, _) = crate::support::oncebox(&pay);
+    assert_eq!((code, lost["status"].as_str()), (1, Some("unknown")), "{lost}");
+    let key = lost["operation_key"].as_str().expect("key");
+
+    let by_key = ["reconcile", "--ledger", ledger_arg, "--policy", &policy, "--operation", key, "--tools", &tools];
+    let (code, answer, stderr) = crate::support::oncebox(&by_key);
+    assert_eq!((code, answer["reconciled"][0]["result"].as_str()), (0, Some("committed")), "{answer} {stderr}");
+    let by_run = ["reconcile", "--ledger", ledger_arg, "--policy", &policy, "--run", "r", "--tools", &tools];
+    let (code, answer, _) = crate::support::oncebox(&by_run);
+    assert_eq!(
+        (code, answer["reconciled"].as_array().map(Vec::len)),
+        (0, Some(0)),
+        "nothing unknown is left: {answer}"
+    );
+    let (code, again, _) = crate::support::oncebox(&pay);
+    assert_eq!((code, again["replayed"].as_bool()), (0, Some(true)), "{again}");
+    assert_eq!(provider.counts("o-1").payments, 1);
+}

@@ -47,6 +47,9 @@ pub struct Args {
     /// A directory of components to load besides TOOL (reconcile: every tool of a run).
     #[arg(long, value_name = "DIR")]
     pub tools: Option<PathBuf>,
+    /// reconcile only: the one unknown operation to reconcile (with --tools DIR).
+    #[arg(long, value_name = "KEY")]
+    pub operation: Option<String>,
     /// The component file.
     pub tool: Option<PathBuf>,
     /// The args, as JSON.

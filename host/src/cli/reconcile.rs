@@ -1,4 +1,5 @@
-//! `oncebox reconcile --ledger PATH --run R --step S TOOL.wasm 'JSON'`: the same flags as `call`.
+//! `oncebox reconcile --ledger PATH --run R --step S TOOL.wasm 'JSON'` (the same flags as `call`),
+//! or `--run R --tools DIR` for every unknown step of a run, or `--operation KEY --tools DIR`.
 
 use oncebox::Reconciliation;
 
@@ -26,11 +27,14 @@ pub async fn run(args: call::Args) -> anyhow::Result<Exit> {
     })
 }
 
-/// `oncebox reconcile --ledger L --run R --tools DIR [--policy F]`: every unknown step of a run.
+/// `oncebox reconcile --ledger L (--run R | --operation KEY) --tools DIR [--policy F]`: every
+/// unknown step of a run, or one operation, from the records.
 async fn run_wide(args: call::Args) -> anyhow::Result<Exit> {
-    let (Some(run), Some(dir)) = (args.run.clone(), args.tools.clone()) else {
+    let Some(dir) = args.tools.clone() else {
         return Err(super::Usage(
-            "reconcile a run with --run R --tools DIR, or a step with --run R --step S TOOL.wasm 'JSON'".into(),
+            "reconcile a run with --run R --tools DIR, an operation with --operation KEY --tools DIR, or a step \
+             with --run R --step S TOOL.wasm 'JSON'"
+                .into(),
         )
         .into());
     };
@@ -40,7 +44,16 @@ async fn run_wide(args: call::Args) -> anyhow::Result<Exit> {
     }
     let host = builder.build().await?;
     host.load_dir(&dir).await?;
-    let answers = host.reconcile_run(&run).await?;
+    let (run, answers) = match (&args.operation, &args.run) {
+        (Some(key), _) => {
+            let answer = host.reconcile_operation(key).await?;
+            let answer = answer.ok_or_else(|| super::Usage(format!("no operation with key {key}")))?;
+            let run = host.ledger().operation(key).await?.map(|op| op.run_id).unwrap_or_default();
+            (run, vec![answer])
+        }
+        (None, Some(run)) => (run.clone(), host.reconcile_run(run).await?),
+        (None, None) => return Err(super::Usage("give --run R or --operation KEY".into()).into()),
+    };
     let open = answers.iter().filter(|a| a.settle_by_hand.is_some()).count();
     print_json(&serde_json::json!({ "run_id": run, "reconciled": answers, "need_a_person": open }))?;
     Ok(if open == 0 { Exit::Ok } else { Exit::ToolFailed })
