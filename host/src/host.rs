@@ -187,8 +187,8 @@ impl HostBuilder {
     }
 }
 
-/// The client every HTTP effect and read goes through.
-fn http_client(tls_roots: &[Vec<u8>]) -> Result<reqwest::Client, Error> {
+/// The client every HTTP effect and read goes through (and the outbox relay's deliveries).
+pub(crate) fn http_client(tls_roots: &[Vec<u8>]) -> Result<reqwest::Client, Error> {
     // One crypto provider per process; a second install (another host) is refused harmlessly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Redirects are answers, not instructions: following one would send the effect (and its key
@@ -461,6 +461,14 @@ impl Host {
 
     pub fn ledger(&self) -> &Ledger {
         &self.inner.stage.shared.ledger
+    }
+
+    /// A relay for the outbox topics of the host's policy file (`[outbox.TOPIC]`), over the
+    /// host's ledger and HTTP client: run it beside the calls (`Relay::run`), and it wakes for
+    /// every message they enqueue.
+    pub fn outbox_relay(&self) -> Result<crate::Relay, crate::outbox::RelayError> {
+        let shared = &self.inner.shared;
+        crate::Relay::with_client(shared.ledger.clone(), shared.http.clone(), self.inner.policy_file.outbox_endpoints())
     }
 
     pub fn manifest(&self, tool: &str) -> Option<ToolManifest> {

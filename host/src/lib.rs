@@ -36,6 +36,9 @@
 //! - `executor`: the call pipeline, top to bottom; `lease`: the owner's lease kept live while it
 //!   works; `attempt_log`: its tracing events.
 //! - `reconcile`: asking the authority about an unknown outcome, and a person settling one.
+//! - `outbox/`: the relay that delivers outbox messages to their topics' endpoints, in order, at
+//!   least once and keyed (`rules.rs`, pure: what an answer means, how long to wait; `send.rs`:
+//!   one send).
 //! - `host`: [`Host`] and [`HostBuilder`].
 //!
 //! # Errors
@@ -58,6 +61,7 @@ pub mod keys;
 mod lease;
 pub mod ledger;
 pub mod limits;
+pub mod outbox;
 pub mod policy;
 pub mod policy_file;
 mod reconcile;
@@ -79,6 +83,7 @@ pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::Ledger;
 pub use limits::Limits;
+pub use outbox::Relay;
 pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::{Reconciliation, RunReconciliation, settle};
 pub use redact::{REDACTED, redact};

@@ -64,8 +64,14 @@ pub fn decide(failure: &Failure, policy: &RetryPolicy, attempt: u32, elapsed: Du
 
 /// Exponential backoff: `initial * 2^(attempt-1)`, capped at `max_backoff`.
 pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    exponential(policy.initial_backoff, policy.max_backoff, attempt)
+}
+
+/// `initial * 2^(attempt-1)`, capped at `max`: the one backoff curve, for calls and for the
+/// outbox relay alike.
+pub fn exponential(initial: Duration, max: Duration, attempt: u32) -> Duration {
     let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-    policy.initial_backoff.saturating_mul(factor).min(policy.max_backoff)
+    initial.saturating_mul(factor).min(max)
 }
 
 /// A wait uniform in [0, backoff) as `jitter` goes over [0, 1).

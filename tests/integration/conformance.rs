@@ -388,6 +388,63 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
     assert!(matches!(claim, Claim::Expired(ref t) if t.operation_key == "done"), "{claim:?}");
 }
 
+/// Enqueues one outbox message per (topic, payload), in order, as one completed operation.
+async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, &str)]) {
+    let fence = owned(ledger.claim(&request(op, "a", 1_000)).await.expect("claim"));
+    let staged = messages
+        .iter()
+        .enumerate()
+        .map(|(n, (topic, payload))| {
+            let mut record = effect(op, 40 + n as u32, EffectStatus::Completed, 1);
+            record.kind = "outbox".into();
+            (record, LocalWrite::Outbox { topic: topic.to_string(), payload: payload.to_string() })
+        })
+        .collect();
+    ledger
+        .record_attempt(fence, &attempt(op, 1, fence), finish(OperationStatus::Completed), 1_001, staged)
+        .await
+        .expect("record");
+}
+
+async fn pending_payloads(ledger: &Ledger, topic: &str, limit: usize) -> Vec<String> {
+    ledger.outbox_pending(topic, limit).await.expect("read").into_iter().map(|m| m.payload).collect()
+}
+
+async fn a_topics_pending_messages_are_its_undelivered_ones_in_order(ledger: Ledger) {
+    enqueue(&ledger, "op", &[("email", "e1"), ("sms", "s1"), ("email", "e2"), ("email", "e3")]).await;
+    assert_eq!(pending_payloads(&ledger, "email", 10).await, ["e1", "e2", "e3"]);
+    assert_eq!(pending_payloads(&ledger, "email", 2).await, ["e1", "e2"], "at most the limit, from the head");
+    assert_eq!(pending_payloads(&ledger, "sms", 10).await, ["s1"]);
+    assert!(pending_payloads(&ledger, "nobody", 10).await.is_empty());
+    // A topic whose name is another's prefix is another topic.
+    assert!(pending_payloads(&ledger, "emai", 10).await.is_empty());
+
+    let head = ledger.outbox_pending("email", 1).await.expect("read").remove(0);
+    assert_eq!(head.delivery, oncebox::ledger::Delivery::default(), "nothing recorded yet");
+    let failed = ledger.record_delivery_failure(head.seq, 2_000, "503 from the endpoint", false).await.expect("record");
+    assert_eq!((failed.delivery.attempts, failed.delivery.state()), (1, "pending"));
+    assert_eq!(failed.delivery.last_error.as_deref(), Some("503 from the endpoint"));
+    assert_eq!(pending_payloads(&ledger, "email", 10).await, ["e1", "e2", "e3"], "a failed send stays at the head");
+    let refused = ledger.record_delivery_failure(head.seq, 2_001, "400 from the endpoint", true).await.expect("record");
+    assert_eq!((refused.delivery.attempts, refused.delivery.state()), (2, "refused"));
+    assert_eq!(pending_payloads(&ledger, "email", 1).await, ["e1"], "a refused message still holds its topic");
+
+    let delivered = ledger.mark_delivered(head.seq, 3_000).await.expect("record");
+    assert_eq!(delivered.delivery.delivered_ms, Some(3_000));
+    assert_eq!((delivered.delivery.attempts, delivered.delivery.state()), (3, "delivered"));
+    assert_eq!(pending_payloads(&ledger, "email", 10).await, ["e2", "e3"]);
+    // Delivery is final: a later answer about the same message changes nothing.
+    let again = ledger.record_delivery_failure(head.seq, 4_000, "late", true).await.expect("record");
+    assert_eq!(again.delivery, delivered.delivery);
+    assert_eq!(ledger.mark_delivered(head.seq, 5_000).await.expect("record").delivery, delivered.delivery);
+    // The whole outbox keeps every message with its delivery.
+    let all = ledger.outbox().await.expect("read");
+    assert_eq!(all.len(), 4);
+    assert_eq!(all.iter().find(|m| m.seq == head.seq).map(|m| m.delivery.clone()), Some(delivered.delivery));
+    let unknown = ledger.mark_delivered(999, 1).await;
+    assert!(matches!(unknown, Err(LedgerError::NoSuchMessage { seq: 999 })), "{unknown:?}");
+}
+
 /// The backends, each a fresh ledger (and what must live as long as it).
 async fn redb() -> (Ledger, Option<tempfile::TempDir>) {
     let dir = tempfile::tempdir().expect("dir");
@@ -430,4 +487,5 @@ conformance!(
     an_approval_is_written_as_a_compare_and_set_on_its_revision,
     only_what_is_over_expires_and_an_expired_step_is_not_claimed_again,
     a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_then_it_is_closed,
+    a_topics_pending_messages_are_its_undelivered_ones_in_order,
 );

@@ -293,6 +293,8 @@ impl oncebox::ledger::Store for ReferenceHandle {
         effects(operation_key: &'a str) -> Result<Vec<EffectRecord>, LedgerError>;
         attempts(operation_key: &'a str) -> Result<Vec<AttemptRecord>, LedgerError>;
         kv_entry(namespace: &'a str, key: &'a str) -> Result<Option<oncebox::ledger::KvEntry>, LedgerError>;
+        outbox_pending(topic: &'a str, limit: usize) -> Result<Vec<oncebox::ledger::OutboxMessage>, LedgerError>;
+        record_delivery(seq: u64, answer: &'a oncebox::ledger::DeliveryAnswer) -> Result<oncebox::ledger::OutboxMessage, LedgerError>;
     }
     fn outbox(&self) -> oncebox::ledger::BoxFuture<'_, Result<Vec<oncebox::ledger::OutboxMessage>, LedgerError>> {
         self.0.outbox()

@@ -13,6 +13,7 @@ mod guarantee;
 mod kill;
 mod ledger_model;
 mod loading;
+mod outbox;
 mod recovery;
 mod replay;
 mod retries;

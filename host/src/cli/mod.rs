@@ -10,6 +10,7 @@ mod demo;
 mod demo_saga;
 mod inspect;
 mod ledger;
+mod outbox;
 mod policy;
 mod reconcile;
 mod resolve;
@@ -64,6 +65,9 @@ pub enum Command {
     /// Read the ledger.
     #[command(subcommand)]
     Ledger(ledger::Command),
+    /// Deliver outbox messages to their topics' endpoints, or list them with their delivery.
+    #[command(subcommand)]
+    Outbox(outbox::Command),
     /// Lose the first charge response of a few orders: a naive retry loop charges twice, oncebox once.
     #[cfg(feature = "demo")]
     Demo(demo::Args),
@@ -111,6 +115,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Compensate(args) => saga::compensate(args).await,
         Command::Recover(args) => saga::recover(args).await,
         Command::Ledger(command) => ledger::run(command).await,
+        Command::Outbox(command) => outbox::run(command).await,
         Command::Policy(command) => policy::run(command).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,

@@ -187,7 +187,9 @@ fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() { "timed out".into() } else { e.to_string() }
 }
 
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+/// A rate limit's wait, from `Retry-After-Ms` or `Retry-After` (seconds). The outbox relay reads
+/// its endpoints' answers with it too.
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     get("retry-after-ms").map(Duration::from_millis).or_else(|| get("retry-after").map(Duration::from_secs))
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 pub use provider::{EffectProvider, ProviderOutcome};
 
+pub(crate) use http::retry_after;
 pub use targets::{DEFAULT_SETTLE_WINDOW, HttpTarget, Targets};
 
 use crate::capabilities::{Denied, Sandbox};

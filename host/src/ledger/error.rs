@@ -65,6 +65,8 @@ pub enum LedgerError {
     BatchFailed { reason: String },
     #[error("the ledger writer: {reason}")]
     Writer { reason: String },
+    #[error("no outbox message with sequence number {seq}")]
+    NoSuchMessage { seq: u64 },
 }
 
 impl LedgerError {

@@ -275,12 +275,34 @@ pub trait Store: Send + Sync + 'static {
     fn commits(&self) -> u64 {
         0
     }
+
+    // Outbox delivery: the relay (`crate::outbox`) reads a topic's head and records each send.
+
+    /// Up to `limit` of `topic`'s undelivered messages, in the order they were enqueued (a
+    /// refused message is still undelivered: it stays at the head).
+    fn outbox_pending<'a>(
+        &'a self,
+        topic: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>>;
+
+    /// Records one send of message `seq` and its answer ([`Delivery::after`]): a delivered message
+    /// leaves its topic's pending messages; an answer about a message already delivered changes
+    /// nothing. Answers the message as recorded; `NoSuchMessage` for a sequence number never enqueued.
+    fn record_delivery<'a>(
+        &'a self,
+        seq: u64,
+        answer: &'a DeliveryAnswer,
+    ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>>;
 }
 
 /// The host's handle on its ledger: cheap to clone, over any [`Store`].
 #[derive(Clone)]
 pub struct Ledger {
     store: Arc<dyn Store>,
+    /// Counts commits that enqueued outbox messages through this handle (and its clones), so that
+    /// an in-process relay waits for new messages instead of polling the store.
+    enqueued: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -312,7 +334,7 @@ impl Ledger {
 
     /// A handle on `store`.
     pub fn on(store: impl Store) -> Self {
-        Ledger { store: Arc::new(store) }
+        Ledger { store: Arc::new(store), enqueued: Arc::new(tokio::sync::watch::Sender::new(0)) }
     }
 
     pub fn path(&self) -> &Path {
@@ -350,7 +372,10 @@ impl Ledger {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> Result<(), LedgerError> {
-        self.store.put_effect(fence, effect, expected, staged).await
+        let enqueues = enqueues(&staged);
+        self.store.put_effect(fence, effect, expected, staged).await?;
+        self.enqueued_if(enqueues);
+        Ok(())
     }
 
     pub async fn record_attempt(
@@ -361,7 +386,10 @@ impl Ledger {
         now_ms: u64,
         staged: Staged,
     ) -> Result<(), LedgerError> {
-        self.store.record_attempt(fence, attempt, finish, now_ms, staged).await
+        let enqueues = enqueues(&staged);
+        self.store.record_attempt(fence, attempt, finish, now_ms, staged).await?;
+        self.enqueued_if(enqueues);
+        Ok(())
     }
 
     pub async fn resolve(
@@ -432,6 +460,41 @@ impl Ledger {
         self.store.expire(tombstones, approvals).await
     }
 
+    /// Changes each time a commit through this ledger enqueued outbox messages: a relay marks
+    /// what it has seen, reads the pending messages, and waits for the next change.
+    pub fn outbox_enqueued(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.enqueued.subscribe()
+    }
+
+    fn enqueued_if(&self, enqueues: bool) {
+        if enqueues {
+            self.enqueued.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// See [`Store::outbox_pending`].
+    pub async fn outbox_pending(&self, topic: &str, limit: usize) -> Result<Vec<OutboxMessage>, LedgerError> {
+        self.store.outbox_pending(topic, limit).await
+    }
+
+    /// Records that the endpoint acknowledged message `seq` at `at_ms`.
+    pub async fn mark_delivered(&self, seq: u64, at_ms: u64) -> Result<OutboxMessage, LedgerError> {
+        self.store.record_delivery(seq, &DeliveryAnswer::Delivered { at_ms }).await
+    }
+
+    /// Records a send of message `seq` that did not deliver it: what was seen, and whether the
+    /// endpoint refused it definitively.
+    pub async fn record_delivery_failure(
+        &self,
+        seq: u64,
+        at_ms: u64,
+        error: &str,
+        refused: bool,
+    ) -> Result<OutboxMessage, LedgerError> {
+        let answer = DeliveryAnswer::NotDelivered { at_ms, error: error.to_string(), refused };
+        self.store.record_delivery(seq, &answer).await
+    }
+
     /// What a local effect's key already holds: nothing (stage it), the same request (already
     /// applied by an earlier attempt), or another one (the tool diverged).
     pub async fn local_effect_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
@@ -441,6 +504,11 @@ impl Ledger {
             Some(_) => LocalOutcome::AlreadyApplied,
         })
     }
+}
+
+/// Whether a write carries outbox messages.
+fn enqueues(staged: &Staged) -> bool {
+    staged.iter().any(|(_, write)| matches!(write, LocalWrite::Outbox { .. }))
 }
 
 /// What an operation's record (or its absence) means for a caller that wants to run it.

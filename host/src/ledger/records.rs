@@ -214,6 +214,9 @@ pub struct OutboxMessage {
     /// The payload as the tool sent it (JSON text when the tool used the SDK).
     pub payload: String,
     pub enqueued_ms: u64,
+    /// What the relay made of it so far (records written before delivery existed: pending).
+    #[serde(default)]
+    pub delivery: Delivery,
 }
 
 /// What reconciliation or a person established about an unknown operation's in-doubt effect.
@@ -321,4 +324,74 @@ pub struct Tombstone {
     /// What was removed was a rejected request for approval (no operation ever ran).
     #[serde(default)]
     pub rejected: bool,
+}
+
+/// What became of an outbox message on its way to its topic's endpoint. The relay records a
+/// send's answer after it arrives, so a relay killed in between sends the message again: the
+/// endpoint may see it twice (with the same `Idempotency-Key`), never not at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Sends whose answer was recorded (a send cut off by a kill is not counted).
+    pub attempts: u32,
+    /// When the endpoint acknowledged it (a 2xx); `None` while it is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<u64>,
+    /// What the last send that did not deliver it observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The endpoint's last answer refused it definitively (a 4xx): its topic stops here until
+    /// someone fixes the endpoint or the message's consumer, because delivering a later message
+    /// past it would reorder the topic.
+    #[serde(default)]
+    pub refused: bool,
+}
+
+impl Delivery {
+    pub fn is_delivered(&self) -> bool {
+        self.delivered_ms.is_some()
+    }
+
+    /// `delivered`, `refused` or `pending`, as `oncebox outbox list` prints it.
+    pub fn state(&self) -> &'static str {
+        match (self.is_delivered(), self.refused) {
+            (true, _) => "delivered",
+            (false, true) => "refused",
+            (false, false) => "pending",
+        }
+    }
+
+    /// The delivery with one more send's answer recorded. A delivered message stays as it was,
+    /// whatever a later send says: the endpoint acknowledged it once, and that is final.
+    pub fn after(&self, answer: &DeliveryAnswer) -> Delivery {
+        let mut next = self.clone();
+        if next.is_delivered() {
+            return next;
+        }
+        next.attempts = next.attempts.saturating_add(1);
+        match answer {
+            DeliveryAnswer::Delivered { at_ms } => {
+                next.last_attempt_ms = Some(*at_ms);
+                next.delivered_ms = Some(*at_ms);
+                next.refused = false;
+            }
+            DeliveryAnswer::NotDelivered { at_ms, error, refused } => {
+                next.last_attempt_ms = Some(*at_ms);
+                next.last_error = Some(error.clone());
+                next.refused = *refused;
+            }
+        }
+        next
+    }
+}
+
+/// The answer to one send of an outbox message, as the relay records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryAnswer {
+    /// The endpoint acknowledged it (a 2xx) at `at_ms`.
+    Delivered { at_ms: u64 },
+    /// It was not acknowledged: `error` says what was seen; `refused` when the endpoint said no
+    /// definitively (a 4xx), rather than failing in a way another send may get past.
+    NotDelivered { at_ms: u64, error: String, refused: bool },
 }

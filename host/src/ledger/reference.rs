@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use super::{ApprovalRecord, Tombstone, approval_follows, approval_stands, expirable};
+use super::DeliveryAnswer;
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
@@ -175,6 +176,7 @@ impl State {
                         topic,
                         payload,
                         enqueued_ms: effect.updated_ms,
+                        delivery: Default::default(),
                     };
                     self.outbox.push(message);
                 }
@@ -455,6 +457,33 @@ impl Store for ReferenceStore {
                 state.approvals.remove(key);
             }
             Ok(removed)
+        })
+    }
+
+    // Outbox delivery: the messages are the list above, each carrying its own delivery.
+
+    fn outbox_pending<'a>(
+        &'a self,
+        topic: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        Box::pin(async move {
+            let state = self.lock();
+            let pending = state.outbox.iter().filter(|m| m.topic == topic && !m.delivery.is_delivered());
+            Ok(pending.take(limit).cloned().collect())
+        })
+    }
+
+    fn record_delivery<'a>(
+        &'a self,
+        seq: u64,
+        answer: &'a DeliveryAnswer,
+    ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            let message = state.outbox.iter_mut().find(|m| m.seq == seq).ok_or(LedgerError::NoSuchMessage { seq })?;
+            message.delivery = message.delivery.after(answer);
+            Ok(message.clone())
         })
     }
 }

@@ -1,5 +1,5 @@
-//! The operator's policy file, `oncebox.toml`: per-tool retry overrides and settings, and what each
-//! downstream HTTP host promises. Pure: parsing and checking only; `load` is the one read.
+//! The operator's policy file, `oncebox.toml`: per-tool retry overrides and settings, what each
+//! downstream HTTP host promises, and where each outbox topic is delivered (`outbox.rs`). Pure: parsing and checking only; `load` is the one read.
 //!
 //! Everything the file can get wrong without knowing a tool's class is refused at parse, so a bad
 //! file stops the host before any call. What depends on the class (DESIGN section 5: an irreversible
@@ -19,6 +19,7 @@ use toml::{Spanned, Value};
 use crate::HttpTarget;
 use crate::capabilities::{Grant, Grants};
 use crate::limits::{self, Limits};
+use crate::outbox::Endpoint;
 use crate::policy::{ReplayClass, RetryPolicy};
 
 pub use crate::policy::MAX_ATTEMPTS_LIMIT;
@@ -40,6 +41,8 @@ pub struct PolicyFile {
     path: PathBuf,
     tools: BTreeMap<String, ToolSection>,
     hosts: BTreeMap<String, HttpTarget>,
+    /// `[outbox.TOPIC]`, without the credentials (joined from `hosts` when asked for).
+    outbox: BTreeMap<String, Endpoint>,
 }
 
 /// A value and the 1-based line it came from, kept so that later refusals can point at it.
@@ -131,12 +134,13 @@ impl PolicyFile {
             let target = lines.host(&host, section)?;
             hosts.insert(host.into_inner(), target);
         }
-        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts })
+        let outbox = outbox::parse(&lines, raw.outbox)?;
+        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts, outbox })
     }
 
     /// No file: every tool gets its class defaults, every host `HttpTarget::default()`.
     pub fn empty() -> PolicyFile {
-        PolicyFile { path: PathBuf::new(), tools: BTreeMap::new(), hosts: BTreeMap::new() }
+        PolicyFile { path: PathBuf::new(), tools: BTreeMap::new(), hosts: BTreeMap::new(), outbox: BTreeMap::new() }
     }
 
     /// The path the file was parsed as (empty for [`PolicyFile::empty`]).
@@ -237,6 +241,19 @@ impl PolicyFile {
     fn invalid(&self, line: usize, reason: String) -> PolicyError {
         PolicyError::Invalid { path: self.path.clone(), line, reason }
     }
+
+    /// Every `[outbox.TOPIC]` as (topic, endpoint), in topic order, each with the credentials of
+    /// `[hosts."HOST:PORT".headers]` for its endpoint's host.
+    pub fn outbox_endpoints(&self) -> Vec<(String, Endpoint)> {
+        let with_credentials = |endpoint: &Endpoint| {
+            let mut endpoint = endpoint.clone();
+            if let Some(target) = self.hosts.get(&endpoint.host_port()) {
+                endpoint.headers.clone_from(&target.headers);
+            }
+            endpoint
+        };
+        self.outbox.iter().map(|(topic, endpoint)| (topic.clone(), with_credentials(endpoint))).collect()
+    }
 }
 
 impl Effective {
@@ -300,6 +317,8 @@ struct RawFile {
     tools: BTreeMap<Spanned<String>, RawTool>,
     #[serde(default)]
     hosts: BTreeMap<Spanned<String>, RawHost>,
+    #[serde(default)]
+    outbox: BTreeMap<Spanned<String>, outbox::RawOutbox>,
 }
 
 #[derive(Deserialize)]
@@ -617,5 +636,6 @@ fn is_host_port(key: &str) -> bool {
     }
 }
 
+mod outbox;
 #[cfg(test)]
 mod tests;

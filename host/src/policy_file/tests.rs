@@ -308,3 +308,57 @@ fn bad_grants_and_limits_name_their_line() {
     let (_, reason) = refusal(parse("[tools.x.limits]\neffects = \"10KiB\"\n"));
     assert!(reason.contains("must be an integer"), "{reason}");
 }
+
+const OUTBOX: &str = r#"[outbox.email]
+endpoint = "https://hooks.example.com/email"
+honours_keys = true
+timeout = "3s"
+initial_backoff = "50ms"
+max_backoff = "2s"
+attempts_per_pass = 7
+
+[outbox.sms]
+endpoint = "http://127.0.0.1:9000/sms"
+
+[hosts."hooks.example.com:443"]
+headers = { authorization = "Bearer sk_hook" }
+"#;
+
+#[test]
+fn outbox_topics_get_their_endpoints_with_defaults_and_their_hosts_credentials() {
+    let file = parse(OUTBOX).expect("valid");
+    let endpoints: BTreeMap<String, crate::outbox::Endpoint> = file.outbox_endpoints().into_iter().collect();
+    let email = &endpoints["email"];
+    assert_eq!(email.url.as_str(), "https://hooks.example.com/email");
+    assert!(email.honours_keys);
+    assert_eq!(
+        (email.timeout, email.initial_backoff, email.max_backoff, email.attempts_per_pass),
+        (Duration::from_secs(3), Duration::from_millis(50), Duration::from_secs(2), 7)
+    );
+    assert_eq!(email.headers, vec![("authorization".to_string(), "Bearer sk_hook".to_string())]);
+    let sms = &endpoints["sms"];
+    let defaults = crate::outbox::Endpoint::new(sms.url.clone());
+    assert_eq!(sms, &defaults, "unset fields take the defaults; no credentials for another host");
+    assert!(!sms.honours_keys, "keys are not trusted unless declared");
+    assert!(!format!("{file:?}").contains("sk_hook"), "credentials stay out of Debug");
+}
+
+#[test]
+fn bad_outbox_sections_name_their_line() {
+    let cases: [(&str, usize, &str); 9] = [
+        ("[outbox.email]\nhonours_keys = true\n", 1, "needs `endpoint"),
+        ("[outbox.email]\nendpoint = 5\n", 2, "must be a URL string"),
+        ("[outbox.email]\nendpoint = \"ftp://x/y\"\n", 2, "http or https"),
+        ("[outbox.email]\nendpoint = \"not a url\"\n", 2, "`endpoint = \"not a url\"`"),
+        ("[outbox.email]\nendpoint = \"http://u:p@h:1/\"\n", 2, "may not carry credentials"),
+        ("[outbox.email]\nendpoint = \"http://h:1/\"\ntimeout = \"0s\"\n", 3, "more than zero"),
+        ("[outbox.email]\nendpoint = \"http://h:1/\"\ninitial_backoff = \"1m\"\n", 3, "exceeds `max_backoff`"),
+        ("[outbox.email]\nendpoint = \"http://h:1/\"\nattempts_per_pass = 0\n", 3, "from 1 to"),
+        ("[outbox.email]\nendpoint = \"http://h:1/\"\nretries = 3\n", 3, "unknown field `retries`"),
+    ];
+    for (text, line, reason) in cases {
+        let (got_line, got_reason) = refusal(parse(text));
+        assert_eq!(got_line, line, "{text}: {got_reason}");
+        assert!(got_reason.contains(reason), "{text}: {got_reason}");
+    }
+}

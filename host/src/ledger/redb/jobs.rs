@@ -249,8 +249,10 @@ fn apply_local(
                     topic: topic.clone(),
                     payload: payload.clone(),
                     enqueued_ms: effect.updated_ms,
+                    delivery: Default::default(),
                 };
                 put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+                txn.open_table(OUTBOX_PENDING)?.insert((topic.as_str(), seq), ())?;
             }
         }
         records.insert((operation_key, EFFECT, effect.key.as_str()), bytes.as_slice())?;

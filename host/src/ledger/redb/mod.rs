@@ -19,6 +19,7 @@
 
 mod jobs;
 mod open;
+mod outbox;
 mod tables;
 mod writer;
 
@@ -31,6 +32,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, Table};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::DeliveryAnswer;
 use super::take_over;
 use super::{ApprovalRecord, Tombstone};
 use super::{
@@ -538,6 +540,24 @@ impl Store for RedbStore {
 
     fn commits(&self) -> u64 {
         RedbStore::commits(self)
+    }
+
+    // Outbox delivery (`outbox.rs`).
+
+    fn outbox_pending<'a>(
+        &'a self,
+        topic: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        Box::pin(async move { RedbStore::outbox_pending(self, topic, limit) })
+    }
+
+    fn record_delivery<'a>(
+        &'a self,
+        seq: u64,
+        answer: &'a DeliveryAnswer,
+    ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
+        Box::pin(RedbStore::record_delivery(self, seq, answer))
     }
 }
 

@@ -21,6 +21,11 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
             Some(SCHEMA_VERSION) => {}
             Some(2) => {
                 migrate_kv_versions(&txn)?;
+                super::outbox::migrate_pending(&txn)?;
+                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+            }
+            Some(3) => {
+                super::outbox::migrate_pending(&txn)?;
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
             Some(other) => {
@@ -39,6 +44,7 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(OUTBOX)?;
         // Added to schema 3 without a change of layout: a file without it gets it here.
         txn.open_table(APPROVALS)?;
+        txn.open_table(OUTBOX_PENDING)?;
     }
     txn.commit()?;
     Ok(())

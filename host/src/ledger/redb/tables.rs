@@ -25,13 +25,19 @@ pub const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
 pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 /// operation key -> `ApprovalRecord`: requests for approval and their decisions
 pub const APPROVALS: TableDefinition<&str, &[u8]> = TableDefinition::new("approvals");
+/// (topic, sequence number) -> (): the outbox messages not delivered yet, a topic's in order.
+/// Written with the message, removed when its delivery is recorded, so that the relay reads a
+/// topic's head without scanning every message ever sent.
+pub const OUTBOX_PENDING: TableDefinition<(&str, u64), ()> = TableDefinition::new("outbox_pending");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// 2: operations, attempts and effects in one table (`RECORDS`).
 /// 3: KV values carry their version (`KV`); a schema 2 ledger is migrated at open.
-pub const SCHEMA_VERSION: u64 = 3;
+/// 4: outbox messages carry their delivery, and the undelivered ones are indexed by topic
+/// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
+pub const SCHEMA_VERSION: u64 = 4;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 
 /// The key of an operation's own record.
