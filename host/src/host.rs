@@ -467,7 +467,7 @@ impl Host {
     /// host's ledger and HTTP client: run it beside the calls (`Relay::run`), and it wakes for
     /// every message they enqueue.
     pub fn outbox_relay(&self) -> Result<crate::Relay, crate::outbox::RelayError> {
-        let shared = &self.inner.shared;
+        let shared = &self.inner.stage.shared;
         crate::Relay::with_client(shared.ledger.clone(), shared.http.clone(), self.inner.policy_file.outbox_endpoints())
     }
 

@@ -153,6 +153,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
         owner: "test".into(),
         now_ms: now,
         lease_ms: 60_000,
+        approval: None,
     };
     let Claim::Owned { fence, .. } = ledger.claim(&request).await.expect("claim") else { panic!("not owned") };
     let staged = messages

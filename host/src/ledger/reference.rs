@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{ApprovalRecord, Tombstone, approval_follows, approval_stands, expirable};
 use super::DeliveryAnswer;
+use super::{ApprovalRecord, Tombstone, approval_follows, approval_stands, expirable};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
