@@ -34,7 +34,7 @@ fn main() {
     // so every profile and every rebuild of this crate shares one warm guest build.
     let guest_target = out_dir.ancestors().nth(4).map_or_else(|| out_dir.join("guests"), |t| t.join("guests"));
 
-    for dir in ["wit", "guest-sdk", "Cargo.toml", "Cargo.lock"] {
+    for dir in ["guest-sdk", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     for (_, _, dir) in TOOLS {

@@ -2,7 +2,7 @@
 #![allow(missing_docs, clippy::all, unsafe_code)]
 
 wit_bindgen::generate!({
-    path: "../wit",
+    path: "wit",
     world: "oncebox:tool/guest-imports@0.1.0",
     pub_export_macro: false,
 });

@@ -13,9 +13,23 @@ pub use crate::bindings::oncebox::tool::types::HttpResponse;
 use crate::bindings::oncebox::tool::{config as wit_config, effects, reads};
 
 impl HttpResponse {
-    /// 2xx.
+    /// Any 2xx: 200, 201 Created, 202 Accepted, 204 No Content. Never compare with `200` alone: a
+    /// downstream that answers 201 would have its every commit recorded as a failure.
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
+    }
+
+    /// The body as `T` when the status is any 2xx; any other status the tool sees (3xx, or a 4xx
+    /// refusal: the host turns 408, 409, 429 and 5xx into errors before the tool sees them) is a
+    /// permanent error naming it. Check the statuses that mean something to your tool (402: card
+    /// declined) before calling this.
+    pub fn json_if_success<T: DeserializeOwned>(&self) -> Result<T, ToolError> {
+        if self.is_success() {
+            return self.json();
+        }
+        let body = String::from_utf8_lossy(&self.body);
+        let body: String = body.chars().take(200).collect();
+        Err(ToolError::permanent(format!("the downstream answered {}: {body}", self.status)))
     }
 
     /// The body parsed as JSON.

@@ -23,6 +23,16 @@ impl ToolError {
     pub fn unknown_outcome(message: impl Into<String>) -> Self {
         ToolError::UnknownOutcome(message.into())
     }
+
+    /// The downstream's answer does not say whether the work was done (a provider's 5xx, a
+    /// `"status": "pending"` that never settles, a body cut short): the operation ends `unknown`
+    /// and is reconciled through the tool's `reconcile` export, never retried blindly and never
+    /// recorded as `failed`. The same as [`ToolError::unknown_outcome`], named for the case a tool
+    /// author meets. (The host already treats 408, 409 and 5xx answers to HTTP effects this way,
+    /// before the tool sees them.)
+    pub fn may_have_committed(message: impl Into<String>) -> Self {
+        ToolError::UnknownOutcome(message.into())
+    }
 }
 
 impl From<serde_json::Error> for ToolError {

@@ -73,7 +73,21 @@ impl<T: serde::de::DeserializeOwned> Reconciliation<T> {
 }
 
 /// Compensatable and irreversible tools also answer "did this effect happen?" by its key.
+///
+/// The host calls it (`oncebox reconcile`, [`Host::reconcile`] in the host crate) for an operation
+/// whose outcome is unknown, once per effect in doubt.
+///
+/// - `effect_key` is exactly the `Idempotency-Key` header the host sent with that effect (for a
+///   provider effect, the key the provider was given): look the effect up by it.
+/// - The lookup runs with the tool's own grants: an HTTP lookup is a read (`http::get`), and its
+///   URL's origin must be granted to the tool under `[tools.NAME.grants] http`, like its effects.
+///   A lookup it may not make fails, and the effect stays in doubt.
+/// - It runs outside any operation, so an effect it tries is refused: its answer is evidence, not
+///   an action (see [`Reconciliation`] for what the host makes of each answer).
+///
+/// [`Host::reconcile`]: https://docs.rs/oncebox
 pub trait Reconcile: Tool {
-    /// Asks the authority about the effect sent with `effect_key` for these args.
+    /// Asks the authority about the effect sent with `effect_key` (its `Idempotency-Key`) for
+    /// these args.
     fn reconcile(effect_key: &str, args: Self::Args) -> Reconciliation<Self::Output>;
 }

@@ -5,11 +5,43 @@
 //! here, in the tool's crate, for the class the author names. The imports stay bound once in the
 //! SDK (through wit-bindgen's `with`), so a tool's effect calls are plain `oncebox_sdk` functions.
 //! This crate has no dependencies: it only writes tokens.
+//!
+//! The contract travels with the SDK: its WIT files (`guest-sdk/wit`, reached from here through the
+//! `wit` link beside this crate's manifest, which `cargo package` follows) are compiled into this
+//! macro as text, and `export!` hands that text to wit-bindgen inline. Nothing the tool's build
+//! sees names a path on the machine that built the SDK, so the SDK works as a path, git, vendored
+//! or published dependency alike.
 
 use proc_macro::{TokenStream, TokenTree};
 
-/// The contract, read from the workspace's `wit/` at the SDK's own build.
-const WIT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit");
+/// The contract's files: one package, so their order does not matter.
+const WIT_FILES: [&str; 5] = [
+    include_str!("../wit/types.wit"),
+    include_str!("../wit/reads.wit"),
+    include_str!("../wit/effects.wit"),
+    include_str!("../wit/tool.wit"),
+    include_str!("../wit/worlds.wit"),
+];
+
+/// The contract as one WIT document: every file's `package` line but the first dropped, since an
+/// inline document declares its package once.
+fn wit_document() -> String {
+    let mut document = String::new();
+    let mut declared = false;
+    for file in WIT_FILES {
+        for line in file.lines() {
+            if line.trim_start().starts_with("package ") {
+                if declared {
+                    continue;
+                }
+                declared = true;
+            }
+            document.push_str(line);
+            document.push('\n');
+        }
+    }
+    document
+}
 
 struct Class {
     keyword: &'static str,
@@ -78,6 +110,8 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
         String::new()
     };
 
+    // The contract as a Rust string literal, for wit-bindgen's `inline`.
+    let wit_literal = format!("{:?}", wit_document());
     let code = format!(
         r#"
         #[doc(hidden)]
@@ -85,7 +119,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
         mod __oncebox_export {{
             use super::*;
             ::oncebox_sdk::__private::wit_bindgen::generate!({{
-                path: "{wit}",
+                inline: {wit},
                 world: "oncebox:tool/{world}@0.1.0",
                 with: {{
                     "oncebox:tool/types@0.1.0": ::oncebox_sdk::__private::bindings::oncebox::tool::types,
@@ -115,7 +149,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
             export!(__OnceboxExport);
         }}
         "#,
-        wit = WIT_DIR,
+        wit = wit_literal,
         world = class.world,
         variant = class.variant,
         effects_with = if class.keyword == "read_only" {

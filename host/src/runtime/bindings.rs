@@ -3,7 +3,7 @@
 #![allow(missing_docs, clippy::all)]
 
 wasmtime::component::bindgen!({
-    path: "../wit",
+    path: "../guest-sdk/wit",
     world: "oncebox:tool/irreversible-tool",
     imports: { default: async },
     exports: { default: async },
