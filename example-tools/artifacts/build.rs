@@ -24,6 +24,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("PANICKY", "test-panicky", "test-tools/panicky"),
     ("HOSTILE", "test-hostile", "test-tools/hostile"),
     ("DIR_USER", "test-dir-user", "test-tools/dir-user"),
+    ("KEY_CHANGER", "test-key-changer", "test-tools/key-changer"),
 ];
 
 fn main() {

@@ -250,7 +250,7 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             Next::Retry(_) => None,
         };
         match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await {
-            Ok(()) => {}
+            Ok(()) => host.shared.reached(|| crate::effects::hooks::Site::attempt(&operation_key, attempt)).await,
             // A versioned KV write found its key written by another step since the guest read it:
             // nothing of this attempt was recorded, so it runs again from the start under the same
             // number (it did not happen), reading the new value. Bounded, and spread out in time.

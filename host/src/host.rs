@@ -40,6 +40,8 @@ pub struct HostBuilder {
     /// PEM certificates trusted for HTTPS on top of the system's roots.
     tls_roots: Vec<Vec<u8>>,
     compile_cache: Option<PathBuf>,
+    /// The test harness's hooks (`crate::testing`); `None` for every other host.
+    hooks: Option<Arc<dyn crate::effects::hooks::Hooks>>,
 }
 
 impl HostBuilder {
@@ -68,7 +70,14 @@ impl HostBuilder {
             lease: DEFAULT_LEASE,
             tls_roots: Vec::new(),
             compile_cache: None,
+            hooks: None,
         }
+    }
+
+    /// Runs the host under the test harness: its crash points and its scripted downstream.
+    pub(crate) fn hooks(mut self, hooks: Arc<dyn crate::effects::hooks::Hooks>) -> Self {
+        self.hooks = Some(hooks);
+        self
     }
 
     /// Declares what a downstream (`host:port`) does with idempotency keys.
@@ -167,6 +176,7 @@ impl HostBuilder {
             http: http_client(&self.tls_roots)?,
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
+            hooks: self.hooks,
         });
         Ok(Host {
             inner: Arc::new(Inner {

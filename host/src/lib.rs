@@ -40,6 +40,8 @@
 //!   least once and keyed (`rules.rs`, pure: what an answer means, how long to wait; `send.rs`:
 //!   one send).
 //! - `host`: [`Host`] and [`HostBuilder`].
+//! - `testing/`: the harness for tool authors: the real pipeline and ledger, a scripted
+//!   downstream, crash points and exploration (its hooks are `effects/hooks.rs`).
 //!
 //! # Errors
 //!
@@ -74,6 +76,7 @@ pub mod saga;
 pub mod seal;
 pub mod secret;
 mod stage;
+pub mod testing;
 
 pub use approvals::Decision;
 pub use call::{Call, Outcome, Status};

@@ -10,6 +10,7 @@ mod concurrency;
 mod conformance;
 mod effects;
 mod guarantee;
+mod harness;
 mod kill;
 mod ledger_model;
 mod loading;

@@ -10,11 +10,13 @@ mod demo;
 mod demo_saga;
 mod inspect;
 mod ledger;
+mod new;
 mod outbox;
 mod policy;
 mod reconcile;
 mod resolve;
 mod saga;
+mod test;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,6 +70,11 @@ pub enum Command {
     /// Deliver outbox messages to their topics' endpoints, or list them with their delivery.
     #[command(subcommand)]
     Outbox(outbox::Command),
+    /// Write a new tool crate: the tool, a policy file and a harness test.
+    New(new::Args),
+    /// Run a tool under the harness: a scripted downstream, and with --explore a crash at every
+    /// point of every effect, checking that nothing happened twice.
+    Test(test::Args),
     /// Lose the first charge response of a few orders: a naive retry loop charges twice, oncebox once.
     #[cfg(feature = "demo")]
     Demo(demo::Args),
@@ -117,6 +124,8 @@ pub async fn run(command: Command) -> Exit {
         Command::Ledger(command) => ledger::run(command).await,
         Command::Outbox(command) => outbox::run(command).await,
         Command::Policy(command) => policy::run(command).await,
+        Command::Test(args) => test::run(args).await,
+        Command::New(args) => new::run(args).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,
     };

@@ -16,6 +16,7 @@ use crate::keys;
 use crate::ledger::{AttemptEffect, EffectRecord, EffectSource, EffectStatus};
 use crate::runtime::bindings::ToolError;
 
+use super::hooks::{Point, Site};
 use super::{EffectCtx, InDoubt};
 
 /// What to do with an effect.
@@ -127,6 +128,7 @@ impl EffectCtx {
                 EffectSource::Fresh,
             ),
         };
+        self.shared.reached(|| site(&record, Point::BeforeWriteAhead)).await;
         let resendable = self.shared.resendable(&record, scope.redispatch_in_doubt, now);
         // In doubt from before the write-ahead is submitted until its answer is recorded: if this
         // future is dropped (the attempt deadline, a cancelled call) at any await from here on, the
@@ -150,6 +152,7 @@ impl EffectCtx {
             self.broken.get_or_insert_with(|| tool_error_text(&error));
             return Err(error);
         }
+        self.shared.reached(|| site(&record, Point::AfterWriteAhead)).await;
         Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt })
     }
 
@@ -161,6 +164,7 @@ impl EffectCtx {
         outcome: Dispatched,
     ) -> Result<String, ToolError> {
         let journal = self.scope()?.journal.clone();
+        self.shared.reached(|| site(&record, Point::AfterDispatch)).await;
         record.updated_ms = now_ms();
         // A resend of an effect an earlier send may have committed: only a taken answer settles it.
         // A refused connection, a rate limit, a refusal or a lost answer speak for this send alone
@@ -219,6 +223,7 @@ impl EffectCtx {
             self.in_doubt.retain(|d| d.key != record.key);
         }
         self.note(&record, source);
+        self.shared.reached(|| site(&record, Point::AfterAnswer)).await;
         result
     }
 
@@ -229,6 +234,17 @@ impl EffectCtx {
             source,
             status: record.status,
         });
+    }
+}
+
+/// Where an effect is, for the harness's hooks.
+pub(super) fn site(record: &EffectRecord, point: Point) -> Site {
+    Site {
+        point,
+        operation_key: record.operation_key.clone(),
+        label: record.label.clone(),
+        occurrence: record.occurrence,
+        key: record.key.clone(),
     }
 }
 

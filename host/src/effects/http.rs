@@ -14,6 +14,7 @@ use crate::retry::Failure;
 use crate::runtime::bindings::{HttpRequest, HttpResponse, RateLimit, ToolError};
 
 use super::guard::{Begin, Dispatched, Request};
+use super::hooks::{Exchange, Outgoing, Point};
 use super::{EffectCtx, HttpTarget, within};
 use crate::limits::{MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_HEADERS, MAX_METHOD_BYTES, MAX_URL_BYTES};
 
@@ -183,6 +184,46 @@ async fn read_answer(response: reqwest::Response, status: u16, target: &str, tak
     }
 }
 
+/// What a scripted exchange means, by the same rule as a real one (`failure::http`).
+fn judge(exchange: Exchange, target: &str) -> Dispatched {
+    let (status, headers, body) = match exchange {
+        Exchange::NotConnected => {
+            return Dispatched::Retryable(ToolError::Transient(format!(
+                "could not connect to {target}; nothing took effect"
+            )));
+        }
+        Exchange::SentNoAnswer(why) => return Dispatched::Unknown(format!("sent to {target}, no answer: {why}")),
+        Exchange::Answered { status, headers, body } => (status, headers, body),
+    };
+    let header = |name: &str| {
+        headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.trim().parse::<u64>().ok())
+    };
+    let retry_after =
+        header("retry-after-ms").map(Duration::from_millis).or_else(|| header("retry-after").map(Duration::from_secs));
+    match failure::http(&HttpObservation::Answered { status, retry_after }) {
+        HttpVerdict::NotTaken(Failure::RateLimited { retry_after }) => {
+            Dispatched::Retryable(ToolError::RateLimited(RateLimit {
+                retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                message: format!("{target} answered {status}"),
+            }))
+        }
+        HttpVerdict::NotTaken(_) => {
+            Dispatched::Retryable(ToolError::Transient(format!("{target} answered {status}; nothing took effect")))
+        }
+        HttpVerdict::InDoubt => Dispatched::Unknown(format!("{target} answered {status}")),
+        verdict => {
+            let mut body = body;
+            body.truncate(MAX_RESPONSE_BYTES);
+            let answer = HttpResponse { status, headers, body };
+            match serde_json::to_string(&RecordedResponse::from(&answer)) {
+                Ok(json) if verdict == HttpVerdict::Taken => Dispatched::Committed(json),
+                Ok(json) => Dispatched::Refused(json),
+                Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
+            }
+        }
+    }
+}
+
 fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() { "timed out".into() } else { e.to_string() }
 }
@@ -214,9 +255,16 @@ impl EffectCtx {
     /// A read: GET, never recorded.
     pub(super) async fn http_read(&self, url: &str, headers: Vec<(String, String)>) -> Result<HttpResponse, ToolError> {
         let (url, target) = self.granted(url)?;
-        let settings = self.shared.targets.get(&target);
-        let request = builder(&self.shared.http, "GET", url, &headers, &settings)?;
-        match perform(request, &target).await {
+        let settings = self.shared.target(&target);
+        let request = builder(&self.shared.http, "GET", url.clone(), &headers, &settings)?;
+        let answered = match &self.shared.hooks {
+            Some(hooks) => {
+                let outgoing = Outgoing { method: "GET".into(), url: url.to_string(), body: Vec::new() };
+                judge(hooks.read(outgoing).await, &target)
+            }
+            None => perform(request, &target).await,
+        };
+        match answered {
             Dispatched::Committed(json) | Dispatched::Refused(json) => decode(&json),
             Dispatched::Retryable(e) => Err(e),
             // A read changed nothing, so a lost answer is only a transient failure.
@@ -226,9 +274,9 @@ impl EffectCtx {
 
     pub(super) async fn http_effect(&mut self, label: String, request: HttpRequest) -> Result<HttpResponse, ToolError> {
         let (url, target) = self.granted(&request.url)?;
-        let settings = self.shared.targets.get(&target);
+        let settings = self.shared.target(&target);
         // Validate everything the guest controls before the write-ahead record exists.
-        let prepared = builder(&self.shared.http, &request.method, url, &request.headers, &settings)?;
+        let prepared = builder(&self.shared.http, &request.method, url.clone(), &request.headers, &settings)?;
         let fingerprint = self.shared.keying.effect_fingerprint(
             "http",
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
@@ -238,9 +286,20 @@ impl EffectCtx {
             Begin::Replay(json) => return decode(&json),
             Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
         };
-        let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
-        let outcome = perform(prepared, &target).await;
+        let outcome = match &self.shared.hooks {
+            // Under the harness the script is the downstream; the rule of evidence still judges.
+            Some(hooks) => {
+                let site = super::guard::site(&record, Point::AfterWriteAhead);
+                let outgoing =
+                    Outgoing { method: request.method.to_ascii_uppercase(), url: url.to_string(), body: request.body };
+                judge(hooks.http(site, outgoing).await, &target)
+            }
+            None => {
+                let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
+                perform(prepared, &target).await
+            }
+        };
         let json = self.finish(record, source, was_in_doubt, outcome).await?;
         decode(&json)
     }

@@ -5,6 +5,7 @@
 //! the few methods the guarded path needs.
 
 mod guard;
+pub mod hooks;
 mod http;
 mod local;
 mod provider;
@@ -33,6 +34,25 @@ pub struct Shared {
     pub http: reqwest::Client,
     pub targets: targets::Targets,
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,
+    /// The test harness's hooks (`crate::testing`); `None` outside it.
+    pub hooks: Option<Arc<dyn hooks::Hooks>>,
+}
+
+impl Shared {
+    /// What the operator says about the downstream `host` (under the harness, the script's).
+    pub fn target(&self, host: &str) -> HttpTarget {
+        match &self.hooks {
+            Some(hooks) => hooks.target(),
+            None => self.targets.get(host),
+        }
+    }
+
+    /// Lets the harness see (and crash at) `site`; nothing without it.
+    pub async fn reached(&self, site: impl FnOnce() -> hooks::Site) {
+        if let Some(hooks) = &self.hooks {
+            hooks.at(site()).await;
+        }
+    }
 }
 
 impl Shared {
@@ -45,7 +65,7 @@ impl Shared {
         }
         match effect.kind.as_str() {
             "http" => {
-                let target = self.targets.get(&effect.target);
+                let target = self.target(&effect.target);
                 let age = Duration::from_millis(now_ms.saturating_sub(effect.first_dispatched_ms));
                 // The resend may reach the downstream up to its timeout from now: the key must
                 // still be remembered then, not only when it leaves.
@@ -73,7 +93,7 @@ impl Shared {
                 forgotten_from_ms: None,
             },
             None => {
-                let target = self.targets.get(&effect.target);
+                let target = self.target(&effect.target);
                 let retention_ms = u64::try_from(target.key_retention.as_millis()).unwrap_or(u64::MAX);
                 let timeout_ms = u64::try_from(target.timeout.as_millis()).unwrap_or(u64::MAX);
                 crate::failure::Lookup {
