@@ -30,4 +30,8 @@ async fn a_shipment_is_sent_at_most_once_and_reconciled_when_in_doubt() {
     assert!(report.rows.iter().all(|row| row.sent <= 1), "{report}");
     let lost = report.rows.iter().find(|row| row.point == "lost-response").expect("row");
     assert_eq!((lost.status.as_str(), lost.reconciles), ("completed", 1), "{report}");
+    // Written ahead, never sent: the lookup proves it not taken (once the request's timeout has
+    // passed), and an irreversible step then fails rather than ship unapproved a second time.
+    let unsent = report.rows.iter().find(|row| row.point == "after-write-ahead").expect("row");
+    assert_eq!((unsent.status.as_str(), unsent.sent), ("failed", 0), "{report}");
 }

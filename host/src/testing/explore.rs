@@ -119,8 +119,9 @@ fn silent_resends(run: &Run, honours_keys: bool) -> Vec<Violation> {
 }
 
 /// The final result equals the fault-free one, or is an honest unknown (an effect is on record in
-/// doubt or taken), or, under a fault in the downstream's answer, a failure with nothing landed
-/// (an irreversible tool does not retry a refused connection, and need not).
+/// doubt or taken), or a failure with nothing landed where a fault in the downstream's answer
+/// refused the work (an irreversible tool does not retry a refused connection) or a reconcile
+/// proved the effect in doubt not taken.
 fn result(baseline: &Run, run: &Run, injection: &Injection) -> Option<Violation> {
     let landed = run.dispatches.iter().any(|d| d.landed);
     let expected = &baseline.outcome;
@@ -130,6 +131,9 @@ fn result(baseline: &Run, run: &Run, injection: &Injection) -> Option<Violation>
             "failed, yet an effect landed at the downstream: `failed` must mean nothing took effect".into(),
         )),
         Status::Failed if expected.status == Status::Failed => None,
+        // A reconcile proved that the effect in doubt was never taken, and nothing else landed: an
+        // irreversible step then fails rather than run again unapproved, and `failed` is the truth.
+        Status::Failed if run.events.contains(&Event::ProvenNotTaken) => None,
         // A downstream that refused (or kept refusing) did nothing: failing is the truth.
         Status::Failed if matches!(injection, Injection::Fault { .. }) => None,
         Status::Unknown => {
@@ -249,6 +253,10 @@ mod tests {
         assert!(
             matches!(&check(&baseline, &unknown, &crash(), true)[..], [Violation::Result(why)] if why.contains("no effect"))
         );
+        // Proven not taken by a reconcile, nothing landed: failing is the truth.
+        let mut proven = run(Status::Failed, vec![dispatch("k1", false, true)]);
+        proven.events.push(Event::ProvenNotTaken);
+        assert_eq!(check(&baseline, &proven, &crash(), true), Vec::new());
         // A refusal is the truth when nothing landed.
         let refused = run(Status::Failed, vec![dispatch("k1", false, false)]);
         assert_eq!(check(&baseline, &refused, &Injection::fault(Fault::Permanent, 0), true), Vec::new());
