@@ -95,20 +95,21 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
 async fn a_healthy_slow_owner_renews_its_lease_and_a_waiting_caller_gets_its_result() {
     let dir = tempfile::tempdir().expect("dir");
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    // The lease is far shorter than the call: without renewal the waiter would take over.
+    // The lease is far shorter than the call: without renewal the waiter would take over. Long
+    // enough that a renewal (every third of it) is not missed on a loaded machine.
     let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, true)
-        .lease(std::time::Duration::from_millis(150))
+        .lease(std::time::Duration::from_millis(450))
         .build()
         .await
         .expect("host");
     crate::support::load_all(&host).await;
-    let args = serde_json::json!({"mode": "sleep", "sleep_ms": 1200, "write_first": true, "echo": "slow"}).to_string();
+    let args = serde_json::json!({"mode": "sleep", "sleep_ms": 2000, "write_first": true, "echo": "slow"}).to_string();
     let call = || oncebox::Call::step("run-1", "slow", "panicky", args.clone());
     let owner = tokio::spawn({
         let (host, call) = (host.clone(), call());
         async move { host.call(call).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     let waiter = host.call(call().waiting(std::time::Duration::from_secs(10))).await.expect("waiting call");
     let owner = owner.await.expect("task").expect("the owner is never fenced out");
     assert_eq!(owner.status, Status::Completed, "{owner:?}");

@@ -165,6 +165,45 @@ async fn a_renewed_lease_keeps_its_owner(ledger: Ledger) {
     assert_ne!(other, fence);
 }
 
+/// A take-over racing the first durable write of the claim it takes over leaves one owner: the
+/// write lands and the take-over takes the durable claim (the old owner is fenced from then on),
+/// or the take-over lands first and the write is refused. Never two callers that both hold the
+/// operation, one of whom then finds its writes refused. A renewal racing that first write is
+/// not lost either. Many rounds, so that the take-over falls into every window of the write.
+async fn a_take_over_or_renewal_racing_the_owners_first_write_is_never_lost(ledger: Ledger) {
+    use std::future::Future;
+    for round in 0..48u32 {
+        let key = format!("race-{round}");
+        let first = owned(ledger.claim(&request(&key, "a", 1_000)).await.expect("claim"));
+        let ahead = effect(&key, 0, EffectStatus::Dispatched, 1);
+        let mut write = std::pin::pin!(ledger.put_effect(first, &ahead, None, Vec::new()));
+        // Start the write (it is on its way to the store), then race it.
+        let early = std::future::poll_fn(|cx| std::task::Poll::Ready(write.as_mut().poll(cx))).await;
+        if round % 2 == 0 {
+            let taken = ledger.claim(&request(&key, "b", 1_000 + 2 * LEASE)).await.expect("take over");
+            let written = match early {
+                std::task::Poll::Ready(done) => done,
+                std::task::Poll::Pending => write.await,
+            };
+            let second = owned(taken);
+            let mine = ledger.put_effect(second, &effect(&key, 1, EffectStatus::Dispatched, 1), None, Vec::new()).await;
+            assert!(mine.is_ok(), "round {round}: the new owner's write lands: {mine:?}");
+            let late = ledger.put_effect(first, &effect(&key, 2, EffectStatus::Dispatched, 1), None, Vec::new()).await;
+            assert!(matches!(late, Err(LedgerError::Fenced { .. })), "round {round}: {late:?} after {written:?}");
+            assert_eq!(ledger.operation(&key).await.expect("read").expect("op").fence, second, "round {round}");
+        } else {
+            ledger.renew(&key, first, 1_000 + 5 * LEASE).await.expect("renew");
+            let written = match early {
+                std::task::Poll::Ready(done) => done,
+                std::task::Poll::Pending => write.await,
+            };
+            written.expect("the owner's write lands");
+            let held = ledger.claim(&request(&key, "b", 1_000 + 3 * LEASE)).await.expect("claim");
+            assert!(matches!(held, Claim::InProgress(_)), "round {round}: the renewal held: {held:?}");
+        }
+    }
+}
+
 async fn an_unknown_operation_is_settled_and_reopened_only_as_proven(ledger: Ledger) {
     let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
     let doubt = effect("op", 0, EffectStatus::Unknown, 1);
@@ -481,6 +520,7 @@ conformance!(
     a_write_ahead_is_a_compare_and_set,
     no_finish_the_rule_of_evidence_forbids_is_recorded,
     a_renewed_lease_keeps_its_owner,
+    a_take_over_or_renewal_racing_the_owners_first_write_is_never_lost,
     an_unknown_operation_is_settled_and_reopened_only_as_proven,
     local_writes_apply_once_and_a_versioned_write_sees_other_writers,
     an_outbox_message_is_enqueued_with_its_record_in_order,

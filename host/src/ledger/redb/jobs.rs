@@ -57,16 +57,66 @@ pub(super) fn reopen(
     Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
 }
 
-/// Extends the lease of the owner of `fence`, while it still owns the operation.
-pub(super) fn renew(txn: &WriteTransaction, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
+/// Takes over a claim held in memory whose lease expired, on the writer thread so that it is
+/// ordered with its owner's writes: the owner's first write reads the claim from memory here and
+/// makes it durable, so if that write ran first (in this batch or an earlier one) the claim is
+/// taken over as the durable one it became, and if not, the owner's write finds the new fence
+/// and is refused. `None`: the claim is neither in memory nor durable any more; decide afresh.
+pub(super) fn take_over_live(
+    txn: &WriteTransaction,
+    live: &Live,
+    req: &ClaimRequest,
+    fence: u64,
+) -> Result<Option<Claim>, LedgerError> {
+    if txn.open_table(RECORDS)?.get(operation_id(&req.key))?.is_some() {
+        return claim(txn, req, fence).map(Some);
+    }
+    let mut live = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(held) = live.get(&req.key) else { return Ok(None) };
+    if let Some(answer) = verdict(Some(held), req) {
+        return Ok(Some(answer));
+    }
+    let op = take_over(live.remove(&req.key), req, fence);
+    let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
+    live.insert(req.key.clone(), op);
+    Ok(Some(claim))
+}
+
+/// Extends the lease of the owner of `fence`, while it still owns the operation: the durable
+/// claim, or the one held in memory. On the writer thread for the same reason as
+/// [`take_over_live`]: a renewal made in memory while the owner's first write was on its way
+/// would be lost when that write made the claim durable with the lease it read.
+pub(super) fn renew(
+    txn: &WriteTransaction,
+    live: &Live,
+    key: &str,
+    fence: u64,
+    until_ms: u64,
+) -> Result<bool, LedgerError> {
+    let fenced = |current: Option<u64>| LedgerError::Fenced {
+        operation_key: key.to_string(),
+        fence,
+        current: current.unwrap_or(0),
+    };
     let mut records = txn.open_table(RECORDS)?;
     let op: Option<OperationRecord> = get(&records, operation_id(key))?;
     match op {
         Some(mut op) if op.fence == fence && op.status == OperationStatus::Claimed => {
             op.lease_until_ms = op.lease_until_ms.max(until_ms);
-            put(&mut records, operation_id(key), &op)
+            put(&mut records, operation_id(key), &op)?;
+            Ok(true)
         }
-        op => Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current: op.map_or(0, |op| op.fence) }),
+        Some(op) => Err(fenced(Some(op.fence))),
+        None => {
+            let mut live = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match live.get_mut(key) {
+                Some(op) if op.fence == fence => {
+                    op.lease_until_ms = op.lease_until_ms.max(until_ms);
+                    Ok(false)
+                }
+                op => Err(fenced(op.map(|op| op.fence))),
+            }
+        }
     }
 }
 

@@ -40,7 +40,9 @@ use super::{
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
     verdict,
 };
-use jobs::{claim, encode_staged, expire, put_approval, put_effect, record_attempt, renew, reopen, resolve};
+use jobs::{
+    claim, encode_staged, expire, put_approval, put_effect, record_attempt, renew, reopen, resolve, take_over_live,
+};
 use open::{init, recover};
 use tables::*;
 
@@ -71,6 +73,13 @@ impl Drop for Deciding {
     fn drop(&mut self) {
         self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.key);
     }
+}
+
+/// How a claim was decided by [`RedbStore::claim_in_memory`].
+enum Decided {
+    Answer(Claim),
+    Durable(OperationRecord),
+    LiveExpired,
 }
 
 /// Claims held in memory; the writer's jobs check fences against them too.
@@ -153,15 +162,29 @@ impl RedbStore {
     /// answered from one read transaction, and a new operation is claimed in memory: no commit,
     /// no writer. Only taking over a durable claim whose lease expired is a durable write.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
-        let durable = match self.claim_in_memory(req)? {
-            Ok(answer) => return Ok(answer),
-            Err(durable) => durable,
-        };
-        if let Some(answer) = verdict(Some(&durable), req) {
-            return Ok(answer);
+        loop {
+            let durable = match self.claim_in_memory(req)? {
+                Decided::Answer(answer) => return Ok(answer),
+                Decided::Durable(durable) => durable,
+                Decided::LiveExpired => {
+                    let (req, fence, live) = (req.clone(), self.fresh_fence(), self.live.clone());
+                    let wrote = |claim: &Option<Claim>| matches!(claim, Some(Claim::Owned { .. }));
+                    match self.writer.submit(move |txn| take_over_live(txn, &live, &req, fence), wrote).await? {
+                        Some(answer) => return Ok(answer),
+                        // Settled or dropped meanwhile: look again.
+                        None => continue,
+                    }
+                }
+            };
+            if let Some(answer) = verdict(Some(&durable), req) {
+                return Ok(answer);
+            }
+            let (req, fence) = (req.clone(), self.fresh_fence());
+            return self
+                .writer
+                .submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. }))
+                .await;
         }
-        let (req, fence) = (req.clone(), self.fresh_fence());
-        self.writer.submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. })).await
     }
 
     /// Takes over an unknown operation to resend its in-doubt effects with their keys, if every one
@@ -176,24 +199,13 @@ impl RedbStore {
     /// Extends the lease of `fence`'s claim to `until_ms`, so that a live owner is not taken over;
     /// refused (`Fenced`) once another caller took the operation over.
     pub async fn renew(&self, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
-        {
-            let mut live = self.live();
-            if let Some(op) = live.get_mut(key) {
-                if op.fence != fence {
-                    let current = op.fence;
-                    return Err(LedgerError::Fenced { operation_key: key.to_string(), fence, current });
-                }
-                op.lease_until_ms = op.lease_until_ms.max(until_ms);
-                return Ok(());
-            }
-        }
-        // Not in memory: durable by now (or taken from this owner, which the job tells).
-        let key = key.to_string();
-        self.writer.submit(move |txn| renew(txn, &key, fence, until_ms), |_| true).await
+        let (key, live) = (key.to_string(), self.live.clone());
+        self.writer.submit(move |txn| renew(txn, &live, &key, fence, until_ms), |durable| *durable).await.map(drop)
     }
 
-    /// A claim decided in memory (`Ok(answer)`), or the durable record that decides it (`Err`).
-    fn claim_in_memory(&self, req: &ClaimRequest) -> Result<Result<Claim, OperationRecord>, LedgerError> {
+    /// A claim decided in memory, the durable record that decides it, or a claim held in memory
+    /// whose lease expired (taken over on the writer thread: [`take_over_live`]).
+    fn claim_in_memory(&self, req: &ClaimRequest) -> Result<Decided, LedgerError> {
         let mut live = self.live();
         // Read under the lock: a job makes an operation durable before it drops its live claim,
         // so between the two, one of them is always visible here.
@@ -202,30 +214,25 @@ impl RedbStore {
         let records = txn.open_table(RECORDS)?;
         if let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? {
             live.remove(&req.key);
-            return Ok(Err(op));
+            return Ok(Decided::Durable(op));
         }
-        if let Some(answer) = verdict(live.get(&req.key), req) {
-            return Ok(Ok(answer));
+        if let Some(held) = live.get(&req.key) {
+            return Ok(verdict(Some(held), req).map_or(Decided::LiveExpired, Decided::Answer));
         }
-        if !live.contains_key(&req.key) {
-            if let Some(tombstone) = get(&records, (req.key.as_str(), TOMBSTONE, ""))? {
-                return Ok(Ok(Claim::Expired(tombstone)));
-            }
-            if req.approval.is_some() {
-                let deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                let stored: Option<ApprovalRecord> = get(&txn.open_table(APPROVALS)?, req.key.as_str())?;
-                if deciding.contains(&req.key) || !super::approval_stands(req, stored.as_ref()) {
-                    return Ok(Ok(Claim::ApprovalChanged));
-                }
+        if let Some(tombstone) = get(&records, (req.key.as_str(), TOMBSTONE, ""))? {
+            return Ok(Decided::Answer(Claim::Expired(tombstone)));
+        }
+        if req.approval.is_some() {
+            let deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let stored: Option<ApprovalRecord> = get(&txn.open_table(APPROVALS)?, req.key.as_str())?;
+            if deciding.contains(&req.key) || !super::approval_stands(req, stored.as_ref()) {
+                return Ok(Decided::Answer(Claim::ApprovalChanged));
             }
         }
-        // A live claim here expired: its owner stalled before writing anything durable.
-        let expired = live.remove(&req.key);
-        let fence = if expired.is_some() { self.fresh_fence() } else { 1 };
-        let op = take_over(expired, req, fence);
+        let op = take_over(None, req, 1);
         let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
         live.insert(req.key.clone(), op);
-        Ok(Ok(claim))
+        Ok(Decided::Answer(claim))
     }
 
     /// Records one attempt, the local effects it staged and, when the call is over, the
