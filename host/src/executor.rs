@@ -174,7 +174,7 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             // refused, nothing of it left, and the attempt runs again from the start, uncounted.
             reruns += 1;
             attempt -= 1;
-            let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
+            let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(&operation_key, ATTEMPT_JITTER, reruns));
             lease.over(after, tokio::time::sleep(after)).await;
             continue;
         }
@@ -202,7 +202,7 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
         let mut next = match &verdict {
             Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
             Verdict::Failed { failure, .. } => {
-                match retry::decide(failure, policy, attempt, call_started.elapsed(), jitter(&operation_key, attempt)) {
+                match retry::decide(failure, policy, attempt, call_started.elapsed(), retry::jitter(&operation_key, ATTEMPT_JITTER, attempt)) {
                     Decision::Retry { after } => Next::Retry(after),
                     Decision::Fail => Next::Finish(OperationStatus::Failed),
                     Decision::Unknown => Next::Finish(OperationStatus::Unknown),
@@ -258,7 +258,7 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
                 reruns += 1;
                 attempt -= 1;
                 tracing::debug!(%operation_key, %namespace, %key, reruns, "kv conflict; running the attempt again");
-                let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(jitter(&operation_key, reruns));
+                let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(&operation_key, ATTEMPT_JITTER, reruns));
                 lease.over(after, tokio::time::sleep(after)).await;
                 continue;
             }
@@ -331,6 +331,9 @@ async fn unknown(
 /// How often one call runs an attempt again after a KV conflict before it gives up.
 const MAX_KV_RERUNS: u32 = 64;
 
+/// The domain of an attempt's jitter draws ([`retry::jitter`]).
+const ATTEMPT_JITTER: &str = "oncebox/jitter";
+
 /// An unknown operation whose in-doubt effects may all be resent with their keys (their hosts
 /// honour keys, within retention) is taken over to resend them; anything else stays as recorded.
 async fn reopen(host: &Stage, request: &ClaimRequest, policy: &RetryPolicy) -> Result<Claim, CallError> {
@@ -383,7 +386,7 @@ async fn run_unrecorded(host: &Stage, entry: &Entry, canonical: &str, secrets: &
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),
             Verdict::Failed { failure, .. } => {
-                retry::decide(failure, policy, attempt, call_started.elapsed(), jitter(canonical, attempt))
+                retry::decide(failure, policy, attempt, call_started.elapsed(), retry::jitter(canonical, ATTEMPT_JITTER, attempt))
             }
         };
         match decision {
@@ -573,14 +576,6 @@ fn classify(invocation: Invocation, in_doubt: &[InDoubt], class: ReplayClass) ->
             }
         }
     }
-}
-
-/// A number in [0, 1) that differs between operations and attempts, so that callers retrying
-/// at once do not retry in step. Derived, not random: a replayed log explains the same waits.
-fn jitter(operation_key: &str, attempt: u32) -> f64 {
-    let digest = keys::effect_key(operation_key, "oncebox/jitter", attempt);
-    let n = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
-    n as f64 / (1u64 << 52) as f64
 }
 
 fn tool_error_message(error: &ToolError) -> String {

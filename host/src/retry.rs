@@ -74,6 +74,16 @@ pub fn exponential(initial: Duration, max: Duration, attempt: u32) -> Duration {
     initial.saturating_mul(factor).min(max)
 }
 
+/// A draw in [0, 1) for the jitter of retry `n` of `key`, derived rather than random: the same on
+/// every host and every run for the same retry (no RNG state to seed or share), spread over keys
+/// so that callers retrying together do not stay in step. `domain` keeps the draws of different
+/// retry loops (attempts, outbox sends) apart.
+pub fn jitter(key: &str, domain: &str, n: u32) -> f64 {
+    let digest = crate::keys::effect_key(key, domain, n);
+    let bits = u64::from_str_radix(digest.get(..13).unwrap_or("0"), 16).unwrap_or(0);
+    bits as f64 / (1u64 << 52) as f64
+}
+
 /// A wait uniform in [0, backoff) as `jitter` goes over [0, 1).
 pub fn full_jitter(policy: &RetryPolicy, attempt: u32, jitter: f64) -> Duration {
     backoff(policy, attempt).mul_f64(jitter.clamp(0.0, 1.0))

@@ -126,7 +126,7 @@ fn bounded(method: &str, headers: &[(String, String)]) -> Result<(), ToolError> 
     Ok(())
 }
 
-/// Sends, observes, and lets `failure::http` say what the observation means.
+/// Sends, observes, and lets [`conclude`] say what the observation means.
 async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
     let (observation, response) = match request.send().await {
         Err(e) if e.is_connect() => (HttpObservation::NotConnected, Err(format!("could not connect to {target}"))),
@@ -137,90 +137,87 @@ async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
             (observation, Ok(r))
         }
     };
-    let status = match &observation {
-        HttpObservation::Answered { status, .. } => *status,
-        _ => 0,
+    let (response, lost) = match response {
+        Ok(response) => (Some(response), None),
+        Err(message) => (None, Some(message)),
     };
-    let message = |detail: &str| format!("{target} answered {status}{detail}");
-    match (failure::http(&observation), response) {
-        (HttpVerdict::NotTaken(failure), response) => {
-            let message = response.err().unwrap_or_else(|| message(""));
-            Dispatched::Retryable(match failure {
-                Failure::RateLimited { retry_after } => ToolError::RateLimited(RateLimit {
-                    retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
-                    message,
-                }),
-                _ => ToolError::Transient(format!("{message}; nothing took effect")),
-            })
-        }
-        (HttpVerdict::InDoubt, response) => Dispatched::Unknown(response.err().unwrap_or_else(|| message(""))),
-        (HttpVerdict::Taken | HttpVerdict::Refused, Err(message)) => Dispatched::Unknown(message),
-        (HttpVerdict::Taken, Ok(response)) => read_answer(response, status, target, true).await,
-        (HttpVerdict::Refused, Ok(response)) => read_answer(response, status, target, false).await,
+    match (conclude(&observation, target, lost), response) {
+        (Conclusion::Done(dispatched), _) => dispatched,
+        (Conclusion::Read { status, taken }, Some(response)) => read_answer(response, status, target, taken).await,
+        // An answer is read only from a response; there is none without one.
+        (Conclusion::Read { status, .. }, None) => Dispatched::Unknown(format!("{target} answered {status}")),
     }
 }
 
+/// What an exchange means, by `failure::http`: the one mapping for a real exchange and a scripted
+/// one. `lost`: why there was no answer, when there was none.
+enum Conclusion {
+    Done(Dispatched),
+    /// A definitive answer, whose body is its record. `taken`: the downstream did it (else it
+    /// refused).
+    Read { status: u16, taken: bool },
+}
+
+fn conclude(observation: &HttpObservation, target: &str, lost: Option<String>) -> Conclusion {
+    let status = match observation {
+        HttpObservation::Answered { status, .. } => *status,
+        _ => 0,
+    };
+    let message = lost.unwrap_or_else(|| format!("{target} answered {status}"));
+    Conclusion::Done(match failure::http(observation) {
+        HttpVerdict::NotTaken(Failure::RateLimited { retry_after }) => Dispatched::Retryable(ToolError::RateLimited(
+            RateLimit { retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX), message },
+        )),
+        HttpVerdict::NotTaken(_) => Dispatched::Retryable(ToolError::Transient(format!("{message}; nothing took effect"))),
+        HttpVerdict::InDoubt => Dispatched::Unknown(message),
+        HttpVerdict::Taken => return Conclusion::Read { status, taken: true },
+        HttpVerdict::Refused => return Conclusion::Read { status, taken: false },
+    })
+}
+
 /// Reads a definitive answer's body; losing the body loses the answer, so the outcome is unknown.
-/// `taken`: the answer says the downstream did it (else it refused).
 async fn read_answer(response: reqwest::Response, status: u16, target: &str, taken: bool) -> Dispatched {
     let headers = response
         .headers()
         .iter()
-        // Credentials and cookies never reach the record (and so never reach the guest on a replay).
-        .filter(|(name, _)| !SECRET_HEADERS.contains(&name.as_str()))
         .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect();
     match response.bytes().await {
-        Ok(mut body) => {
-            body.truncate(MAX_RESPONSE_BYTES);
-            let answer = HttpResponse { status, headers, body: body.to_vec() };
-            match serde_json::to_string(&RecordedResponse::from(&answer)) {
-                Ok(json) if taken => Dispatched::Committed(json),
-                Ok(json) => Dispatched::Refused(json),
-                Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
-            }
-        }
+        Ok(body) => recorded(HttpResponse { status, headers, body: body.to_vec() }, target, taken),
         Err(e) => Dispatched::Unknown(format!("{target} answered {status} but the body was lost: {}", describe(&e))),
     }
 }
 
-/// What a scripted exchange means, by the same rule as a real one (`failure::http`).
+/// A definitive answer as its record: bounded, and without credentials or cookies (which so never
+/// reach the guest on a replay).
+fn recorded(mut answer: HttpResponse, target: &str, taken: bool) -> Dispatched {
+    answer.headers.retain(|(name, _)| !SECRET_HEADERS.contains(&name.to_ascii_lowercase().as_str()));
+    answer.body.truncate(MAX_RESPONSE_BYTES);
+    match serde_json::to_string(&RecordedResponse::from(&answer)) {
+        Ok(json) if taken => Dispatched::Committed(json),
+        Ok(json) => Dispatched::Refused(json),
+        Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
+    }
+}
+
+/// What a scripted exchange means, by the same rule as a real one ([`conclude`]).
 fn judge(exchange: Exchange, target: &str) -> Dispatched {
-    let (status, headers, body) = match exchange {
-        Exchange::NotConnected => {
-            return Dispatched::Retryable(ToolError::Transient(format!(
-                "could not connect to {target}; nothing took effect"
-            )));
+    let (observation, lost, answer) = match exchange {
+        Exchange::NotConnected => (HttpObservation::NotConnected, Some(format!("could not connect to {target}")), None),
+        Exchange::SentNoAnswer(why) => {
+            (HttpObservation::SentNoAnswer, Some(format!("sent to {target}, no answer: {why}")), None)
         }
-        Exchange::SentNoAnswer(why) => return Dispatched::Unknown(format!("sent to {target}, no answer: {why}")),
-        Exchange::Answered { status, headers, body } => (status, headers, body),
+        Exchange::Answered { status, headers, body } => {
+            let retry_after = retry_after_in(|name| {
+                headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+            });
+            (HttpObservation::Answered { status, retry_after }, None, Some(HttpResponse { status, headers, body }))
+        }
     };
-    let header = |name: &str| {
-        headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.trim().parse::<u64>().ok())
-    };
-    let retry_after =
-        header("retry-after-ms").map(Duration::from_millis).or_else(|| header("retry-after").map(Duration::from_secs));
-    match failure::http(&HttpObservation::Answered { status, retry_after }) {
-        HttpVerdict::NotTaken(Failure::RateLimited { retry_after }) => {
-            Dispatched::Retryable(ToolError::RateLimited(RateLimit {
-                retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
-                message: format!("{target} answered {status}"),
-            }))
-        }
-        HttpVerdict::NotTaken(_) => {
-            Dispatched::Retryable(ToolError::Transient(format!("{target} answered {status}; nothing took effect")))
-        }
-        HttpVerdict::InDoubt => Dispatched::Unknown(format!("{target} answered {status}")),
-        verdict => {
-            let mut body = body;
-            body.truncate(MAX_RESPONSE_BYTES);
-            let answer = HttpResponse { status, headers, body };
-            match serde_json::to_string(&RecordedResponse::from(&answer)) {
-                Ok(json) if verdict == HttpVerdict::Taken => Dispatched::Committed(json),
-                Ok(json) => Dispatched::Refused(json),
-                Err(e) => Dispatched::Unknown(format!("answer from {target} could not be encoded: {e}")),
-            }
-        }
+    match (conclude(&observation, target, lost), answer) {
+        (Conclusion::Done(dispatched), _) => dispatched,
+        (Conclusion::Read { taken, .. }, Some(answer)) => recorded(answer, target, taken),
+        (Conclusion::Read { status, .. }, None) => Dispatched::Unknown(format!("{target} answered {status}")),
     }
 }
 
@@ -231,7 +228,12 @@ fn describe(e: &reqwest::Error) -> String {
 /// A rate limit's wait, from `Retry-After-Ms` or `Retry-After` (seconds). The outbox relay reads
 /// its endpoints' answers with it too.
 pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    retry_after_in(|name| headers.get(name).and_then(|v| v.to_str().ok()))
+}
+
+/// [`retry_after`] over any header lookup (by lowercase name).
+fn retry_after_in<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<Duration> {
+    let get = |name: &str| header(name).and_then(|v| v.trim().parse::<u64>().ok());
     get("retry-after-ms").map(Duration::from_millis).or_else(|| get("retry-after").map(Duration::from_secs))
 }
 

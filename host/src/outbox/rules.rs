@@ -119,12 +119,9 @@ pub fn wait(endpoint: &Endpoint, failures: u32, retry_after: Option<Duration>, j
     }
 }
 
-/// A number in [0, 1) that differs between messages and sends, so that topics retrying at once
-/// do not retry in step. Derived from the message's key, not random: a log explains its waits.
+/// The jitter of send `send` of message `effect_key` ([`crate::retry::jitter`]).
 pub fn jitter(effect_key: &str, send: u32) -> f64 {
-    let digest = crate::keys::effect_key(effect_key, "oncebox/outbox-jitter", send);
-    let n = u64::from_str_radix(digest.get(..13).unwrap_or("0"), 16).unwrap_or(0);
-    n as f64 / (1u64 << 52) as f64
+    crate::retry::jitter(effect_key, "oncebox/outbox-jitter", send)
 }
 
 #[cfg(test)]
