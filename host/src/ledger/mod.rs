@@ -15,6 +15,7 @@
 //! in [`verdict`] and [`refused_finish`], once.
 
 mod error;
+pub mod postgres;
 mod records;
 pub mod redb;
 pub mod reference;
