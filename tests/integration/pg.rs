@@ -135,7 +135,9 @@ fn start() -> Cluster {
     ];
     let mut server = run(&bin.join("postgres"), &args, "postgres.log").spawn().expect("start postgres");
     // The watchdog: once this process is gone, stop the server (fast shutdown, then kill) and
-    // remove its directory. It needs nothing of this process but the two pids.
+    // remove its directory. It needs nothing of this process but the two pids. It is never
+    // waited for: it outlives this process by design (init reaps it), so it is never a zombie.
+    #[allow(clippy::zombie_processes)]
     Command::new("sh")
         .arg("-c")
         .arg(
