@@ -134,16 +134,17 @@ fn start() -> Cluster {
         "max_connections=300",
     ];
     let mut server = run(&bin.join("postgres"), &args, "postgres.log").spawn().expect("start postgres");
-    // The watchdog: once this process is gone, stop the server (fast shutdown, then kill) and
-    // remove its directory. It needs nothing of this process but the two pids. It is never
-    // waited for: it outlives this process by design (init reaps it), so it is never a zombie.
+    // The watchdog: once this process is gone, stop the server (immediate shutdown: its data is
+    // thrown away, so no checkpoint; then kill) and remove its directory. It needs nothing of this
+    // process but the two pids. It is never waited for: it outlives this process by design (init
+    // reaps it), so it is never a zombie.
     #[allow(clippy::zombie_processes)]
     Command::new("sh")
         .arg("-c")
         .arg(
             r#"while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
-               kill -INT "$2" 2>/dev/null
-               i=0; while kill -0 "$2" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+               kill -QUIT "$2" 2>/dev/null
+               i=0; while kill -0 "$2" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
                kill -KILL "$2" 2>/dev/null; rm -rf "$3""#,
         )
         .args(["oncebox-pg-watchdog", &std::process::id().to_string(), &server.id().to_string()])
@@ -331,4 +332,52 @@ async fn a_claim_is_the_databases_not_a_hosts() {
     };
     assert!(later > fence);
     assert!(b.commits() >= 1);
+}
+
+/// A caller waiting for another host's operation is woken when that host records its end
+/// (`LISTEN`/`NOTIFY`), not at the end of its wait; a store that cannot tell waits it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_when_another_host_ends_the_operation() {
+    let url = fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    let Claim::Owned { fence, .. } = a.claim(&request("op", "a", 1_000)).await.expect("claim") else {
+        panic!("a owns it")
+    };
+    // b listens before a finishes: its first wait starts the listening connection.
+    b.changed("other", Duration::from_millis(10)).await;
+    let finisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let attempt = oncebox::ledger::AttemptRecord {
+            operation_key: "op".into(),
+            run_id: "run".into(),
+            step_id: "op".into(),
+            tool: "fulfill".into(),
+            attempt: 1,
+            max_attempts: 1,
+            fence,
+            started_ms: 1_000,
+            duration_us: 0,
+            outcome: "ok".into(),
+            message: None,
+            source: oncebox::ledger::AttemptSource::Fresh,
+            downstream_accepted: None,
+            effects: Vec::new(),
+        };
+        let finish = Some((oncebox::ledger::OperationStatus::Completed, Some("{}".to_string()), None));
+        a.record_attempt(fence, &attempt, finish, 1_001, Vec::new()).await.expect("record");
+    });
+    let started = Instant::now();
+    b.changed("op", Duration::from_secs(20)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "woken by the finish, not the timeout: {:?}",
+        started.elapsed()
+    );
+    finisher.await.expect("finisher");
+    assert!(matches!(b.claim(&request("op", "b", 1_050)).await, Ok(Claim::Recorded(_))));
+
+    let reference = Ledger::on(oncebox::ledger::reference::ReferenceStore::new());
+    let started = Instant::now();
+    reference.changed("op", Duration::from_millis(50)).await;
+    assert!(started.elapsed() >= Duration::from_millis(50), "the default waits out its timeout");
 }

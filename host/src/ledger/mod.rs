@@ -277,6 +277,15 @@ pub trait Store: Send + Sync + 'static {
         0
     }
 
+    /// Resolves when operation `key` may have changed (ended, settled, taken over), or after
+    /// `timeout`, whichever comes first: a caller waiting for another caller's operation looks
+    /// again as soon as that is worth it. Only ever shortens a wait; a store that cannot tell
+    /// waits out the timeout.
+    fn changed<'a>(&'a self, key: &'a str, timeout: std::time::Duration) -> BoxFuture<'a, ()> {
+        let _ = key;
+        Box::pin(tokio::time::sleep(timeout))
+    }
+
     // Outbox delivery: the relay (`crate::outbox`) reads a topic's head and records each send.
 
     /// Up to `limit` of `topic`'s undelivered messages, in the order they were enqueued (a
@@ -350,6 +359,11 @@ impl Ledger {
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
         self.store.claim(req).await
+    }
+
+    /// See [`Store::changed`].
+    pub async fn changed(&self, key: &str, timeout: std::time::Duration) {
+        self.store.changed(key, timeout).await
     }
 
     /// The journal of the owner of `fence` for `operation_key`, for its effects.

@@ -31,6 +31,7 @@
 //! the database: were a lock ever missed, a write would still find no row, and be refused.
 
 use super::db::{Tx, encode, int, kv_lock, operation_lock, record, uint};
+use super::notify;
 use crate::ledger::{
     ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
     OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Tombstone, approval_follows,
@@ -144,6 +145,7 @@ pub(super) async fn claim(tx: &Tx<'_>, req: &ClaimRequest) -> Done<Claim> {
     let mut op = take_over(Some(expired), req, fence);
     op.status = OperationStatus::Claimed;
     update_operation(tx, &op, recorded, (held, OperationStatus::Claimed)).await?;
+    notify::changed(tx, &req.key).await?;
     Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
 }
 
@@ -172,6 +174,7 @@ pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String
     op.status = OperationStatus::Claimed;
     op.error = None;
     update_operation(tx, &op, true, (held, OperationStatus::Unknown)).await?;
+    notify::changed(tx, &req.key).await?;
     Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
 }
 
@@ -315,6 +318,7 @@ pub(super) async fn record_attempt(
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(attempt.attempt);
     op.updated_ms = now_ms;
+    let ends = finish.is_some();
     if let Some((status, output, error)) = finish {
         op.status = status;
         op.output = output;
@@ -322,6 +326,9 @@ pub(super) async fn record_attempt(
         op.lease_until_ms = 0;
     }
     update_operation(tx, &op, true, (fence, OperationStatus::Claimed)).await?;
+    if ends {
+        notify::changed(tx, key).await?;
+    }
     apply_local(tx, key, fresh).await?;
     tx.exec(
         "INSERT INTO oncebox_attempts (operation_key, number, record) VALUES ($1, $2, $3) \
@@ -461,6 +468,7 @@ pub(super) async fn resolve(
         insert_effect(tx, operation_key, effect, false).await?;
     }
     update_operation(tx, &op, true, held).await?;
+    notify::changed(tx, operation_key).await?;
     Ok((op, true))
 }
 

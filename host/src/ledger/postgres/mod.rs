@@ -29,6 +29,7 @@
 mod db;
 mod jobs;
 mod name;
+mod notify;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,8 @@ pub struct PostgresStore {
     name: String,
     path: PathBuf,
     commits: AtomicU64,
+    /// Wakes this host's waiters when another host's operation changes (`LISTEN`).
+    listener: notify::Listener,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -96,12 +99,13 @@ impl PostgresStore {
         if config.get_application_name().is_none() {
             config.application_name("oncebox");
         }
+        let listener = notify::Listener::new(config.clone());
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .build()
             .map_err(|e| fail(format!("cannot make a connection pool: {e}")))?;
-        let store = PostgresStore { pool, path: PathBuf::from(&name), name, commits: AtomicU64::new(0) };
+        let store = PostgresStore { pool, path: PathBuf::from(&name), name, commits: AtomicU64::new(0), listener };
         let mut client = store.client().await?;
         let tx = store.begin(&mut client).await?;
         match schema::init(&tx).await {
@@ -356,6 +360,10 @@ impl Store for PostgresStore {
 
     fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    fn changed<'a>(&'a self, key: &'a str, timeout: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(self.listener.wait(key, timeout))
     }
 
     fn outbox_pending<'a>(
