@@ -381,3 +381,32 @@ async fn a_waiter_is_woken_when_another_host_ends_the_operation() {
     reference.changed("op", Duration::from_millis(50)).await;
     assert!(started.elapsed() >= Duration::from_millis(50), "the default waits out its timeout");
 }
+
+/// The server drops every connection of the ledger (a restart, a failover, an operator): a call
+/// made on a dropped connection fails, naming the store in one line, and records nothing; the
+/// pool replaces the connection and the next call goes through.
+#[tokio::test]
+async fn a_dropped_connection_fails_one_call_at_most_and_is_replaced() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    ledger.claim(&request("first", "a", 1_000)).await.expect("claim");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    client.batch_execute(terminate).await.expect("terminate");
+    drop(client);
+    let _ = connection.await;
+    let mut failures = Vec::new();
+    let owned = loop {
+        match ledger.claim(&request("second", "a", 1_000)).await {
+            Ok(claim) => break claim,
+            Err(e) => failures.push(e.to_string()),
+        }
+        assert!(failures.len() <= 1, "{failures:?}");
+    };
+    assert!(matches!(owned, Claim::Owned { fence: 1, .. }), "nothing of a failed call was recorded: {owned:?}");
+    for failure in failures {
+        assert!(failure.contains(&url) && !failure.contains('\n'), "{failure}");
+    }
+}

@@ -4,12 +4,14 @@
 //! effect ahead and record its answer, record an attempt (and finish the operation), resolve, and
 //! read committed state. Nothing in it assumes that one process owns the store: a claim, a take-over
 //! and every fence check are decided by the store. [`Ledger`] is the handle the host holds, cheap to
-//! clone, over any store. Two backends implement it:
+//! clone, over any store. Three backends implement it:
 //!
 //! - `redb/`: the embedded redb file (group commit, claims in memory until their first durable
 //!   write: an optimisation one process owning the file allows, and that the trait does not see);
+//! - `postgres/`: a PostgreSQL database shared by many hosts (every claim, take-over and fence
+//!   decided by the database, in the transaction that writes it; nothing recovered at connect);
 //! - `reference`: a plain in-memory model written to be obviously right, the oracle the conformance
-//!   suite and the model-based test compare the redb backend with.
+//!   suite and the model-based test compare the other backends with.
 //!
 //! The rules every backend applies (who gets an operation, when a finish is refused) live here,
 //! in [`verdict`] and [`refused_finish`], once.

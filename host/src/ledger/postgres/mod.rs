@@ -87,12 +87,15 @@ impl PostgresStore {
         let fail = |what: String| LedgerError::Database { store: name.clone(), what };
         let mut config: deadpool_postgres::tokio_postgres::Config =
             url.parse().map_err(|e| fail(format!("not a PostgreSQL connection string: {}", describe(&e))))?;
-        // Durable before answered, whatever the server's default.
-        let options = match config.get_options() {
-            Some(options) if !options.trim().is_empty() => format!("{options} -c synchronous_commit=on"),
-            _ => "-c synchronous_commit=on".to_string(),
-        };
-        config.options(options);
+        // Durable before answered, whatever the server's default. And a host that stalls inside
+        // a transaction (hung, partitioned with its socket open) loses it, and the locks it holds
+        // on other hosts' operations, after a minute, unless the URL says otherwise.
+        let mut options = config.get_options().unwrap_or_default().trim().to_string();
+        if !options.contains("idle_in_transaction_session_timeout") {
+            options.push_str(" -c idle_in_transaction_session_timeout=60000");
+        }
+        options.push_str(" -c synchronous_commit=on");
+        config.options(options.trim_start());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
