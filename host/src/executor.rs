@@ -369,7 +369,9 @@ async fn claim(host: &Stage, request: &ClaimRequest, wait: Duration) -> Result<C
         if !matches!(claim, Claim::InProgress(_)) || Instant::now() + POLL > until {
             return Ok(claim);
         }
-        tokio::time::sleep(POLL).await;
+        // Woken early when the store can tell that the operation changed (another host's
+        // finish, on a shared store); else after the poll interval, as before.
+        host.shared.ledger.changed(&request.key, POLL).await;
     }
 }
 

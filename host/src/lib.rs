@@ -27,9 +27,10 @@
 //! - `secret`: the fingerprint key kept beside the ledger, and its rotation.
 //! - `ledger/`: the `Store` trait (exactly what the pipeline needs), the `Ledger` handle over
 //!   any store, the `Journal` effects write through, the records and the rules every backend
-//!   applies; `redb/` (tables, recovery, fencing, live claims, the group-commit writer) and
-//!   `reference.rs` (the in-memory model the conformance suite and the model-based test compare
-//!   redb with).
+//!   applies; `redb/` (tables, recovery, fencing, live claims, the group-commit writer),
+//!   `postgres/` (the schema, the transactional jobs, LISTEN/NOTIFY; a ledger many hosts share)
+//!   and `reference.rs` (the in-memory model the conformance suite and the model-based test
+//!   compare the others with).
 //! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
 //!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect.

@@ -1,6 +1,6 @@
-//! The conformance suite: the same tests against every ledger backend (the redb file and the
-//! reference model), each stating what the `ledger::Store` contract promises. A new backend (the
-//! PostgreSQL one next) joins by adding one line to `backends!` below.
+//! The conformance suite: the same tests against every ledger backend (the redb file, the
+//! reference model and PostgreSQL), each stating what the `ledger::Store` contract promises. A new
+//! backend joins by adding one line to `conformance!` below.
 
 use oncebox::ReplayClass;
 use oncebox::ledger::reference::ReferenceStore;
@@ -494,6 +494,12 @@ async fn reference() -> (Ledger, Option<tempfile::TempDir>) {
     (Ledger::on(ReferenceStore::new()), None)
 }
 
+/// A database of its own in the test cluster (`pg.rs`).
+async fn postgres() -> (Ledger, Option<tempfile::TempDir>) {
+    let url = super::pg::fresh_database().await;
+    (Ledger::connect(&url).await.expect("connect"), None)
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         macro_rules! backend {
@@ -511,6 +517,7 @@ macro_rules! conformance {
         }
         backend!(redb);
         backend!(reference);
+        backend!(postgres);
     };
 }
 

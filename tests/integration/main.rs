@@ -15,6 +15,7 @@ mod kill;
 mod ledger_model;
 mod loading;
 mod outbox;
+mod pg;
 mod recovery;
 mod replay;
 mod retries;

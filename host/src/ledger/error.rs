@@ -67,6 +67,10 @@ pub enum LedgerError {
     Writer { reason: String },
     #[error("no outbox message with sequence number {seq}")]
     NoSuchMessage { seq: u64 },
+    /// A database ledger (PostgreSQL) did not do what was asked: `store` names it (its URL
+    /// without a password), `what` says what failed and why, in one line.
+    #[error("the ledger {store}: {what}")]
+    Database { store: String, what: String },
 }
 
 impl LedgerError {

@@ -4,17 +4,20 @@
 //! effect ahead and record its answer, record an attempt (and finish the operation), resolve, and
 //! read committed state. Nothing in it assumes that one process owns the store: a claim, a take-over
 //! and every fence check are decided by the store. [`Ledger`] is the handle the host holds, cheap to
-//! clone, over any store. Two backends implement it:
+//! clone, over any store. Three backends implement it:
 //!
 //! - `redb/`: the embedded redb file (group commit, claims in memory until their first durable
 //!   write: an optimisation one process owning the file allows, and that the trait does not see);
+//! - `postgres/`: a PostgreSQL database shared by many hosts (every claim, take-over and fence
+//!   decided by the database, in the transaction that writes it; nothing recovered at connect);
 //! - `reference`: a plain in-memory model written to be obviously right, the oracle the conformance
-//!   suite and the model-based test compare the redb backend with.
+//!   suite and the model-based test compare the other backends with.
 //!
 //! The rules every backend applies (who gets an operation, when a finish is refused) live here,
 //! in [`verdict`] and [`refused_finish`], once.
 
 mod error;
+pub mod postgres;
 mod records;
 pub mod redb;
 pub mod reference;
@@ -276,6 +279,15 @@ pub trait Store: Send + Sync + 'static {
         0
     }
 
+    /// Resolves when operation `key` may have changed (ended, settled, taken over), or after
+    /// `timeout`, whichever comes first: a caller waiting for another caller's operation looks
+    /// again as soon as that is worth it. Only ever shortens a wait; a store that cannot tell
+    /// waits out the timeout.
+    fn changed<'a>(&'a self, key: &'a str, timeout: std::time::Duration) -> BoxFuture<'a, ()> {
+        let _ = key;
+        Box::pin(tokio::time::sleep(timeout))
+    }
+
     // Outbox delivery: the relay (`crate::outbox`) reads a topic's head and records each send.
 
     /// Up to `limit` of `topic`'s undelivered messages, in the order they were enqueued (a
@@ -349,6 +361,11 @@ impl Ledger {
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
         self.store.claim(req).await
+    }
+
+    /// See [`Store::changed`].
+    pub async fn changed(&self, key: &str, timeout: std::time::Duration) {
+        self.store.changed(key, timeout).await
     }
 
     /// The journal of the owner of `fence` for `operation_key`, for its effects.

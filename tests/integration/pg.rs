@@ -1,0 +1,412 @@
+//! A throwaway PostgreSQL cluster for the tests, and the PostgreSQL ledger's own tests: what only
+//! a store shared between processes has to get right (hosts racing on one key, connecting
+//! together, a schema of another version, a server that is not there).
+//!
+//! The cluster is started on first use, once per test process: `initdb` in a temporary
+//! directory, then `postgres` on a free loopback port, as an unprivileged user when the tests run
+//! as root (PostgreSQL refuses to run as root). A watchdog process stops it and removes its
+//! directory when the test process is gone, however it ended. Each test gets a database of its
+//! own ([`fresh_database`]).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use oncebox::ReplayClass;
+use oncebox::ledger::postgres::PostgresStore;
+use oncebox::ledger::{ApprovalRecord, ApprovalState, Claim, ClaimRequest, Ledger, LedgerError, Store};
+
+/// The running cluster: where to connect.
+struct Cluster {
+    port: u16,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+
+/// A new, empty database of the test cluster (started on first use); its URL.
+pub async fn fresh_database() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let port = CLUSTER.get_or_init(start).port;
+    let name = format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let admin = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (client, connection) =
+        tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("connect to the test cluster");
+    let connection = tokio::spawn(connection);
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
+    drop(client);
+    let _ = connection.await;
+    format!("postgres://postgres@127.0.0.1:{port}/{name}")
+}
+
+/// Where the server's binaries are: `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/*/bin` (Debian), else `PATH`.
+fn binaries() -> Option<PathBuf> {
+    let complete = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if complete(&dir) {
+            return Some(dir);
+        }
+    }
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| Some((entry.file_name().to_str()?.parse().ok()?, entry.path().join("bin"))))
+        .filter(|(_, dir)| complete(dir))
+        .collect();
+    debian.sort();
+    if let Some((_, dir)) = debian.pop() {
+        return Some(dir);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).find(|dir| complete(dir))
+}
+
+/// Starts the cluster; panics with what went wrong (the server's log included) if it cannot.
+fn start() -> Cluster {
+    let bin = binaries().unwrap_or_else(|| {
+        panic!("PostgreSQL is not installed (no initdb and postgres found): install the `postgresql` package")
+    });
+    let dir = tempfile::Builder::new().prefix("oncebox-pg-").tempdir().expect("temp dir").keep();
+    // PostgreSQL refuses root: as root, the cluster belongs to `nobody` and runs as `nobody`.
+    let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+    let mut as_user: Vec<String> = Vec::new();
+    if root {
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id").args([flag, "nobody"]).output().expect("id nobody");
+            String::from_utf8_lossy(&out.stdout).trim().parse().expect("nobody's id")
+        };
+        let (uid, gid) = (id("-u"), id("-g"));
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the cluster directory");
+        as_user = vec![
+            "setpriv".into(),
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+            "--".into(),
+        ];
+    }
+    let run = |program: &Path, args: &[&str], log: &str| {
+        let log = std::fs::File::create(dir.join(log)).expect("log file");
+        let mut command = match as_user.split_first() {
+            Some((setpriv, rest)) => {
+                let mut command = Command::new(setpriv);
+                command.args(rest).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command.args(args).current_dir(&dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
+        command
+    };
+    let data = dir.join("data");
+    let data = data.to_str().expect("utf-8 path");
+    let status = run(
+        &bin.join("initdb"),
+        &["-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale", "--no-sync"],
+        "initdb.log",
+    )
+    .status()
+    .expect("run initdb");
+    assert!(status.success(), "initdb failed: {}", std::fs::read_to_string(dir.join("initdb.log")).unwrap_or_default());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let port_arg = port.to_string();
+    let sockets = dir.to_str().expect("utf-8 path");
+    let args = [
+        "-D",
+        data,
+        "-p",
+        &port_arg,
+        "-k",
+        sockets,
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        "fsync=on",
+        "-c",
+        "synchronous_commit=on",
+        "-c",
+        "max_connections=300",
+    ];
+    let mut server = run(&bin.join("postgres"), &args, "postgres.log").spawn().expect("start postgres");
+    // The watchdog: once this process is gone, stop the server (immediate shutdown: its data is
+    // thrown away, so no checkpoint; then kill) and remove its directory. It needs nothing of this
+    // process but the two pids. It is never waited for: it outlives this process by design (init
+    // reaps it), so it is never a zombie.
+    #[allow(clippy::zombie_processes)]
+    Command::new("sh")
+        .arg("-c")
+        .arg(
+            r#"while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
+               kill -QUIT "$2" 2>/dev/null
+               i=0; while kill -0 "$2" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+               kill -KILL "$2" 2>/dev/null; rm -rf "$3""#,
+        )
+        .args(["oncebox-pg-watchdog", &std::process::id().to_string(), &server.id().to_string()])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the watchdog");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!(
+                "postgres exited ({status}): {}",
+                std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
+            );
+        }
+        let ready = Command::new(bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &port_arg, "-U", "postgres"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return Cluster { port };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "postgres did not start: {}",
+            std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
+    ClaimRequest {
+        key: key.into(),
+        run_id: "run".into(),
+        step_id: key.into(),
+        tool: "fulfill".into(),
+        class: ReplayClass::Irreversible,
+        fingerprint: "args".into(),
+        older_fingerprints: Vec::new(),
+        args: serde_json::Value::Null,
+        owner: owner.into(),
+        now_ms,
+        lease_ms: 100,
+        approval: None,
+    }
+}
+
+fn approval(key: &str, revision: u32, state: ApprovalState) -> ApprovalRecord {
+    ApprovalRecord {
+        operation_key: key.into(),
+        fingerprint: "args".into(),
+        run_id: "run".into(),
+        step_id: key.into(),
+        tool: "fulfill".into(),
+        description: "Ships".into(),
+        consequence: None,
+        args: serde_json::Value::Null,
+        sealed: None,
+        requested_ms: 1,
+        state,
+        decided_by: None,
+        decided_ms: None,
+        note: None,
+        expires_ms: None,
+        revision,
+    }
+}
+
+#[tokio::test]
+async fn a_store_is_named_by_its_url_without_the_password() {
+    let url = fresh_database().await;
+    let with_password = url.replacen("postgres@", "postgres:hunter2@", 1);
+    let store = PostgresStore::connect(&with_password).await.expect("connect (trust ignores the password)");
+    let name = Store::name(&store).display().to_string();
+    assert_eq!(name, url);
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_is_an_error_naming_the_store_in_one_line() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let url = format!("postgres://alice:hunter2@127.0.0.1:{port}/ledger");
+    let error = Ledger::connect(&url).await.expect_err("nothing listens there").to_string();
+    assert!(error.contains(&format!("postgres://alice@127.0.0.1:{port}/ledger")), "{error}");
+    assert!(error.contains("cannot connect") && !error.contains("hunter2") && !error.contains('\n'), "{error}");
+}
+
+#[tokio::test]
+async fn a_database_of_another_schema_version_is_refused_naming_both() {
+    let url = fresh_database().await;
+    drop(Ledger::connect(&url).await.expect("create the schema"));
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    client.batch_execute("UPDATE oncebox_meta SET value = 99 WHERE name = 'schema_version'").await.expect("update");
+    drop(client);
+    let _ = connection.await;
+    let error = Ledger::connect(&url).await.expect_err("another version");
+    assert!(error.is_unusable_ledger(), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("schema version 99") && message.contains("version 1"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_connecting_together_make_one_schema() {
+    let url = fresh_database().await;
+    let hosts = (0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { Ledger::connect(&url).await })
+    });
+    for host in hosts {
+        host.await.expect("join").expect("every host connects");
+    }
+}
+
+/// Two hosts (two pools: to the database, two processes) claim the same keys at once: exactly
+/// one of them owns each, and a take-over after the lease has a fence neither held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_racing_for_one_operation_never_both_own_it() {
+    let url = fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    for n in 0..20 {
+        let key = format!("op-{n}");
+        let (ra, rb) = (request(&key, "a", 1_000), request(&key, "b", 1_000));
+        let (first, second) = tokio::join!(a.claim(&ra), b.claim(&rb));
+        let owners: Vec<u64> = [first.expect("a claims"), second.expect("b claims")]
+            .into_iter()
+            .filter_map(|claim| match claim {
+                Claim::Owned { fence, .. } => Some(fence),
+                Claim::InProgress(_) => None,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(owners, [1], "{key}: exactly one owner, with fence 1");
+        let (ra, rb) = (request(&key, "a", 2_000), request(&key, "b", 2_000));
+        let (first, second) = tokio::join!(a.claim(&ra), b.claim(&rb));
+        let fences: Vec<u64> = [first.expect("a"), second.expect("b")]
+            .into_iter()
+            .filter_map(|claim| if let Claim::Owned { fence, .. } = claim { Some(fence) } else { None })
+            .collect();
+        assert!(matches!(fences.as_slice(), [fence] if *fence > 1), "{key}: one take-over: {fences:?}");
+    }
+}
+
+/// A decision on an approval and a claim under it, from two hosts at once: never both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_approval_decision_and_a_claim_from_two_hosts_never_both_win() {
+    let url = fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    let (mut claimed, mut rejected) = (0, 0);
+    for n in 0..20 {
+        let key = format!("op-{n}");
+        a.put_approval(&approval(&key, 1, ApprovalState::Approved)).await.expect("approve");
+        let req = ClaimRequest { approval: Some(1), ..request(&key, "a", 1_000) };
+        let reject = approval(&key, 2, ApprovalState::Rejected);
+        let (claim, decision) = tokio::join!(a.claim(&req), b.put_approval(&reject));
+        match (claim.expect("claim"), decision) {
+            (Claim::Owned { .. }, Err(LedgerError::ApprovalClosed { .. })) => claimed += 1,
+            (Claim::ApprovalChanged, Ok(())) => rejected += 1,
+            other => panic!("{key}: both or neither won: {other:?}"),
+        }
+    }
+    assert_eq!(claimed + rejected, 20);
+}
+
+/// What one host claimed, another sees at once, and a host that reconnects still does: the
+/// claim lives in the database, not in the memory of the host that made it.
+#[tokio::test]
+async fn a_claim_is_the_databases_not_a_hosts() {
+    let url = fresh_database().await;
+    let a = Ledger::connect(&url).await.expect("a");
+    let Claim::Owned { fence, .. } = a.claim(&request("op", "a", 1_000)).await.expect("claim") else {
+        panic!("a owns it")
+    };
+    drop(a);
+    let b = Ledger::connect(&url).await.expect("b");
+    assert!(matches!(b.claim(&request("op", "b", 1_050)).await, Ok(Claim::InProgress(_))));
+    assert!(matches!(
+        b.put_approval(&approval("op", 1, ApprovalState::Pending)).await,
+        Err(LedgerError::ApprovalClosed { .. })
+    ));
+    let Claim::Owned { fence: later, .. } = b.claim(&request("op", "b", 1_200)).await.expect("take over") else {
+        panic!("b takes it over")
+    };
+    assert!(later > fence);
+    assert!(b.commits() >= 1);
+}
+
+/// A caller waiting for another host's operation is woken when that host records its end
+/// (`LISTEN`/`NOTIFY`), not at the end of its wait; a store that cannot tell waits it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_when_another_host_ends_the_operation() {
+    let url = fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    let Claim::Owned { fence, .. } = a.claim(&request("op", "a", 1_000)).await.expect("claim") else {
+        panic!("a owns it")
+    };
+    // b listens before a finishes: its first wait starts the listening connection.
+    b.changed("other", Duration::from_millis(10)).await;
+    let finisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let attempt = oncebox::ledger::AttemptRecord {
+            operation_key: "op".into(),
+            run_id: "run".into(),
+            step_id: "op".into(),
+            tool: "fulfill".into(),
+            attempt: 1,
+            max_attempts: 1,
+            fence,
+            started_ms: 1_000,
+            duration_us: 0,
+            outcome: "ok".into(),
+            message: None,
+            source: oncebox::ledger::AttemptSource::Fresh,
+            downstream_accepted: None,
+            effects: Vec::new(),
+        };
+        let finish = Some((oncebox::ledger::OperationStatus::Completed, Some("{}".to_string()), None));
+        a.record_attempt(fence, &attempt, finish, 1_001, Vec::new()).await.expect("record");
+    });
+    let started = Instant::now();
+    b.changed("op", Duration::from_secs(20)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "woken by the finish, not the timeout: {:?}",
+        started.elapsed()
+    );
+    finisher.await.expect("finisher");
+    assert!(matches!(b.claim(&request("op", "b", 1_050)).await, Ok(Claim::Recorded(_))));
+
+    let reference = Ledger::on(oncebox::ledger::reference::ReferenceStore::new());
+    let started = Instant::now();
+    reference.changed("op", Duration::from_millis(50)).await;
+    assert!(started.elapsed() >= Duration::from_millis(50), "the default waits out its timeout");
+}
+
+/// The server drops every connection of the ledger (a restart, a failover, an operator): a call
+/// made on a dropped connection fails, naming the store in one line, and records nothing; the
+/// pool replaces the connection and the next call goes through.
+#[tokio::test]
+async fn a_dropped_connection_fails_one_call_at_most_and_is_replaced() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    ledger.claim(&request("first", "a", 1_000)).await.expect("claim");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    client.batch_execute(terminate).await.expect("terminate");
+    drop(client);
+    let _ = connection.await;
+    let mut failures = Vec::new();
+    let owned = loop {
+        match ledger.claim(&request("second", "a", 1_000)).await {
+            Ok(claim) => break claim,
+            Err(e) => failures.push(e.to_string()),
+        }
+        assert!(failures.len() <= 1, "{failures:?}");
+    };
+    assert!(matches!(owned, Claim::Owned { fence: 1, .. }), "nothing of a failed call was recorded: {owned:?}");
+    for failure in failures {
+        assert!(failure.contains(&url) && !failure.contains('\n'), "{failure}");
+    }
+}
