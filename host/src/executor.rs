@@ -174,7 +174,11 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             // refused, nothing of it left, and the attempt runs again from the start, uncounted.
             reruns += 1;
             attempt -= 1;
-            let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(&operation_key, ATTEMPT_JITTER, reruns));
+            let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(
+                &operation_key,
+                ATTEMPT_JITTER,
+                reruns,
+            ));
             lease.over(after, tokio::time::sleep(after)).await;
             continue;
         }
@@ -202,7 +206,13 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
         let mut next = match &verdict {
             Verdict::Ok(_) => Next::Finish(OperationStatus::Completed),
             Verdict::Failed { failure, .. } => {
-                match retry::decide(failure, policy, attempt, call_started.elapsed(), retry::jitter(&operation_key, ATTEMPT_JITTER, attempt)) {
+                match retry::decide(
+                    failure,
+                    policy,
+                    attempt,
+                    call_started.elapsed(),
+                    retry::jitter(&operation_key, ATTEMPT_JITTER, attempt),
+                ) {
                     Decision::Retry { after } => Next::Retry(after),
                     Decision::Fail => Next::Finish(OperationStatus::Failed),
                     Decision::Unknown => Next::Finish(OperationStatus::Unknown),
@@ -258,7 +268,11 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
                 reruns += 1;
                 attempt -= 1;
                 tracing::debug!(%operation_key, %namespace, %key, reruns, "kv conflict; running the attempt again");
-                let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(&operation_key, ATTEMPT_JITTER, reruns));
+                let after = Duration::from_micros(200 << reruns.min(6)).mul_f64(retry::jitter(
+                    &operation_key,
+                    ATTEMPT_JITTER,
+                    reruns,
+                ));
                 lease.over(after, tokio::time::sleep(after)).await;
                 continue;
             }
@@ -357,21 +371,21 @@ async fn reopen(host: &Stage, request: &ClaimRequest, policy: &RetryPolicy) -> R
 /// wait, asks again until the result lands, the lease expires (then this caller takes over), or
 /// the wait is over.
 async fn claim(host: &Stage, request: &ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
-    /// How often a waiting caller looks again.
-    const POLL: Duration = Duration::from_millis(25);
     let until = Instant::now() + wait;
     loop {
         let mut request = request.clone();
         request.now_ms = now_ms();
-        // Replays, conflicts, live leases and new claims are decided from one read and memory; only
-        // taking over an expired durable claim waits for the writer.
         let claim = host.shared.ledger.claim(&request).await?;
-        if !matches!(claim, Claim::InProgress(_)) || Instant::now() + POLL > until {
-            return Ok(claim);
-        }
-        // Woken early when the store can tell that the operation changed (another host's
-        // finish, on a shared store); else after the poll interval, as before.
-        host.shared.ledger.changed(&request.key, POLL).await;
+        let now = Instant::now();
+        let owner_lease = match &claim {
+            Claim::InProgress(op) if now < until => op.lease_until_ms.saturating_sub(request.now_ms),
+            _ => return Ok(claim),
+        };
+        // Until the operation changes (its owner's finish, or a take-over), or its owner's lease
+        // runs out (then it may be taken over), or this caller's wait ends. A store that cannot
+        // announce changes polls instead (`Store::changed`).
+        let bound = (until - now).min(Duration::from_millis(owner_lease.max(1)));
+        host.shared.ledger.changed(&request.key, bound).await;
     }
 }
 
@@ -387,9 +401,13 @@ async fn run_unrecorded(host: &Stage, entry: &Entry, canonical: &str, secrets: &
         let verdict = classify(invocation, &ctx.in_doubt, tool.manifest.class).scrubbed(secrets);
         let decision = match &verdict {
             Verdict::Ok(_) => return verdict.into_outcome(Status::Completed, attempt, None),
-            Verdict::Failed { failure, .. } => {
-                retry::decide(failure, policy, attempt, call_started.elapsed(), retry::jitter(canonical, ATTEMPT_JITTER, attempt))
-            }
+            Verdict::Failed { failure, .. } => retry::decide(
+                failure,
+                policy,
+                attempt,
+                call_started.elapsed(),
+                retry::jitter(canonical, ATTEMPT_JITTER, attempt),
+            ),
         };
         match decision {
             Decision::Retry { after } => tokio::time::sleep(after).await,

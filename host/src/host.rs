@@ -9,7 +9,7 @@ use crate::call::{Call, Outcome};
 use crate::capabilities::{Grant, Grants, Sandbox};
 use crate::effects::{EffectProvider, HttpTarget, Shared};
 use crate::error::{CallError, Error};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerAt};
 use crate::limits::Limits;
 use crate::policy::RetryPolicy;
 use crate::policy_file::{PolicyFile, Source};
@@ -21,7 +21,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// Where a host's ledger comes from.
 enum LedgerSource {
-    Path(PathBuf),
+    At(LedgerAt),
     InMemory,
     Opened(Ledger),
 }
@@ -40,6 +40,8 @@ pub struct HostBuilder {
     /// PEM certificates trusted for HTTPS on top of the system's roots.
     tls_roots: Vec<Vec<u8>>,
     compile_cache: Option<PathBuf>,
+    /// The fingerprint key's file, when it is not beside a ledger file.
+    key_file: Option<PathBuf>,
     /// The test harness's hooks (`crate::testing`); `None` for every other host.
     hooks: Option<Arc<dyn crate::effects::hooks::Hooks>>,
 }
@@ -47,7 +49,13 @@ pub struct HostBuilder {
 impl HostBuilder {
     /// A host whose ledger is the redb file at `ledger` (created if missing).
     pub fn new(ledger: impl AsRef<Path>) -> Self {
-        HostBuilder { ledger: LedgerSource::Path(ledger.as_ref().to_path_buf()), ..Self::in_memory() }
+        Self::at(LedgerAt::File(ledger.as_ref().to_path_buf()))
+    }
+
+    /// A host whose ledger is at `ledger`: a redb file, or a PostgreSQL database that other hosts
+    /// may share (they then need one key file between them: [`HostBuilder::key_file`]).
+    pub fn at(ledger: LedgerAt) -> Self {
+        HostBuilder { ledger: LedgerSource::At(ledger), ..Self::in_memory() }
     }
 
     /// A host on a ledger already opened (say with [`Ledger::open_on`], over a storage backend of
@@ -70,6 +78,7 @@ impl HostBuilder {
             lease: DEFAULT_LEASE,
             tls_roots: Vec::new(),
             compile_cache: None,
+            key_file: None,
             hooks: None,
         }
     }
@@ -150,6 +159,14 @@ impl HostBuilder {
         self
     }
 
+    /// The file of the fingerprint key (created if missing): required for a ledger that hosts
+    /// share, each of which must be given the same file; a file ledger's key is beside it by
+    /// default (`LEDGER.key`).
+    pub fn key_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.key_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -160,16 +177,25 @@ impl HostBuilder {
         let ledger = match self.ledger {
             LedgerSource::Opened(ledger) => ledger,
             LedgerSource::InMemory => Ledger::in_memory()?,
-            LedgerSource::Path(path) => tokio::task::spawn_blocking(move || Ledger::open(path))
-                .await
-                .map_err(|e| crate::LedgerError::Corrupt { what: format!("opening the ledger panicked: {e}") })??,
+            LedgerSource::At(at) => at.open().await?,
         };
-        // The fingerprint key lives beside a ledger file (created with it), and dies with a ledger
-        // in memory.
-        let keying = match ledger.path() {
-            path if path == Path::new(":memory:") => crate::secret::random()?,
-            path => crate::secret::load_or_create(&crate::secret::beside(path))?,
+        let keying = match (&self.key_file, ledger.path()) {
+            (Some(file), _) => crate::secret::load_or_create(file)?,
+            (None, name) if ledger.is_shared() => {
+                return Err(crate::secret::KeyFileError {
+                    path: name.to_path_buf(),
+                    reason: "no key file given, and hosts that share a ledger need one between them: give every \
+                             host the same file (HostBuilder::key_file, or ONCEBOX_KEY_FILE for the CLI)"
+                        .into(),
+                }
+                .into());
+            }
+            // The fingerprint key lives beside a ledger file (created with it), and dies with a
+            // ledger in memory.
+            (None, path) if path == Path::new(":memory:") => crate::secret::random()?,
+            (None, path) => crate::secret::load_or_create(&crate::secret::beside(path))?,
         };
+        ledger.bind_key(&keying.ids()).await?;
         let shared = Arc::new(Shared {
             ledger,
             keying,

@@ -64,6 +64,12 @@ impl FingerprintKey {
         false
     }
 
+    /// Names each secret, newest first, without giving it away (an HMAC of a fixed text under
+    /// it): hosts sharing a ledger prove to it that they hold the same key.
+    pub fn ids(&self) -> Vec<String> {
+        self.keyed.iter().map(|keyed| mac(keyed, "oncebox/key-id/v1", &[])[..16].to_string()).collect()
+    }
+
     /// Identifies a request: the tool and its args in canonical form ([`canonical_json`]). Same
     /// step, different fingerprint: the caller changed its mind, a conflict, not a retry.
     pub fn fingerprint(&self, tool: &str, canonical_args: &str) -> String {

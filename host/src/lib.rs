@@ -85,7 +85,7 @@ pub use capabilities::{Grant, Grants, Sandbox};
 pub use effects::{DEFAULT_SETTLE_WINDOW, EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
-pub use ledger::Ledger;
+pub use ledger::{Ledger, LedgerAt};
 pub use limits::Limits;
 pub use outbox::Relay;
 pub use policy::{ReplayClass, RetryPolicy};

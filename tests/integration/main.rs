@@ -14,6 +14,7 @@ mod harness;
 mod kill;
 mod ledger_model;
 mod loading;
+mod multihost;
 mod outbox;
 mod pg;
 mod recovery;

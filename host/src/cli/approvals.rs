@@ -1,8 +1,6 @@
 //! `oncebox approve`, `oncebox reject` and `oncebox approvals list|show`: a person decides on a
 //! call of an irreversible tool, bound to its operation key and the fingerprint of its params.
 
-use std::path::{Path, PathBuf};
-
 use oncebox::approvals::{ApprovalView, Decision, decide, reveal};
 use oncebox::ledger::ApprovalRecord;
 use oncebox::{Ledger, keys::FingerprintKey};
@@ -12,7 +10,7 @@ use super::{Exit, Usage, print_json};
 #[derive(Debug, clap::Args)]
 pub struct DecideArgs {
     #[arg(long)]
-    ledger: PathBuf,
+    ledger: oncebox::LedgerAt,
     /// The operation key (`oncebox call` printed it with `awaiting-approval`).
     key: String,
     /// The fingerprint of the params you decide on, as `approvals show` shows it.
@@ -34,7 +32,7 @@ pub enum Command {
     /// One line of JSON per request for approval.
     List {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         #[arg(long)]
         run: Option<String>,
         /// Only those awaiting a decision.
@@ -45,7 +43,7 @@ pub enum Command {
     /// ledger's key file (they are never in the ledger or the logs in the clear).
     Show {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         key: String,
         #[arg(long)]
         reveal: bool,
@@ -53,7 +51,7 @@ pub enum Command {
 }
 
 pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit> {
-    let ledger = open(&args.ledger)?;
+    let ledger = super::open_ledger(&args.ledger).await?;
     let decision = if approve {
         let expires_ms = args.expires_in.map(|d| now_ms() + d.as_millis() as u64);
         Decision::Approve { expires_ms }
@@ -68,7 +66,7 @@ pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit>
 pub async fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::List { ledger: path, run, pending } => {
-            let ledger = open(&path)?;
+            let ledger = super::open_ledger(&path).await?;
             for record in ledger.approvals(run.as_deref()).await? {
                 let used = ledger.operation(&record.operation_key).await?.is_some();
                 if pending && (used || record.state != oncebox::ledger::ApprovalState::Pending) {
@@ -80,12 +78,12 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
             }
         }
         Command::Show { ledger: path, key, reveal: open_sealed } => {
-            let ledger = open(&path)?;
+            let ledger = super::open_ledger(&path).await?;
             let record =
                 ledger.approval(&key).await?.ok_or_else(|| Usage(format!("no request for approval of {key}")))?;
             let mut shown = view(&record, &ledger);
             if open_sealed {
-                let key_file = oncebox::secret::beside(&path);
+                let key_file = super::key_file_of(&path)?;
                 let text = std::fs::read_to_string(&key_file)
                     .map_err(|e| Usage(format!("--reveal needs the ledger's key file {}: {e}", key_file.display())))?;
                 let key = FingerprintKey::parse(&text).map_err(|e| Usage(format!("{}: {e}", key_file.display())))?;
@@ -103,13 +101,6 @@ fn view(record: &ApprovalRecord, ledger: &Ledger) -> serde_json::Value {
     value["operation_key"] = record.operation_key.clone().into();
     value["fingerprint"] = record.fingerprint.clone().into();
     value
-}
-
-fn open(path: &Path) -> anyhow::Result<Ledger> {
-    if !path.exists() {
-        return Err(Usage(format!("no ledger at {}", path.display())).into());
-    }
-    Ok(Ledger::open(path)?)
 }
 
 fn now_ms() -> u64 {

@@ -10,9 +10,10 @@ use super::{Exit, Usage, print_json};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The redb ledger file (created if missing).
+    /// The ledger: a redb file (created if missing), or a PostgreSQL URL (`postgres://…`) that
+    /// other hosts may share (they then need one key file: `$ONCEBOX_KEY_FILE`).
     #[arg(long)]
-    pub ledger: PathBuf,
+    pub ledger: oncebox::LedgerAt,
     /// The run id, from the orchestrator's durable state.
     #[arg(long)]
     pub run: Option<String>,
@@ -37,6 +38,10 @@ pub struct Args {
     /// A PEM certificate to trust for HTTPS downstreams besides the system's roots (repeatable).
     #[arg(long = "tls-root", value_name = "PEM_FILE")]
     pub tls_roots: Vec<PathBuf>,
+    /// How long this process's claim on the step holds without renewal before another host may
+    /// take the step over (default 60000). A live process renews it while it works.
+    #[arg(long, value_name = "MS")]
+    pub lease_ms: Option<u64>,
     /// If another caller is running this step, wait up to this many seconds for its result.
     #[arg(long, value_name = "SECS")]
     pub wait: Option<f64>,
@@ -65,8 +70,11 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 
 /// Builds the host the flags describe, loads the tool and shapes the call.
 pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
-    let mut builder = super::cached(Host::builder(&args.ledger));
+    let mut builder = super::host_at(&args.ledger);
     let file = args.policy.as_deref().map(PolicyFile::load).transpose()?;
+    if let Some(ms) = args.lease_ms {
+        builder = builder.lease(Duration::from_millis(ms.max(1)));
+    }
     let file_hosts: std::collections::HashMap<String, HttpTarget> =
         file.as_ref().map(|file| file.hosts().into_iter().collect()).unwrap_or_default();
     if let Some(file) = file {

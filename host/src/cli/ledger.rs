@@ -1,9 +1,5 @@
 //! `oncebox ledger list [--run R]`, `oncebox ledger show KEY` and `oncebox ledger rotate-key`
 
-use std::path::PathBuf;
-
-use oncebox::Ledger;
-
 use super::{Exit, Usage, print_json};
 
 #[derive(Debug, clap::Subcommand)]
@@ -11,7 +7,7 @@ pub enum Command {
     /// One line of JSON per operation.
     List {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         /// Only this run's steps.
         #[arg(long)]
         run: Option<String>,
@@ -20,7 +16,7 @@ pub enum Command {
     /// stay, so that operations recorded before still replay.
     RotateKey {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
     },
     /// Remove completed and failed operations (with their attempts, effects and approvals) and
     /// rejected requests for approval older than the retention; never unknown, claimed,
@@ -28,7 +24,7 @@ pub enum Command {
     /// call of it is answered `expired`, not run as new.
     Gc {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         /// The retention (default 7 days).
         #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
         older_than: std::time::Duration,
@@ -36,7 +32,7 @@ pub enum Command {
     /// An operation with its effects and attempts.
     Show {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         /// The operation key.
         key: String,
     },
@@ -45,7 +41,7 @@ pub enum Command {
 pub async fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::List { ledger, run } => {
-            let ledger = open(ledger)?;
+            let ledger = super::open_ledger(&ledger).await?;
             for op in ledger.operations(run.as_deref()).await? {
                 print_json(&serde_json::json!({
                     "operation_key": op.key,
@@ -58,21 +54,20 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
             }
         }
         Command::RotateKey { ledger } => {
-            if !ledger.exists() {
-                return Err(Usage(format!("no ledger at {}", ledger.display())).into());
-            }
-            let path = oncebox::secret::beside(&ledger);
+            // The ledger must exist (a typo must not create a key for nothing).
+            super::open_ledger(&ledger).await?;
+            let path = super::key_file_of(&ledger)?;
             let kept = oncebox::secret::rotate(&path)?;
             print_json(&serde_json::json!({ "key_file": path, "secrets": kept }))?;
         }
         Command::Gc { ledger, older_than } => {
-            let ledger = open(ledger)?;
+            let ledger = super::open_ledger(&ledger).await?;
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let report = oncebox::retention::gc(&ledger, older_than, now as u64).await?;
             print_json(&report)?;
         }
         Command::Show { ledger, key } => {
-            let ledger = open(ledger)?;
+            let ledger = super::open_ledger(&ledger).await?;
             let op = ledger.operation(&key).await?.ok_or_else(|| Usage(format!("no operation with key {key}")))?;
             print_json(&serde_json::json!({
                 "operation": op,
@@ -82,11 +77,4 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
         }
     }
     Ok(Exit::Ok)
-}
-
-fn open(path: PathBuf) -> anyhow::Result<Ledger> {
-    if !path.exists() {
-        return Err(Usage(format!("no ledger at {}", path.display())).into());
-    }
-    Ok(Ledger::open(path)?)
 }

@@ -80,6 +80,40 @@ pub enum Command {
     Demo(demo::Args),
 }
 
+/// A host builder for the ledger at `at`, with the CLI's compile cache and, from
+/// `$ONCEBOX_KEY_FILE`, the fingerprint key that hosts sharing a ledger must all be given.
+pub fn host_at(at: &oncebox::LedgerAt) -> oncebox::HostBuilder {
+    let builder = cached(oncebox::HostBuilder::at(at.clone()));
+    match key_file() {
+        Some(file) => builder.key_file(file),
+        None => builder,
+    }
+}
+
+/// `$ONCEBOX_KEY_FILE`, if set.
+pub fn key_file() -> Option<PathBuf> {
+    std::env::var_os("ONCEBOX_KEY_FILE").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// The fingerprint key's file of the ledger at `at`: `$ONCEBOX_KEY_FILE`, else beside a ledger
+/// file; a shared ledger has no default (every host must be given the same file).
+pub fn key_file_of(at: &oncebox::LedgerAt) -> anyhow::Result<PathBuf> {
+    match (key_file(), at.file()) {
+        (Some(file), _) => Ok(file),
+        (None, Some(path)) => Ok(oncebox::secret::beside(path)),
+        (None, None) => Err(Usage(format!("{at} is shared by hosts: set ONCEBOX_KEY_FILE to their key file")).into()),
+    }
+}
+
+/// Opens an existing ledger for a command that reads or decides: a file that is not there is a
+/// mistake in the command, not a ledger to create.
+pub async fn open_ledger(at: &oncebox::LedgerAt) -> anyhow::Result<oncebox::Ledger> {
+    if let Some(path) = at.file().filter(|path| !path.exists()) {
+        return Err(Usage(format!("no ledger at {}", path.display())).into());
+    }
+    Ok(at.open().await?)
+}
+
 /// Gives a host the CLI's compile cache, so the second run of a command loads its component in
 /// milliseconds: `$ONCEBOX_CACHE` (`off` for none), else `$XDG_CACHE_HOME/oncebox`, else
 /// `$HOME/.cache/oncebox`.

@@ -17,7 +17,7 @@ pub enum Command {
     /// without an endpoint are counted under `unconfigured`, and logged).
     Deliver {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         #[arg(long)]
         policy: PathBuf,
         /// Deliver what is pending and exit (else: keep delivering until SIGINT or SIGTERM).
@@ -33,7 +33,7 @@ pub enum Command {
     /// One line of JSON per outbox message, with its delivery state (payloads only when asked).
     List {
         #[arg(long)]
-        ledger: PathBuf,
+        ledger: oncebox::LedgerAt,
         /// Only this topic.
         #[arg(long)]
         topic: Option<String>,
@@ -52,7 +52,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
             deliver(ledger, policy, once, topics, tls_roots).await
         }
         Command::List { ledger, topic, pending, payloads } => {
-            let ledger = open(ledger)?;
+            let ledger = super::open_ledger(&ledger).await?;
             for message in ledger.outbox().await? {
                 if topic.as_ref().is_some_and(|t| *t != message.topic) || (pending && message.delivery.is_delivered()) {
                     continue;
@@ -76,7 +76,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
 }
 
 async fn deliver(
-    ledger: PathBuf,
+    ledger: oncebox::LedgerAt,
     policy: PathBuf,
     once: bool,
     only: Vec<String>,
@@ -103,7 +103,7 @@ async fn deliver(
     for path in &tls_roots {
         roots.push(std::fs::read(path).map_err(|e| Usage(format!("cannot read {}: {e}", path.display())))?);
     }
-    let ledger = open(ledger)?;
+    let ledger = super::open_ledger(&ledger).await?;
     let unconfigured = unconfigured(&ledger, &file).await?;
     for (topic, count) in &unconfigured {
         tracing::warn!(%topic, count, "outbox messages pending for a topic without an endpoint in the policy file");
@@ -156,11 +156,4 @@ async fn stop_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-fn open(path: PathBuf) -> anyhow::Result<Ledger> {
-    if !path.exists() {
-        return Err(Usage(format!("no ledger at {}", path.display())).into());
-    }
-    Ok(Ledger::open(path)?)
 }

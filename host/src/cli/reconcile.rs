@@ -19,7 +19,7 @@ pub async fn run(args: call::Args) -> anyhow::Result<Exit> {
             eprintln!(
                 "still unknown; once you know what happened, settle it by hand: oncebox resolve --ledger {} {operation_key} \
                  (--committed 'OUTPUT JSON' | --not-committed) --by NAME [--note WHY]",
-                ledger.display()
+                ledger
             );
             Exit::ToolFailed
         }
@@ -38,7 +38,7 @@ async fn run_wide(args: call::Args) -> anyhow::Result<Exit> {
         )
         .into());
     };
-    let mut builder = super::cached(oncebox::Host::builder(&args.ledger));
+    let mut builder = super::host_at(&args.ledger);
     if let Some(policy) = &args.policy {
         builder = builder.policy_file(oncebox::policy_file::PolicyFile::load(policy)?);
     }

@@ -1,16 +1,14 @@
 //! `oncebox resolve --ledger L KEY (--committed JSON | --not-committed) --by NAME [--note TEXT]`:
 //! a person settles an operation whose outcome is unknown, recorded with who and why.
 
-use std::path::PathBuf;
-
 use oncebox::ledger::Resolution;
 
-use super::{Exit, Usage, print_json};
+use super::{Exit, print_json};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[arg(long)]
-    ledger: PathBuf,
+    ledger: oncebox::LedgerAt,
     /// The unknown operation's key (`oncebox call` printed it; `oncebox ledger list` shows it).
     key: String,
     /// The effect in doubt that did not take place; needed with --not-committed when the
@@ -33,10 +31,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
-    if !args.ledger.exists() {
-        return Err(Usage(format!("no ledger at {}", args.ledger.display())).into());
-    }
-    let ledger = oncebox::Ledger::open(&args.ledger)?;
+    let ledger = super::open_ledger(&args.ledger).await?;
     let resolution = match args.committed {
         Some(output) => Resolution::Committed { output },
         None => Resolution::NotCommitted,

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use oncebox::Host;
 use oncebox::policy_file::PolicyFile;
 use oncebox::saga::SagaState;
 
@@ -12,7 +11,7 @@ use super::{Exit, Usage, print_json};
 #[derive(Debug, clap::Args)]
 pub struct CompensateArgs {
     #[arg(long)]
-    ledger: PathBuf,
+    ledger: oncebox::LedgerAt,
     #[arg(long)]
     run: String,
     /// The directory of components: the run's compensatable tools and their compensations.
@@ -23,10 +22,10 @@ pub struct CompensateArgs {
 }
 
 pub async fn compensate(args: CompensateArgs) -> anyhow::Result<Exit> {
-    if !args.ledger.exists() {
-        return Err(Usage(format!("no ledger at {}", args.ledger.display())).into());
+    if let Some(path) = args.ledger.file().filter(|path| !path.exists()) {
+        return Err(Usage(format!("no ledger at {}", path.display())).into());
     }
-    let mut builder = super::cached(Host::builder(&args.ledger));
+    let mut builder = super::host_at(&args.ledger);
     if let Some(policy) = &args.policy {
         builder = builder.policy_file(PolicyFile::load(policy)?);
     }
@@ -40,7 +39,7 @@ pub async fn compensate(args: CompensateArgs) -> anyhow::Result<Exit> {
 #[derive(Debug, clap::Args)]
 pub struct RecoverArgs {
     #[arg(long)]
-    ledger: PathBuf,
+    ledger: oncebox::LedgerAt,
     #[arg(long)]
     run: Option<String>,
 }
@@ -48,10 +47,7 @@ pub struct RecoverArgs {
 /// Opening the ledger recovers it; this prints what that left, per run. Exit 1 when a person
 /// must decide something.
 pub async fn recover(args: RecoverArgs) -> anyhow::Result<Exit> {
-    if !args.ledger.exists() {
-        return Err(Usage(format!("no ledger at {}", args.ledger.display())).into());
-    }
-    let ledger = oncebox::Ledger::open(&args.ledger)?;
+    let ledger = super::open_ledger(&args.ledger).await?;
     let runs = oncebox::recovery::report(&ledger, args.run.as_deref()).await?;
     let decide = runs.values().any(|run| !run.decide.is_empty());
     print_json(&serde_json::json!({ "runs": runs }))?;

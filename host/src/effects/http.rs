@@ -155,7 +155,10 @@ enum Conclusion {
     Done(Dispatched),
     /// A definitive answer, whose body is its record. `taken`: the downstream did it (else it
     /// refused).
-    Read { status: u16, taken: bool },
+    Read {
+        status: u16,
+        taken: bool,
+    },
 }
 
 fn conclude(observation: &HttpObservation, target: &str, lost: Option<String>) -> Conclusion {
@@ -165,10 +168,15 @@ fn conclude(observation: &HttpObservation, target: &str, lost: Option<String>) -
     };
     let message = lost.unwrap_or_else(|| format!("{target} answered {status}"));
     Conclusion::Done(match failure::http(observation) {
-        HttpVerdict::NotTaken(Failure::RateLimited { retry_after }) => Dispatched::Retryable(ToolError::RateLimited(
-            RateLimit { retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX), message },
-        )),
-        HttpVerdict::NotTaken(_) => Dispatched::Retryable(ToolError::Transient(format!("{message}; nothing took effect"))),
+        HttpVerdict::NotTaken(Failure::RateLimited { retry_after }) => {
+            Dispatched::Retryable(ToolError::RateLimited(RateLimit {
+                retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                message,
+            }))
+        }
+        HttpVerdict::NotTaken(_) => {
+            Dispatched::Retryable(ToolError::Transient(format!("{message}; nothing took effect")))
+        }
         HttpVerdict::InDoubt => Dispatched::Unknown(message),
         HttpVerdict::Taken => return Conclusion::Read { status, taken: true },
         HttpVerdict::Refused => return Conclusion::Read { status, taken: false },

@@ -18,6 +18,11 @@ pub enum LedgerError {
     // would say them twice.
     #[error("cannot open the ledger {path}: {error}")]
     Open { path: String, error: redb::DatabaseError },
+    #[error(
+        "the key file of this host ({host_key}) is not the one the other hosts of {store} use ({store_key}); \
+         give every host the same key file"
+    )]
+    KeyMismatch { store: String, host_key: String, store_key: String },
     #[error("ledger storage: {0}")]
     Storage(redb::Error),
     #[error("corrupt ledger: {what}")]

@@ -17,6 +17,7 @@
 //! in [`verdict`] and [`refused_finish`], once.
 
 mod error;
+mod location;
 pub mod postgres;
 mod records;
 pub mod redb;
@@ -28,7 +29,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use error::LedgerError;
+pub use location::LedgerAt;
 pub use records::*;
+
+/// How often a caller waiting for another caller's operation looks again, on a store that
+/// cannot announce changes ([`Store::changed`]).
+pub const POLL: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// A boxed future, so that [`Store`] can be a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -274,18 +280,35 @@ pub trait Store: Send + Sync + 'static {
         approvals: &'a [String],
     ) -> BoxFuture<'a, Result<usize, LedgerError>>;
 
+    /// Whether other hosts may use this store at the same time (a database), rather than one
+    /// process owning it (a file).
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Binds the store to the hosts' fingerprint key, named by [`crate::keys::FingerprintKey::ids`]
+    /// (newest first): a store shared by hosts remembers the newest id it was given, follows a
+    /// rotation (a host whose older ids hold it), and refuses (`KeyMismatch`) a host with another
+    /// key, whose fingerprints would never match the others'. A store of one process has its key
+    /// file beside it and checks nothing.
+    fn bind_key<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let _ = ids;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Durable commits so far, for a store that counts them (group commit shares them).
     fn commits(&self) -> u64 {
         0
     }
 
-    /// Resolves when operation `key` may have changed (ended, settled, taken over), or after
-    /// `timeout`, whichever comes first: a caller waiting for another caller's operation looks
-    /// again as soon as that is worth it. Only ever shortens a wait; a store that cannot tell
-    /// waits out the timeout.
+    /// Resolves when operation `key` may have changed (ended, settled, taken over), and at the
+    /// latest after `timeout` (the caller's wait, or what is left of the owner's lease): a caller
+    /// waiting for another caller's operation looks again as soon as that is worth it. A store
+    /// that cannot tell polls: it resolves after [`POLL`] at most (cheap for a store in this
+    /// process's memory; a store that many waiters poll over a network should announce changes).
     fn changed<'a>(&'a self, key: &'a str, timeout: std::time::Duration) -> BoxFuture<'a, ()> {
         let _ = key;
-        Box::pin(tokio::time::sleep(timeout))
+        Box::pin(tokio::time::sleep(timeout.min(POLL)))
     }
 
     // Outbox delivery: the relay (`crate::outbox`) reads a topic's head and records each send.
@@ -351,6 +374,16 @@ impl Ledger {
 
     pub fn path(&self) -> &Path {
         self.store.name()
+    }
+
+    /// Whether other hosts may use this ledger at the same time ([`Store::is_shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.store.is_shared()
+    }
+
+    /// See [`Store::bind_key`].
+    pub async fn bind_key(&self, ids: &[String]) -> Result<(), LedgerError> {
+        self.store.bind_key(ids).await
     }
 
     /// Durable write transactions committed since this ledger was opened, where the store counts

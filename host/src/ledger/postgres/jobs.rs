@@ -111,6 +111,33 @@ async fn fresh_fence(tx: &Tx<'_>) -> Result<u64, LedgerError> {
 }
 
 /// Decides, in the database, who runs an operation ([`verdict`]), and writes the claim.
+/// Binds the ledger to the hosts' key ([`crate::ledger::Store::bind_key`]): the first host's
+/// newest id is kept; a host whose older ids hold the kept one brings a rotation, which is kept
+/// instead; any other host is refused. The row is locked, so two hosts binding at once are
+/// decided one after the other.
+pub(super) async fn bind_key(tx: &Tx<'_>, ids: &[String]) -> Done<()> {
+    let Some(newest) = ids.first() else {
+        return Err(LedgerError::Database { store: tx.store.to_string(), what: "no key id to bind".into() });
+    };
+    let inserted = tx.exec("INSERT INTO oncebox_key (id) VALUES ($1) ON CONFLICT (one) DO NOTHING", &[newest]).await?;
+    if inserted == 1 {
+        return Ok(((), true));
+    }
+    let row = tx.opt("SELECT id FROM oncebox_key FOR UPDATE", &[]).await?;
+    let kept: String = match row.map(|row| row.try_get(0)) {
+        Some(Ok(id)) => id,
+        _ => return Err(LedgerError::Corrupt { what: format!("{}: the key table holds no key id", tx.store) }),
+    };
+    if &kept == newest {
+        return Ok(((), false));
+    }
+    if ids[1..].contains(&kept) {
+        tx.exec("UPDATE oncebox_key SET id = $1", &[newest]).await?;
+        return Ok(((), true));
+    }
+    Err(LedgerError::KeyMismatch { store: tx.store.to_string(), host_key: newest.clone(), store_key: kept })
+}
+
 pub(super) async fn claim(tx: &Tx<'_>, req: &ClaimRequest) -> Done<Claim> {
     tx.lock(operation_lock(&req.key)).await?;
     let existing = operation_for_update(tx, &req.key).await?;

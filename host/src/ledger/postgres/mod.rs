@@ -29,6 +29,8 @@
 mod db;
 mod jobs;
 mod name;
+
+pub use name::without_password;
 mod notify;
 mod schema;
 
@@ -173,8 +175,13 @@ impl PostgresStore {
     /// One statement outside any transaction: a read of committed state.
     async fn read(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, LedgerError> {
         let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(|e| db::failed(&self.name, sql, &e))?;
-        client.query(&statement, params).await.map_err(|e| db::failed(&self.name, sql, &e))
+        let rows = match client.prepare_cached(sql).await {
+            Ok(statement) => client.query(&statement, params).await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| db::failed(&self.name, sql, &e));
+        forget_if_broken(client, &rows);
+        rows
     }
 
     async fn records<T: serde::de::DeserializeOwned>(
@@ -196,14 +203,29 @@ impl PostgresStore {
     }
 }
 
+/// Drops a connection from the pool after the database failed a call on it (`Database`, not a
+/// refusal such as `Fenced`): it may be one the server closed, which the pool would otherwise
+/// hand to the next call before it noticed. A new one is made when needed.
+fn forget_if_broken<T>(client: deadpool_postgres::Client, ended: &Result<T, LedgerError>) {
+    if matches!(ended, Err(LedgerError::Database { .. })) {
+        drop(deadpool_postgres::Object::take(client));
+    }
+}
+
 /// Runs `job` on the transaction `tx` of a fresh connection, then commits or rolls back.
 macro_rules! transaction {
     ($store:expr, |$tx:ident| $job:expr) => {{
         let store = $store;
         let mut client = store.client().await?;
-        let $tx = store.begin(&mut client).await?;
-        let done = $job.await;
-        store.end($tx, done).await
+        let ended = match store.begin(&mut client).await {
+            Ok($tx) => {
+                let done = $job.await;
+                store.end($tx, done).await
+            }
+            Err(e) => Err(e),
+        };
+        forget_if_broken(client, &ended);
+        ended
     }};
 }
 
@@ -363,6 +385,14 @@ impl Store for PostgresStore {
 
     fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn bind_key<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::bind_key(&tx, ids)) })
     }
 
     fn changed<'a>(&'a self, key: &'a str, timeout: Duration) -> BoxFuture<'a, ()> {

@@ -3,7 +3,7 @@
 /// `url` without its password, in either form libpq accepts: a URI
 /// (`postgres://user:secret@host/db?password=secret`) or key/value pairs
 /// (`host=h password='a secret' dbname=d`).
-pub(super) fn without_password(url: &str) -> String {
+pub fn without_password(url: &str) -> String {
     let trimmed = url.trim();
     if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
         uri_without_password(trimmed)

@@ -3,9 +3,10 @@
 //! notification is sent on COMMIT, so it never announces what was not recorded), and one
 //! connection per host `LISTEN`s and hands each key to the waiters of this host.
 //!
-//! A wait is only ever shortened: a notification lost (the listening connection dropped, a wait
-//! started just after one was sent) leaves a waiter to its timeout, which is where it would have
-//! looked again anyway.
+//! A notification can be lost (the listening connection dropped, or the change committed between
+//! a waiter's look and its subscription), so a wait also ends after [`LOOK_AGAIN`] at most: a
+//! waiter looks again once a second instead of 40 times (the poll of a store that cannot
+//! announce), which is what keeps many waiters on one database from crowding out its owner.
 
 use std::time::Duration;
 
@@ -14,6 +15,9 @@ use tokio::sync::{Mutex, broadcast};
 
 use super::db::Tx;
 use crate::ledger::LedgerError;
+
+/// The longest a waiter waits for an announcement before it looks again anyway.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
 /// The channel every host listens on; the payload is an operation key.
 pub(super) const CHANNEL: &str = "oncebox_changed";
@@ -41,9 +45,9 @@ impl Listener {
         Listener { config, live: Mutex::new(None) }
     }
 
-    /// Resolves when `key` is announced, or after `timeout`.
+    /// Resolves when `key` is announced, or after `timeout` (or [`LOOK_AGAIN`], if sooner).
     pub async fn wait(&self, key: &str, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = tokio::time::Instant::now() + timeout.min(LOOK_AGAIN);
         let Some(mut keys) = tokio::time::timeout_at(deadline, self.subscribe()).await.ok().flatten() else {
             tokio::time::sleep_until(deadline).await;
             return;

@@ -71,6 +71,13 @@ CREATE TABLE oncebox_approvals (
 );
 CREATE INDEX oncebox_approvals_run ON oncebox_approvals (run_id, operation_key);
 
+-- The id of the fingerprint key the hosts share (`keys::FingerprintKey::ids`, never the key): one
+-- row, so that a host given another key file is refused instead of seeing every replay conflict.
+CREATE TABLE oncebox_key (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    id text NOT NULL
+);
+
 CREATE TABLE oncebox_tombstones (
     operation_key text COLLATE "C" PRIMARY KEY,
     record bytea NOT NULL
