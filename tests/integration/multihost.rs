@@ -151,6 +151,11 @@ async fn a_process_killed_mid_call_leaves_the_step_to_another_after_its_lease_ne
     let (_, taken, stderr) = call(&url, &key, &provider, "charge", "o-kill", &[]);
     assert_eq!(taken["status"], "unknown", "taken over, the charge in doubt is not sent again: {taken} {stderr}");
     assert_eq!(provider.counts("o-kill").payments, 1);
+    // The ledger commands read the shared ledger as they read a file.
+    let (code, listed, stderr) = crate::support::oncebox(&["ledger", "list", "--ledger", &url, "--run", "multi"]);
+    assert_eq!((code, listed["step"].as_str(), listed["status"].as_str()), (0, Some("charge"), Some("unknown")), "{stderr}");
+    let (code, report, stderr) = crate::support::oncebox(&["recover", "--ledger", &url]);
+    assert_eq!(code, 1, "a person (or reconcile) must decide the unknown charge: {report} {stderr}");
     let (code, reconciled, stderr) = finish(spawn("reconcile", &url, &key, &provider, "charge", "o-kill", &[]));
     assert_eq!(code, 0, "{reconciled} {stderr}");
     let (_, replay, _) = call(&url, &key, &provider, "charge", "o-kill", &[]);
