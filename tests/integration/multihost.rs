@@ -3,7 +3,7 @@
 //! effect is counted at the example provider, never where oncebox believes it went.
 #![cfg(unix)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -15,34 +15,57 @@ use crate::support::{charge, eventually};
 /// A lease short enough that a test waits it out, long enough that a live process renews it.
 const LEASE_MS: &str = "1500";
 
-/// One `oncebox call` (or `reconcile`) of the charge tool for `step` of `order`, as a process.
-fn spawn(
-    command: &str,
-    url: &str,
-    key: &Path,
-    provider: &ProviderHandle,
-    step: &str,
-    order: &str,
-    extra: &[&str],
-) -> Child {
-    let base = provider.base_url();
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
-    let mut args: Vec<String> = [command, "--ledger", url, "--run", "multi", "--step", step, "--lease-ms", LEASE_MS]
-        .into_iter()
-        .map(String::from)
-        .collect();
-    args.extend(["--config".into(), format!("base_url={base}"), "--grant".into(), format!("http={base}")]);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args.extend([oncebox_artifacts::CHARGE.to_string(), charge(order).to_string()]);
-    Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(&args)
-        .env("ONCEBOX_CACHE", &cache)
-        .env("ONCEBOX_KEY_FILE", key)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn oncebox")
+/// A database of the test cluster, the key file its hosts share, and the provider they charge.
+struct Hosts {
+    url: String,
+    key: PathBuf,
+    provider: ProviderHandle,
+    dir: tempfile::TempDir,
+}
+
+async fn hosts() -> Hosts {
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = Provider::start().await.expect("provider");
+    Hosts { url: crate::pg::fresh_database().await, key: dir.path().join("hosts.key"), provider, dir }
+}
+
+impl Hosts {
+    /// One `oncebox call` (or `reconcile`) of the charge tool for `step` of `order`, as a process.
+    fn spawn(&self, command: &str, step: &str, order: &str, extra: &[&str]) -> Child {
+        self.spawn_keyed(&self.key, command, step, order, extra)
+    }
+
+    /// The same, as a host given the key file `key`.
+    fn spawn_keyed(&self, key: &Path, command: &str, step: &str, order: &str, extra: &[&str]) -> Child {
+        let base = self.provider.base_url();
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+        let mut args: Vec<String> =
+            [command, "--ledger", &self.url, "--run", "multi", "--step", step, "--lease-ms", LEASE_MS]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        args.extend(["--config".into(), format!("base_url={base}"), "--grant".into(), format!("http={base}")]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([oncebox_artifacts::CHARGE.to_string(), charge(order).to_string()]);
+        Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .args(&args)
+            .env("ONCEBOX_CACHE", &cache)
+            .env("ONCEBOX_KEY_FILE", key)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn oncebox")
+    }
+
+    fn call(&self, step: &str, order: &str, extra: &[&str]) -> (i32, Value, String) {
+        finish(self.spawn("call", step, order, extra))
+    }
+
+    /// The provider's own count of `order`'s charges.
+    fn charges(&self, order: &str) -> u64 {
+        self.provider.counts(order).payments
+    }
 }
 
 /// Waits for a process; its exit code, the JSON it printed first and its stderr.
@@ -51,17 +74,6 @@ fn finish(child: Child) -> (i32, Value, String) {
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     let json = stdout.lines().next().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null);
     (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
-}
-
-fn call(
-    url: &str,
-    key: &Path,
-    provider: &ProviderHandle,
-    step: &str,
-    order: &str,
-    extra: &[&str],
-) -> (i32, Value, String) {
-    finish(spawn("call", url, key, provider, step, order, extra))
 }
 
 /// Runs SQL as the cluster's superuser on its maintenance database (not the ledger's, which the
@@ -100,17 +112,13 @@ async fn reconnect(url: &str) {
 /// charge lands, and every process answers with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_processes_calling_one_step_charge_once() {
-    let url = crate::pg::fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let key = dir.path().join("hosts.key");
-    let provider = Provider::start().await.expect("provider");
+    let h = hosts().await;
     // One call first: the component is compiled into the cache once, not by 64 processes at once.
-    let (code, warm, stderr) = call(&url, &key, &provider, "warm", "o-warm", &[]);
+    let (code, warm, stderr) = h.call("warm", "o-warm", &[]);
     assert_eq!((code, warm["status"].as_str()), (0, Some("completed")), "{warm} {stderr}");
     // The first charge commits, then its answer is held while the others arrive.
-    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 1_500 }).for_order("o-64"));
-    let children: Vec<Child> =
-        (0..64).map(|_| spawn("call", &url, &key, &provider, "charge", "o-64", &["--wait", "60"])).collect();
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 1_500 }).for_order("o-64"));
+    let children: Vec<Child> = (0..64).map(|_| h.spawn("call", "charge", "o-64", &["--wait", "60"])).collect();
     let outcomes: Vec<(i32, Value, String)> =
         tokio::task::spawn_blocking(move || children.into_iter().map(finish).collect()).await.expect("join");
     let mut seen = std::collections::BTreeMap::<String, usize>::new();
@@ -127,7 +135,7 @@ async fn sixty_four_processes_calling_one_step_charge_once() {
     let keys: std::collections::BTreeSet<&str> =
         outcomes.iter().filter_map(|(_, o, _)| o["output"]["id"].as_str()).collect();
     assert_eq!(keys.len(), 1, "every process answers with the same payment: {keys:?}");
-    assert_eq!(provider.counts("o-64").payments, 1, "one charge at the provider");
+    assert_eq!(h.charges("o-64"), 1, "one charge at the provider");
 }
 
 /// A process killed with SIGKILL while its charge is at the provider holds the step until its
@@ -135,32 +143,33 @@ async fn sixty_four_processes_calling_one_step_charge_once() {
 /// instead of charging again; reconciliation asks the provider and completes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_mid_call_leaves_the_step_to_another_after_its_lease_never_charged_twice() {
-    let url = crate::pg::fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let key = dir.path().join("hosts.key");
-    let provider = Provider::start().await.expect("provider");
-    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 20_000 }).for_order("o-kill"));
-    let mut first = spawn("call", &url, &key, &provider, "charge", "o-kill", &["--timeout-ms", "30000"]);
-    eventually("the first process's charge landed", || provider.counts("o-kill").payments == 1).await;
+    let h = hosts().await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 20_000 }).for_order("o-kill"));
+    let mut first = h.spawn("call", "charge", "o-kill", &["--timeout-ms", "30000"]);
+    eventually("the first process's charge landed", || h.charges("o-kill") == 1).await;
     first.kill().expect("SIGKILL");
     let _ = first.wait();
     // Its lease still holds: another process is told the step is in progress, and dispatches nothing.
-    let (_, busy, stderr) = call(&url, &key, &provider, "charge", "o-kill", &[]);
+    let (_, busy, stderr) = h.call("charge", "o-kill", &[]);
     assert_eq!(busy["status"], "in-progress", "{busy} {stderr}");
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    let (_, taken, stderr) = call(&url, &key, &provider, "charge", "o-kill", &[]);
+    let (_, taken, stderr) = h.call("charge", "o-kill", &[]);
     assert_eq!(taken["status"], "unknown", "taken over, the charge in doubt is not sent again: {taken} {stderr}");
-    assert_eq!(provider.counts("o-kill").payments, 1);
+    assert_eq!(h.charges("o-kill"), 1);
     // The ledger commands read the shared ledger as they read a file.
-    let (code, listed, stderr) = crate::support::oncebox(&["ledger", "list", "--ledger", &url, "--run", "multi"]);
-    assert_eq!((code, listed["step"].as_str(), listed["status"].as_str()), (0, Some("charge"), Some("unknown")), "{stderr}");
-    let (code, report, stderr) = crate::support::oncebox(&["recover", "--ledger", &url]);
+    let (code, listed, stderr) = crate::support::oncebox(&["ledger", "list", "--ledger", &h.url, "--run", "multi"]);
+    assert_eq!(
+        (code, listed["step"].as_str(), listed["status"].as_str()),
+        (0, Some("charge"), Some("unknown")),
+        "{stderr}"
+    );
+    let (code, report, stderr) = crate::support::oncebox(&["recover", "--ledger", &h.url]);
     assert_eq!(code, 1, "a person (or reconcile) must decide the unknown charge: {report} {stderr}");
-    let (code, reconciled, stderr) = finish(spawn("reconcile", &url, &key, &provider, "charge", "o-kill", &[]));
+    let (code, reconciled, stderr) = finish(h.spawn("reconcile", "charge", "o-kill", &[]));
     assert_eq!(code, 0, "{reconciled} {stderr}");
-    let (_, replay, _) = call(&url, &key, &provider, "charge", "o-kill", &[]);
+    let (_, replay, _) = h.call("charge", "o-kill", &[]);
     assert_eq!((replay["status"].as_str(), replay["replayed"].as_bool()), (Some("completed"), Some(true)), "{replay}");
-    assert_eq!(provider.counts("o-kill").payments, 1, "one charge at the provider, after all of it");
+    assert_eq!(h.charges("o-kill"), 1, "one charge at the provider, after all of it");
 }
 
 /// A process that cannot reach its database dispatches nothing; one cut off while its charge is
@@ -168,49 +177,44 @@ async fn a_process_killed_mid_call_leaves_the_step_to_another_after_its_lease_ne
 /// others (never charged again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_cut_off_from_its_database_fails_closed() {
-    let url = crate::pg::fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let key = dir.path().join("hosts.key");
-    let provider = Provider::start().await.expect("provider");
-    let (code, warm, stderr) = call(&url, &key, &provider, "warm", "o-warm", &[]);
+    let h = hosts().await;
+    let (code, warm, stderr) = h.call("warm", "o-warm", &[]);
     assert_eq!((code, warm["status"].as_str()), (0, Some("completed")), "{warm} {stderr}");
 
-    cut_off(&url).await;
-    let (code, outcome, stderr) = call(&url, &key, &provider, "before", "o-before", &[]);
+    cut_off(&h.url).await;
+    let (code, outcome, stderr) = h.call("before", "o-before", &[]);
     assert_eq!(code, 3, "the host failed, not the tool: {outcome} {stderr}");
     assert!(stderr.contains("postgres://"), "the error names the ledger: {stderr}");
-    assert_eq!(provider.counts("o-before").payments, 0, "nothing dispatched without a ledger");
-    reconnect(&url).await;
+    assert_eq!(h.charges("o-before"), 0, "nothing dispatched without a ledger");
+    reconnect(&h.url).await;
 
-    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 3_000 }).for_order("o-cut"));
-    let midway = spawn("call", &url, &key, &provider, "cut", "o-cut", &["--timeout-ms", "10000"]);
-    eventually("the charge landed", || provider.counts("o-cut").payments == 1).await;
-    cut_off(&url).await;
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 3_000 }).for_order("o-cut"));
+    let midway = h.spawn("call", "cut", "o-cut", &["--timeout-ms", "10000"]);
+    eventually("the charge landed", || h.charges("o-cut") == 1).await;
+    cut_off(&h.url).await;
     let (code, outcome, stderr) = tokio::task::spawn_blocking(move || finish(midway)).await.expect("join");
     assert_ne!(
         outcome["status"], "completed",
         "an answer it could not record is not reported done: {outcome} {stderr}"
     );
     assert_ne!(code, 0, "{outcome} {stderr}");
-    reconnect(&url).await;
+    reconnect(&h.url).await;
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    let (_, after, stderr) = call(&url, &key, &provider, "cut", "o-cut", &[]);
+    let (_, after, stderr) = h.call("cut", "o-cut", &[]);
     assert_eq!(after["status"], "unknown", "the charge written ahead is in doubt, not sent again: {after} {stderr}");
-    assert_eq!(provider.counts("o-cut").payments, 1, "one charge at the provider");
-    assert_eq!(provider.counts("o-before").payments, 0);
+    assert_eq!(h.charges("o-cut"), 1, "one charge at the provider");
+    assert_eq!(h.charges("o-before"), 0);
 }
 
 /// A host given another key file is refused by the database the others use: its fingerprints
 /// would never match theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_with_another_key_file_is_refused() {
-    let url = crate::pg::fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let provider = Provider::start().await.expect("provider");
-    let (code, first, stderr) = call(&url, &dir.path().join("a.key"), &provider, "one", "o-key", &[]);
+    let h = hosts().await;
+    let (code, first, stderr) = finish(h.spawn_keyed(&h.dir.path().join("a.key"), "call", "one", "o-key", &[]));
     assert_eq!((code, first["status"].as_str()), (0, Some("completed")), "{first} {stderr}");
-    let (code, other, stderr) = call(&url, &dir.path().join("b.key"), &provider, "one", "o-key", &[]);
+    let (code, other, stderr) = finish(h.spawn_keyed(&h.dir.path().join("b.key"), "call", "one", "o-key", &[]));
     assert_eq!(code, 3, "{other} {stderr}");
     assert!(stderr.contains("key file"), "the error says why: {stderr}");
-    assert_eq!(provider.counts("o-key").payments, 1);
+    assert_eq!(h.charges("o-key"), 1);
 }

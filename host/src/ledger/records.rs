@@ -219,6 +219,20 @@ pub struct OutboxMessage {
     pub delivery: Delivery,
 }
 
+impl OutboxMessage {
+    /// The message an `outbox` effect enqueues as number `seq`, not delivered yet.
+    pub fn enqueued(seq: u64, effect: &EffectRecord, topic: &str, payload: &str) -> Self {
+        OutboxMessage {
+            seq,
+            effect_key: effect.key.clone(),
+            topic: topic.to_string(),
+            payload: payload.to_string(),
+            enqueued_ms: effect.updated_ms,
+            delivery: Delivery::default(),
+        }
+    }
+}
+
 /// What reconciliation or a person established about an unknown operation's in-doubt effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {

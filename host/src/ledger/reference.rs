@@ -170,15 +170,7 @@ impl State {
                 }
                 LocalWrite::Outbox { topic, payload } => {
                     let seq = self.outbox.len() as u64 + 1;
-                    let message = OutboxMessage {
-                        seq,
-                        effect_key: effect.key.clone(),
-                        topic,
-                        payload,
-                        enqueued_ms: effect.updated_ms,
-                        delivery: Default::default(),
-                    };
-                    self.outbox.push(message);
+                    self.outbox.push(OutboxMessage::enqueued(seq, &effect, &topic, &payload));
                 }
             }
             self.effects.insert((key.to_string(), effect.key.clone()), effect);

@@ -450,14 +450,7 @@ async fn apply_local(
                         what: format!("{}: no outbox_seq in oncebox_meta", tx.store),
                     })?;
                 let seq = uint(super::db::column(&row, 0, "oncebox_meta")?);
-                let message = OutboxMessage {
-                    seq,
-                    effect_key: effect.key.clone(),
-                    topic: topic.clone(),
-                    payload: payload.clone(),
-                    enqueued_ms: effect.updated_ms,
-                    delivery: Default::default(),
-                };
+                let message = OutboxMessage::enqueued(seq, effect, topic, payload);
                 tx.exec(
                     "INSERT INTO oncebox_outbox (seq, topic, delivered, record) VALUES ($1, $2, false, $3)",
                     &[&int(seq), topic, &encode(&message)?],

@@ -293,14 +293,7 @@ fn apply_local(
                 let mut meta = txn.open_table(META)?;
                 let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
                 meta.insert(OUTBOX_SEQ_KEY, seq)?;
-                let message = OutboxMessage {
-                    seq,
-                    effect_key: effect.key.clone(),
-                    topic: topic.clone(),
-                    payload: payload.clone(),
-                    enqueued_ms: effect.updated_ms,
-                    delivery: Default::default(),
-                };
+                let message = OutboxMessage::enqueued(seq, effect, topic, payload);
                 put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
                 txn.open_table(OUTBOX_PENDING)?.insert((topic.as_str(), seq), ())?;
             }
