@@ -88,8 +88,9 @@ async fn case(tool: &str, route: Route, args: &Value, downstream: Downstream, fa
     seen.push(host.call(call()).await.expect("first call"));
     seen.push(host.call(call()).await.expect("the orchestrator retries the step"));
     provider.settled().await;
-    // The settle window runs from the end of the last send (its start plus the host's timeout).
-    tokio::time::sleep(SETTLE + TIMEOUT + Duration::from_millis(100)).await;
+    // The settle window runs from the end of the last send (its write-ahead, plus the time it may
+    // take to leave, plus the host's timeout).
+    tokio::time::sleep(oncebox::SEND_BY + SETTLE + TIMEOUT + Duration::from_millis(100)).await;
     let reconciles = host.manifest(tool).is_some_and(|m| m.class.reconciles());
     let lookups_tell_the_truth = !matches!(downstream, Downstream::Keyless);
     if seen.last().is_some_and(|o| o.status == Status::Unknown) && reconciles && lookups_tell_the_truth {

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use guard::SEND_BY;
 pub use provider::{EffectProvider, ProviderOutcome};
 
 pub(crate) use http::retry_after;
@@ -83,9 +84,10 @@ impl Shared {
     /// What the effect's downstream promises about looking it up: how long after its last
     /// dispatch it can still commit, and when it forgets the effect's key.
     pub fn lookup(&self, effect: &EffectRecord) -> crate::failure::Lookup {
+        let send_by_ms = guard::SEND_BY.as_millis() as u64;
         match effect.kind.strip_prefix("provider:") {
             Some(name) => crate::failure::Lookup {
-                sent_until_ms: effect.last_dispatch_ms(),
+                sent_until_ms: effect.last_dispatch_ms().saturating_add(send_by_ms),
                 settle_window: self
                     .providers
                     .get(name)
@@ -97,8 +99,9 @@ impl Shared {
                 let retention_ms = u64::try_from(target.key_retention.as_millis()).unwrap_or(u64::MAX);
                 let timeout_ms = u64::try_from(target.timeout.as_millis()).unwrap_or(u64::MAX);
                 crate::failure::Lookup {
-                    // The request may have been on its way until the client gave up on it.
-                    sent_until_ms: effect.last_dispatch_ms().saturating_add(timeout_ms),
+                    // The request may have left until `SEND_BY` after its write-ahead, and been on
+                    // its way until the client gave up on it.
+                    sent_until_ms: effect.last_dispatch_ms().saturating_add(send_by_ms).saturating_add(timeout_ms),
                     settle_window: target.settle_window,
                     forgotten_from_ms: target
                         .honours_keys

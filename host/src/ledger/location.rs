@@ -8,8 +8,8 @@ use std::str::FromStr;
 use super::postgres::without_password;
 use super::{Ledger, LedgerError};
 
-/// A ledger's location: `postgres://…` (or `postgresql://…`) names a database, anything else a
-/// redb file.
+/// A ledger's location: `postgres://…` (or `postgresql://…`, or libpq's `host=… dbname=…`)
+/// names a database, anything else a redb file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerAt {
     File(PathBuf),
@@ -51,7 +51,10 @@ impl FromStr for LedgerAt {
     type Err = std::convert::Infallible;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Ok(if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        // A URL, or libpq key/value pairs the driver reads (`host=db dbname=ob`); a path never
+        // parses as those (a word without `=`, or an option the driver does not know).
+        let pairs = text.contains('=') && text.parse::<tokio_postgres::Config>().is_ok();
+        Ok(if text.starts_with("postgres://") || text.starts_with("postgresql://") || pairs {
             LedgerAt::Postgres(text.to_string())
         } else {
             LedgerAt::File(PathBuf::from(text))
@@ -87,5 +90,9 @@ mod tests {
         let file: LedgerAt = "ledger.redb".parse().unwrap_or_else(|e| match e {});
         assert_eq!(file.file(), Some(Path::new("ledger.redb")));
         assert!(!file.is_shared());
+        let pairs: LedgerAt = "host=db password=s3cret dbname=ob".parse().unwrap_or_else(|e| match e {});
+        assert!(pairs.is_shared() && !pairs.to_string().contains("s3cret"), "{pairs}");
+        let odd: LedgerAt = "runs/a=b.redb".parse().unwrap_or_else(|e| match e {});
+        assert!(!odd.is_shared(), "a path with = in it is still a path");
     }
 }

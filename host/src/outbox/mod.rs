@@ -13,7 +13,7 @@
 //! refused connection, a 429, a 5xx, 408, 409 or a timeout is sent again after a capped, jittered
 //! backoff; any other 4xx (or a 3xx: redirects are not followed) stops the topic at that message,
 //! reported, until the relay is started again. One relay per ledger: two would each send a topic's
-//! head.
+//! head (a shared ledger does not refuse a second one yet).
 
 mod rules;
 mod send;
@@ -31,6 +31,9 @@ pub use rules::{Endpoint, MAX_ATTEMPTS_PER_PASS, Verdict, jitter, judge, wait};
 
 /// Messages read from a topic's head at a time.
 const BATCH: usize = 64;
+
+/// How often a relay on a ledger that other hosts share looks for what they enqueued.
+const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why the relay stopped before it was asked to.
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +252,15 @@ impl Relay {
             let ended = self.drain(&topic, &endpoint, mode, &mut stopping, &mut report).await?;
             match (ended, mode) {
                 (Ended::Done, Mode::Pass) => break,
+                (Ended::Done, Mode::Forever) if self.inner.ledger.is_shared() => {
+                    // Other hosts enqueue into a shared ledger without this process hearing of
+                    // it: look again every LOOK_AGAIN, and at once for this process's own.
+                    tokio::select! {
+                        _ = enqueued.changed() => {}
+                        _ = tokio::time::sleep(LOOK_AGAIN) => {}
+                        _ = stopping.wait_for(|stop| *stop) => break,
+                    }
+                }
                 (Ended::Done, Mode::Forever) => {
                     let woken = tokio::select! {
                         changed = enqueued.changed() => changed.is_ok(),
