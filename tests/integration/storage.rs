@@ -42,6 +42,8 @@ pub enum Fault {
     /// Every fsync (`sync_data`) fails with an I/O error until healed; the writes it was to make
     /// durable are kept or lost.
     SyncError(Unsynced),
+    /// Every fsync succeeds, this many milliseconds late, until healed (a disk that stalls).
+    SlowSync(u64),
 }
 
 /// When an armed fault takes effect.
@@ -223,6 +225,9 @@ impl StorageBackend for FaultyBackend {
             state.failures += 1;
             self.drop_pending(&mut state, unsynced);
             return Err(eio("fsync"));
+        }
+        if let Some(Fault::SlowSync(ms)) = state.active {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         self.write_back(&mut state)?;
         self.file.sync_data()?;
@@ -414,6 +419,26 @@ async fn a_write_ahead_that_cannot_be_made_durable_sends_nothing_and_the_host_fa
         }
         assert_eq!(provider.counts(&first).payments, 1, "{fault:?}");
     }
+}
+
+/// A write-ahead whose commit took longer than `SEND_BY` (a disk that stalled, a host paused or
+/// starved between the two) is not sent: by then another host sharing the ledger may have taken
+/// the step over and reconciled it. The step is in doubt and nothing reached the provider.
+#[tokio::test]
+async fn an_effect_whose_write_ahead_took_too_long_is_not_sent_and_is_in_doubt() {
+    let provider = Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("ledger.redb");
+    let (storage, host) = faulty_host(&path, &provider, false).await;
+    storage.arm(When::Now, Fault::SlowSync(oncebox::SEND_BY.as_millis() as u64 + 300));
+    let requests = provider.requests();
+    let late = host.call(step("slow", "charge-1", "charge", &charge("o-slow"))).await.expect("call");
+    storage.heal();
+    assert_eq!(late.status, Status::Unknown, "{late:?}");
+    assert_eq!(provider.requests(), requests, "a send that could not follow its write-ahead in time left anyway");
+    let effects = host.ledger().effects(late.operation_key.as_deref().expect("key")).await.expect("read");
+    assert!(effects.iter().all(|e| e.status.in_doubt()), "{effects:?}");
+    assert_eq!(provider.counts("o-slow").payments, 0);
 }
 
 #[tokio::test]
