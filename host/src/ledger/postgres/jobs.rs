@@ -110,7 +110,6 @@ async fn fresh_fence(tx: &Tx<'_>) -> Result<u64, LedgerError> {
     Ok(uint(super::db::column(&row, 0, "oncebox_fence")?))
 }
 
-/// Decides, in the database, who runs an operation ([`verdict`]), and writes the claim.
 /// Binds the ledger to the hosts' key ([`crate::ledger::Store::bind_key`]): the first host's
 /// newest id is kept; a host whose older ids hold the kept one brings a rotation, which is kept
 /// instead; any other host is refused. The row is locked, so two hosts binding at once are
@@ -138,7 +137,19 @@ pub(super) async fn bind_key(tx: &Tx<'_>, ids: &[String]) -> Done<()> {
     Err(LedgerError::KeyMismatch { store: tx.store.to_string(), host_key: newest.clone(), store_key: kept })
 }
 
+/// Decides, in the database, who runs an operation ([`verdict`]), and writes the claim.
 pub(super) async fn claim(tx: &Tx<'_>, req: &ClaimRequest) -> Done<Claim> {
+    // A replay, a conflict or a live lease is answered from a plain read, without the operation's
+    // lock, so that replays and waiters do not queue behind the owner's writes: an operation
+    // never leaves completed or failed, its fingerprint never changes, an unknown one is reopened
+    // only under the lock (`reopen`), and a live lease read a moment late only makes the caller
+    // look again. Only a new claim or a take-over takes the lock, and decides again under it.
+    if let Some(row) = tx.opt("SELECT record FROM oncebox_operations WHERE key = $1", &[&req.key]).await? {
+        let op: OperationRecord = record(&row, 0, "oncebox_operations")?;
+        if let Some(answer) = verdict(Some(&op), req) {
+            return Ok((answer, false));
+        }
+    }
     tx.lock(operation_lock(&req.key)).await?;
     let existing = operation_for_update(tx, &req.key).await?;
     if let Some(answer) = verdict(existing.as_ref().map(|(op, _)| op), req) {
