@@ -1,12 +1,12 @@
-//! oncebox itself: a host on a ledger file in the benchmark's directory, the real components, and
-//! the example provider on loopback.
+//! oncebox itself: a host on a ledger file in the benchmark's directory (or on a PostgreSQL
+//! database), the real components, and the example provider on loopback.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use oncebox::{Call, Grant, Host, HttpTarget, Status};
+use oncebox::{Call, Grant, Host, HostBuilder, HttpTarget, LedgerAt, Status};
 use oncebox_example_provider::{Provider, ProviderHandle};
 use serde_json::json;
 
@@ -17,8 +17,18 @@ pub struct Bench {
     pub provider: ProviderHandle,
 }
 
-/// A host on a ledger in `dir`, keeping compiled components in `cache` (kept between runs).
+/// A host on a ledger file in `dir`, keeping compiled components in `cache` (kept between runs).
 pub async fn start(dir: &Path, cache: &Path) -> anyhow::Result<Bench> {
+    start_on(Host::builder(dir.join("ledger.redb")), cache).await
+}
+
+/// A host on the PostgreSQL ledger at `url`, its key file in `dir` (a shared ledger needs one).
+pub async fn start_postgres(url: &str, dir: &Path, cache: &Path) -> anyhow::Result<Bench> {
+    start_on(HostBuilder::at(LedgerAt::Postgres(url.into())).key_file(dir.join("postgres.key")), cache).await
+}
+
+/// The host of `builder`, with the benchmark's tools and the example provider on loopback.
+async fn start_on(builder: HostBuilder, cache: &Path) -> anyhow::Result<Bench> {
     let provider = Provider::start().await?;
     let target = HttpTarget {
         honours_keys: true,
@@ -26,7 +36,7 @@ pub async fn start(dir: &Path, cache: &Path) -> anyhow::Result<Bench> {
         timeout: Duration::from_secs(10),
         ..Default::default()
     };
-    let host = Host::builder(dir.join("ledger.redb"))
+    let host = builder
         .http_target(provider.addr().to_string(), target)
         .tool_config("charge", "base_url", provider.base_url())
         .grant("charge", Grant::Http(provider.base_url().parse().map_err(anyhow::Error::msg)?))

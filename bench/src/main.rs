@@ -1,6 +1,7 @@
 //! `cargo run --release -p oncebox-bench [-- --json]`: oncebox against its physical limit (an
 //! fsync), the tool's logic as plain Rust, and two hand-built alternatives, all in one run on the
-//! same machine and filesystem. Prints a table (BENCHMARKS.md keeps the latest), or one JSON object.
+//! same machine and filesystem; and oncebox on a PostgreSQL ledger (a throwaway local cluster,
+//! `fsync=on`, `synchronous_commit=on`) when the server's binaries are installed. Prints a table (BENCHMARKS.md keeps the latest), or one JSON object.
 
 mod alternatives;
 mod baselines;
@@ -28,8 +29,9 @@ struct Args {
     /// Fewer iterations: a smoke run, not a measurement.
     #[arg(long)]
     quick: bool,
-    /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us or throughput_64),
-    /// for a profiler: `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
+    /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64, or
+    /// on PostgreSQL pg_fresh_kv_us or pg_throughput_64), for a profiler:
+    /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
     only: Option<String>,
 }
@@ -45,18 +47,34 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, 25) };
 
+    let cache = args.dir.join("compile-cache");
     if let Some(only) = &args.only {
-        let b = host_runs::start(&dir, &args.dir.join("compile-cache")).await?;
-        if only == "throughput_64" {
+        const MEASURES: [&str; 7] = [
+            "instantiate_us",
+            "replay_us",
+            "fresh_kv_us",
+            "fresh_http_us",
+            "throughput_64",
+            "pg_fresh_kv_us",
+            "pg_throughput_64",
+        ];
+        anyhow::ensure!(MEASURES.contains(&only.as_str()), "--only {only}: one of {}", MEASURES.join(", "));
+        let (b, name) = match only.strip_prefix("pg_") {
+            Some(name) => {
+                let Some(url) = postgres_database().await? else { return Ok(()) };
+                (host_runs::start_postgres(&url, &dir, &cache).await?, name)
+            }
+            None => (host_runs::start(&dir, &cache).await?, only.as_str()),
+        };
+        if name == "throughput_64" {
             println!("{only}: {:.0} calls/s", host_runs::throughput(&b, 64, each * 2).await?);
             return Ok(());
         }
-        let latency = match only.as_str() {
+        let latency = match name {
             "instantiate_us" => host_runs::instantiate(&b, fast).await?,
             "replay_us" => host_runs::replay(&b, fast).await?,
             "fresh_kv_us" => host_runs::fresh_kv(&b, slow).await?,
-            "fresh_http_us" => host_runs::fresh_http(&b, slow).await?,
-            other => anyhow::bail!("--only {other}: one of instantiate_us, replay_us, fresh_kv_us, fresh_http_us"),
+            _ => host_runs::fresh_http(&b, slow).await?,
         };
         println!("{only}: p50 {:.1} p99 {:.1}", latency.p50, latency.p99);
         return Ok(());
@@ -68,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     let redb_commit_us = baselines::redb_commit(&dir, slow)?;
 
     eprintln!("measuring oncebox...");
-    let b = host_runs::start(&dir, &args.dir.join("compile-cache")).await?;
+    let b = host_runs::start(&dir, &cache).await?;
     let instantiate_us = host_runs::instantiate(&b, fast).await?;
     let replay_us = host_runs::replay(&b, fast).await?;
     let fresh_kv_us = host_runs::fresh_kv(&b, slow).await?;
@@ -78,6 +96,21 @@ async fn main() -> anyhow::Result<()> {
     let commits_before = b.host.ledger().commits();
     let throughput_64 = host_runs::throughput(&b, 64, each).await?;
     let commits_per_call_64 = (b.host.ledger().commits() - commits_before) as f64 / (64 * each) as f64;
+
+    // The same tools and workload on a PostgreSQL ledger: a throwaway cluster on this filesystem.
+    let mut postgres = None;
+    if let Some(url) = postgres_database().await? {
+        eprintln!("measuring oncebox on PostgreSQL...");
+        let settings = oncebox_pg_cluster::settings(&url).await?;
+        let pg = host_runs::start_postgres(&url, &dir, &cache).await?;
+        let fresh_kv_us = host_runs::fresh_kv(&pg, slow).await?;
+        let commits_before = pg.host.ledger().commits();
+        let throughput_64 = host_runs::throughput(&pg, 64, each).await?;
+        let commits_per_call_64 = (pg.host.ledger().commits() - commits_before) as f64 / (64 * each) as f64;
+        pg.provider.shutdown().await;
+        postgres =
+            Some(report::Postgres { settings: settings.into(), fresh_kv_us, throughput_64, commits_per_call_64 });
+    }
 
     eprintln!("measuring the alternatives...");
     let naive_redb_64 = alternatives::naive_redb(&dir, 64, (each / 2).max(2))?;
@@ -97,6 +130,10 @@ async fn main() -> anyhow::Result<()> {
         naive_redb_64,
         sqlite_64,
         commits_per_call_64,
+        pg_fresh_kv_us: postgres.as_ref().map(|p| p.fresh_kv_us),
+        pg_throughput_64: postgres.as_ref().map(|p| p.throughput_64),
+        pg_commits_per_call_64: postgres.as_ref().map(|p| p.commits_per_call_64),
+        pg_settings: postgres.map(|p| p.settings),
         targets: Vec::new(),
         machine: report::Machine::here(&dir),
     };
@@ -108,4 +145,14 @@ async fn main() -> anyhow::Result<()> {
     }
     b.provider.shutdown().await;
     Ok(())
+}
+
+/// A new database on a throwaway PostgreSQL cluster (started on first use), or `None`, said in one
+/// line, when the server's binaries are not installed: the PostgreSQL measures are then skipped.
+async fn postgres_database() -> anyhow::Result<Option<String>> {
+    if !oncebox_pg_cluster::installed() {
+        eprintln!("PostgreSQL is not installed (no initdb and postgres found): skipping the PostgreSQL measures");
+        return Ok(None);
+    }
+    Ok(Some(oncebox_pg_cluster::fresh_database().await))
 }

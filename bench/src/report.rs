@@ -22,8 +22,42 @@ pub struct Results {
     pub sqlite_64: f64,
     /// Durable ledger commits per call during `throughput_64`: what group commit saved.
     pub commits_per_call_64: f64,
+    /// `fresh_kv_us`, `throughput_64` and its commits per call on a PostgreSQL ledger (the same
+    /// tools and workload); `None` when PostgreSQL is not installed.
+    pub pg_fresh_kv_us: Option<Latency>,
+    pub pg_throughput_64: Option<f64>,
+    pub pg_commits_per_call_64: Option<f64>,
+    /// What the PostgreSQL server said it runs with (`SHOW`).
+    pub pg_settings: Option<PgSettings>,
     pub targets: Vec<Target>,
     pub machine: Machine,
+}
+
+/// The PostgreSQL measures of one run.
+pub struct Postgres {
+    pub settings: PgSettings,
+    pub fresh_kv_us: Latency,
+    pub throughput_64: f64,
+    pub commits_per_call_64: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PgSettings {
+    pub server_version: String,
+    pub fsync: String,
+    pub synchronous_commit: String,
+    pub max_connections: String,
+}
+
+impl From<oncebox_pg_cluster::Settings> for PgSettings {
+    fn from(s: oncebox_pg_cluster::Settings) -> PgSettings {
+        PgSettings {
+            server_version: s.server_version,
+            fsync: s.fsync,
+            synchronous_commit: s.synchronous_commit,
+            max_connections: s.max_connections,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -110,6 +144,21 @@ pub fn print_table(r: &Results) {
         println!("| {name} | {rate:.0} |");
     }
     println!("\nledger commits per call at 64 callers: {:.3}", r.commits_per_call_64);
+    match (&r.pg_settings, r.pg_fresh_kv_us, r.pg_throughput_64, r.pg_commits_per_call_64) {
+        (Some(s), Some(kv), Some(rate), Some(commits)) => {
+            println!("\n| ledger | fresh_kv_us p50 | fresh_kv_us p99 | throughput_64 calls/s |");
+            println!("|---|---:|---:|---:|");
+            println!("| redb (file) | {:.1} | {:.1} | {:.0} |", r.fresh_kv_us.p50, r.fresh_kv_us.p99, r.throughput_64);
+            println!("| PostgreSQL | {:.1} | {:.1} | {rate:.0} |", kv.p50, kv.p99);
+            println!("| SQLite alternative (no wasm) | | | {:.0} |", r.sqlite_64);
+            println!(
+                "\nPostgreSQL {}: fsync={}, synchronous_commit={}, max_connections={}, local cluster on loopback; \
+                 ledger commits per call at 64 callers: {commits:.3}",
+                s.server_version, s.fsync, s.synchronous_commit, s.max_connections
+            );
+        }
+        _ => println!("\nPostgreSQL: not measured (not installed)"),
+    }
     println!("\n| target | met | measured |");
     println!("|---|---|---|");
     for t in &r.targets {

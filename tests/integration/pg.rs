@@ -1,182 +1,18 @@
-//! A throwaway PostgreSQL cluster for the tests, and the PostgreSQL ledger's own tests: what only
-//! a store shared between processes has to get right (hosts racing on one key, connecting
-//! together, a schema of another version, a server that is not there).
+//! The PostgreSQL ledger's own tests: what only a store shared between processes has to get right
+//! (hosts racing on one key, connecting together, a schema of another version, a server that is
+//! not there).
 //!
-//! The cluster is started on first use, once per test process: `initdb` in a temporary
-//! directory, then `postgres` on a free loopback port, as an unprivileged user when the tests run
-//! as root (PostgreSQL refuses to run as root). A watchdog process stops it and removes its
-//! directory when the test process is gone, however it ended. Each test gets a database of its
+//! The throwaway cluster they run on (started on first use, once per test process, stopped when
+//! it is gone) is `oncebox-pg-cluster`'s, shared with the bench. Each test gets a database of its
 //! own ([`fresh_database`]).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+pub use oncebox_pg_cluster::fresh_database;
 
 use oncebox::ReplayClass;
 use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{ApprovalRecord, ApprovalState, Claim, ClaimRequest, Ledger, LedgerError, Store};
-
-/// The running cluster: where to connect.
-struct Cluster {
-    port: u16,
-}
-
-static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-
-/// A new, empty database of the test cluster (started on first use); its URL.
-pub async fn fresh_database() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let port = CLUSTER.get_or_init(start).port;
-    let name = format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let admin = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
-    let (client, connection) =
-        tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("connect to the test cluster");
-    let connection = tokio::spawn(connection);
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
-    drop(client);
-    let _ = connection.await;
-    format!("postgres://postgres@127.0.0.1:{port}/{name}")
-}
-
-/// Where the server's binaries are: `pg_config --bindir`, else the newest
-/// `/usr/lib/postgresql/*/bin` (Debian), else `PATH`.
-fn binaries() -> Option<PathBuf> {
-    let complete = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
-        && out.status.success()
-    {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if complete(&dir) {
-            return Some(dir);
-        }
-    }
-    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| Some((entry.file_name().to_str()?.parse().ok()?, entry.path().join("bin"))))
-        .filter(|(_, dir)| complete(dir))
-        .collect();
-    debian.sort();
-    if let Some((_, dir)) = debian.pop() {
-        return Some(dir);
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).find(|dir| complete(dir))
-}
-
-/// Starts the cluster; panics with what went wrong (the server's log included) if it cannot.
-fn start() -> Cluster {
-    let bin = binaries().unwrap_or_else(|| {
-        panic!("PostgreSQL is not installed (no initdb and postgres found): install the `postgresql` package")
-    });
-    let dir = tempfile::Builder::new().prefix("oncebox-pg-").tempdir().expect("temp dir").keep();
-    // PostgreSQL refuses root: as root, the cluster belongs to `nobody` and runs as `nobody`.
-    let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
-    let mut as_user: Vec<String> = Vec::new();
-    if root {
-        let id = |flag: &str| -> u32 {
-            let out = Command::new("id").args([flag, "nobody"]).output().expect("id nobody");
-            String::from_utf8_lossy(&out.stdout).trim().parse().expect("nobody's id")
-        };
-        let (uid, gid) = (id("-u"), id("-g"));
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the cluster directory");
-        as_user = vec![
-            "setpriv".into(),
-            format!("--reuid={uid}"),
-            format!("--regid={gid}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ];
-    }
-    let run = |program: &Path, args: &[&str], log: &str| {
-        let log = std::fs::File::create(dir.join(log)).expect("log file");
-        let mut command = match as_user.split_first() {
-            Some((setpriv, rest)) => {
-                let mut command = Command::new(setpriv);
-                command.args(rest).arg(program);
-                command
-            }
-            None => Command::new(program),
-        };
-        command.args(args).current_dir(&dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
-        command
-    };
-    let data = dir.join("data");
-    let data = data.to_str().expect("utf-8 path");
-    let status = run(
-        &bin.join("initdb"),
-        &["-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale", "--no-sync"],
-        "initdb.log",
-    )
-    .status()
-    .expect("run initdb");
-    assert!(status.success(), "initdb failed: {}", std::fs::read_to_string(dir.join("initdb.log")).unwrap_or_default());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-    let port_arg = port.to_string();
-    let sockets = dir.to_str().expect("utf-8 path");
-    let args = [
-        "-D",
-        data,
-        "-p",
-        &port_arg,
-        "-k",
-        sockets,
-        "-c",
-        "listen_addresses=127.0.0.1",
-        "-c",
-        "fsync=on",
-        "-c",
-        "synchronous_commit=on",
-        "-c",
-        "max_connections=300",
-    ];
-    let mut server = run(&bin.join("postgres"), &args, "postgres.log").spawn().expect("start postgres");
-    // The watchdog: once this process is gone, stop the server (immediate shutdown: its data is
-    // thrown away, so no checkpoint; then kill) and remove its directory. It needs nothing of this
-    // process but the two pids. It is never waited for: it outlives this process by design (init
-    // reaps it), so it is never a zombie.
-    #[allow(clippy::zombie_processes)]
-    Command::new("sh")
-        .arg("-c")
-        .arg(
-            r#"while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
-               kill -QUIT "$2" 2>/dev/null
-               i=0; while kill -0 "$2" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-               kill -KILL "$2" 2>/dev/null; rm -rf "$3""#,
-        )
-        .args(["oncebox-pg-watchdog", &std::process::id().to_string(), &server.id().to_string()])
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the watchdog");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(Some(status)) = server.try_wait() {
-            panic!(
-                "postgres exited ({status}): {}",
-                std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
-            );
-        }
-        let ready = Command::new(bin.join("pg_isready"))
-            .args(["-q", "-h", "127.0.0.1", "-p", &port_arg, "-U", "postgres"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ready {
-            return Cluster { port };
-        }
-        assert!(
-            Instant::now() < deadline,
-            "postgres did not start: {}",
-            std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
     ClaimRequest {
