@@ -42,6 +42,7 @@ pub struct HostBuilder {
     compile_cache: Option<PathBuf>,
     /// The fingerprint key's file, when it is not beside a ledger file.
     key_file: Option<PathBuf>,
+    send_by: Duration,
     /// The test harness's hooks (`crate::testing`); `None` for every other host.
     hooks: Option<Arc<dyn crate::effects::hooks::Hooks>>,
 }
@@ -79,6 +80,7 @@ impl HostBuilder {
             tls_roots: Vec::new(),
             compile_cache: None,
             key_file: None,
+            send_by: crate::effects::DEFAULT_SEND_BY,
             hooks: None,
         }
     }
@@ -167,6 +169,14 @@ impl HostBuilder {
         self
     }
 
+    /// How soon after its write-ahead an effect must leave, or be left in doubt unsent (default
+    /// [`crate::DEFAULT_SEND_BY`]): a reconcile's settle window counts from there, so that a host
+    /// paused between the two never sends after another host reconciled the step.
+    pub fn send_deadline(mut self, send_by: Duration) -> Self {
+        self.send_by = send_by;
+        self
+    }
+
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -203,6 +213,7 @@ impl HostBuilder {
             targets: crate::effects::Targets { by_host: self.targets },
             providers: self.providers,
             hooks: self.hooks,
+            send_by: self.send_by,
         });
         Ok(Host {
             inner: Arc::new(Inner {

@@ -82,7 +82,7 @@ pub mod testing;
 pub use approvals::Decision;
 pub use call::{Call, Outcome, Status};
 pub use capabilities::{Grant, Grants, Sandbox};
-pub use effects::{DEFAULT_SETTLE_WINDOW, EffectProvider, HttpTarget, ProviderOutcome, SEND_BY};
+pub use effects::{DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
 pub use ledger::{Ledger, LedgerAt};

@@ -42,6 +42,9 @@ const DOWNSTREAMS: [Downstream; 4] = [Downstream::Keyed, Downstream::Unkeyed, Do
 const TIMEOUT: Duration = Duration::from_millis(600);
 /// Longer than any lookup lag or delayed commit above: a `not-committed` after it is true.
 const SETTLE: Duration = Duration::from_millis(1_500);
+/// The hosts' send deadline: short, since the settle window counts from it and the test waits it
+/// out.
+const SEND_BY: Duration = Duration::from_millis(1_000);
 const LOOKUP_LAG_MS: u64 = 200;
 
 /// One step of `tool` against `downstream` with `fault` armed once: called, called again, then
@@ -77,6 +80,7 @@ async fn case(tool: &str, route: Route, args: &Value, downstream: Downstream, fa
     };
     let host = builder_for(&dir.path().join("l.redb"), &provider, honours_keys)
         .http_target(provider.addr().to_string(), target)
+        .send_deadline(SEND_BY)
         .compile_cache(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"))
         .build()
         .await
@@ -90,7 +94,7 @@ async fn case(tool: &str, route: Route, args: &Value, downstream: Downstream, fa
     provider.settled().await;
     // The settle window runs from the end of the last send (its write-ahead, plus the time it may
     // take to leave, plus the host's timeout).
-    tokio::time::sleep(oncebox::SEND_BY + SETTLE + TIMEOUT + Duration::from_millis(100)).await;
+    tokio::time::sleep(SEND_BY + SETTLE + TIMEOUT + Duration::from_millis(100)).await;
     let reconciles = host.manifest(tool).is_some_and(|m| m.class.reconciles());
     let lookups_tell_the_truth = !matches!(downstream, Downstream::Keyless);
     if seen.last().is_some_and(|o| o.status == Status::Unknown) && reconciles && lookups_tell_the_truth {

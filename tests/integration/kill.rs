@@ -343,7 +343,7 @@ async fn processes_killed_at_random_moments_never_commit_a_step_twice() {
     // settle window has passed, so a lookup that finds nothing is proof.
     provider.clear_faults();
     provider.settled().await;
-    tokio::time::sleep(oncebox::SEND_BY + Duration::from_millis(SETTLE_MS + TIMEOUT_MS + 100)).await;
+    tokio::time::sleep(oncebox::DEFAULT_SEND_BY + Duration::from_millis(SETTLE_MS + TIMEOUT_MS + 100)).await;
 
     // The orchestrator calls every step again; what is unknown is reconciled and called once more.
     for step in &mut steps {

@@ -429,8 +429,13 @@ async fn an_effect_whose_write_ahead_took_too_long_is_not_sent_and_is_in_doubt()
     let provider = Provider::start().await.expect("provider");
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("ledger.redb");
-    let (storage, host) = faulty_host(&path, &provider, false).await;
-    storage.arm(When::Now, Fault::SlowSync(oncebox::SEND_BY.as_millis() as u64 + 300));
+    let storage = Storage::new();
+    let ledger = Ledger::open_on(FaultyBackend::open(&path, storage.clone()), &path).expect("open the ledger");
+    let send_by = std::time::Duration::from_millis(300);
+    let builder = configure(HostBuilder::on_ledger(ledger), &provider, false).send_deadline(send_by);
+    let host = builder.build().await.expect("build host");
+    load_all(&host).await;
+    storage.arm(When::Now, Fault::SlowSync(send_by.as_millis() as u64 + 400));
     let requests = provider.requests();
     let late = host.call(step("slow", "charge-1", "charge", &charge("o-slow"))).await.expect("call");
     storage.heal();

@@ -41,16 +41,17 @@ pub enum Dispatched {
 }
 
 /// A written-ahead effect leaves within this time of its write-ahead's stamp, or not at all
-/// ([`late`]): so every send of it started by then, and a lookup's settle window counts from
-/// there (`Shared::lookup`). Without it, a host paused between its write-ahead and its send
-/// (SIGSTOP, a frozen VM, a starved process) could send long after another host, on a shared
-/// ledger, took the step over, reconciled it `not-committed` and sent it again.
-pub const SEND_BY: std::time::Duration = std::time::Duration::from_secs(1);
+/// ([`late`]; `HostBuilder::send_deadline`): so every send of it started by then, and a lookup's
+/// settle window counts from there (`Shared::lookup`). Without it, a host paused between its
+/// write-ahead and its send (SIGSTOP, a frozen VM, a starved process) could send long after
+/// another host, on a shared ledger, took the step over, reconciled it `not-committed` and sent
+/// it again. Long enough that a write-ahead committed on a loaded machine is still sent.
+pub const DEFAULT_SEND_BY: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An effect written ahead too long ago to be sent now ([`SEND_BY`]): not sent, and in doubt
-/// (its record says dispatched; the next owner reconciles it as it would any effect in doubt).
-pub fn late(record: &EffectRecord, now_ms: u64) -> Option<Dispatched> {
-    let by = record.last_dispatch_ms().saturating_add(SEND_BY.as_millis() as u64);
+/// An effect written ahead longer than `send_by` ago, too late to be sent now: not sent, and in
+/// doubt (its record says dispatched; the next owner reconciles it as any effect in doubt).
+pub fn late(record: &EffectRecord, now_ms: u64, send_by: std::time::Duration) -> Option<Dispatched> {
+    let by = record.last_dispatch_ms().saturating_add(u64::try_from(send_by.as_millis()).unwrap_or(u64::MAX));
     (now_ms > by).then(|| {
         Dispatched::Unknown(format!(
             "written ahead {} ms before it could be sent (this host was paused or starved): not sent, so as \

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use guard::SEND_BY;
+pub use guard::DEFAULT_SEND_BY;
 pub use provider::{EffectProvider, ProviderOutcome};
 
 pub(crate) use http::retry_after;
@@ -37,6 +37,9 @@ pub struct Shared {
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,
     /// The test harness's hooks (`crate::testing`); `None` outside it.
     pub hooks: Option<Arc<dyn hooks::Hooks>>,
+    /// How soon after its write-ahead's stamp an effect leaves, or is not sent at all
+    /// ([`guard::late`]; [`DEFAULT_SEND_BY`]).
+    pub send_by: std::time::Duration,
 }
 
 impl Shared {
@@ -84,7 +87,7 @@ impl Shared {
     /// What the effect's downstream promises about looking it up: how long after its last
     /// dispatch it can still commit, and when it forgets the effect's key.
     pub fn lookup(&self, effect: &EffectRecord) -> crate::failure::Lookup {
-        let send_by_ms = guard::SEND_BY.as_millis() as u64;
+        let send_by_ms = u64::try_from(self.send_by.as_millis()).unwrap_or(u64::MAX);
         match effect.kind.strip_prefix("provider:") {
             Some(name) => crate::failure::Lookup {
                 sent_until_ms: effect.last_dispatch_ms().saturating_add(send_by_ms),

@@ -247,7 +247,9 @@ impl Harness {
 
     /// A host on `ledger` under `hooks`, with the tool loaded, and the call.
     async fn host(&self, ledger: &Path, hooks: Arc<ScriptHooks>, args: &str) -> Result<(Host, Call), Error> {
-        let mut builder = HostBuilder::new(ledger).compile_cache(self.cache.path()).hooks(hooks);
+        // The script answers in this process, right after the write-ahead: a short send deadline
+        // keeps the reconciles that wait it out short, and a long stall still counts as one.
+        let mut builder = HostBuilder::new(ledger).compile_cache(self.cache.path()).hooks(hooks).send_deadline(SEND_BY);
         if let Some(path) = &self.policy {
             builder = builder.policy_file(PolicyFile::load(path)?);
         }
@@ -257,6 +259,9 @@ impl Harness {
         Ok((host.clone(), Call::step(RUN, STEP, &manifest.name, args)))
     }
 }
+
+/// The harness hosts' send deadline (`HostBuilder::send_deadline`).
+const SEND_BY: Duration = Duration::from_secs(1);
 
 /// How often a scenario approves an irreversible tool's call: once at first, and again after a
 /// crash took the approval with it before anything was sent.
