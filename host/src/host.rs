@@ -315,8 +315,33 @@ impl Host {
     /// Like [`Host::load`], granting the tool `extra` too, whatever its name turns out to be (the
     /// CLI's `--grant`).
     pub async fn load_granting(&self, path: impl AsRef<Path>, extra: &[Grant]) -> Result<ToolManifest, Error> {
+        self.install(path.as_ref(), extra, false).await
+    }
+
+    /// Loads a component again after its file changed (a server watching its directory): a tool of
+    /// the same name loaded from the same path is replaced; a call in flight keeps the one it
+    /// started with. A tool of that name from another path is still a duplicate.
+    pub async fn reload(&self, path: impl AsRef<Path>) -> Result<ToolManifest, Error> {
+        self.install(path.as_ref(), &[], true).await
+    }
+
+    /// Stops offering a loaded tool; calls in flight finish with it. False if none was loaded.
+    pub fn unload(&self, tool: &str) -> bool {
+        let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        tools.remove(tool).is_some()
+    }
+
+    /// Every loaded tool's manifest and the file it came from, by name.
+    pub fn tools(&self) -> Vec<(ToolManifest, PathBuf)> {
+        let tools = self.inner.tools.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut listed: Vec<_> = tools.values().map(|e| (e.tool.manifest.clone(), e.tool.path.clone())).collect();
+        listed.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        listed
+    }
+
+    async fn install(&self, path: &Path, extra: &[Grant], replace: bool) -> Result<ToolManifest, Error> {
         let stage = &self.inner.stage;
-        let mut tool = stage.runtime.load(path.as_ref(), stage.shared.clone()).await?;
+        let mut tool = stage.runtime.load(path, stage.shared.clone()).await?;
         let manifest = tool.manifest.clone();
         let name = &manifest.name;
         let mut grants = self.inner.policy_file.grants(name);
@@ -346,7 +371,9 @@ impl Host {
             Arc::new(config.get(name).cloned().unwrap_or_default())
         };
         let mut tools = self.inner.tools.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(existing) = tools.get(&manifest.name) {
+        if let Some(existing) = tools.get(&manifest.name)
+            && !(replace && existing.tool.path == tool.path)
+        {
             let existing = existing.tool.path.display().to_string();
             return Err(Error::DuplicateTool { name: manifest.name, existing });
         }

@@ -1,6 +1,7 @@
 //! The `oncebox` binary. Errors become `anyhow` here and nowhere else.
 
 mod cli;
+mod serve;
 
 use std::process::ExitCode;
 

@@ -68,7 +68,7 @@ pub struct RunReconciliation {
 /// redacted: lookups go by effect key).
 pub(crate) async fn reconcile_run(
     host: &Stage,
-    tools: &dyn Fn(&str) -> Option<Arc<Entry>>,
+    tools: &(dyn Fn(&str) -> Option<Arc<Entry>> + Sync),
     run_id: &str,
     only: Option<&str>,
 ) -> Result<Vec<RunReconciliation>, CallError> {

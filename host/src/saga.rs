@@ -104,7 +104,7 @@ fn step(op: &OperationRecord, action: &'static str, reason: Option<String>) -> S
 /// run's compensatable tools and their compensations must be loaded.
 pub(crate) async fn compensate(
     stage: &Stage,
-    tools: &dyn Fn(&str) -> Option<Arc<Entry>>,
+    tools: &(dyn Fn(&str) -> Option<Arc<Entry>> + Sync),
     run_id: &str,
 ) -> Result<SagaReport, CallError> {
     let ledger = &stage.shared.ledger;

@@ -24,5 +24,6 @@ mod retry_matrix;
 mod saga;
 mod sandbox;
 mod secrets;
+mod serve;
 mod storage;
 mod tls;

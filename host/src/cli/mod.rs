@@ -70,6 +70,9 @@ pub enum Command {
     /// Deliver outbox messages to their topics' endpoints, or list them with their delivery.
     #[command(subcommand)]
     Outbox(outbox::Command),
+    /// Serve the tools of a directory to agents (MCP), orchestrators (HTTP API) and operators
+    /// (the console at `/`), on one ledger, until stopped.
+    Serve(crate::serve::Args),
     /// Write a new tool crate: the tool, a policy file and a harness test.
     New(new::Args),
     /// Run a tool under the harness: a scripted downstream, and with --explore a crash at every
@@ -160,6 +163,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Policy(command) => policy::run(command).await,
         Command::Test(args) => test::run(args).await,
         Command::New(args) => new::run(args).await,
+        Command::Serve(args) => crate::serve::run(args).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,
     };

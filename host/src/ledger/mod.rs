@@ -17,6 +17,7 @@
 //! in [`verdict`] and [`refused_finish`], once.
 
 mod error;
+mod latency;
 mod location;
 pub mod postgres;
 mod records;
@@ -29,6 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use error::LedgerError;
+pub use latency::{Latency, LatencySnapshot};
 pub use location::LedgerAt;
 pub use records::*;
 
@@ -338,6 +340,8 @@ pub struct Ledger {
     /// Counts commits that enqueued outbox messages through this handle (and its clones), so that
     /// an in-process relay waits for new messages instead of polling the store.
     enqueued: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How long this handle's durable writes took (effects, attempts, resolutions, approvals).
+    latency: Arc<Latency>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -369,7 +373,11 @@ impl Ledger {
 
     /// A handle on `store`.
     pub fn on(store: impl Store) -> Self {
-        Ledger { store: Arc::new(store), enqueued: Arc::new(tokio::sync::watch::Sender::new(0)) }
+        Ledger {
+            store: Arc::new(store),
+            enqueued: Arc::new(tokio::sync::watch::Sender::new(0)),
+            latency: Arc::new(Latency::default()),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -390,6 +398,19 @@ impl Ledger {
     /// them. Concurrent writes share one, so under load this grows slower than the number of writes.
     pub fn commits(&self) -> u64 {
         self.store.commits()
+    }
+
+    /// How long the durable writes through this handle (and its clones) took.
+    pub fn commit_latency(&self) -> LatencySnapshot {
+        self.latency.snapshot()
+    }
+
+    /// Times one durable write.
+    async fn timed<T>(&self, write: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let done = write.await;
+        self.latency.record(started.elapsed());
+        done
     }
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, LedgerError> {
@@ -423,7 +444,7 @@ impl Ledger {
         staged: Staged,
     ) -> Result<(), LedgerError> {
         let enqueues = enqueues(&staged);
-        self.store.put_effect(fence, effect, expected, staged).await?;
+        self.timed(self.store.put_effect(fence, effect, expected, staged)).await?;
         self.enqueued_if(enqueues);
         Ok(())
     }
@@ -437,7 +458,7 @@ impl Ledger {
         staged: Staged,
     ) -> Result<(), LedgerError> {
         let enqueues = enqueues(&staged);
-        self.store.record_attempt(fence, attempt, finish, now_ms, staged).await?;
+        self.timed(self.store.record_attempt(fence, attempt, finish, now_ms, staged)).await?;
         self.enqueued_if(enqueues);
         Ok(())
     }
@@ -450,7 +471,7 @@ impl Ledger {
         resolution: &Resolution,
         settlement: &Settlement,
     ) -> Result<OperationRecord, LedgerError> {
-        self.store.resolve(operation_key, effect_key, seen, resolution, settlement).await
+        self.timed(self.store.resolve(operation_key, effect_key, seen, resolution, settlement)).await
     }
 
     pub async fn operation(&self, key: &str) -> Result<Option<OperationRecord>, LedgerError> {
@@ -499,7 +520,7 @@ impl Ledger {
     }
 
     pub async fn put_approval(&self, record: &ApprovalRecord) -> Result<(), LedgerError> {
-        self.store.put_approval(record).await
+        self.timed(self.store.put_approval(record)).await
     }
 
     pub async fn tombstone(&self, operation_key: &str) -> Result<Option<Tombstone>, LedgerError> {

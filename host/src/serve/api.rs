@@ -1,0 +1,369 @@
+//! The HTTP JSON API for orchestrators (`/v1/...`), `/healthz` and `/metrics`. Every answer is
+//! JSON; every refusal is a 4xx with `{"error": {"kind", "message"}}` and records nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use oncebox::approvals::{ApprovalView, Decision};
+use oncebox::ledger::{ApprovalState, OperationStatus, Resolution};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::app::{App, CallRequest};
+use super::error::ApiError;
+use super::metrics::Outstanding;
+
+/// The longest `wait` a call may ask for: a request is not a place to park for long.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/calls", post(call))
+        .route("/v1/tools", get(tools))
+        .route("/v1/operations/{key}", get(operation))
+        .route("/v1/operations/{key}/resolve", post(resolve))
+        .route("/v1/runs/{run_id}", get(run))
+        .route("/v1/runs/{run_id}/reconcile", post(reconcile))
+        .route("/v1/runs/{run_id}/compensate", post(compensate))
+        .route("/v1/approvals", get(approvals))
+        .route("/v1/approvals/{key}", get(approval))
+        .route("/v1/approvals/{key}/approve", post(approve))
+        .route("/v1/approvals/{key}/reject", post(reject))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+}
+
+/// A JSON body, or a 4xx that says what is wrong with it (too large, not JSON, a field missing).
+pub fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge(e.body_text()),
+        _ => ApiError::BadRequest(e.body_text()),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("the request body: {e}")))
+}
+
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallBody {
+    run_id: Option<String>,
+    step_id: Option<String>,
+    tool: String,
+    args: Value,
+    /// Seconds to wait for another caller's result of the same step.
+    wait: Option<f64>,
+}
+
+/// Parses a `wait` in seconds.
+pub fn wait_of(seconds: Option<f64>) -> Result<Option<Duration>, ApiError> {
+    seconds
+        .map(|s| match Duration::try_from_secs_f64(s) {
+            Ok(wait) if wait <= MAX_WAIT => Ok(wait),
+            _ => Err(ApiError::BadRequest(format!("`wait` must be 0 to {} seconds, got {s}", MAX_WAIT.as_secs()))),
+        })
+        .transpose()
+}
+
+async fn call(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let body: CallBody = body(bytes)?;
+    let request = CallRequest {
+        run_id: body.run_id,
+        step_id: body.step_id,
+        tool: body.tool,
+        args: body.args,
+        wait: wait_of(body.wait)?,
+    };
+    let (outcome, source) = app.call(request).await.map_err(|e| (*e).clone())?;
+    let mut response = json_response(StatusCode::OK, &outcome);
+    response.headers_mut().insert("oncebox-source", HeaderValue::from_static(source.as_str()));
+    Ok(response)
+}
+
+async fn tools(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let tools: Vec<Value> = app
+        .host
+        .tools()
+        .into_iter()
+        .map(|(manifest, path)| {
+            let sandbox = app.host.sandbox(&manifest.name);
+            json!({
+                "name": manifest.name,
+                "version": manifest.version,
+                "description": manifest.description,
+                "class": manifest.class,
+                "input_schema": manifest.input_schema,
+                "compensated_by": manifest.compensated_by,
+                "consequence": manifest.consequence,
+                "file": path,
+                "grants": sandbox.as_ref().map(|s| s.grants.to_json()),
+                "limits": sandbox.as_ref().map(|s| s.limits),
+            })
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &json!({ "tools": tools, "load_errors": app.loaded.errors() })))
+}
+
+async fn operation(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let ledger = app.host.ledger();
+    let op = ledger.operation(&key).await?.ok_or_else(|| ApiError::NotFound(format!("no operation with key {key}")))?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "operation": op, "effects": ledger.effects(&key).await?, "attempts": ledger.attempts(&key).await? }),
+    ))
+}
+
+async fn run(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let ops = app.host.ledger().operations(Some(&run_id)).await?;
+    if ops.is_empty() {
+        return Err(ApiError::NotFound(format!("no run {run_id} in the ledger")));
+    }
+    let report = oncebox::recovery::report(app.host.ledger(), Some(&run_id)).await?;
+    Ok(json_response(StatusCode::OK, &json!({ "run_id": run_id, "operations": ops, "recovery": report.get(&run_id) })))
+}
+
+async fn reconcile(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let answers = app.host.reconcile_run(&run_id).await.map_err(|e| ApiError::from_call(e, "reconcile"))?;
+    let open = answers.iter().filter(|a| a.settle_by_hand.is_some()).count();
+    Ok(json_response(StatusCode::OK, &json!({ "run_id": run_id, "reconciled": answers, "need_a_person": open })))
+}
+
+async fn compensate(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let report = app.host.compensate(&run_id).await.map_err(|e| ApiError::from_call(e, "compensate"))?;
+    Ok(json_response(StatusCode::OK, &report))
+}
+
+#[derive(Debug, Deserialize)]
+struct ApprovalsQuery {
+    run: Option<String>,
+    pending: Option<bool>,
+}
+
+/// A request for approval as the API and the console show it: the view, its key and fingerprint,
+/// and whether its call already went through.
+pub async fn approval_views(app: &App, run: Option<&str>, pending: bool) -> Result<Vec<Value>, ApiError> {
+    let ledger = app.host.ledger();
+    let mut views = Vec::new();
+    for record in ledger.approvals(run).await? {
+        let used = ledger.operation(&record.operation_key).await?.is_some();
+        if pending && (used || record.state != ApprovalState::Pending) {
+            continue;
+        }
+        let mut view = serde_json::to_value(ApprovalView::of(&record, ledger)).unwrap_or_default();
+        view["operation_key"] = record.operation_key.clone().into();
+        view["fingerprint"] = record.fingerprint.clone().into();
+        view["used"] = used.into();
+        views.push(view);
+    }
+    Ok(views)
+}
+
+async fn approvals(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(query): Query<ApprovalsQuery>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let views = approval_views(&app, query.run.as_deref(), query.pending.unwrap_or(false)).await?;
+    Ok(json_response(StatusCode::OK, &json!({ "approvals": views })))
+}
+
+async fn approval(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let views = approval_views(&app, None, false).await?;
+    let view = views
+        .into_iter()
+        .find(|v| v["operation_key"] == key.as_str())
+        .ok_or_else(|| ApiError::NotFound(format!("no request for approval of {key}")))?;
+    Ok(json_response(StatusCode::OK, &view))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    /// The fingerprint of the params decided on, as the request for approval shows it.
+    pub fingerprint: String,
+    pub by: String,
+    pub note: Option<String>,
+    /// Approve only for this many seconds.
+    pub expires_in: Option<f64>,
+}
+
+/// Approves or rejects, bound to the fingerprint shown: the one decision path of the API and the
+/// console.
+pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Result<Value, ApiError> {
+    if body.by.trim().is_empty() {
+        return Err(ApiError::BadRequest("`by` names who decides, and is recorded".into()));
+    }
+    let decision = if approve {
+        let expires_ms = match body.expires_in {
+            Some(secs) => {
+                let d = Duration::try_from_secs_f64(secs)
+                    .map_err(|_| ApiError::BadRequest(format!("`expires_in` {secs}: not a duration")))?;
+                Some(now_ms().saturating_add(d.as_millis() as u64))
+            }
+            None => None,
+        };
+        Decision::Approve { expires_ms }
+    } else {
+        Decision::Reject
+    };
+    let record = app
+        .host
+        .decide(key, &body.fingerprint, decision, &body.by, body.note.as_deref())
+        .await
+        .map_err(|e| ApiError::from_call(e, "decide"))?;
+    let mut view = serde_json::to_value(ApprovalView::of(&record, app.host.ledger())).unwrap_or_default();
+    view["operation_key"] = record.operation_key.clone().into();
+    view["fingerprint"] = record.fingerprint.clone().into();
+    Ok(view)
+}
+
+async fn approve(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    app.auth.operator(&headers)?;
+    let view = decide(&app, &key, body(bytes)?, true).await?;
+    Ok(json_response(StatusCode::OK, &view))
+}
+
+async fn reject(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    app.auth.operator(&headers)?;
+    let view = decide(&app, &key, body(bytes)?, false).await?;
+    Ok(json_response(StatusCode::OK, &view))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// It took place: the operation's output, as the tool would have returned it.
+    pub committed: Option<Value>,
+    /// It did not take place: the next call of the step runs it again, with the same keys.
+    #[serde(default)]
+    pub not_committed: bool,
+    /// The effect in doubt, when the operation has several.
+    pub effect: Option<String>,
+    pub by: String,
+    pub note: Option<String>,
+}
+
+/// Settles an unknown operation by a person's word (API and console).
+pub async fn settle(app: &App, key: &str, body: ResolveBody) -> Result<Value, ApiError> {
+    let resolution = match (body.committed, body.not_committed) {
+        (Some(output), false) => Resolution::Committed { output: output.to_string() },
+        (None, true) => Resolution::NotCommitted,
+        _ => {
+            return Err(ApiError::BadRequest("give exactly one of `committed` (the output) and `not_committed`".into()));
+        }
+    };
+    if body.by.trim().is_empty() {
+        return Err(ApiError::BadRequest("`by` names who decides, and is recorded".into()));
+    }
+    let op = app.host.ledger().operation(key).await?;
+    if op.is_none() {
+        return Err(ApiError::NotFound(format!("no operation with key {key}")));
+    }
+    let outcome = app
+        .host
+        .resolve(key, body.effect.as_deref(), &resolution, &body.by, body.note.as_deref())
+        .await
+        .map_err(|e| ApiError::from_call(e, "resolve"))?;
+    Ok(serde_json::to_value(outcome).unwrap_or_default())
+}
+
+async fn resolve(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    app.auth.operator(&headers)?;
+    let outcome = settle(&app, &key, body(bytes)?).await?;
+    Ok(json_response(StatusCode::OK, &outcome))
+}
+
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    let status = if app.is_stopping() { "stopping" } else { "ok" };
+    let code = if app.is_stopping() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    json_response(
+        code,
+        &json!({
+            "status": status,
+            "tools": app.host.tools().len(),
+            "load_errors": app.loaded.errors(),
+            "in_flight": app.in_flight(),
+            "ledger": app.host.ledger().path(),
+        }),
+    )
+}
+
+/// What is outstanding, read from the ledger.
+pub async fn outstanding(app: &App) -> Result<Outstanding, ApiError> {
+    let ledger = app.host.ledger();
+    let unknown = ledger.operations(None).await?.iter().filter(|op| op.status == OperationStatus::Unknown).count();
+    let approvals_pending = approval_views(app, None, true).await?.len();
+    Ok(Outstanding { unknown: unknown as u64, approvals_pending: approvals_pending as u64 })
+}
+
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let text = app.metrics.render(&outstanding(&app).await?, &app.host.ledger().commit_latency());
+    Ok(([("content-type", "text/plain; version=0.0.4")], text).into_response())
+}
+
+async fn openapi() -> Response {
+    json_response(StatusCode::OK, &super::openapi::document())
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

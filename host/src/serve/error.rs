@@ -1,0 +1,92 @@
+//! Why a request to the server was not answered with an outcome: each kind has its HTTP status
+//! and a JSON body `{"error": {"kind", "message"}}`. A tool that fails is not an error here
+//! either: it is an outcome, answered 200.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use oncebox::{CallError, LedgerError};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("the server is stopping and takes no new calls; send the call again to the next one")]
+    Stopping,
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// Blames the caller or the host, as the CLI's exit codes do.
+    pub fn from_call(error: CallError, tool: &str) -> ApiError {
+        match error {
+            CallError::UnknownTool { .. } => ApiError::NotFound(error.to_string()),
+            CallError::InvalidArgs { .. } | CallError::StepRequired { .. } | CallError::InvalidResolution { .. } => {
+                ApiError::BadRequest(error.to_string())
+            }
+            CallError::Approval { .. } => ApiError::Conflict(error.to_string()),
+            CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
+                ApiError::Conflict(error.to_string())
+            }
+            other => ApiError::Internal(format!("calling `{tool}`: {other}")),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad-request",
+            ApiError::NotFound(_) => "not-found",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::TooLarge(_) => "too-large",
+            ApiError::Stopping => "stopping",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": { "kind": self.kind(), "message": self.to_string() } })
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        ApiError::Internal(format!("the ledger: {error}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl IntoResponse for &ApiError {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,198 @@
+//! `oncebox serve --tools DIR --ledger L [--policy FILE] [--listen ADDR]`: one long-running host
+//! for agents (MCP over streamable HTTP at `/mcp`, or over stdio with `--stdio`), orchestrators
+//! (the HTTP API at `/v1`, described at `/openapi.json`) and operators (the console at `/`).
+//!
+//! - `app`: what the front doors share, and the one way they call a tool.
+//! - `api`, `openapi`: the HTTP API and its description. `mcp`: the MCP server. `console`: the
+//!   operator's pages. `auth`: the operator's token. `metrics`: `/metrics`. `reload`: the
+//!   tools directory, watched. `error`: refusals as JSON.
+
+mod api;
+mod app;
+mod auth;
+mod console;
+mod error;
+mod mcp;
+mod metrics;
+mod openapi;
+mod reload;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use oncebox::policy_file::PolicyFile;
+
+use crate::cli::{Exit, Usage};
+use app::App;
+use auth::Auth;
+use reload::Loaded;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The directory of components (`*.wasm`); watched, so tools can be added, replaced and
+    /// removed while serving.
+    #[arg(long, value_name = "DIR")]
+    pub tools: PathBuf,
+    /// The ledger: a redb file (created if missing), or a PostgreSQL URL.
+    #[arg(long)]
+    pub ledger: oncebox::LedgerAt,
+    /// The operator's policy file (oncebox.toml): grants, config, retries, downstream hosts.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Where to listen. Beyond loopback every request needs the operator's token.
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    pub listen: SocketAddr,
+    /// Serve MCP over stdin and stdout instead of HTTP (an agent starts the server itself).
+    #[arg(long)]
+    pub stdio: bool,
+    /// A file holding the operator's token (else `$ONCEBOX_TOKEN`, else one is made up and
+    /// printed on stderr). Approving and settling always need it.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// On SIGINT or SIGTERM, how long running calls may take to finish; what still runs then is
+    /// left to the recovery of the next start.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// How long a claim holds without renewal (ms); a live server renews it while it works.
+    #[arg(long, value_name = "MS")]
+    pub lease_ms: Option<u64>,
+    /// The largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Exit> {
+    let mut builder = crate::cli::host_at(&args.ledger);
+    if let Some(policy) = &args.policy {
+        builder = builder.policy_file(PolicyFile::load(policy)?);
+    }
+    if let Some(ms) = args.lease_ms {
+        builder = builder.lease(Duration::from_millis(ms.max(1)));
+    }
+    if !args.tools.is_dir() {
+        return Err(Usage(format!("--tools {}: not a directory", args.tools.display())).into());
+    }
+    let auth = Auth::new(token(&args)?, !args.stdio && !args.listen.ip().is_loopback());
+    // Opening the ledger recovers what a stopped server left: this start is its recovery.
+    let host = builder.build().await?;
+    let loaded = Loaded::new(args.tools.clone());
+    loaded.scan(&host).await;
+    let tools = host.tools().len();
+    if args.stdio {
+        let app = App::new(host, auth, loaded, String::new());
+        tokio::spawn(watch(app.clone()));
+        eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
+        mcp::serve_stdio(app.clone()).await?;
+        return Ok(finish(&app, args.grace).await);
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().context("the listening address")?;
+    let base_url = format!("http://{addr}");
+    let app = App::new(host, auth, loaded, base_url.clone());
+    tokio::spawn(watch(app.clone()));
+    let router = api::routes()
+        .merge(console::routes())
+        .merge(mcp::routes(app.clone()))
+        .layer(axum::extract::DefaultBodyLimit::max(args.max_body))
+        .with_state(app.clone());
+    // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
+    crate::cli::print_json(&serde_json::json!({
+        "listening": base_url, "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"), "tools": tools,
+    }))?;
+    eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::select! {
+        () = stop_signal() => {}
+        ended = server => {
+            ended.context("the server task")?.context("serving HTTP")?;
+        }
+    }
+    Ok(finish(&app, args.grace).await)
+}
+
+/// Stops taking calls and lets the running ones finish within `grace`.
+async fn finish(app: &Arc<App>, grace: Duration) -> Exit {
+    app.stop_taking_calls();
+    if !app.drained(grace).await {
+        eprintln!(
+            "oncebox serve: {} calls still running after {grace:?}; their steps are left to the next start's recovery",
+            app.in_flight()
+        );
+    }
+    Exit::Ok
+}
+
+/// The operator's token: `--token-file`, `$ONCEBOX_TOKEN`, or a new one printed on stderr.
+fn token(args: &Args) -> anyhow::Result<String> {
+    if let Some(path) = &args.token_file {
+        let text = std::fs::read_to_string(path).map_err(|e| Usage(format!("--token-file {}: {e}", path.display())))?;
+        let token = text.trim().to_string();
+        if token.len() < 16 {
+            return Err(Usage(format!("--token-file {}: a token needs at least 16 characters", path.display())).into());
+        }
+        return Ok(token);
+    }
+    if let Some(token) = std::env::var("ONCEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+        return Ok(token.trim().to_string());
+    }
+    if !args.stdio && !args.listen.ip().is_loopback() {
+        return Err(Usage(format!(
+            "--listen {} is beyond loopback: give the operator's token with --token-file or $ONCEBOX_TOKEN",
+            args.listen
+        ))
+        .into());
+    }
+    let token = auth::generate().map_err(|e| anyhow::anyhow!("a random token: {e}"))?;
+    eprintln!("oncebox serve: operator token (for approving, and the console's sign-in): {token}");
+    Ok(token)
+}
+
+/// Keeps the tools directory loaded: every `SCAN_EVERY`, and at once on SIGHUP.
+async fn watch(app: Arc<App>) {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        {
+            let hup = async {
+                match hangup.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = hup => {}
+                () = tokio::time::sleep(reload::SCAN_EVERY) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        tokio::time::sleep(reload::SCAN_EVERY).await;
+        app.loaded.scan(&app.host).await;
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

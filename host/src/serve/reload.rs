@@ -1,0 +1,136 @@
+//! The tools directory, watched: a component added, changed or removed is picked up within a
+//! second (or at once on SIGHUP). A bad one is reported and skipped; the others go on. A call in
+//! flight keeps the component it started with (the host replaces entries whole).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use oncebox::Host;
+
+/// How often the directory is looked at.
+pub const SCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// What a file looked like when last loaded (or refused): loaded again only when this changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+#[derive(Debug, Clone)]
+struct File {
+    seen: Seen,
+    /// The tool it holds, if it loaded.
+    tool: Option<String>,
+    /// Why it did not load (or no longer checks), if so.
+    error: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Loaded {
+    dir: PathBuf,
+    files: Mutex<BTreeMap<PathBuf, File>>,
+}
+
+impl Loaded {
+    pub fn new(dir: PathBuf) -> Loaded {
+        Loaded { dir, files: Mutex::new(BTreeMap::new()) }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Each file that did not load, with why: `[{"file", "error"}]`.
+    pub fn errors(&self) -> Vec<serde_json::Value> {
+        let files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        files
+            .iter()
+            .filter_map(|(path, file)| {
+                file.error.as_ref().map(|error| serde_json::json!({ "file": path, "error": error }))
+            })
+            .collect()
+    }
+
+    /// Brings the host up to date with the directory: loads what is new or changed, unloads what
+    /// is gone, then checks every compensation. Returns how many files changed.
+    pub async fn scan(&self, host: &Host) -> usize {
+        let listed = match list(&self.dir) {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the tools directory");
+                return 0;
+            }
+        };
+        let before = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let mut changed = 0;
+        for (path, file) in &before {
+            if !listed.contains_key(path) {
+                changed += 1;
+                if let Some(tool) = &file.tool {
+                    host.unload(tool);
+                    tracing::info!(tool, file = %path.display(), "tool removed");
+                }
+                self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(path);
+            }
+        }
+        for (path, seen) in listed {
+            if before.get(&path).is_some_and(|file| file.seen == seen) {
+                continue;
+            }
+            changed += 1;
+            let previous = before.get(&path).and_then(|file| file.tool.clone());
+            let file = match host.reload(&path).await {
+                Ok(manifest) => {
+                    if let Some(old) = previous.filter(|old| *old != manifest.name) {
+                        host.unload(&old);
+                    }
+                    tracing::info!(tool = manifest.name, file = %path.display(), "tool loaded");
+                    File { seen, tool: Some(manifest.name), error: None }
+                }
+                Err(e) => {
+                    // The last good version of a changed file stays loaded: a half-copied or broken
+                    // file must not take a working tool away.
+                    tracing::warn!(file = %path.display(), error = %e, "component refused; skipped");
+                    File { seen, tool: previous, error: Some(e.to_string()) }
+                }
+            };
+            self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(path, file);
+        }
+        if changed > 0 {
+            self.check_compensations(host);
+        }
+        changed
+    }
+
+    /// A compensatable tool whose compensation is missing or does not fit is reported; it stays
+    /// loaded, and `compensate` says what it could not undo.
+    fn check_compensations(&self, host: &Host) {
+        let mut files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (manifest, path) in host.tools() {
+            if let Err(e) = host.check_compensation(&manifest)
+                && let Some(file) = files.get_mut(&path)
+            {
+                tracing::warn!(tool = manifest.name, error = %e, "compensation does not check");
+                file.error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// The `.wasm` files of `dir` and what each looks like now.
+fn list(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Seen>> {
+    let mut listed = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|ext| ext != "wasm") {
+            continue;
+        }
+        if let Ok(meta) = std::fs::metadata(&path) {
+            listed.insert(path, Seen { len: meta.len(), modified: meta.modified().ok() });
+        }
+    }
+    Ok(listed)
+}

@@ -1,0 +1,7 @@
+//! `oncebox serve`, always as the real binary: the HTTP API with a plain client and with
+//! requests generated from its OpenAPI document, MCP with the Python SDK and the official
+//! conformance suite, the console in headless Chromium, and SIGKILL mid-call.
+
+mod support;
+
+mod api;

@@ -1,0 +1,203 @@
+//! A real `oncebox serve` process for the `serve` tests: a tools directory with the example
+//! components, a policy file that grants them the example provider, a ledger file, and the
+//! address it printed. Killed (SIGKILL) when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use oncebox_example_provider::ProviderHandle;
+
+/// The operator's token every test server is given.
+pub const TOKEN: &str = "test-operator-token-0123456789";
+
+/// The example tools a test server loads.
+pub const TOOLS: [(&str, &str); 5] = [
+    ("charge", oncebox_artifacts::CHARGE),
+    ("refund", oncebox_artifacts::REFUND),
+    ("fulfill", oncebox_artifacts::FULFILL),
+    ("stock", oncebox_artifacts::STOCK),
+    ("notify", oncebox_artifacts::NOTIFY),
+];
+
+/// A directory with the tools, the policy file and the ledger of one server (and of the server
+/// restarted on the same files).
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub provider_url: String,
+}
+
+impl Setup {
+    pub fn new(provider: &ProviderHandle) -> Setup {
+        Setup::with_policy(provider, "")
+    }
+
+    /// `extra` is appended to the policy file (retry settings, `[hosts]` entries).
+    pub fn with_policy(provider: &ProviderHandle, extra: &str) -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("tools")).expect("tools dir");
+        for (name, artifact) in TOOLS {
+            std::fs::copy(artifact, dir.path().join("tools").join(format!("{name}.wasm"))).expect("copy component");
+        }
+        let base = provider.base_url();
+        let mut policy = String::new();
+        for (name, _) in TOOLS {
+            policy.push_str(&format!(
+                "[tools.{name}]\nmax_attempts = 3\ninitial_backoff = \"10ms\"\nmax_backoff = \"50ms\"\n\
+                 [tools.{name}.config]\nbase_url = \"{base}\"\n[tools.{name}.grants]\nhttp = [\"{base}\"]\n\n"
+            ));
+        }
+        policy.push_str(extra);
+        std::fs::write(dir.path().join("oncebox.toml"), policy).expect("policy");
+        Setup { dir, provider_url: base }
+    }
+
+    pub fn tools(&self) -> PathBuf {
+        self.dir.path().join("tools")
+    }
+
+    pub fn ledger(&self) -> PathBuf {
+        self.dir.path().join("ledger.redb")
+    }
+
+    pub fn policy(&self) -> PathBuf {
+        self.dir.path().join("oncebox.toml")
+    }
+
+    /// The flags of `oncebox serve` on these files, without `--listen` or `--stdio`.
+    pub fn flags(&self) -> Vec<String> {
+        let path = |p: PathBuf| p.to_str().expect("utf8").to_string();
+        vec![
+            "serve".into(),
+            "--tools".into(),
+            path(self.tools()),
+            "--ledger".into(),
+            path(self.ledger()),
+            "--policy".into(),
+            path(self.policy()),
+            "--grace".into(),
+            "2s".into(),
+        ]
+    }
+
+    /// `oncebox serve` on loopback, on a free port.
+    pub fn serve(&self) -> Server {
+        self.serve_with(&[])
+    }
+
+    pub fn serve_with(&self, extra: &[&str]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+        command
+            .args(self.flags())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("ONCEBOX_TOKEN", TOKEN)
+            .env("ONCEBOX_CACHE", cache())
+            .env("ONCEBOX_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("serve.log")).expect("log file")));
+        let mut child = command.spawn().expect("start oncebox serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the address");
+        let printed: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
+            panic!("oncebox serve printed {line:?} ({e}); its log:\n{log}")
+        });
+        let base_url = printed["listening"].as_str().expect("listening").to_string();
+        Server { child: Some(child), base_url, log: self.dir.path().join("serve.log") }
+    }
+}
+
+/// The suite's compile cache (the same as the CLI tests').
+pub fn cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache")
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub base_url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// What the server wrote on stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` and waits up to `within` for the exit status.
+    pub fn signal_and_wait(&mut self, signal: &str, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An HTTP client for the tests (plain HTTP on loopback; TLS is never used).
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client")
+}
+
+/// A Python with the packages of `tests/serve/requirements.txt`: `$ONCEBOX_TEST_PYTHON`, else a
+/// virtual environment under the target directory, made on first use (`.ci/run` makes it first).
+pub fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("ONCEBOX_TEST_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-venv");
+    let python = venv.join("bin").join("python");
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/requirements.txt");
+    let stamp = venv.join("requirements.installed");
+    let wanted = std::fs::read_to_string(&requirements).expect("tests/serve/requirements.txt");
+    // One test at a time makes it; the others wait on the lock.
+    let _lock = VENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return python;
+    }
+    let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
+    assert!(status.success(), "python3 -m venv {} failed", venv.display());
+    let status = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .arg(&requirements)
+        .status()
+        .expect("pip install");
+    assert!(status.success(), "pip install -r {} failed", requirements.display());
+    std::fs::write(&stamp, wanted).expect("stamp");
+    python
+}
+
+static VENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
