@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -23,6 +23,8 @@ use super::metrics::Outstanding;
 
 /// The longest `wait` a call may ask for: a request is not a place to park for long.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// The longest an approval may be limited to (366 days); longer is a typo, or no limit.
+pub const MAX_APPROVAL: Duration = Duration::from_secs(366 * 24 * 3600);
 
 pub fn routes() -> Router<Arc<App>> {
     Router::new()
@@ -198,9 +200,10 @@ pub async fn approval_views(app: &App, run: Option<&str>, pending: bool) -> Resu
 async fn approvals(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(query): Query<ApprovalsQuery>,
+    query: Result<Query<ApprovalsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let views = approval_views(&app, query.run.as_deref(), query.pending.unwrap_or(false)).await?;
     Ok(json_response(StatusCode::OK, &json!({ "approvals": views })))
 }
@@ -239,8 +242,9 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
     let decision = if approve {
         let expires_ms = match body.expires_in {
             Some(secs) => {
-                let d = Duration::try_from_secs_f64(secs)
-                    .map_err(|_| ApiError::BadRequest(format!("`expires_in` {secs}: not a duration")))?;
+                let d = Duration::try_from_secs_f64(secs).ok().filter(|d| *d <= MAX_APPROVAL).ok_or_else(|| {
+                    ApiError::BadRequest(format!("`expires_in` must be 0 to 31622400 seconds, got {secs}"))
+                })?;
                 Some(now_ms().saturating_add(d.as_millis() as u64))
             }
             None => None,
@@ -302,7 +306,9 @@ pub async fn settle(app: &App, key: &str, body: ResolveBody) -> Result<Value, Ap
         (Some(output), false) => Resolution::Committed { output: output.to_string() },
         (None, true) => Resolution::NotCommitted,
         _ => {
-            return Err(ApiError::BadRequest("give exactly one of `committed` (the output) and `not_committed`".into()));
+            return Err(ApiError::BadRequest(
+                "give exactly one of `committed` (the output) and `not_committed`".into(),
+            ));
         }
     };
     if body.by.trim().is_empty() {

@@ -105,14 +105,25 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         "listening": base_url, "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"), "tools": tools,
     }))?;
     eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
-    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let shutdown = app.shutdown.clone();
+    let mut server =
+        tokio::spawn(
+            async move { axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await },
+        );
     tokio::select! {
         () = stop_signal() => {}
-        ended = server => {
+        ended = &mut server => {
             ended.context("the server task")?.context("serving HTTP")?;
         }
     }
-    Ok(finish(&app, args.grace).await)
+    // Answered requests are written out before the process ends: axum closes each connection
+    // once its request is answered, within the grace period.
+    let started = tokio::time::Instant::now();
+    app.stop_taking_calls();
+    if tokio::time::timeout(args.grace, server).await.is_err() {
+        eprintln!("oncebox serve: connections still open after {:?}; closing them", args.grace);
+    }
+    Ok(finish(&app, args.grace.saturating_sub(started.elapsed())).await)
 }
 
 /// Stops taking calls and lets the running ones finish within `grace`.

@@ -122,9 +122,10 @@ pub fn document() -> Value {
                 },
                 "CallRequest": {
                     "type": "object", "required": ["tool", "args"], "additionalProperties": false,
+                    "dependentRequired": { "run_id": ["step_id"], "step_id": ["run_id"] },
                     "properties": {
-                        "run_id": { "type": ["string", "null"], "description": "From the orchestrator's durable state; with step_id." },
-                        "step_id": { "type": ["string", "null"], "description": "Stable across retries of this step." },
+                        "run_id": { "type": "string", "description": "From the orchestrator's durable state; with step_id." },
+                        "step_id": { "type": "string", "description": "Stable across retries of this step." },
                         "tool": { "type": "string" },
                         "args": { "type": "object" },
                         "wait": { "type": ["number", "null"], "minimum": 0, "maximum": 300, "description": "Seconds to wait for another caller's result of the step." }
@@ -146,19 +147,25 @@ pub fn document() -> Value {
                 "Decide": {
                     "type": "object", "required": ["fingerprint", "by"], "additionalProperties": false,
                     "properties": {
-                        "fingerprint": { "type": "string" }, "by": { "type": "string" },
+                        "fingerprint": { "type": "string", "minLength": 1 },
+                        "by": { "type": "string", "pattern": "\\S", "description": "Who decides (recorded)." },
                         "note": { "type": ["string", "null"] },
-                        "expires_in": { "type": ["number", "null"], "minimum": 0, "description": "Approve only for this many seconds." }
+                        "expires_in": { "type": ["number", "null"], "minimum": 0, "maximum": 31622400, "description": "Approve only for this many seconds (at most 366 days)." }
                     }
                 },
                 "Resolve": {
                     "type": "object", "required": ["by"], "additionalProperties": false,
+                    "description": "Exactly one of `committed` (not null) and `not_committed: true`.",
                     "properties": {
-                        "committed": { "description": "It took place: its output." },
+                        "committed": { "not": { "type": "null" }, "description": "It took place: its output." },
                         "not_committed": { "type": "boolean" },
                         "effect": { "type": ["string", "null"] },
-                        "by": { "type": "string" }, "note": { "type": ["string", "null"] }
-                    }
+                        "by": { "type": "string", "pattern": "\\S" }, "note": { "type": ["string", "null"] }
+                    },
+                    "oneOf": [
+                        { "required": ["committed"], "properties": { "not_committed": { "const": false } } },
+                        { "required": ["not_committed"], "not": { "required": ["committed"] }, "properties": { "not_committed": { "const": true } } }
+                    ]
                 }
             }
         }

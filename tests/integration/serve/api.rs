@@ -1,13 +1,33 @@
-//! The HTTP API with a plain client.
+//! The HTTP API with a plain client: calls, refusals that record nothing, the operator's token,
+//! many requests for one step, the watched tools directory, metrics.
 
-use serde_json::json;
+use std::time::Duration;
 
-use super::support::{Setup, client};
+use oncebox_example_provider::{Fault, FaultKind, Provider, Route};
+use serde_json::{Value, json};
+
+use super::support::{Setup, TOKEN, client};
 use crate::support::charge;
+
+async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let response = client().post(url).json(body).send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(url: &str) -> (u16, Value) {
+    let response = client().get(url).send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn fulfill(order: &str) -> Value {
+    json!({"order_id": order, "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]})
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_is_answered_as_oncebox_call_prints_it_and_its_repeat_from_the_ledger() {
-    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let provider = Provider::start().await.expect("provider");
     let setup = Setup::new(&provider);
     let server = setup.serve();
     let http = client();
@@ -15,13 +35,250 @@ async fn a_call_is_answered_as_oncebox_call_prints_it_and_its_repeat_from_the_le
     let first = http.post(server.url("/v1/calls")).json(&body).send().await.expect("call");
     assert_eq!(first.status(), 200);
     assert_eq!(first.headers()["oncebox-source"], "fresh");
-    let first: serde_json::Value = first.json().await.expect("json");
+    let first: Value = first.json().await.expect("json");
     assert_eq!(first["status"], "completed", "{first}");
     assert_eq!(first["replayed"], false);
-    let again: serde_json::Value =
-        http.post(server.url("/v1/calls")).json(&body).send().await.expect("call").json().await.expect("json");
+    let again = http.post(server.url("/v1/calls")).json(&body).send().await.expect("call");
+    assert_eq!(again.headers()["oncebox-source"], "replayed");
+    let again: Value = again.json().await.expect("json");
     assert_eq!(again["status"], "completed");
     assert_eq!(again["replayed"], true);
     assert_eq!(again["output"], first["output"]);
     assert_eq!(provider.counts("o1").payments, 1, "one charge at the provider");
+
+    let key = first["operation_key"].as_str().expect("key");
+    let (status, op) = get(&server.url(&format!("/v1/operations/{key}"))).await;
+    assert_eq!(status, 200, "{op}");
+    assert_eq!(op["operation"]["status"], "completed");
+    assert_eq!(op["effects"].as_array().map(Vec::len), Some(1), "{op}");
+    let (status, run) = get(&server.url("/v1/runs/r1")).await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["operations"][0]["step_id"], "charge-o1", "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_a_json_4xx_and_record_nothing() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve_with(&["--max-body", "4096"]);
+    let url = server.url("/v1/calls");
+    let http = client();
+    let raw = |body: &'static str| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let response =
+                http.post(&url).header("content-type", "application/json").body(body).send().await.expect("request");
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let cases: Vec<(u16, Value)> = vec![
+        raw("{not json").await,
+        raw("[1, 2]").await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "args": charge("b1") })).await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "charge" })).await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "charge", "args": [1] })).await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "charge", "args": charge("b1"), "runId": "x" }))
+            .await,
+        post(&url, &json!({ "run_id": "bad", "tool": "charge", "args": charge("b1") })).await,
+        post(&url, &json!({ "tool": "charge", "args": charge("b1") })).await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "charge", "args": { "order_id": 7 } })).await,
+        post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "charge", "args": charge("b1"), "wait": -1 }))
+            .await,
+    ];
+    for (i, (status, body)) in cases.iter().enumerate() {
+        assert_eq!(*status, 400, "case {i}: {body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "case {i}: {body}");
+    }
+    let (status, body) = post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "nope", "args": {} })).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("charge")), "names what is loaded: {body}");
+    let big = json!({ "run_id": "bad", "step_id": "s", "tool": "charge", "args": { "pad": "x".repeat(8192) } });
+    let (status, body) = post(&url, &big).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["kind"], "too-large");
+    let (status, body) = get(&server.url("/v1/runs/bad")).await;
+    assert_eq!(status, 404, "nothing of run `bad` was recorded: {body}");
+    assert_eq!(provider.totals().payments, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sixty_four_concurrent_requests_for_one_step_give_one_charge_at_the_provider() {
+    let provider = Provider::start().await.expect("provider");
+    // The charge is slow, so the requests arrive while it is in flight.
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 400 }).for_order("c64"));
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let url = server.url("/v1/calls");
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let url = url.clone();
+        // Half wait for the first caller's result; the others may be told it is in progress.
+        let wait = if i % 2 == 0 { json!(30) } else { Value::Null };
+        let body =
+            json!({ "run_id": "r64", "step_id": "charge-c64", "tool": "charge", "args": charge("c64"), "wait": wait });
+        tasks.push(tokio::spawn(async move { post(&url, &body).await }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        let (code, body) = task.await.expect("task");
+        assert_eq!(code, 200, "{body}");
+        statuses.push(body["status"].as_str().unwrap_or_default().to_string());
+    }
+    provider.settled().await;
+    assert_eq!(provider.counts("c64").payments, 1, "one charge, counted at the provider; statuses: {statuses:?}");
+    assert!(
+        statuses.iter().all(|s| s == "completed" || s == "in-progress"),
+        "every answer is the charge or says it is in progress: {statuses:?}"
+    );
+    let (_, last) =
+        post(&url, &json!({ "run_id": "r64", "step_id": "charge-c64", "tool": "charge", "args": charge("c64") })).await;
+    assert_eq!(last["status"], "completed", "{last}");
+    assert_eq!(last["replayed"], true);
+    assert_eq!(provider.counts("c64").payments, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approving_needs_the_operators_token_even_on_loopback_and_binds_to_the_fingerprint() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let body = json!({ "run_id": "ra", "step_id": "ship-f1", "tool": "fulfill", "args": fulfill("f1") });
+    let (_, first) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(first["status"], "awaiting-approval", "{first}");
+    let mut shown = fulfill("f1");
+    shown["address"] = json!("[redacted]");
+    assert_eq!(first["approval"]["params"], shown, "the exact params, the sensitive address masked: {first}");
+    let key = first["operation_key"].as_str().expect("key").to_string();
+    let fingerprint = first["fingerprint"].as_str().expect("fingerprint").to_string();
+    let approve = server.url(&format!("/v1/approvals/{key}/approve"));
+    let decision = json!({ "fingerprint": fingerprint, "by": "ops" });
+
+    let (status, refused) = post(&approve, &decision).await;
+    assert_eq!(status, 401, "no token: {refused}");
+    let wrong = client().post(&approve).bearer_auth("not-the-token-at-all").json(&decision).send().await.expect("post");
+    assert_eq!(wrong.status(), 401);
+    let other = json!({ "fingerprint": "0".repeat(64), "by": "ops" });
+    let mismatch = client().post(&approve).bearer_auth(TOKEN).json(&other).send().await.expect("post");
+    assert_eq!(mismatch.status(), 409, "another fingerprint approves nothing");
+    let (_, pending) = get(&server.url("/v1/approvals?pending=true")).await;
+    assert_eq!(pending["approvals"].as_array().map(Vec::len), Some(1), "still pending: {pending}");
+    let (_, again) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(again["status"], "awaiting-approval");
+    assert_eq!(provider.counts("f1").fulfillments, 0, "nothing shipped before the approval");
+
+    let ok = client().post(&approve).bearer_auth(TOKEN).json(&decision).send().await.expect("post");
+    assert_eq!(ok.status(), 200);
+    let (_, shipped) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(shipped["status"], "completed", "{shipped}");
+    let (_, replay) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(replay["replayed"], true);
+    assert_eq!(provider.counts("f1").fulfillments, 1, "shipped once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn beyond_loopback_the_server_needs_a_token_and_every_request_carries_it() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(setup.flags())
+        .args(["--listen", "0.0.0.0:0"])
+        .env_remove("ONCEBOX_TOKEN")
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2), "refused as usage");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("token"), "{stderr}");
+
+    let server = setup.serve_with(&["--listen", "0.0.0.0:0"]);
+    let port = server.base_url.rsplit(':').next().expect("port").to_string();
+    let url = format!("http://127.0.0.1:{port}/v1/calls");
+    let body = json!({ "run_id": "rt", "step_id": "s", "tool": "charge", "args": charge("t1") });
+    let (status, _) = post(&url, &body).await;
+    assert_eq!(status, 401);
+    let (status, health) = get(&format!("http://127.0.0.1:{port}/healthz")).await;
+    assert_eq!(status, 200, "{health}");
+    let ok = client().post(&url).bearer_auth(TOKEN).json(&body).send().await.expect("post");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(provider.counts("t1").payments, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_added_replaced_or_removed_is_picked_up_and_a_bad_one_stops_nothing() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    std::fs::remove_file(setup.tools().join("notify.wasm")).expect("remove");
+    let server = setup.serve();
+    let names = || async {
+        let (_, tools) = get(&server.url("/v1/tools")).await;
+        let names: Vec<String> = tools["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(String::from))
+            .collect();
+        (names, tools["load_errors"].clone())
+    };
+    assert!(!names().await.0.contains(&"notify".to_string()));
+
+    std::fs::copy(oncebox_artifacts::NOTIFY, setup.tools().join("notify.wasm")).expect("add");
+    std::fs::write(setup.tools().join("broken.wasm"), b"\0asm not really").expect("broken");
+    let mut seen = (Vec::new(), Value::Null);
+    for _ in 0..100 {
+        seen = names().await;
+        if seen.0.contains(&"notify".to_string()) && seen.1.as_array().is_some_and(|e| !e.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.0.contains(&"notify".to_string()), "added: {seen:?}");
+    let errors = seen.1.to_string();
+    assert!(errors.contains("broken.wasm"), "the bad one is reported with its file: {errors}");
+    let body = json!({ "run_id": "rl", "step_id": "s", "tool": "charge", "args": charge("l1") });
+    let (_, charged) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(charged["status"], "completed", "the others still serve: {charged}");
+
+    std::fs::remove_file(setup.tools().join("refund.wasm")).expect("remove");
+    for _ in 0..100 {
+        if !names().await.0.contains(&"refund".to_string()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!names().await.0.contains(&"refund".to_string()), "removed");
+    let (status, body) =
+        post(&server.url("/v1/calls"), &json!({ "run_id": "rl", "step_id": "r", "tool": "refund", "args": {} })).await;
+    assert_eq!(status, 404, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_calls_by_tool_outcome_and_source_in_prometheus_text() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let body = json!({ "run_id": "rm", "step_id": "s", "tool": "charge", "args": charge("m1") });
+    post(&server.url("/v1/calls"), &body).await;
+    post(&server.url("/v1/calls"), &body).await;
+    post(
+        &server.url("/v1/calls"),
+        &json!({ "run_id": "rm", "step_id": "f", "tool": "fulfill", "args": fulfill("m1") }),
+    )
+    .await;
+    let text = client().get(server.url("/metrics")).send().await.expect("get").text().await.expect("text");
+    for line in [
+        "oncebox_calls_total{tool=\"charge\",outcome=\"completed\",source=\"fresh\"} 1",
+        "oncebox_calls_total{tool=\"charge\",outcome=\"completed\",source=\"replayed\"} 1",
+        "oncebox_calls_total{tool=\"fulfill\",outcome=\"awaiting-approval\",source=\"fresh\"} 1",
+        "oncebox_attempts_total{tool=\"charge\"} 1",
+        "oncebox_approvals_pending 1",
+        "oncebox_unknown_operations 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+    }
+    let count: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("oncebox_ledger_commit_seconds_count "))
+        .and_then(|n| n.parse().ok())
+        .expect("the commit histogram's count");
+    assert!(count >= 2, "the charge's write-ahead and its answer were committed: {count}");
 }

@@ -5,3 +5,5 @@
 mod support;
 
 mod api;
+mod kill;
+mod openapi;

@@ -25,7 +25,6 @@ pub const TOOLS: [(&str, &str); 5] = [
 /// restarted on the same files).
 pub struct Setup {
     pub dir: tempfile::TempDir,
-    pub provider_url: String,
 }
 
 impl Setup {
@@ -43,14 +42,19 @@ impl Setup {
         let base = provider.base_url();
         let mut policy = String::new();
         for (name, _) in TOOLS {
+            // Quick retries, where the class allows them (an irreversible tool may not retry).
+            if name != "fulfill" {
+                policy.push_str(&format!(
+                    "[tools.{name}]\nmax_attempts = 3\ninitial_backoff = \"10ms\"\nmax_backoff = \"50ms\"\n"
+                ));
+            }
             policy.push_str(&format!(
-                "[tools.{name}]\nmax_attempts = 3\ninitial_backoff = \"10ms\"\nmax_backoff = \"50ms\"\n\
-                 [tools.{name}.config]\nbase_url = \"{base}\"\n[tools.{name}.grants]\nhttp = [\"{base}\"]\n\n"
+                "[tools.{name}.config]\nbase_url = \"{base}\"\n[tools.{name}.grants]\nhttp = [\"{base}\"]\n\n"
             ));
         }
         policy.push_str(extra);
         std::fs::write(dir.path().join("oncebox.toml"), policy).expect("policy");
-        Setup { dir, provider_url: base }
+        Setup { dir }
     }
 
     pub fn tools(&self) -> PathBuf {
@@ -90,7 +94,7 @@ impl Setup {
         let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
         command
             .args(self.flags())
-            .args(["--listen", "127.0.0.1:0"])
+            .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(extra)
             .env("ONCEBOX_TOKEN", TOKEN)
             .env("ONCEBOX_CACHE", cache())
@@ -105,6 +109,8 @@ impl Setup {
             let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
             panic!("oncebox serve printed {line:?} ({e}); its log:\n{log}")
         });
+        let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
+        assert!(!log.contains("refused; skipped"), "every example tool loads:\n{log}");
         let base_url = printed["listening"].as_str().expect("listening").to_string();
         Server { child: Some(child), base_url, log: self.dir.path().join("serve.log") }
     }
