@@ -7,3 +7,4 @@ mod support;
 mod api;
 mod kill;
 mod openapi;
+mod orchestrator;
