@@ -36,7 +36,11 @@ impl ApiError {
             CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
                 ApiError::Conflict(error.to_string())
             }
-            other => ApiError::Internal(format!("calling `{tool}`: {other}")),
+            // Not `failed`: the host broke down somewhere in the pipeline, maybe after a send.
+            other => ApiError::Internal(format!(
+                "calling `{tool}`: {other}; this does not say the call failed: send the same call again (the same run, \
+                 step and args) to learn from the ledger what became of it"
+            )),
         }
     }
 

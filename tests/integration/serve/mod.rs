@@ -8,3 +8,4 @@ mod api;
 mod kill;
 mod openapi;
 mod orchestrator;
+mod shared;

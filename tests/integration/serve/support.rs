@@ -25,6 +25,9 @@ pub const TOOLS: [(&str, &str); 5] = [
 /// restarted on the same files).
 pub struct Setup {
     pub dir: tempfile::TempDir,
+    /// A shared ledger (`postgres://…`) instead of the directory's file; its servers share the
+    /// directory's key file.
+    shared: Option<String>,
 }
 
 impl Setup {
@@ -54,7 +57,13 @@ impl Setup {
         }
         policy.push_str(extra);
         std::fs::write(dir.path().join("oncebox.toml"), policy).expect("policy");
-        Setup { dir }
+        Setup { dir, shared: None }
+    }
+
+    /// The same, on the shared ledger at `url`.
+    pub fn on_shared(mut self, url: String) -> Setup {
+        self.shared = Some(url);
+        self
     }
 
     pub fn tools(&self) -> PathBuf {
@@ -77,7 +86,7 @@ impl Setup {
             "--tools".into(),
             path(self.tools()),
             "--ledger".into(),
-            path(self.ledger()),
+            self.shared.clone().unwrap_or_else(|| path(self.ledger())),
             "--policy".into(),
             path(self.policy()),
             "--grace".into(),
@@ -99,6 +108,7 @@ impl Setup {
             .env("ONCEBOX_TOKEN", TOKEN)
             .env("ONCEBOX_CACHE", cache())
             .env("ONCEBOX_LOG", "info")
+            .env("ONCEBOX_KEY_FILE", self.dir.path().join("hosts.key"))
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("serve.log")).expect("log file")));
         let mut child = command.spawn().expect("start oncebox serve");
