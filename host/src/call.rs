@@ -68,6 +68,22 @@ pub enum Status {
     Expired,
 }
 
+impl Status {
+    /// The status as `oncebox call` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Unknown => "unknown",
+            Status::Conflict => "conflict",
+            Status::InProgress => "in-progress",
+            Status::AwaitingApproval => "awaiting-approval",
+            Status::Rejected => "rejected",
+            Status::Expired => "expired",
+        }
+    }
+}
+
 impl From<OperationStatus> for Status {
     fn from(status: OperationStatus) -> Self {
         match status {

@@ -205,6 +205,29 @@ fn exit_for(e: &anyhow::Error) -> Exit {
     }
 }
 
+/// Resolves at the first SIGINT or SIGTERM (on other systems, Ctrl-C).
+pub async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+            (Ok(mut interrupt), Ok(mut terminate)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            // Without the handlers the default action (ending the process) still applies, and
+            // what it stops survives that: the relay's answers and the server's records are on disk.
+            _ => std::future::pending::<()>().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 /// A usage error found by a subcommand rather than by clap.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

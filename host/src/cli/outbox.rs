@@ -109,7 +109,7 @@ async fn deliver(
         tracing::warn!(%topic, count, "outbox messages pending for a topic without an endpoint in the policy file");
     }
     let relay = Relay::new(ledger, endpoints, &roots)?;
-    let summary = if once { relay.deliver_pending().await? } else { relay.run(stop_signal()).await? };
+    let summary = if once { relay.deliver_pending().await? } else { relay.run(super::stop_signal()).await? };
     print_json(&report(&summary, &unconfigured))?;
     Ok(if summary.all_delivered() { Exit::Ok } else { Exit::ToolFailed })
 }
@@ -133,27 +133,4 @@ fn report(summary: &Summary, unconfigured: &BTreeMap<String, u64>) -> serde_json
         "topics": summary.topics,
         "unconfigured": unconfigured,
     })
-}
-
-/// Resolves at the first SIGINT or SIGTERM (on other systems, Ctrl-C).
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-            (Ok(mut interrupt), Ok(mut terminate)) => {
-                tokio::select! {
-                    _ = interrupt.recv() => {}
-                    _ = terminate.recv() => {}
-                }
-            }
-            // Without the handlers the default action (ending the process) still applies, and
-            // the relay survives that: every answer it was told about is on disk.
-            _ => std::future::pending::<()>().await,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -270,9 +270,7 @@ async fn approve(
     Path(key): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    app.auth.operator(&headers)?;
-    let view = decide(&app, &key, body(bytes)?, true).await?;
-    Ok(json_response(StatusCode::OK, &view))
+    decided(&app, &headers, &key, bytes, true).await
 }
 
 async fn reject(
@@ -281,8 +279,19 @@ async fn reject(
     Path(key): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    app.auth.operator(&headers)?;
-    let view = decide(&app, &key, body(bytes)?, false).await?;
+    decided(&app, &headers, &key, bytes, false).await
+}
+
+/// A decision through the API: the operator's token, always.
+async fn decided(
+    app: &App,
+    headers: &HeaderMap,
+    key: &str,
+    bytes: Result<Bytes, BytesRejection>,
+    approve: bool,
+) -> Result<Response, ApiError> {
+    app.auth.operator(headers)?;
+    let view = decide(app, key, body(bytes)?, approve).await?;
     Ok(json_response(StatusCode::OK, &view))
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use oncebox::{Outcome, Status};
+use oncebox::Outcome;
 
 use super::app::Source;
 
@@ -27,7 +27,7 @@ pub struct Outstanding {
 impl Metrics {
     pub fn call(&self, tool: &str, outcome: &Outcome, source: Source) {
         let tool = tool.to_string();
-        let status = status_name(outcome.status).to_string();
+        let status = outcome.status.as_str().to_string();
         let mut calls = self.calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         *calls.entry((tool.clone(), status, source.as_str())).or_default() += 1;
         drop(calls);
@@ -71,19 +71,6 @@ impl Metrics {
         let _ = writeln!(out, "{name}_sum {}", latency.sum_seconds);
         let _ = writeln!(out, "{name}_count {}", latency.count);
         out
-    }
-}
-
-pub fn status_name(status: Status) -> &'static str {
-    match status {
-        Status::Completed => "completed",
-        Status::Failed => "failed",
-        Status::Unknown => "unknown",
-        Status::Conflict => "conflict",
-        Status::InProgress => "in-progress",
-        Status::AwaitingApproval => "awaiting-approval",
-        Status::Rejected => "rejected",
-        Status::Expired => "expired",
     }
 }
 

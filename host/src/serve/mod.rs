@@ -111,7 +111,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
             async move { axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await },
         );
     tokio::select! {
-        () = stop_signal() => {}
+        () = crate::cli::stop_signal() => {}
         ended = &mut server => {
             ended.context("the server task")?.context("serving HTTP")?;
         }
@@ -184,26 +184,5 @@ async fn watch(app: Arc<App>) {
         #[cfg(not(unix))]
         tokio::time::sleep(reload::SCAN_EVERY).await;
         app.loaded.scan(&app.host).await;
-    }
-}
-
-/// SIGINT or SIGTERM.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-            (Ok(mut int), Ok(mut term)) => {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            _ => std::future::pending().await,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -143,23 +143,10 @@ fn result(baseline: &Run, run: &Run, injection: &Injection) -> Option<Violation>
         status if status == expected.status && got.output == expected.output => None,
         status => Some(Violation::Result(format!(
             "ended {} where the fault-free run ended {}{}",
-            status_name(status),
-            status_name(expected.status),
+            status.as_str(),
+            expected.status.as_str(),
             if status == expected.status { " with another output" } else { "" }
         ))),
-    }
-}
-
-pub(crate) fn status_name(status: Status) -> &'static str {
-    match status {
-        Status::Completed => "completed",
-        Status::Failed => "failed",
-        Status::Unknown => "unknown",
-        Status::Conflict => "conflict",
-        Status::InProgress => "in-progress",
-        Status::AwaitingApproval => "awaiting-approval",
-        Status::Rejected => "rejected",
-        Status::Expired => "expired",
     }
 }
 

@@ -2,7 +2,6 @@
 
 use std::fmt;
 
-use super::explore::status_name;
 use super::harness::{Injection, Run};
 
 /// An invariant a scenario broke.
@@ -66,7 +65,7 @@ impl Row {
             effect: "(all)".into(),
             point: "fault-free".into(),
             crashed: false,
-            status: status_name(run.outcome.status).to_string(),
+            status: run.outcome.status.as_str().to_string(),
             sent: run.dispatches.len(),
             landed: run.dispatches.iter().filter(|d| d.landed).count(),
             reconciles: run.reconciles.len(),
