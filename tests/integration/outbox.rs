@@ -26,16 +26,16 @@ use crate::support::{closed_origin, eventually};
 
 /// One request as the endpoint received it.
 #[derive(Debug, Clone, PartialEq)]
-struct Received {
-    key: String,
-    topic: String,
-    seq: u64,
-    body: String,
+pub struct Received {
+    pub key: String,
+    pub topic: String,
+    pub seq: u64,
+    pub body: String,
 }
 
 /// How the endpoint answers.
 #[derive(Debug, Default)]
-struct Behaviour {
+pub struct Behaviour {
     /// Answer this many requests with 503 (after reading them) before answering 200.
     fail_first: u32,
     /// Answer requests for these (topic, seq) with this status.
@@ -52,14 +52,14 @@ struct SinkState {
     behaviour: Behaviour,
 }
 
-/// The endpoint: records every request on arrival, before it answers.
+/// The endpoint: records every request on arrival, before it answers (the serve tests use it too).
 #[derive(Clone, Default)]
-struct Sink {
+pub struct Sink {
     state: Arc<Mutex<SinkState>>,
 }
 
 impl Sink {
-    async fn start(behaviour: Behaviour) -> (Sink, SocketAddr) {
+    pub async fn start(behaviour: Behaviour) -> (Sink, SocketAddr) {
         let sink = Sink { state: Arc::new(Mutex::new(SinkState { behaviour, ..SinkState::default() })) };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -113,7 +113,7 @@ impl Sink {
         response
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub fn received(&self) -> Vec<Received> {
         self.state().received.clone()
     }
 

@@ -157,7 +157,7 @@ async fn reconcile(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
-    let answers = app.host.reconcile_run(&run_id).await.map_err(|e| ApiError::from_call(e, "reconcile"))?;
+    let answers = app.host.reconcile_run(&run_id).await.map_err(|e| ApiError::from_operation(e, "reconcile"))?;
     let open = answers.iter().filter(|a| a.settle_by_hand.is_some()).count();
     Ok(json_response(StatusCode::OK, &json!({ "run_id": run_id, "reconciled": answers, "need_a_person": open })))
 }
@@ -168,7 +168,7 @@ async fn compensate(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
-    let report = app.host.compensate(&run_id).await.map_err(|e| ApiError::from_call(e, "compensate"))?;
+    let report = app.host.compensate(&run_id).await.map_err(|e| ApiError::from_operation(e, "compensate"))?;
     Ok(json_response(StatusCode::OK, &report))
 }
 
@@ -257,7 +257,7 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
         .host
         .decide(key, &body.fingerprint, decision, &body.by, body.note.as_deref())
         .await
-        .map_err(|e| ApiError::from_call(e, "decide"))?;
+        .map_err(|e| ApiError::from_operation(e, "decide"))?;
     let mut view = serde_json::to_value(ApprovalView::of(&record, app.host.ledger())).unwrap_or_default();
     view["operation_key"] = record.operation_key.clone().into();
     view["fingerprint"] = record.fingerprint.clone().into();
@@ -331,7 +331,7 @@ pub async fn settle(app: &App, key: &str, body: ResolveBody) -> Result<Value, Ap
         .host
         .resolve(key, body.effect.as_deref(), &resolution, &body.by, body.note.as_deref())
         .await
-        .map_err(|e| ApiError::from_call(e, "resolve"))?;
+        .map_err(|e| ApiError::from_operation(e, "resolve"))?;
     Ok(serde_json::to_value(outcome).unwrap_or_default())
 }
 
@@ -346,9 +346,13 @@ async fn resolve(
     Ok(json_response(StatusCode::OK, &outcome))
 }
 
-async fn healthz(State(app): State<Arc<App>>) -> Response {
+async fn healthz(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let status = if app.is_stopping() { "stopping" } else { "ok" };
     let code = if app.is_stopping() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    // Anyone may ask whether it serves; what it serves from is for those who may call.
+    if app.auth.may_call(&headers).is_err() {
+        return json_response(code, &json!({ "status": status }));
+    }
     json_response(
         code,
         &json!({

@@ -13,31 +13,65 @@ use super::error::ApiError;
 /// The console's session cookie.
 pub const SESSION_COOKIE: &str = "oncebox_session";
 
-#[derive(Debug)]
 pub struct Auth {
     token: String,
     /// Every request needs the token (the server listens beyond loopback).
     everywhere: bool,
+    /// On loopback, the `Host` values a request may carry (`127.0.0.1:PORT`, `localhost:PORT`,
+    /// `[::1]:PORT`): any other is a browser's request under a rebound DNS name.
+    local_hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth").field("everywhere", &self.everywhere).finish_non_exhaustive()
+    }
 }
 
 impl Auth {
-    pub fn new(token: String, everywhere: bool) -> Auth {
-        Auth { token, everywhere }
+    /// The server's credential; `listening` is where it serves HTTP (`None` on stdio).
+    pub fn new(token: String, listening: Option<std::net::SocketAddr>) -> Auth {
+        let everywhere = listening.is_some_and(|addr| !addr.ip().is_loopback());
+        let local_hosts = match listening {
+            Some(addr) if !everywhere => {
+                let port = addr.port();
+                vec![
+                    format!("127.0.0.1:{port}"),
+                    format!("localhost:{port}"),
+                    format!("[::1]:{port}"),
+                    addr.to_string(),
+                ]
+            }
+            _ => Vec::new(),
+        };
+        Auth { token, everywhere, local_hosts }
+    }
+
+    /// Whether every request needs the token.
+    #[expect(dead_code, reason = "MCP's own check, which comes next")]
+    pub fn everywhere(&self) -> bool {
+        self.everywhere
+    }
+
+    /// On loopback, whether `host` (a `Host` header's value) names this server.
+    pub fn is_local_host(&self, host: &str) -> bool {
+        self.everywhere || self.local_hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
+    }
+
+    /// On loopback, whether `origin` (an `Origin` header's value) is this server's own.
+    pub fn is_own_origin(&self, origin: &str) -> bool {
+        self.everywhere || self.local_hosts.iter().any(|h| origin.eq_ignore_ascii_case(&format!("http://{h}")))
     }
 
     /// A request may read and call: always on loopback, with the token elsewhere.
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.everywhere { self.operator(headers) } else { Ok(()) }
+        if self.everywhere { self.console_operator(headers) } else { Ok(()) }
     }
 
-    /// A request comes from the operator: `Authorization: Bearer TOKEN`, or the console's cookie.
+    /// A request comes from the operator: `Authorization: Bearer TOKEN`. (The console's session
+    /// cookie counts only on the console's own routes, with their CSRF token: `console_operator`.)
     pub fn operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let bearer = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| same(given.trim(), &self.token));
-        if bearer || self.has_session(headers) {
+        if self.has_bearer(headers) {
             Ok(())
         } else {
             Err(ApiError::Unauthorized(
@@ -46,6 +80,20 @@ impl Auth {
                     .into(),
             ))
         }
+    }
+
+    /// The operator on a console route: the bearer token or the session cookie. The route checks
+    /// the form's CSRF token as well.
+    pub fn console_operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.has_session(headers) { Ok(()) } else { self.operator(headers) }
+    }
+
+    fn has_bearer(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .is_some_and(|(scheme, given)| scheme.eq_ignore_ascii_case("bearer") && same(given.trim(), &self.token))
     }
 
     /// Whether the password given to the console's sign-in form is the token.

@@ -6,6 +6,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use oncebox::{CallError, LedgerError};
 
+/// What a client is told when the host broke down during a call: not that it failed.
+pub const NOT_A_FAILURE: &str = "this does not say the call failed: send the same call again (the same run, step, \
+     tool and args) to learn from the ledger what became of it";
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
@@ -15,32 +19,44 @@ pub enum ApiError {
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    UnsupportedMedia(String),
+    #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
     #[error("the server is stopping and takes no new calls; send the call again to the next one")]
     Stopping,
+    #[error("too many calls are running; nothing of this one was recorded or sent: send it again shortly")]
+    Busy,
     #[error("{0}")]
     Internal(String),
 }
 
 impl ApiError {
-    /// Blames the caller or the host, as the CLI's exit codes do.
+    /// A call's error: the caller's input (nothing recorded, nothing sent), or the host's. A
+    /// ledger error is never a refusal here: it may come after a send, so it says how to learn more.
     pub fn from_call(error: CallError, tool: &str) -> ApiError {
+        match error {
+            CallError::UnknownTool { .. } => ApiError::NotFound(error.to_string()),
+            CallError::InvalidArgs { .. } | CallError::StepRequired { .. } => ApiError::BadRequest(error.to_string()),
+            other => ApiError::Internal(format!("calling `{tool}`: {other}; {NOT_A_FAILURE}")),
+        }
+    }
+
+    /// The error of a decision or a reading (approve, reject, settle, reconcile, compensate).
+    pub fn from_operation(error: CallError, what: &str) -> ApiError {
         match error {
             CallError::UnknownTool { .. } => ApiError::NotFound(error.to_string()),
             CallError::InvalidArgs { .. } | CallError::StepRequired { .. } | CallError::InvalidResolution { .. } => {
                 ApiError::BadRequest(error.to_string())
             }
-            CallError::Approval { .. } => ApiError::Conflict(error.to_string()),
-            CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
+            CallError::Approval { .. }
+            | CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
                 ApiError::Conflict(error.to_string())
             }
-            // Not `failed`: the host broke down somewhere in the pipeline, maybe after a send.
-            other => ApiError::Internal(format!(
-                "calling `{tool}`: {other}; this does not say the call failed: send the same call again (the same run, \
-                 step and args) to learn from the ledger what became of it"
-            )),
+            other => ApiError::Internal(format!("{what}: {other}")),
         }
     }
 
@@ -49,9 +65,11 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Stopping | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -61,9 +79,12 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad-request",
             ApiError::NotFound(_) => "not-found",
             ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::UnsupportedMedia(_) => "unsupported-media-type",
             ApiError::Conflict(_) => "conflict",
             ApiError::TooLarge(_) => "too-large",
             ApiError::Stopping => "stopping",
+            ApiError::Busy => "busy",
             ApiError::Internal(_) => "internal",
         }
     }

@@ -12,6 +12,7 @@ mod app;
 mod auth;
 mod console;
 mod error;
+mod guard;
 mod mcp;
 mod metrics;
 mod openapi;
@@ -59,6 +60,14 @@ pub struct Args {
     /// How long a claim holds without renewal (ms); a live server renews it while it works.
     #[arg(long, value_name = "MS")]
     pub lease_ms: Option<u64>,
+    /// Do not deliver the outbox here. By default a server delivers the messages its tools
+    /// enqueue to the policy file's `[outbox.TOPIC]` endpoints; on a ledger several servers share,
+    /// let one of them do it and give the others `--no-relay`.
+    #[arg(long)]
+    pub no_relay: bool,
+    /// How many calls may run at once; more are refused (503) before anything is recorded.
+    #[arg(long, default_value_t = app::MAX_CALLS)]
+    pub max_calls: usize,
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -66,8 +75,10 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let mut builder = crate::cli::host_at(&args.ledger);
-    if let Some(policy) = &args.policy {
-        builder = builder.policy_file(PolicyFile::load(policy)?);
+    let policy = args.policy.as_deref().map(PolicyFile::load).transpose()?;
+    let topics = policy.as_ref().map_or(0, |file| file.outbox_endpoints().len());
+    if let Some(file) = policy {
+        builder = builder.policy_file(file);
     }
     if let Some(ms) = args.lease_ms {
         builder = builder.lease(Duration::from_millis(ms.max(1)));
@@ -75,15 +86,16 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     if !args.tools.is_dir() {
         return Err(Usage(format!("--tools {}: not a directory", args.tools.display())).into());
     }
-    let auth = Auth::new(token(&args)?, !args.stdio && !args.listen.ip().is_loopback());
+    let token = token(&args)?;
     // Opening the ledger recovers what a stopped server left: this start is its recovery.
     let host = builder.build().await?;
     let loaded = Loaded::new(args.tools.clone());
     loaded.scan(&host).await;
     let tools = host.tools().len();
     if args.stdio {
-        let app = App::new(host, auth, loaded, String::new());
+        let app = App::new(host, Auth::new(token, None), loaded, String::new(), args.max_calls);
         tokio::spawn(watch(app.clone()));
+        relay(&app, topics, args.no_relay)?;
         eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
         mcp::serve_stdio(app.clone()).await?;
         return Ok(finish(&app, args.grace).await);
@@ -93,12 +105,14 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr().context("the listening address")?;
     let base_url = format!("http://{addr}");
-    let app = App::new(host, auth, loaded, base_url.clone());
+    let app = App::new(host, Auth::new(token, Some(addr)), loaded, base_url.clone(), args.max_calls);
     tokio::spawn(watch(app.clone()));
+    relay(&app, topics, args.no_relay)?;
     let router = api::routes()
         .merge(console::routes())
         .merge(mcp::routes(app.clone()))
         .layer(axum::extract::DefaultBodyLimit::max(args.max_body))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard::same_site))
         .with_state(app.clone());
     // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
     crate::cli::print_json(&serde_json::json!({
@@ -114,6 +128,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         () = crate::cli::stop_signal() => {}
         ended = &mut server => {
             ended.context("the server task")?.context("serving HTTP")?;
+            return Ok(finish(&app, args.grace).await);
         }
     }
     // Answered requests are written out before the process ends: axum closes each connection
@@ -129,13 +144,31 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 /// Stops taking calls and lets the running ones finish within `grace`.
 async fn finish(app: &Arc<App>, grace: Duration) -> Exit {
     app.stop_taking_calls();
-    if !app.drained(grace).await {
-        eprintln!(
-            "oncebox serve: {} calls still running after {grace:?}; their steps are left to the next start's recovery",
-            app.in_flight()
-        );
+    if app.drained(grace).await {
+        return Exit::Ok;
     }
-    Exit::Ok
+    eprintln!(
+        "oncebox serve: {} calls still running after the grace period; their steps are left to the next start's recovery",
+        app.in_flight()
+    );
+    Exit::ToolFailed
+}
+
+/// Delivers the outbox beside the calls until the server stops: a server holds its ledger file,
+/// so no `oncebox outbox deliver` could open it meanwhile. A send under way at the stop is
+/// completed and recorded first (`Relay::run`).
+fn relay(app: &Arc<App>, topics: usize, off: bool) -> anyhow::Result<()> {
+    if off || topics == 0 {
+        return Ok(());
+    }
+    let relay = app.host.outbox_relay().map_err(|e| Usage(format!("the outbox relay: {e}")))?;
+    let stop = app.shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = relay.run(stop.cancelled_owned()).await {
+            tracing::error!(error = %e, "the outbox relay stopped; messages wait in the ledger for the next one");
+        }
+    });
+    Ok(())
 }
 
 /// The operator's token: `--token-file`, `$ONCEBOX_TOKEN`, or a new one printed on stderr.
@@ -149,6 +182,9 @@ fn token(args: &Args) -> anyhow::Result<String> {
         return Ok(token);
     }
     if let Some(token) = std::env::var("ONCEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+        if token.trim().len() < 16 {
+            return Err(Usage("$ONCEBOX_TOKEN: a token needs at least 16 characters".into()).into());
+        }
         return Ok(token.trim().to_string());
     }
     if !args.stdio && !args.listen.ip().is_loopback() {

@@ -7,14 +7,18 @@ pub fn document() -> Value {
     let error = json!({ "$ref": "#/components/schemas/Error" });
     let refusals = |codes: &[&str]| -> Value {
         let mut map = serde_json::Map::new();
-        for code in codes {
+        for code in codes.iter().chain(&["403"]) {
             let description = match *code {
                 "400" => "Malformed JSON, a missing or unknown field, or args the tool's schema refuses.",
                 "401" => "The operator's token is needed.",
+                "403" => {
+                    "Refused as a browser's cross-site request: another site's Origin, or a Host that is not this server."
+                }
+                "415" => "A body that is not `Content-Type: application/json`.",
                 "404" => "No such tool, operation, run or request for approval.",
                 "409" => "The decision does not apply (wrong fingerprint, already decided, not in doubt).",
                 "413" => "The body is too large.",
-                "503" => "The server is stopping.",
+                "503" => "The server is stopping, or too many calls run (nothing of this one was recorded).",
                 _ => "Error.",
             };
             map.insert(
@@ -46,7 +50,7 @@ pub fn document() -> Value {
                 "summary": "Call a tool for one step of a run (or, for a read-only tool, outside any run).",
                 "requestBody": body("CallRequest"),
                 "responses": ok("The outcome, the same JSON object `oncebox call` prints. A failed tool is an outcome, not an error.",
-                    json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "413", "503"]))
+                    json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "413", "415", "503"]))
             }},
             "/v1/tools": { "get": {
                 "operationId": "tools", "summary": "The loaded tools, and the files that did not load.",
@@ -60,7 +64,7 @@ pub fn document() -> Value {
             "/v1/operations/{key}/resolve": { "post": {
                 "operationId": "resolve", "summary": "Settle by hand an operation whose outcome is unknown (operator token).",
                 "parameters": [key], "requestBody": body("Resolve"),
-                "responses": ok("The operation's outcome after the settlement.", json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "409", "413"]))
+                "responses": ok("The operation's outcome after the settlement.", json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "409", "413", "415"]))
             }},
             "/v1/runs/{run_id}": { "get": {
                 "operationId": "run", "summary": "A run's operations and what a person must decide.",
@@ -93,12 +97,12 @@ pub fn document() -> Value {
             "/v1/approvals/{key}/approve": { "post": {
                 "operationId": "approve", "summary": "Approve the exact params whose fingerprint is given (operator token).",
                 "parameters": [key], "requestBody": body("Decide"),
-                "responses": ok("The decision.", object.clone(), refusals(&["400", "401", "409", "413"]))
+                "responses": ok("The decision.", object.clone(), refusals(&["400", "401", "409", "413", "415"]))
             }},
             "/v1/approvals/{key}/reject": { "post": {
                 "operationId": "reject", "summary": "Reject the params whose fingerprint is given (operator token).",
                 "parameters": [key], "requestBody": body("Decide"),
-                "responses": ok("The decision.", object.clone(), refusals(&["400", "401", "409", "413"]))
+                "responses": ok("The decision.", object.clone(), refusals(&["400", "401", "409", "413", "415"]))
             }},
             "/healthz": { "get": {
                 "operationId": "healthz", "summary": "Liveness: 200 while taking calls, 503 while stopping.",

@@ -13,10 +13,13 @@ use oncebox::Host;
 pub const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// What a file looked like when last loaded (or refused): loaded again only when this changes.
+/// The inode and the change time catch a copy that keeps size and mtime (`cp -p`, `rsync -t`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     len: u64,
     modified: Option<SystemTime>,
+    inode: u64,
+    changed: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -24,8 +27,10 @@ struct File {
     seen: Seen,
     /// The tool it holds, if it loaded.
     tool: Option<String>,
-    /// Why it did not load (or no longer checks), if so.
+    /// Why it did not load, if so.
     error: Option<String>,
+    /// Why its compensation does not check, if so (found again after every change).
+    unchecked: Option<String>,
 }
 
 #[derive(Debug)]
@@ -45,7 +50,10 @@ impl Loaded {
         files
             .iter()
             .filter_map(|(path, file)| {
-                file.error.as_ref().map(|error| serde_json::json!({ "file": path, "error": error }))
+                file.error
+                    .as_ref()
+                    .or(file.unchecked.as_ref())
+                    .map(|error| serde_json::json!({ "file": path, "error": error }))
             })
             .collect()
     }
@@ -72,8 +80,11 @@ impl Loaded {
                 self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(path);
             }
         }
+        // A file refused before is tried again after any change: the duplicate it clashed with,
+        // or the tool it needed, may be gone or come.
+        let retry = changed > 0 || listed.iter().any(|(path, seen)| before.get(path).is_none_or(|f| f.seen != *seen));
         for (path, seen) in listed {
-            if before.get(&path).is_some_and(|file| file.seen == seen) {
+            if before.get(&path).is_some_and(|file| file.seen == seen && !(retry && file.error.is_some())) {
                 continue;
             }
             changed += 1;
@@ -84,13 +95,13 @@ impl Loaded {
                         host.unload(&old);
                     }
                     tracing::info!(tool = manifest.name, file = %path.display(), "tool loaded");
-                    File { seen, tool: Some(manifest.name), error: None }
+                    File { seen, tool: Some(manifest.name), error: None, unchecked: None }
                 }
                 Err(e) => {
                     // The last good version of a changed file stays loaded: a half-copied or broken
                     // file must not take a working tool away.
                     tracing::warn!(file = %path.display(), error = %e, "component refused; skipped");
-                    File { seen, tool: previous, error: Some(e.to_string()) }
+                    File { seen, tool: previous, error: Some(e.to_string()), unchecked: None }
                 }
             };
             self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(path, file);
@@ -105,12 +116,15 @@ impl Loaded {
     /// loaded, and `compensate` says what it could not undo.
     fn check_compensations(&self, host: &Host) {
         let mut files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for file in files.values_mut() {
+            file.unchecked = None;
+        }
         for (manifest, path) in host.tools() {
             if let Err(e) = host.check_compensation(&manifest)
                 && let Some(file) = files.get_mut(&path)
             {
                 tracing::warn!(tool = manifest.name, error = %e, "compensation does not check");
-                file.error = Some(e.to_string());
+                file.unchecked = Some(e.to_string());
             }
         }
     }
@@ -125,8 +139,24 @@ fn list(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Seen>> {
             continue;
         }
         if let Ok(meta) = std::fs::metadata(&path) {
-            listed.insert(path, Seen { len: meta.len(), modified: meta.modified().ok() });
+            listed.insert(path, seen(&meta));
         }
     }
     Ok(listed)
+}
+
+#[cfg(unix)]
+fn seen(meta: &std::fs::Metadata) -> Seen {
+    use std::os::unix::fs::MetadataExt;
+    Seen {
+        len: meta.len(),
+        modified: meta.modified().ok(),
+        inode: meta.ino(),
+        changed: meta.ctime_nsec() + meta.ctime() * 1_000_000_000,
+    }
+}
+
+#[cfg(not(unix))]
+fn seen(meta: &std::fs::Metadata) -> Seen {
+    Seen { len: meta.len(), modified: meta.modified().ok(), inode: 0, changed: 0 }
 }

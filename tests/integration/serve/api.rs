@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use oncebox_example_provider::{Fault, FaultKind, Provider, Route};
+use oncebox_example_provider::{Fault, FaultKind, Provider, Route, Settings};
 use serde_json::{Value, json};
 
 use super::support::{Setup, TOKEN, client};
@@ -105,6 +105,8 @@ async fn bad_requests_get_a_json_4xx_and_record_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sixty_four_concurrent_requests_for_one_step_give_one_charge_at_the_provider() {
     let provider = Provider::start().await.expect("provider");
+    // Keys are not deduplicated there: a second send would be a second charge, and counted.
+    provider.configure(Settings { honour_keys: false, ..Settings::default() });
     // The charge is slow, so the requests arrive while it is in flight.
     provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 400 }).for_order("c64"));
     let setup = Setup::new(&provider);
@@ -117,18 +119,25 @@ async fn sixty_four_concurrent_requests_for_one_step_give_one_charge_at_the_prov
         let wait = if i % 2 == 0 { json!(30) } else { Value::Null };
         let body =
             json!({ "run_id": "r64", "step_id": "charge-c64", "tool": "charge", "args": charge("c64"), "wait": wait });
-        tasks.push(tokio::spawn(async move { post(&url, &body).await }));
+        tasks.push(tokio::spawn(async move {
+            let response = client().post(&url).json(&body).send().await.expect("post");
+            let source =
+                response.headers().get("oncebox-source").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null), source)
+        }));
     }
     let mut statuses = Vec::new();
     for task in tasks {
-        let (code, body) = task.await.expect("task");
+        let (code, body, source) = task.await.expect("task");
         assert_eq!(code, 200, "{body}");
-        statuses.push(body["status"].as_str().unwrap_or_default().to_string());
+        statuses.push(format!("{}/{source}", body["status"].as_str().unwrap_or_default()));
     }
     provider.settled().await;
     assert_eq!(provider.counts("c64").payments, 1, "one charge, counted at the provider; statuses: {statuses:?}");
+    assert_eq!(provider.requests(), 1, "one request reached the provider: {statuses:?}");
+    assert!(statuses.iter().any(|s| s.ends_with("/deduplicated")), "requests shared the running call: {statuses:?}");
     assert!(
-        statuses.iter().all(|s| s == "completed" || s == "in-progress"),
+        statuses.iter().all(|s| s.starts_with("completed/") || s.starts_with("in-progress/")),
         "every answer is the charge or says it is in progress: {statuses:?}"
     );
     let (_, last) =
@@ -281,4 +290,107 @@ async fn metrics_count_calls_by_tool_outcome_and_source_in_prometheus_text() {
         .and_then(|n| n.parse().ok())
         .expect("the commit histogram's count");
     assert!(count >= 2, "the charge's write-ahead and its answer were committed: {count}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_delivers_what_its_tools_enqueue_once_with_the_effect_key() {
+    let provider = Provider::start().await.expect("provider");
+    let (sink, addr) = crate::outbox::Sink::start(crate::outbox::Behaviour::default()).await;
+    let outbox = format!("[outbox.email]\nendpoint = \"http://{addr}/email\"\n");
+    let setup = Setup::with_policy(&provider, &outbox);
+    let server = setup.serve();
+    let body = json!({ "run_id": "rn", "step_id": "mail-n1", "tool": "notify", "args": { "order_id": "n1", "email": "a@example.com", "template": "shipped" } });
+    let (_, sent) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(sent["status"], "completed", "{sent}");
+    post(&server.url("/v1/calls"), &body).await;
+    crate::support::eventually("the message reaches the endpoint", || !sink.received().is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let received = sink.received();
+    assert_eq!(received.len(), 1, "once, though the step was called twice: {received:?}");
+    assert_eq!(received[0].topic, "email");
+    assert!(received[0].body.contains("n1"), "{received:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_web_page_cannot_make_the_loopback_server_call_or_compensate() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let body = json!({ "run_id": "rx", "step_id": "s", "tool": "charge", "args": charge("x1") }).to_string();
+    let http = client();
+    let url = server.url("/v1/calls");
+    // A cross-site fetch or form: the browser names the page's origin.
+    let cross = http
+        .post(&url)
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(cross.status(), 403);
+    // A `no-cors` fetch can only send text/plain (no preflight): refused as such.
+    let plain = http.post(&url).header("content-type", "text/plain").body(body.clone()).send().await.expect("post");
+    assert_eq!(plain.status(), 415);
+    // DNS rebinding: the page's own name resolves to 127.0.0.1; the Host header gives it away.
+    let rebound = http
+        .post(&url)
+        .header("host", "evil.example:80")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(rebound.status(), 403);
+    let compensate = http
+        .post(server.url("/v1/runs/rx/compensate"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(compensate.status(), 403);
+    let (_, run) = get(&server.url("/v1/runs/rx")).await;
+    assert_eq!(run["error"]["kind"], "not-found", "nothing was recorded: {run}");
+    // Its own origin is fine.
+    let own = http
+        .post(&url)
+        .header("origin", server.base_url.clone())
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(own.status(), 200);
+    assert_eq!(provider.counts("x1").payments, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_ids_are_refused_and_calls_past_the_limit_are_refused_before_anything_is_recorded() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 600 }).for_order("slow"));
+    let setup = Setup::new(&provider);
+    let server = setup.serve_with(&["--max-calls", "1"]);
+    let url = server.url("/v1/calls");
+    let (status, body) =
+        post(&url, &json!({ "run_id": " ", "step_id": "", "tool": "charge", "args": charge("e1") })).await;
+    assert_eq!(status, 400, "{body}");
+    let slow = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            post(&url, &json!({ "run_id": "rb", "step_id": "slow", "tool": "charge", "args": charge("slow") })).await
+        })
+    };
+    crate::support::eventually("the slow charge reaches the provider", || provider.in_flight() > 0).await;
+    let (status, busy) =
+        post(&url, &json!({ "run_id": "rb", "step_id": "other", "tool": "charge", "args": charge("b2") })).await;
+    assert_eq!(status, 503, "{busy}");
+    assert_eq!(busy["error"]["kind"], "busy");
+    let (code, done) = slow.await.expect("task");
+    assert_eq!((code, done["status"].as_str()), (200, Some("completed")), "{done}");
+    let (_, run) = get(&server.url("/v1/runs/rb")).await;
+    let steps: Vec<&str> =
+        run["operations"].as_array().into_iter().flatten().filter_map(|o| o["step_id"].as_str()).collect();
+    assert_eq!(steps, ["slow"], "the refused call left no record");
+    assert_eq!(provider.counts("b2").payments, 0);
+    assert_eq!(provider.totals().payments, 1);
 }

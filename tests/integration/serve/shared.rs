@@ -1,7 +1,7 @@
 //! Two servers on one PostgreSQL ledger (`--ledger postgres://…`, one key file): requests for
 //! one step spread over both give one charge, counted at the provider.
 
-use oncebox_example_provider::{Fault, FaultKind, Provider, Route};
+use oncebox_example_provider::{Fault, FaultKind, Provider, Route, Settings};
 use serde_json::{Value, json};
 
 use super::support::{Setup, client};
@@ -10,6 +10,7 @@ use crate::support::charge;
 #[tokio::test(flavor = "multi_thread")]
 async fn sixty_four_requests_for_one_step_over_two_servers_on_one_database_give_one_charge() {
     let provider = Provider::start().await.expect("provider");
+    provider.configure(Settings { honour_keys: false, ..Settings::default() });
     provider.arm(Fault::new(Route::Payments, FaultKind::CommitAfterDelay { delay_ms: 400 }).for_order("pg64"));
     let setup = Setup::new(&provider).on_shared(crate::pg::fresh_database().await);
     let servers = [setup.serve(), setup.serve()];
@@ -30,5 +31,6 @@ async fn sixty_four_requests_for_one_step_over_two_servers_on_one_database_give_
     }
     provider.settled().await;
     assert_eq!(provider.counts("pg64").payments, 1, "one charge over both servers: {statuses:?}");
+    assert_eq!(provider.requests(), 1, "one request reached the provider");
     assert!(statuses.iter().all(|s| s == "completed"), "each waited for the one charge: {statuses:?}");
 }

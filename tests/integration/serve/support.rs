@@ -51,8 +51,10 @@ impl Setup {
                     "[tools.{name}]\nmax_attempts = 3\ninitial_backoff = \"10ms\"\nmax_backoff = \"50ms\"\n"
                 ));
             }
+            // notify enqueues to the outbox topic `email` (delivered where a test adds `[outbox.email]`).
+            let outbox = if name == "notify" { "outbox = [\"email\"]\n" } else { "" };
             policy.push_str(&format!(
-                "[tools.{name}.config]\nbase_url = \"{base}\"\n[tools.{name}.grants]\nhttp = [\"{base}\"]\n\n"
+                "[tools.{name}.config]\nbase_url = \"{base}\"\n[tools.{name}.grants]\nhttp = [\"{base}\"]\n{outbox}\n"
             ));
         }
         policy.push_str(extra);
@@ -89,8 +91,6 @@ impl Setup {
             self.shared.clone().unwrap_or_else(|| path(self.ledger())),
             "--policy".into(),
             path(self.policy()),
-            "--grace".into(),
-            "2s".into(),
         ]
     }
 
@@ -104,6 +104,7 @@ impl Setup {
         command
             .args(self.flags())
             .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
+            .args(if extra.contains(&"--grace") { &[][..] } else { &["--grace", "5s"][..] })
             .args(extra)
             .env("ONCEBOX_TOKEN", TOKEN)
             .env("ONCEBOX_CACHE", cache())

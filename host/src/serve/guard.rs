@@ -1,0 +1,46 @@
+//! Requests a browser was tricked into sending. On loopback the API takes calls without a token,
+//! so a web page the operator visits must not be able to send one: a request whose `Host` is not
+//! this server (DNS rebinding) or whose `Origin` is another site's (a cross-site form or fetch) is
+//! refused (403) before anything runs, and a POST to the API must be `application/json`, which a
+//! page cannot send cross-site without a preflight this server never grants.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use axum::http::{HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::app::App;
+use super::error::ApiError;
+
+pub async fn same_site(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    match refusal(&app, request.method(), request.uri().path(), request.headers()) {
+        Some(error) => error.into_response(),
+        None => next.run(request).await,
+    }
+}
+
+fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Option<ApiError> {
+    let header = |name| headers.get(name).and_then(|v: &axum::http::HeaderValue| v.to_str().ok());
+    if let Some(host) = header(HOST)
+        && !app.auth.is_local_host(host)
+    {
+        return Some(ApiError::Forbidden(format!("`Host: {host}` does not name this server")));
+    }
+    if let Some(origin) = header(ORIGIN)
+        && !app.auth.is_own_origin(origin)
+    {
+        return Some(ApiError::Forbidden(format!("a request from {origin} is refused: it is another site's")));
+    }
+    let has_body = header(CONTENT_LENGTH).is_some_and(|n| n != "0") || headers.contains_key("transfer-encoding");
+    let json =
+        header(CONTENT_TYPE).is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == "application/json"));
+    if *method == Method::POST && path.starts_with("/v1/") && has_body && !json {
+        return Some(ApiError::UnsupportedMedia(
+            "a request body to the API must be `Content-Type: application/json`".into(),
+        ));
+    }
+    None
+}
