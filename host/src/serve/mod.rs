@@ -90,7 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     // Opening the ledger recovers what a stopped server left: this start is its recovery.
     let host = builder.build().await?;
     let loaded = Loaded::new(args.tools.clone());
-    loaded.scan(&host).await;
+    loaded.scan(&host, false).await;
     let tools = host.tools().len();
     if args.stdio {
         let app = App::new(host, Auth::new(token, None), loaded, String::new(), args.max_calls);
@@ -212,13 +212,16 @@ async fn watch(app: Arc<App>) {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                _ = hup => {}
-                () = tokio::time::sleep(reload::SCAN_EVERY) => {}
-            }
+            let hung_up = tokio::select! {
+                _ = hup => true,
+                () = tokio::time::sleep(reload::SCAN_EVERY) => false,
+            };
+            app.loaded.scan(&app.host, hung_up).await;
         }
         #[cfg(not(unix))]
-        tokio::time::sleep(reload::SCAN_EVERY).await;
-        app.loaded.scan(&app.host).await;
+        {
+            tokio::time::sleep(reload::SCAN_EVERY).await;
+            app.loaded.scan(&app.host, false).await;
+        }
     }
 }

@@ -59,8 +59,9 @@ impl Loaded {
     }
 
     /// Brings the host up to date with the directory: loads what is new or changed, unloads what
-    /// is gone, then checks every compensation. Returns how many files changed.
-    pub async fn scan(&self, host: &Host) -> usize {
+    /// is gone, then checks every compensation. `retry` tries the refused files again (SIGHUP).
+    /// Returns how many files were looked at again.
+    pub async fn scan(&self, host: &Host, retry: bool) -> usize {
         let listed = match list(&self.dir) {
             Ok(listed) => listed,
             Err(e) => {
@@ -82,13 +83,22 @@ impl Loaded {
         }
         // A file refused before is tried again after any change: the duplicate it clashed with,
         // or the tool it needed, may be gone or come.
-        let retry = changed > 0 || listed.iter().any(|(path, seen)| before.get(path).is_none_or(|f| f.seen != *seen));
+        let retry =
+            retry || changed > 0 || listed.iter().any(|(path, seen)| before.get(path).is_none_or(|f| f.seen != *seen));
         for (path, seen) in listed {
             if before.get(&path).is_some_and(|file| file.seen == seen && !(retry && file.error.is_some())) {
                 continue;
             }
             changed += 1;
             let previous = before.get(&path).and_then(|file| file.tool.clone());
+            if let Some(tool) = &previous
+                && let Some(reason) = in_doubt(host, tool).await
+            {
+                tracing::warn!(tool, file = %path.display(), reason, "component not replaced");
+                let file = File { seen, tool: previous.clone(), error: Some(reason), unchecked: None };
+                self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(path, file);
+                continue;
+            }
             let file = match host.reload(&path).await {
                 Ok(manifest) => {
                     if let Some(old) = previous.filter(|old| *old != manifest.name) {
@@ -128,6 +138,30 @@ impl Loaded {
             }
         }
     }
+}
+
+/// Why `tool` must not be replaced now: an operation of it is in doubt or claimed, and its next
+/// attempt must run the component that began it. A new version may label its effects
+/// differently, derive other keys, and send anew what the old one may already have sent. The
+/// file is tried again at the next change (touch it once they are reconciled).
+async fn in_doubt(host: &Host, tool: &str) -> Option<String> {
+    use oncebox::ledger::OperationStatus;
+    let operations = match host.ledger().operations(None).await {
+        Ok(operations) => operations,
+        Err(e) => {
+            return Some(format!("not replaced: cannot read the ledger to see whether `{tool}` has work in doubt: {e}"));
+        }
+    };
+    let open = operations
+        .iter()
+        .filter(|op| op.tool == tool && matches!(op.status, OperationStatus::Unknown | OperationStatus::Claimed))
+        .count();
+    (open > 0).then(|| {
+        format!(
+            "not replaced: {open} operations of `{tool}` are unknown or running, and must finish (or be reconciled) with \
+             the component that began them; the old one keeps serving until then"
+        )
+    })
 }
 
 /// The `.wasm` files of `dir` and what each looks like now.

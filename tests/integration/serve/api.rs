@@ -394,3 +394,61 @@ async fn empty_ids_are_refused_and_calls_past_the_limit_are_refused_before_anyth
     assert_eq!(provider.counts("b2").payments, 0);
     assert_eq!(provider.totals().payments, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_with_work_in_doubt_is_not_replaced_until_it_is_settled() {
+    let provider = Provider::start().await.expect("provider");
+    // Committed at once, answered after the host's timeout: the charge is in doubt.
+    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 1_500 }).for_order("d1"));
+    let host = provider.addr();
+    let setup = Setup::with_policy(&provider, &format!("[hosts.\"{host}\"]\ntimeout = \"300ms\"\n"));
+    let mut server = setup.serve();
+    let body = json!({ "run_id": "rd", "step_id": "charge-d1", "tool": "charge", "args": charge("d1") });
+    let (_, first) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(first["status"], "unknown", "{first}");
+
+    // A new file for the tool (a deploy): a new inode, the same name.
+    let file = setup.tools().join("charge.wasm");
+    let staged = setup.tools().join("charge.wasm.new");
+    std::fs::copy(oncebox_artifacts::CHARGE, &staged).expect("copy");
+    std::fs::rename(&staged, &file).expect("rename");
+    let errors = || async {
+        let (_, tools) = get(&server.url("/v1/tools")).await;
+        tools["load_errors"].to_string()
+    };
+    let mut seen = String::new();
+    for _ in 0..100 {
+        seen = errors().await;
+        if seen.contains("not replaced") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.contains("not replaced") && seen.contains("charge.wasm"), "{seen}");
+    let (_, again) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(again["status"], "unknown", "the old component still answers for it: {again}");
+
+    // Settled by a person; then SIGHUP tries the file again and it is replaced.
+    let key = first["operation_key"].as_str().expect("key");
+    let settle = client()
+        .post(server.url(&format!("/v1/operations/{key}/resolve")))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "committed": { "id": "pay_1", "order_id": "d1", "amount_cents": 1200, "status": "succeeded" }, "by": "ops", "note": "seen in the provider's dashboard" }))
+        .send()
+        .await
+        .expect("resolve");
+    assert_eq!(settle.status(), 200);
+    std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().expect("kill -HUP");
+    for _ in 0..100 {
+        seen = errors().await;
+        if seen == "[]" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, "[]", "replaced once nothing of it is in doubt");
+    let (_, settled) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(settled["status"], "completed", "{settled}");
+    assert_eq!(provider.counts("d1").payments, 1);
+    server.kill();
+}
