@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use oncebox::approvals::{ApprovalView, Decision};
-use oncebox::ledger::{ApprovalState, OperationStatus, Resolution};
+use oncebox::ledger::{ApprovalRecord, ApprovalState, OperationStatus, Resolution};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -181,20 +181,26 @@ struct ApprovalsQuery {
 /// A request for approval as the API and the console show it: the view, its key and fingerprint,
 /// and whether its call already went through.
 pub async fn approval_views(app: &App, run: Option<&str>, pending: bool) -> Result<Vec<Value>, ApiError> {
-    let ledger = app.host.ledger();
     let mut views = Vec::new();
-    for record in ledger.approvals(run).await? {
-        let used = ledger.operation(&record.operation_key).await?.is_some();
-        if pending && (used || record.state != ApprovalState::Pending) {
+    for record in app.host.ledger().approvals(run).await? {
+        let view = approval_view(app, &record).await?;
+        if pending && (view["used"] == true || record.state != ApprovalState::Pending) {
             continue;
         }
-        let mut view = serde_json::to_value(ApprovalView::of(&record, ledger)).unwrap_or_default();
-        view["operation_key"] = record.operation_key.clone().into();
-        view["fingerprint"] = record.fingerprint.clone().into();
-        view["used"] = used.into();
         views.push(view);
     }
     Ok(views)
+}
+
+/// One request for approval as the API and the console show it.
+pub async fn approval_view(app: &App, record: &ApprovalRecord) -> Result<Value, ApiError> {
+    let ledger = app.host.ledger();
+    let used = ledger.operation(&record.operation_key).await?.is_some();
+    let mut view = serde_json::to_value(ApprovalView::of(record, ledger)).unwrap_or_default();
+    view["operation_key"] = record.operation_key.clone().into();
+    view["fingerprint"] = record.fingerprint.clone().into();
+    view["used"] = used.into();
+    Ok(view)
 }
 
 async fn approvals(
@@ -214,12 +220,13 @@ async fn approval(
     Path(key): Path<String>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
-    let views = approval_views(&app, None, false).await?;
-    let view = views
-        .into_iter()
-        .find(|v| v["operation_key"] == key.as_str())
+    let record = app
+        .host
+        .ledger()
+        .approval(&key)
+        .await?
         .ok_or_else(|| ApiError::NotFound(format!("no request for approval of {key}")))?;
-    Ok(json_response(StatusCode::OK, &view))
+    Ok(json_response(StatusCode::OK, &approval_view(&app, &record).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -258,10 +265,7 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
         .decide(key, &body.fingerprint, decision, &body.by, body.note.as_deref())
         .await
         .map_err(|e| ApiError::from_operation(e, "decide"))?;
-    let mut view = serde_json::to_value(ApprovalView::of(&record, app.host.ledger())).unwrap_or_default();
-    view["operation_key"] = record.operation_key.clone().into();
-    view["fingerprint"] = record.fingerprint.clone().into();
-    Ok(view)
+    approval_view(app, &record).await
 }
 
 async fn approve(

@@ -149,7 +149,9 @@ async fn in_doubt(host: &Host, tool: &str) -> Option<String> {
     let operations = match host.ledger().operations(None).await {
         Ok(operations) => operations,
         Err(e) => {
-            return Some(format!("not replaced: cannot read the ledger to see whether `{tool}` has work in doubt: {e}"));
+            return Some(format!(
+                "not replaced: cannot read the ledger to see whether `{tool}` has work in doubt: {e}"
+            ));
         }
     };
     let open = operations
