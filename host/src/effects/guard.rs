@@ -17,7 +17,7 @@ use crate::ledger::{AttemptEffect, EffectRecord, EffectSource, EffectStatus};
 use crate::runtime::bindings::ToolError;
 
 use super::hooks::{Point, Site};
-use super::{EffectCtx, InDoubt};
+use super::{EffectCtx, InDoubt, Scope};
 
 /// What to do with an effect.
 pub enum Begin {
@@ -61,6 +61,9 @@ pub fn late(record: &EffectRecord, now_ms: u64, send_by: std::time::Duration) ->
     })
 }
 
+/// How the refusal of a diverged attempt begins (the harness reports it as a violation).
+pub const DIVERGED: &str = "the tool diverged";
+
 /// Describes a request before it is guarded.
 pub struct Request<'a> {
     pub kind: &'a str,
@@ -99,6 +102,9 @@ impl EffectCtx {
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
         let was_in_doubt = existing_state.is_some_and(|(status, _)| status.in_doubt());
 
+        if existing.is_none() && !scope.first {
+            self.diverged(&scope, request.label, &key).await?;
+        }
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
                 return Err(ToolError::Permanent(format!(
@@ -175,6 +181,31 @@ impl EffectCtx {
         }
         self.shared.reached(|| site(&record, Point::AfterWriteAhead)).await;
         Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt })
+    }
+
+    /// Refuses a new effect while one from an earlier attempt that took place, or may have, has not
+    /// been met again by this attempt. A deterministic tool asks for its effects in the same order
+    /// every attempt, so it meets those (and their keys: replayed or resent) before any new one. One
+    /// that asks for something new instead has diverged (a label that changes, another component
+    /// now running the step), and its new key would send again what the first already did or may
+    /// have done. Only later attempts pay the read; the first attempt of a new operation has
+    /// nothing earlier.
+    async fn diverged(&mut self, scope: &Scope, label: &str, key: &str) -> Result<(), ToolError> {
+        let recorded = scope.journal.effects().await.map_err(host_error)?;
+        let met = |key: &str| self.effects.iter().any(|noted| noted.key == key);
+        let earlier = |e: &EffectRecord| (e.status.in_doubt() || e.status.taken()) && !met(&e.key);
+        let Some(open) = recorded.into_iter().find(earlier) else {
+            return Ok(());
+        };
+        if open.status.in_doubt() {
+            self.in_doubt.push(InDoubt { key: open.key.clone(), resendable: false });
+        }
+        Err(ToolError::UnknownOutcome(format!(
+            "{DIVERGED}: effect `{}` ({}) of an earlier attempt took place or may have, and this attempt asks \
+             for `{label}` ({key}) instead; nothing was sent. A label must not change between attempts, nor the \
+             component while a step is in doubt; reconcile the one in doubt",
+            open.label, open.key
+        )))
     }
 
     pub(super) async fn finish(

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use guard::DEFAULT_SEND_BY;
+pub use guard::{DEFAULT_SEND_BY, DIVERGED};
 pub use provider::{EffectProvider, ProviderOutcome};
 
 pub(crate) use http::retry_after;

@@ -117,6 +117,11 @@ impl Journal {
         self.ledger.put_effect(self.fence, effect, expected, staged).await
     }
 
+    /// Every effect this operation has on record.
+    pub async fn effects(&self) -> Result<Vec<EffectRecord>, LedgerError> {
+        self.ledger.effects(&self.operation_key).await
+    }
+
     /// What a local effect's key already holds in this operation.
     pub async fn local_state(&self, effect: &EffectRecord) -> Result<LocalOutcome, LedgerError> {
         self.ledger.local_effect_state(effect).await

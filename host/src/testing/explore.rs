@@ -53,6 +53,7 @@ impl Harness {
 /// The invariants, for one scenario against the fault-free run.
 pub(crate) fn check(baseline: &Run, run: &Run, injection: &Injection, honours_keys: bool) -> Vec<Violation> {
     let mut violations = duplicates(baseline, run);
+    violations.extend(run.diverged.iter().map(|message| Violation::Diverged(message.clone())));
     violations.extend(silent_resends(run, honours_keys));
     violations.extend(result(baseline, run, injection));
     violations
@@ -187,6 +188,7 @@ mod tests {
             reconciles: Vec::new(),
             dispatches,
             effects: Vec::new(),
+            diverged: Vec::new(),
             events,
         }
     }

@@ -95,6 +95,9 @@ pub struct Run {
     pub dispatches: Vec<Dispatch>,
     /// The ledger's effect records of the operation: every effect the tool attempted.
     pub effects: Vec<EffectRecord>,
+    /// What the host refused because an attempt asked for a new effect while an earlier one was in
+    /// doubt (the tool diverged between attempts): the attempts' messages.
+    pub diverged: Vec<String>,
     pub(crate) events: Vec<Event>,
 }
 
@@ -230,10 +233,12 @@ impl Harness {
                 Reconciliation::StillUnknown { .. } | Reconciliation::NotUnknown { .. } => break,
             }
         }
-        let effects = match &outcome.operation_key {
-            Some(key) => host.ledger().effects(key).await?,
-            None => Vec::new(),
+        let (effects, attempts) = match &outcome.operation_key {
+            Some(key) => (host.ledger().effects(key).await?, host.ledger().attempts(key).await?),
+            None => (Vec::new(), Vec::new()),
         };
+        let diverged =
+            attempts.into_iter().filter_map(|a| a.message).filter(|m| m.contains(crate::effects::DIVERGED)).collect();
         Ok(Run {
             outcome,
             crashed,
@@ -241,6 +246,7 @@ impl Harness {
             reconciles,
             dispatches: downstream.dispatches(),
             effects,
+            diverged,
             events: downstream.events(),
         })
     }

@@ -14,6 +14,10 @@ pub enum Violation {
     SilentResend { label: String, key: String },
     /// The final result is neither the fault-free one nor an honest unknown.
     Result(String),
+    /// An attempt asked for a new effect while one of an earlier attempt was in doubt: its key
+    /// changed between attempts. The host refused to send it (without that, it would have been a
+    /// duplicate), and the step stays in doubt until reconciled.
+    Diverged(String),
 }
 
 impl fmt::Display for Violation {
@@ -26,6 +30,7 @@ impl fmt::Display for Violation {
                  that does not honour keys, with no reconcile in between"
             ),
             Violation::Result(what) => write!(f, "result: {what}"),
+            Violation::Diverged(what) => write!(f, "diverged: {what}"),
         }
     }
 }

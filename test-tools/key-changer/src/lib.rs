@@ -1,7 +1,8 @@
 //! `key-changer`: a refund tool with the mistake the harness exists to catch. Its effect's label
 //! carries the time of the attempt, so every attempt derives a new effect key: after a lost
-//! answer, the resend reaches the downstream as a new request, and a key-honouring downstream
-//! refunds twice. `oncebox test --explore` must report the duplicate.
+//! answer, a resend would reach the downstream as a new request, and refund twice. The host
+//! refuses it (the tool diverged: a new effect while the first took place or may have), and
+//! `oncebox test --explore` must report the divergence.
 
 use oncebox_sdk::schemars::JsonSchema;
 use oncebox_sdk::serde::{Deserialize, Serialize};
