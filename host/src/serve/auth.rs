@@ -25,6 +25,11 @@ impl Auth {
         Auth { token, everywhere }
     }
 
+    /// Whether every request needs the token (the server listens beyond loopback).
+    pub fn everywhere(&self) -> bool {
+        self.everywhere
+    }
+
     /// A request may read and call: always on loopback, with the token elsewhere.
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if self.everywhere { self.operator(headers) } else { Ok(()) }
