@@ -10,6 +10,22 @@ use serde_json::Value;
 
 use super::support::{Setup, TOKEN, cache, client, python};
 
+/// A setup whose policy file loads `fulfill`: support.rs gives every tool `max_attempts = 3`,
+/// which the host refuses for an irreversible tool (never retried automatically), so the line
+/// is dropped from `[tools.fulfill]` and its defaults apply.
+fn setup_with(provider: &oncebox_example_provider::ProviderHandle, extra: &str) -> Setup {
+    let setup = Setup::with_policy(provider, extra);
+    let policy = std::fs::read_to_string(setup.policy()).expect("policy");
+    let fixed = policy.replace("[tools.fulfill]\nmax_attempts = 3\n", "[tools.fulfill]\n");
+    assert_ne!(policy, fixed, "the policy's [tools.fulfill] table changed: update setup_with");
+    std::fs::write(setup.policy(), fixed).expect("policy");
+    setup
+}
+
+fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
+    setup_with(provider, "")
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -82,7 +98,7 @@ fn assert_replayed(again: &Value, first: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_lists_each_tool_with_its_replay_class_as_annotations() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "list", "o-1", "legacy")).await;
     let opened = &seen["opened"];
@@ -114,7 +130,7 @@ async fn mcp_over_http_lists_each_tool_with_its_replay_class_as_annotations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_a_call_and_its_repeat_charge_once_and_a_new_session_gets_the_record() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "replay", "o-1", "legacy")).await;
     assert_completed_fresh(&seen["first"]);
@@ -129,7 +145,7 @@ async fn mcp_over_http_a_call_and_its_repeat_charge_once_and_a_new_session_gets_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_on_the_2026_revision_takes_the_identity_from_the_same_meta() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "replay", "o-1", "modern")).await;
     assert_eq!(seen["opened"]["protocol_version"], "2026-07-28", "{seen}");
@@ -141,7 +157,7 @@ async fn mcp_over_http_on_the_2026_revision_takes_the_identity_from_the_same_met
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_stdio_lists_the_tools_and_a_call_and_its_repeat_charge_once() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let listed = script(stdio(&setup, "list", "o-1")).await;
     assert_eq!(listed["opened"]["server"]["name"], "oncebox", "{listed}");
     assert_eq!(listed["tools"]["charge"]["meta"]["oncebox/class"], "compensatable", "{listed}");
@@ -171,7 +187,7 @@ fn assert_told_of_reserve(seen: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_a_session_is_told_when_a_tool_is_added_to_the_directory() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let mut args = http(&server.url("/mcp"), "list-changed", "o-1", "legacy");
     args.extend(adding_reserve(&setup));
@@ -181,7 +197,7 @@ async fn mcp_over_http_a_session_is_told_when_a_tool_is_added_to_the_directory()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_stdio_the_client_is_told_when_a_tool_is_added_to_the_directory() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let mut args = adding_reserve(&setup);
     args.extend(stdio(&setup, "list-changed", "o-1"));
     assert_told_of_reserve(&script(args).await);
@@ -190,7 +206,7 @@ async fn mcp_over_stdio_the_client_is_told_when_a_tool_is_added_to_the_directory
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_a_write_without_the_step_identity_in_meta_is_a_tool_error_that_says_how_to_set_it() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "identity-missing", "o-1", "legacy")).await;
     for case in ["no_meta", "in_arguments"] {
@@ -211,7 +227,7 @@ async fn mcp_a_write_without_the_step_identity_in_meta_is_a_tool_error_that_says
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_an_irreversible_call_awaits_approval_with_its_params_and_where_to_approve() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "approval", "o-1", "legacy")).await;
     assert_eq!(seen["is_error"], false, "nothing failed: {seen}");
@@ -233,7 +249,7 @@ async fn mcp_a_call_whose_answer_was_lost_is_unknown_and_says_reconcile() {
     let provider = Provider::start().await.expect("provider");
     // The provider commits, then holds its answer past the host's timeout for it.
     provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
-    let setup = Setup::with_policy(&provider, &format!("[hosts.\"{}\"]\ntimeout = \"300ms\"\n", provider.addr()));
+    let setup = setup_with(&provider, &format!("[hosts.\"{}\"]\ntimeout = \"300ms\"\n", provider.addr()));
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "unknown", "o-1", "legacy")).await;
     assert_eq!(seen["is_error"], true, "{seen}");
@@ -247,7 +263,7 @@ async fn mcp_a_call_whose_answer_was_lost_is_unknown_and_says_reconcile() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_an_unknown_tool_is_an_invalid_params_error() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let seen = script(http(&server.url("/mcp"), "unknown-tool", "o-1", "legacy")).await;
     assert_eq!(seen["protocol_error"]["code"], -32602, "{seen}");
@@ -257,7 +273,7 @@ async fn mcp_an_unknown_tool_is_an_invalid_params_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_beyond_loopback_needs_the_operators_token() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = Beyond::start(&setup);
     let initialize = serde_json::json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -369,7 +385,7 @@ fn install_the_suite(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_passes_the_official_conformance_suite_but_for_the_reference_servers_own_scenarios() {
     let provider = Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let url = server.url("/mcp");
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-conformance");
