@@ -23,8 +23,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use oncebox::{Outcome, ReplayClass, Status, ToolManifest};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
+    MetaObject, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -282,7 +282,8 @@ fn result_of(app: &App, tool: &str, run_id: Option<&str>, outcome: &Outcome, sou
     meta.insert("oncebox/attempts".into(), outcome.attempts.into());
     meta.insert("oncebox/operation-key".into(), outcome.operation_key.clone().into());
     meta.insert("oncebox/source".into(), source.as_str().into());
-    let result = if is_error(outcome.status) { CallToolResult::error(content) } else { CallToolResult::success(content) };
+    let result =
+        if is_error(outcome.status) { CallToolResult::error(content) } else { CallToolResult::success(content) };
     let mut result = result.with_meta(Some(meta));
     result.structured_content = Some(value);
     result

@@ -68,7 +68,10 @@ fn stdio(setup: &Setup, scenario: &str, order: &str) -> Vec<String> {
 }
 
 fn texts(result: &Value) -> String {
-    result["texts"].as_array().map(|t| t.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+    result["texts"]
+        .as_array()
+        .map(|t| t.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
 }
 
 /// A completed first call: not an error, its outcome as structured content and in `_meta`.
@@ -109,7 +112,12 @@ async fn mcp_over_http_lists_each_tool_with_its_replay_class_as_annotations() {
     let tools = &seen["tools"];
     let hints = |name: &str| {
         let a = &tools[name]["annotations"];
-        (a["readOnlyHint"].clone(), a["idempotentHint"].clone(), a["destructiveHint"].clone(), a["openWorldHint"].clone())
+        (
+            a["readOnlyHint"].clone(),
+            a["idempotentHint"].clone(),
+            a["destructiveHint"].clone(),
+            a["openWorldHint"].clone(),
+        )
     };
     let b = Value::Bool;
     assert_eq!(hints("stock"), (b(true), b(true), b(false), b(true)), "read-only: {seen}");
@@ -117,9 +125,12 @@ async fn mcp_over_http_lists_each_tool_with_its_replay_class_as_annotations() {
     assert_eq!(hints("refund"), (b(false), b(true), b(false), b(true)), "idempotent-write: {seen}");
     assert_eq!(hints("charge"), (b(false), b(false), b(true), b(true)), "compensatable: {seen}");
     assert_eq!(hints("fulfill"), (b(false), b(false), b(true), b(true)), "irreversible: {seen}");
-    for (name, class) in
-        [("stock", "read-only"), ("notify", "idempotent-write"), ("charge", "compensatable"), ("fulfill", "irreversible")]
-    {
+    for (name, class) in [
+        ("stock", "read-only"),
+        ("notify", "idempotent-write"),
+        ("charge", "compensatable"),
+        ("fulfill", "irreversible"),
+    ] {
         assert_eq!(tools[name]["meta"]["oncebox/class"], class, "{seen}");
         assert_eq!(tools[name]["input_schema_type"], "object", "{seen}");
         assert_eq!(tools[name]["has_output_schema"], false, "{seen}");
@@ -316,7 +327,8 @@ impl Beyond {
             .expect("start oncebox serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
-        let printed: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("oncebox serve printed {line:?} ({e})"));
+        let printed: Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("oncebox serve printed {line:?} ({e})"));
         let port = printed["listening"].as_str().and_then(|l| l.rsplit(':').next()).expect("listening").to_string();
         Beyond { child, base_url: format!("http://127.0.0.1:{port}") }
     }
@@ -333,7 +345,8 @@ impl Drop for Beyond {
 /// resource, prompt or capability of the suite's own reference server ("everything server"), which
 /// oncebox does not have: its tools are the components in its directory, and it serves no
 /// resources, prompts, logging or completions. The suite fails the run on any other failure, and
-/// on an entry here that passes (a stale entry).
+/// on an entry here that passes (a stale entry). The run takes every scenario (`--suite all`),
+/// the pending ones too.
 const EXPECTED_FAILURES: &[(&str, &str)] = &[
     // Call the reference server's tools (`test_simple_text`, `test_image_content`, ...).
     ("tools-call-simple-text", "calls the reference server's `test_simple_text` tool"),
@@ -348,8 +361,11 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
     ("tools-call-elicitation", "calls `test_elicitation`"),
     ("elicitation-sep1034-defaults", "calls `test_elicitation_sep1034_defaults`"),
     ("elicitation-sep1330-enums", "calls `test_elicitation_sep1330_enums`"),
-    ("json-schema-2020-12", "lists the reference server's `json_schema_2020_12_tool`"),
+    // Calls `test_reconnection`, which on the reference server closes its SSE stream mid-call;
+    // oncebox answers the unknown tool at once, so the resume-after-reconnect check ends as a
+    // warning, which the suite's baseline counts as a failure (its priming and retry checks pass).
     ("server-sse-polling", "calls `test_reconnection`"),
+    ("json-schema-2020-12", "looks for the reference server's `json_schema_2020_12_tool` (a pending scenario)"),
     // Logging and completions: oncebox declares neither capability.
     ("logging-set-level", "oncebox has no logging capability: logs go to stderr"),
     ("completion-complete", "oncebox has no completions capability"),
@@ -401,7 +417,7 @@ async fn mcp_passes_the_official_conformance_suite_but_for_the_reference_servers
         install_the_suite(&dir);
         // npx puts node_modules/.bin first on PATH: the suite runs on the Node.js it installed.
         Command::new("npx")
-            .args(["--no-install", "conformance", "server", "--url", &url, "--expected-failures"])
+            .args(["--no-install", "conformance", "server", "--suite", "all", "--url", &url, "--expected-failures"])
             .arg(&baseline)
             .arg("--output-dir")
             .arg(work.join("results"))
