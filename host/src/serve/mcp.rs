@@ -94,6 +94,11 @@ impl Oncebox {
         }
     }
 
+    /// Whether `tool` is loaded and of a write class (it needs the step identity).
+    fn changes_the_world(&self, tool: &str) -> bool {
+        self.app.host.tools().iter().any(|(m, _)| m.name == tool && m.class != ReplayClass::ReadOnly)
+    }
+
     fn listing(&self) -> Vec<Tool> {
         self.app.host.tools().iter().map(|(manifest, _)| tool_of(manifest)).collect()
     }
@@ -179,27 +184,21 @@ impl ServerHandler for Oncebox {
         let call = CallRequest { run_id: run_id.clone(), step_id, tool: tool.clone(), args, wait: None };
         let result = match self.app.call(call).await {
             Ok((outcome, source)) => result_of(&self.app, &tool, run_id.as_deref(), &outcome, source),
-            Err(refused) => return self.refusal(&tool, &refused).map(Into::into),
+            Err(refused) => return refusal(&tool, &refused).map(Into::into),
         };
         Ok(result.into())
     }
 }
 
-impl Oncebox {
-    /// A call App refused to run: the caller's mistakes (bad args, say) are tool errors the model
-    /// can read; an unknown tool is a protocol error (invalid params), as the MCP spec has it.
-    fn refusal(&self, tool: &str, refused: &ApiError) -> Result<CallToolResult, ErrorData> {
-        match refused {
-            ApiError::NotFound(message) => {
-                Err(ErrorData::invalid_params(format!("Unknown tool: {tool}"), Some(json!({ "reason": message }))))
-            }
-            ApiError::Internal(message) => Err(ErrorData::internal_error(message.clone(), None)),
-            other => Ok(error_text(other.to_string())),
+/// A call App refused to run: the caller's mistakes (bad args, say) are tool errors the model
+/// can read; an unknown tool is a protocol error (invalid params), as the MCP spec has it.
+fn refusal(tool: &str, refused: &ApiError) -> Result<CallToolResult, ErrorData> {
+    match refused {
+        ApiError::NotFound(message) => {
+            Err(ErrorData::invalid_params(format!("Unknown tool: {tool}"), Some(json!({ "reason": message }))))
         }
-    }
-
-    fn changes_the_world(&self, tool: &str) -> bool {
-        self.app.host.tools().iter().any(|(m, _)| m.name == tool && m.class != ReplayClass::ReadOnly)
+        ApiError::Internal(message) => Err(ErrorData::internal_error(message.clone(), None)),
+        other => Ok(error_text(other.to_string())),
     }
 }
 
