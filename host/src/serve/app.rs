@@ -61,7 +61,6 @@ pub struct App {
     /// What the tools directory holds, and what failed to load.
     pub loaded: Loaded,
     /// Where the console is reached, for links in answers (`http://127.0.0.1:7420`).
-    #[expect(dead_code, reason = "the console's and MCP's links, which come next")]
     pub base_url: String,
     stopping: AtomicBool,
     /// Cancelled when the server stops taking calls: the HTTP server stops accepting and closes

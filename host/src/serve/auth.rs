@@ -47,12 +47,6 @@ impl Auth {
         Auth { token, everywhere, local_hosts }
     }
 
-    /// Whether every request needs the token.
-    #[expect(dead_code, reason = "MCP's own check, which comes next")]
-    pub fn everywhere(&self) -> bool {
-        self.everywhere
-    }
-
     /// On loopback, whether `host` (a `Host` header's value) names this server.
     pub fn is_local_host(&self, host: &str) -> bool {
         self.everywhere || self.local_hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
@@ -61,6 +55,11 @@ impl Auth {
     /// On loopback, whether `origin` (an `Origin` header's value) is this server's own.
     pub fn is_own_origin(&self, origin: &str) -> bool {
         self.everywhere || self.local_hosts.iter().any(|h| origin.eq_ignore_ascii_case(&format!("http://{h}")))
+    }
+
+    /// Whether every request needs the token (the server listens beyond loopback).
+    pub fn everywhere(&self) -> bool {
+        self.everywhere
     }
 
     /// A request may read and call: always on loopback, with the token elsewhere.

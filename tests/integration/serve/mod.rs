@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod kill;
+mod mcp;
 mod openapi;
 mod orchestrator;
 mod shared;
