@@ -302,7 +302,9 @@ pub async fn settle(app: &App, key: &str, body: ResolveBody) -> Result<Value, Ap
         (Some(output), false) => Resolution::Committed { output: output.to_string() },
         (None, true) => Resolution::NotCommitted,
         _ => {
-            return Err(ApiError::BadRequest("give exactly one of `committed` (the output) and `not_committed`".into()));
+            return Err(ApiError::BadRequest(
+                "give exactly one of `committed` (the output) and `not_committed`".into(),
+            ));
         }
     };
     if body.by.trim().is_empty() {

@@ -53,7 +53,12 @@ impl DecideForm {
             })?),
             None => None,
         };
-        Ok(DecideBody { fingerprint: self.fingerprint.clone(), by: self.by.clone(), note: given(&self.note), expires_in })
+        Ok(DecideBody {
+            fingerprint: self.fingerprint.clone(),
+            by: self.by.clone(),
+            note: given(&self.note),
+            expires_in,
+        })
     }
 }
 
@@ -86,10 +91,7 @@ async fn decide(
     let view = api::decide(app, key, form.body()?, approve).await?;
     let step = view["step_id"].as_str().unwrap_or_default();
     let message = if approve {
-        format!(
-            "Approved by {}: the next call of step {step} with exactly these params runs, once.",
-            form.by.trim()
-        )
+        format!("Approved by {}: the next call of step {step} with exactly these params runs, once.", form.by.trim())
     } else {
         format!("Rejected by {}: step {step} will not run; a rejection is final.", form.by.trim())
     };
@@ -125,7 +127,8 @@ impl SettleForm {
         let bad = |message: String| Refusal::Error(StatusCode::BAD_REQUEST, message);
         let committed = match self.verdict.as_str() {
             "committed" => {
-                let text = given(&self.output).ok_or_else(|| bad("committed: give the output it produced, as JSON".into()))?;
+                let text =
+                    given(&self.output).ok_or_else(|| bad("committed: give the output it produced, as JSON".into()))?;
                 Some(serde_json::from_str(&text).map_err(|e| bad(format!("the output is not JSON: {e}")))?)
             }
             "not-committed" => None,

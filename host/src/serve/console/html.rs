@@ -208,7 +208,10 @@ mod tests {
 
     #[test]
     fn escape_leaves_no_markup() {
-        assert_eq!(escape("<a href=\"x\" onclick='y'>&</a>"), "&lt;a href=&quot;x&quot; onclick=&#39;y&#39;&gt;&amp;&lt;/a&gt;");
+        assert_eq!(
+            escape("<a href=\"x\" onclick='y'>&</a>"),
+            "&lt;a href=&quot;x&quot; onclick=&#39;y&#39;&gt;&amp;&lt;/a&gt;"
+        );
     }
 
     #[test]

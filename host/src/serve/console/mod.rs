@@ -69,6 +69,12 @@ impl From<ApiError> for Refusal {
     }
 }
 
+impl From<oncebox::LedgerError> for Refusal {
+    fn from(error: oncebox::LedgerError) -> Self {
+        Refusal::from(ApiError::from(error))
+    }
+}
+
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
@@ -169,7 +175,9 @@ where
     }
     let Form(form) = form.map_err(|e| Refusal::Error(e.status(), format!("the form: {}", e.body_text())))?;
     if !app.auth.is_csrf(form.csrf()) {
-        return Err(Refusal::forbidden("refused: the form's CSRF token is missing or wrong; reload the page and try again"));
+        return Err(Refusal::forbidden(
+            "refused: the form's CSRF token is missing or wrong; reload the page and try again",
+        ));
     }
     Ok(form)
 }
@@ -220,7 +228,11 @@ fn login_body(viewer: &Viewer, next: &str, error: Option<&str>) -> String {
 
 /// Checks the token and sets the session cookie. Login is no decision, but it still refuses a
 /// cross-site post (so another site cannot sign the browser in).
-async fn login(State(app): State<Arc<App>>, headers: HeaderMap, form: Result<Form<LoginForm>, FormRejection>) -> Response {
+async fn login(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
     if let Err(refusal) = same_origin(&app, &headers) {
         return refusal.into_response();
     }

@@ -77,9 +77,8 @@ pub fn approvals_table(views: &[Value], empty: &str) -> String {
     if views.is_empty() {
         return format!("<p class=\"muted\">{}</p>", escape(empty));
     }
-    let mut out = String::from(
-        "<table><tr><th>Tool</th><th>Run</th><th>Step</th><th>State</th><th>Requested</th><th></th></tr>",
-    );
+    let mut out =
+        String::from("<table><tr><th>Tool</th><th>Run</th><th>Step</th><th>State</th><th>Requested</th><th></th></tr>");
     for view in views {
         let state = if view["used"] == true { "used" } else { field(view, "state") };
         let _ = write!(
@@ -206,7 +205,8 @@ fn decision_form(key: &str, fingerprint: &str, viewer: &Viewer, back: &str) -> S
 
 pub async fn tools(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
-    let mut body = format!("<p class=\"muted\">From <code>{}</code>.</p>", escape(&app.loaded.dir().display().to_string()));
+    let mut body =
+        format!("<p class=\"muted\">From <code>{}</code>.</p>", escape(&app.loaded.dir().display().to_string()));
     for (manifest, path) in app.host.tools() {
         let sandbox = app.host.sandbox(&manifest.name);
         let grants = sandbox.as_ref().map_or(Value::Null, |s| s.grants.to_json());
@@ -245,7 +245,12 @@ pub async fn tools(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) ->
         body.push_str("<table><tr><th>File</th><th>Error</th></tr>");
         for error in &errors {
             let file = error["file"].as_str().map_or_else(|| error["file"].to_string(), str::to_string);
-            let _ = write!(body, "<tr><td><code>{}</code></td><td>{}</td></tr>", escape(&file), escape(field(error, "error")));
+            let _ = write!(
+                body,
+                "<tr><td><code>{}</code></td><td>{}</td></tr>",
+                escape(&file),
+                escape(field(error, "error"))
+            );
         }
         body.push_str("</table>");
     }

@@ -39,7 +39,7 @@ pub fn run_summaries(ops: &[OperationRecord], approvals: &[Value]) -> Vec<RunSum
         last_ms: 0,
     };
     for op in ops {
-        let run = runs.entry(&op.run_id).or_insert_with(|| blank(&op.run_id));
+        let run = runs.entry(op.run_id.as_str()).or_insert_with(|| blank(&op.run_id));
         run.steps += 1;
         *run.statuses.entry(op.status.as_str()).or_default() += 1;
         run.last_ms = run.last_ms.max(op.updated_ms);
@@ -124,12 +124,13 @@ pub async fn run(
 
 /// What recovery says a person must decide for the run, with the commands that do it.
 async fn decisions(app: &App, run_id: &str) -> Result<String, Refusal> {
-    let report = oncebox::recovery::report(app.host.ledger(), Some(run_id)).await.map_err(api_error)?;
+    let report = oncebox::recovery::report(app.host.ledger(), Some(run_id)).await?;
     let Some(run) = report.get(run_id) else { return Ok(String::new()) };
     if run.decide.is_empty() {
         return Ok("<p class=\"muted\">Nothing in this run needs a person.</p>".into());
     }
-    let mut out = String::from("<h2>What a person must decide</h2><table><tr><th>Step</th><th>What</th><th>Command</th></tr>");
+    let mut out =
+        String::from("<h2>What a person must decide</h2><table><tr><th>Step</th><th>What</th><th>Command</th></tr>");
     for decision in &run.decide {
         let _ = write!(
             out,
@@ -143,16 +144,14 @@ async fn decisions(app: &App, run_id: &str) -> Result<String, Refusal> {
     Ok(out)
 }
 
-fn api_error(error: oncebox::LedgerError) -> Refusal {
-    Refusal::from(crate::serve::error::ApiError::from(error))
-}
-
 /// Where undoing the run stands: each completed compensatable step and its compensation.
 fn compensation(ops: &[OperationRecord]) -> String {
     let undoable: Vec<&OperationRecord> = ops
         .iter()
         .filter(|op| {
-            !saga::is_compensation(op) && op.class == ReplayClass::Compensatable && op.status == OperationStatus::Completed
+            !saga::is_compensation(op)
+                && op.class == ReplayClass::Compensatable
+                && op.status == OperationStatus::Completed
         })
         .collect();
     let mut out = String::from("<h2>Compensation</h2>");
@@ -225,7 +224,8 @@ fn attempts_table(attempts: &[AttemptRecord]) -> String {
          <th>Downstream accepted</th><th>Effects</th></tr>",
     );
     for a in attempts {
-        let effects: Vec<String> = a.effects.iter().map(|e| format!("{}: {}", e.label, effect_status(e.status))).collect();
+        let effects: Vec<String> =
+            a.effects.iter().map(|e| format!("{}: {}", e.label, effect_status(e.status))).collect();
         let accepted = a.downstream_accepted.map_or("—", |yes| if yes { "yes" } else { "no" });
         let message = a.message.as_deref().map(|m| format!("<br><span class=\"muted\">{}</span>", escape(m)));
         let _ = write!(
@@ -256,7 +256,12 @@ fn effects_table(effects: &[EffectRecord]) -> String {
     );
     for e in effects {
         let settled = e.resolution.as_ref().map(|r| {
-            format!("<br><span class=\"muted\">settled {} by {}, {}</span>", escape(&r.verdict), escape(&r.by), time(r.at_ms))
+            format!(
+                "<br><span class=\"muted\">settled {} by {}, {}</span>",
+                escape(&r.verdict),
+                escape(&r.by),
+                time(r.at_ms)
+            )
         });
         let _ = write!(
             out,
@@ -286,7 +291,10 @@ fn effect_status(status: EffectStatus) -> String {
 
 fn reconcile_form(run_id: &str, viewer: &Viewer, back: &str) -> String {
     if !viewer.signed_in() {
-        return format!("<p><a href=\"/login?next={}\">Sign in</a> to reconcile or settle.</p>", escape(&html::encode(back)));
+        return format!(
+            "<p><a href=\"/login?next={}\">Sign in</a> to reconcile or settle.</p>",
+            escape(&html::encode(back))
+        );
     }
     format!(
         "<form method=\"post\" action=\"/runs/{}/reconcile\" class=\"reconcile\">{}{}\
