@@ -19,6 +19,18 @@ fn fulfill(order: &str) -> Value {
     json!({"order_id": order, "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]})
 }
 
+/// The support's setup, with `fulfill`'s retry settings taken out of the policy file: the policy
+/// refuses `max_attempts = 3` for an irreversible tool (never retried automatically), and the tool
+/// would not load.
+fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
+    let setup = Setup::new(provider);
+    let policy = std::fs::read_to_string(setup.policy()).expect("policy");
+    let retries = "[tools.fulfill]\nmax_attempts = 3\ninitial_backoff = \"10ms\"\nmax_backoff = \"50ms\"\n";
+    assert!(policy.contains(retries), "the support's policy changed:\n{policy}");
+    std::fs::write(setup.policy(), policy.replace(retries, "[tools.fulfill]\n")).expect("policy");
+    setup
+}
+
 /// `tests/serve/console`, with its `node_modules` (`npm ci` on first use).
 fn console_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/console");
@@ -41,8 +53,10 @@ static NPM_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 async fn call(server: &Server, step: &str, tool: &str, args: &Value) -> Value {
     let body = json!({ "run_id": RUN, "step_id": step, "tool": tool, "args": args });
     let response = client().post(server.url("/v1/calls")).json(&body).send().await.expect("call");
-    assert_eq!(response.status(), 200, "calling {tool}");
-    response.json().await.expect("json")
+    let status = response.status();
+    let answer: Value = response.json().await.expect("json");
+    assert_eq!(status, 200, "calling {tool}: {answer}\nserver log:\n{}", server.log());
+    answer
 }
 
 async fn approval_state(server: &Server, key: &str) -> Value {
@@ -69,7 +83,7 @@ const PAGES: [&str; 8] = ["overview", "approvals", "approval", "approved", "unkn
 #[tokio::test(flavor = "multi_thread")]
 async fn a_person_approves_a_pending_fulfillment_in_chromium_and_it_ships_once() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let order = "o-console";
     let charged = call(&server, "charge", "charge", &charge(order)).await;
@@ -166,7 +180,7 @@ async fn csrf_of(http: &reqwest::Client, server: &Server, cookie: &str, path: &s
 #[tokio::test(flavor = "multi_thread")]
 async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_nothing() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let order = "o-refused";
     let waiting = call(&server, "fulfill", "fulfill", &fulfill(order)).await;
@@ -260,7 +274,7 @@ async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_no
 #[tokio::test(flavor = "multi_thread")]
 async fn the_console_escapes_what_the_ledger_holds_and_shows_errors_as_pages() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    let setup = Setup::new(&provider);
+    let setup = setup(&provider);
     let server = setup.serve();
     let run = "<script>alert(1)</script>";
     let body = json!({ "run_id": run, "step_id": "s\"'<i>x", "tool": "charge", "args": charge("o-esc") });

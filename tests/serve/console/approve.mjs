@@ -47,10 +47,11 @@ async function shot(page, name, path) {
   screenshots.push(file);
 }
 
+let page;
 try {
   // A fresh context: no cookie from any earlier run.
   const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
-  const page = await context.newPage();
+  page = await context.newPage();
   page.setDefaultTimeout(30000);
 
   await page.goto(`${base}/login?next=/`);
@@ -112,6 +113,7 @@ try {
   await browser.close();
 } catch (error) {
   console.error(`approve.mjs: ${error && error.stack ? error.stack : error}`);
+  if (page) console.error(`at ${page.url()}:\n${await page.textContent('main').catch(() => '')}`);
   await browser.close().catch(() => {});
   process.exit(1);
 }

@@ -162,7 +162,9 @@ impl IntoResponse for Page {
         headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
         headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
         headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-        headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+        // Not `no-referrer`: under it a browser sends `Origin: null` with a form, and the origin check
+        // could not tell the console's own forms from anyone's.
+        headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response
     }
