@@ -146,7 +146,8 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
         "<section class=\"card approval\" data-key=\"{ekey}\"><h2>{tool} {badge}</h2>{consequence}<dl>\
          <dt>Run</dt><dd>{run}</dd><dt>Step</dt><dd>{step}</dd><dt>Operation key</dt><dd><code>{ekey}</code></dd>\
          <dt>Tool says</dt><dd>{description}</dd><dt>Requested</dt><dd>{requested}</dd></dl>\
-         <h3>Params, exactly as they will be sent (sensitive values stay redacted here)</h3>{params}\
+         <h3>Params, exactly as recorded</h3><p class=\"muted\">Sensitive values show as [redacted] here \
+         and are sent as given; the fingerprint covers their real values.</p>{params}\
          <p>Fingerprint of these params: <code class=\"fingerprint\" data-testid=\"fingerprint\">{fp}</code></p>",
         ekey = escape(key),
         tool = escape(field(view, "tool")),
