@@ -96,7 +96,6 @@ impl Auth {
     }
 
     /// Whether the password given to the console's sign-in form is the token.
-    #[expect(dead_code, reason = "the console's sign-in, which comes next")]
     pub fn is_token(&self, given: &str) -> bool {
         same(given.trim(), &self.token)
     }
@@ -112,7 +111,6 @@ impl Auth {
         self.derive("console-csrf")
     }
 
-    #[expect(dead_code, reason = "the console's forms, which come next")]
     pub fn is_csrf(&self, given: &str) -> bool {
         same(given, &self.csrf())
     }

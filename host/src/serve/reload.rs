@@ -44,6 +44,11 @@ impl Loaded {
         Loaded { dir, files: Mutex::new(BTreeMap::new()) }
     }
 
+    /// The tools directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Each file that did not load, with why: `[{"file", "error"}]`.
     pub fn errors(&self) -> Vec<serde_json::Value> {
         let files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -5,6 +5,7 @@
 mod support;
 
 mod api;
+mod console;
 mod kill;
 mod mcp;
 mod openapi;

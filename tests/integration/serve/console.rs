@@ -1,0 +1,295 @@
+//! The operator console: in the system's headless Chromium (Debian's `chromium`, driven by
+//! `playwright-core` from `tests/serve/console`), a person signs in, reads the exact params of a
+//! pending fulfillment and approves it, and the step then ships the order once; with a plain
+//! client, a decision sent cross-site, without the CSRF token or without a session decides
+//! nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, ORIGIN, SET_COOKIE};
+use serde_json::{Value, json};
+
+use super::support::{Server, Setup, TOKEN, client};
+use crate::support::charge;
+
+const RUN: &str = "r-console";
+
+fn fulfill(order: &str) -> Value {
+    json!({"order_id": order, "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]})
+}
+
+fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
+    Setup::new(provider)
+}
+
+/// `tests/serve/console`, with its `node_modules` (`npm ci` on first use).
+fn console_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/console");
+    let _lock = NPM_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if !dir.join("node_modules").join("playwright-core").is_dir() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+            .status()
+            .expect("npm ci");
+        assert!(status.success(), "npm ci in {} failed", dir.display());
+    }
+    dir
+}
+
+static NPM_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Calls a step through the API and returns its outcome.
+async fn call(server: &Server, step: &str, tool: &str, args: &Value) -> Value {
+    let body = json!({ "run_id": RUN, "step_id": step, "tool": tool, "args": args });
+    let response = client().post(server.url("/v1/calls")).json(&body).send().await.expect("call");
+    let status = response.status();
+    let answer: Value = response.json().await.expect("json");
+    assert_eq!(status, 200, "calling {tool}: {answer}\nserver log:\n{}", server.log());
+    answer
+}
+
+async fn approval_state(server: &Server, key: &str) -> Value {
+    let view: Value = client()
+        .get(server.url(&format!("/v1/approvals/{key}")))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    view["state"].clone()
+}
+
+/// The params as the ledger keeps them: the sensitive address redacted.
+fn redacted(mut args: Value) -> Value {
+    args["address"] = json!(oncebox::REDACTED);
+    args
+}
+
+/// The pages the browser script screenshots, in its order.
+const PAGES: [&str; 8] = ["overview", "approvals", "approval", "approved", "unknowns", "runs", "run", "tools"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_person_approves_a_pending_fulfillment_in_chromium_and_it_ships_once() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let order = "o-console";
+    let charged = call(&server, "charge", "charge", &charge(order)).await;
+    assert_eq!(charged["status"], "completed", "{charged}");
+    let args = fulfill(order);
+    let waiting = call(&server, "fulfill", "fulfill", &args).await;
+    assert_eq!(waiting["status"], "awaiting-approval", "{waiting}");
+    let key = waiting["operation_key"].as_str().expect("operation_key").to_string();
+    let fingerprint = waiting["fingerprint"].as_str().expect("fingerprint").to_string();
+    assert_eq!(provider.counts(order).fulfillments, 0, "nothing ships before the approval");
+
+    // The console never shows the sealed address, not even to its reader on loopback.
+    let html =
+        client().get(server.url(&format!("/approvals/{key}"))).send().await.expect("page").text().await.expect("text");
+    assert!(html.contains(&fingerprint), "the fingerprint is shown");
+    assert!(!html.contains("1 Main St"), "the address stays redacted on the page");
+
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-screenshots");
+    for page in PAGES {
+        let _ = std::fs::remove_file(shots.join(format!("{page}.png")));
+    }
+    let dir = console_dir();
+    let output = Command::new("node")
+        .arg(dir.join("approve.mjs"))
+        .args([server.base_url.as_str(), TOKEN])
+        .arg(&shots)
+        .arg(RUN)
+        .current_dir(&dir)
+        .output()
+        .expect("node approve.mjs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "approve.mjs failed:\n{stderr}\nserver log:\n{}", server.log());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let saw: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("approve.mjs printed {stdout:?} ({e}); stderr:\n{stderr}"));
+    eprintln!("the browser saw: {saw}");
+
+    assert_eq!(saw["signed_in"], true, "{saw}");
+    assert_eq!(saw["key"], key.as_str(), "the browser opened the pending request");
+    assert_eq!(saw["params"], redacted(args.clone()), "the params shown are the params sent");
+    assert_eq!(saw["fingerprint"], fingerprint.as_str(), "the fingerprint shown is the one the API returned");
+    assert_eq!(saw["form_fingerprint"], fingerprint.as_str(), "the form decides on the fingerprint shown");
+    assert!(saw["consequence"].as_str().is_some_and(|c| c.contains("cannot be cancelled")), "{saw}");
+    assert!(saw["flash"].as_str().is_some_and(|f| f.starts_with("Approved by console-test")), "{saw}");
+    assert_eq!(saw["state_after"], "approved", "{saw}");
+    assert_eq!(saw["timeline_steps"], 1, "the run's one operation so far (the charge)");
+    assert_eq!(approval_state(&server, &key).await, "approved");
+    assert_eq!(provider.counts(order).fulfillments, 0, "approving ships nothing by itself");
+
+    let shipped = call(&server, "fulfill", "fulfill", &args).await;
+    assert_eq!(shipped["status"], "completed", "{shipped}");
+    let again = call(&server, "fulfill", "fulfill", &args).await;
+    assert_eq!(again["status"], "completed");
+    assert_eq!(again["replayed"], true, "the step answers from its record");
+    assert_eq!(provider.counts(order).fulfillments, 1, "the order shipped exactly once");
+
+    for page in PAGES {
+        let file = shots.join(format!("{page}.png"));
+        let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(bytes.len() > 1000, "{} is {} bytes", file.display(), bytes.len());
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is a PNG", file.display());
+    }
+}
+
+/// A form body, urlencoded.
+fn form(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+}
+
+/// Signs in through the form and returns the session cookie it set.
+async fn sign_in(http: &reqwest::Client, server: &Server) -> String {
+    let response = http
+        .post(server.url("/login"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(ORIGIN, server.base_url.as_str())
+        .body(form(&[("token", TOKEN), ("next", "/")]))
+        .send()
+        .await
+        .expect("sign in");
+    assert_eq!(response.status(), 303);
+    let cookie = response.headers()[SET_COOKIE].to_str().expect("ascii").to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"), "{cookie}");
+    cookie.split(';').next().expect("name=value").to_string()
+}
+
+/// The CSRF token of the signed-in page's forms.
+async fn csrf_of(http: &reqwest::Client, server: &Server, cookie: &str, path: &str) -> String {
+    let html =
+        http.get(server.url(path)).header(COOKIE, cookie).send().await.expect("page").text().await.expect("html");
+    let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + "name=\"csrf\" value=\"".len();
+    html[at..].split('"').next().expect("value").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_nothing() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let order = "o-refused";
+    let waiting = call(&server, "fulfill", "fulfill", &fulfill(order)).await;
+    let key = waiting["operation_key"].as_str().expect("operation_key").to_string();
+    let fingerprint = waiting["fingerprint"].as_str().expect("fingerprint").to_string();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+
+    // Without a session a reader on loopback sees the request but no form, so no CSRF token.
+    let anonymous = http.get(server.url(&format!("/approvals/{key}"))).send().await.expect("page");
+    assert_eq!(anonymous.status(), 200);
+    let anonymous = anonymous.text().await.expect("html");
+    assert!(anonymous.contains(&fingerprint) && !anonymous.contains("name=\"csrf\""), "{anonymous}");
+
+    let wrong = http
+        .post(server.url("/login"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form(&[("token", "not-the-token-at-all")]))
+        .send()
+        .await
+        .expect("sign in");
+    assert_eq!(wrong.status(), 401);
+    assert!(wrong.headers().get(SET_COOKIE).is_none(), "a wrong token gets no session");
+
+    let cookie = sign_in(&http, &server).await;
+    let csrf = csrf_of(&http, &server, &cookie, &format!("/approvals/{key}")).await;
+    let approve = server.url(&format!("/approvals/{key}/approve"));
+    let body = |csrf: &str| form(&[("fingerprint", fingerprint.as_str()), ("by", "mallory"), ("csrf", csrf)]);
+    let post =
+        |url: &str, body: String| http.post(url).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(body);
+
+    let refusals: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![
+        (
+            "another site's Origin",
+            post(&approve, body(&csrf)).header(COOKIE, &cookie).header(ORIGIN, "http://evil.example"),
+            403,
+        ),
+        (
+            "Sec-Fetch-Site: cross-site",
+            post(&approve, body(&csrf)).header(COOKIE, &cookie).header("sec-fetch-site", "cross-site"),
+            403,
+        ),
+        ("a wrong CSRF token", post(&approve, body("0123")).header(COOKIE, &cookie), 403),
+        (
+            "no CSRF token",
+            post(&approve, form(&[("fingerprint", fingerprint.as_str()), ("by", "mallory")])).header(COOKIE, &cookie),
+            403,
+        ),
+        ("no session", post(&approve, body(&csrf)), 401),
+        ("a forged session", post(&approve, body(&csrf)).header(COOKIE, "oncebox_session=forged"), 401),
+        ("a reject without a session", post(&server.url(&format!("/approvals/{key}/reject")), body(&csrf)), 401),
+        (
+            "a settle without a session",
+            post(
+                &server.url(&format!("/unknowns/{key}/settle")),
+                form(&[("verdict", "not-committed"), ("by", "m"), ("csrf", csrf.as_str())]),
+            ),
+            401,
+        ),
+        (
+            "a reconcile without a session",
+            post(&server.url(&format!("/runs/{RUN}/reconcile")), form(&[("csrf", csrf.as_str())])),
+            401,
+        ),
+    ];
+    for (what, request, status) in refusals {
+        let response = request.send().await.expect("post");
+        assert_eq!(response.status(), status, "{what}");
+        assert!(response.headers().get(LOCATION).is_none(), "{what}: no redirect, a refusal");
+        let html = response.headers().get("content-type").is_some_and(|t| t.as_bytes().starts_with(b"text/html"));
+        let text = response.text().await.expect("body");
+        if html {
+            assert!(text.contains("data-testid=\"error\""), "{what}: an error page: {text}");
+        } else {
+            // Another site's Origin is refused by the server's same-site guard before the console
+            // sees the request, with the API's JSON error.
+            assert!(text.contains("\"kind\":\"forbidden\""), "{what}: {text}");
+        }
+    }
+    assert_eq!(approval_state(&server, &key).await, "pending", "nothing was decided");
+    let still = call(&server, "fulfill", "fulfill", &fulfill(order)).await;
+    assert_eq!(still["status"], "awaiting-approval", "{still}");
+    assert_eq!(provider.counts(order).fulfillments, 0);
+
+    // The same form from the console itself decides: the refusals above were the checks', not a
+    // broken form's.
+    let response = post(&approve, body(&csrf))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, server.base_url.as_str())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 303);
+    let location = response.headers()[LOCATION].to_str().expect("ascii");
+    assert!(location.starts_with("/?flash=Approved") || location.contains("flash=Approved"), "{location}");
+    assert_eq!(approval_state(&server, &key).await, "approved");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_escapes_what_the_ledger_holds_and_shows_errors_as_pages() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let run = "<script>alert(1)</script>";
+    let body = json!({ "run_id": run, "step_id": "s\"'<i>x", "tool": "charge", "args": charge("o-esc") });
+    let response = client().post(server.url("/v1/calls")).json(&body).send().await.expect("call");
+    assert_eq!(response.status(), 200);
+    for path in ["/", "/runs", "/runs/%3Cscript%3Ealert%281%29%3C%2Fscript%3E"] {
+        let page = client().get(server.url(path)).send().await.expect("page");
+        assert_eq!(page.status(), 200, "{path}");
+        let html = page.text().await.expect("html");
+        assert!(!html.contains("<script>") && !html.contains("<i>"), "{path} holds raw markup:\n{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{path}");
+    }
+    let missing = client().get(server.url("/approvals/no-such-key")).send().await.expect("page");
+    assert_eq!(missing.status(), 404);
+    assert!(missing.text().await.expect("html").contains("no request for approval of no-such-key"));
+    let flash = client().get(server.url("/runs?flash=%3Cimg%20src%3Dx%3E")).send().await.expect("page");
+    let html = flash.text().await.expect("html");
+    assert!(html.contains("&lt;img src=x&gt;") && !html.contains("<img"), "the flash is escaped");
+}
