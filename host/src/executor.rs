@@ -183,9 +183,9 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             continue;
         }
         if let (Invocation::Returned(_), Some(message)) = (&invocation, ctx.broken.take()) {
-            // The guest swallowed a failed write-ahead, and the local writes it staged before it
-            // are gone: this attempt did not happen as the guest believes.
-            invocation = Invocation::Unavailable(format!("the ledger failed during the attempt: {message}"));
+            // The guest swallowed a failed write-ahead (the local writes it staged before it are
+            // gone) or a refused divergence: this attempt did not happen as the guest believes.
+            invocation = Invocation::Unavailable(format!("the attempt cannot complete: {message}"));
         }
         // A fresh claim's first attempt made every effect the operation has: its own context knows
         // them all. Otherwise an earlier attempt, or an owner that lost its lease, may have left one.

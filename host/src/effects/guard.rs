@@ -103,7 +103,7 @@ impl EffectCtx {
         let was_in_doubt = existing_state.is_some_and(|(status, _)| status.in_doubt());
 
         if existing.is_none() && !scope.first {
-            self.diverged(&scope, request.label, &key).await?;
+            self.diverged(&scope, request.label, &key, request.kind, &request.fingerprint).await?;
         }
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
@@ -183,29 +183,41 @@ impl EffectCtx {
         Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt })
     }
 
-    /// Refuses a new effect while one from an earlier attempt that took place, or may have, has not
-    /// been met again by this attempt. A deterministic tool asks for its effects in the same order
-    /// every attempt, so it meets those (and their keys: replayed or resent) before any new one. One
-    /// that asks for something new instead has diverged (a label that changes, another component
-    /// now running the step), and its new key would send again what the first already did or may
-    /// have done. Only later attempts pay the read; the first attempt of a new operation has
-    /// nothing earlier.
-    async fn diverged(&mut self, scope: &Scope, label: &str, key: &str) -> Result<(), ToolError> {
+    /// Refuses a new effect key for a request an earlier attempt already made under another key
+    /// (the same kind and fingerprint: the same request), which took place or may have, and which
+    /// this attempt has not met again. Its label changed between attempts (the time in a label,
+    /// another component now running the step), so its key did, and sending it would do again
+    /// what was done. A tool that asks for different effects on a later attempt (it read the world
+    /// again) is not refused. The attempt cannot complete (even if the guest swallows the error),
+    /// and the step stays in doubt. Only later attempts pay the read; the first attempt of a new
+    /// operation has nothing earlier.
+    pub(super) async fn diverged(
+        &mut self,
+        scope: &Scope,
+        label: &str,
+        key: &str,
+        kind: &str,
+        fingerprint: &str,
+    ) -> Result<(), ToolError> {
         let recorded = scope.journal.effects().await.map_err(host_error)?;
         let met = |key: &str| self.effects.iter().any(|noted| noted.key == key);
-        let earlier = |e: &EffectRecord| (e.status.in_doubt() || e.status.taken()) && !met(&e.key);
+        let earlier = |e: &EffectRecord| {
+            (e.status.in_doubt() || e.status.taken()) && e.kind == kind && e.fingerprint == fingerprint && !met(&e.key)
+        };
         let Some(open) = recorded.into_iter().find(earlier) else {
             return Ok(());
         };
         if open.status.in_doubt() {
             self.in_doubt.push(InDoubt { key: open.key.clone(), resendable: false });
         }
-        Err(ToolError::UnknownOutcome(format!(
-            "{DIVERGED}: effect `{}` ({}) of an earlier attempt took place or may have, and this attempt asks \
-             for `{label}` ({key}) instead; nothing was sent. A label must not change between attempts, nor the \
-             component while a step is in doubt; reconcile the one in doubt",
+        let message = format!(
+            "{DIVERGED}: effect `{}` ({}) of an earlier attempt made this same request, and it took place or may \
+             have; this attempt asks for it again as `{label}` ({key}); nothing was sent. A label must not change \
+             between attempts, nor the component while a step is in doubt; reconcile the one in doubt",
             open.label, open.key
-        )))
+        );
+        self.broken.get_or_insert_with(|| message.clone());
+        Err(ToolError::UnknownOutcome(message))
     }
 
     pub(super) async fn finish(

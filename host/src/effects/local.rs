@@ -60,6 +60,10 @@ impl EffectCtx {
         };
         match state {
             LocalOutcome::Applied => {
+                if !scope.first {
+                    let (label, key) = (record.label.clone(), record.key.clone());
+                    self.diverged(&scope, &label, &key, &record.kind, &record.fingerprint).await?;
+                }
                 if let LocalWrite::KvSet { namespace, key, expected: Some(expected), .. } = &write {
                     // Checked against the committed state now, and again when the write commits.
                     let current = self.shared.ledger.kv_version(namespace, key).await.map_err(host_error)?;

@@ -29,10 +29,11 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// The server's credential; `listening` is where it serves HTTP (`None` on stdio).
-    pub fn new(token: String, listening: Option<std::net::SocketAddr>) -> Auth {
+    /// The server's credential; `listening` is where it serves HTTP (`None` on stdio), `public` the
+    /// URL it is reached at if not `http://LISTEN` (a proxy's name).
+    pub fn new(token: String, listening: Option<std::net::SocketAddr>, public: Option<&url::Url>) -> Auth {
         let everywhere = listening.is_some_and(|addr| !addr.ip().is_loopback());
-        let local_hosts = match listening {
+        let mut local_hosts = match listening {
             Some(addr) if !everywhere => {
                 let port = addr.port();
                 vec![
@@ -44,6 +45,15 @@ impl Auth {
             }
             _ => Vec::new(),
         };
+        if let Some(url) = public
+            && let Some(host) = url.host_str()
+        {
+            // As a `Host` header names it: the port only when it is not the scheme's default.
+            local_hosts.push(match url.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host.to_string(),
+            });
+        }
         Auth { token, everywhere, local_hosts }
     }
 
@@ -54,7 +64,10 @@ impl Auth {
 
     /// On loopback, whether `origin` (an `Origin` header's value) is this server's own.
     pub fn is_own_origin(&self, origin: &str) -> bool {
-        self.everywhere || self.local_hosts.iter().any(|h| origin.eq_ignore_ascii_case(&format!("http://{h}")))
+        let own = |h: &String| {
+            origin.eq_ignore_ascii_case(&format!("http://{h}")) || origin.eq_ignore_ascii_case(&format!("https://{h}"))
+        };
+        self.everywhere || self.local_hosts.iter().any(own)
     }
 
     /// Whether every request needs the token (the server listens beyond loopback).
@@ -64,6 +77,12 @@ impl Auth {
 
     /// A request may read and call: always on loopback, with the token elsewhere.
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.everywhere { self.operator(headers) } else { Ok(()) }
+    }
+
+    /// A request may read the console's pages: always on loopback, signed in (or with the token)
+    /// elsewhere. The API and MCP never take the cookie.
+    pub fn may_read_console(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if self.everywhere { self.console_operator(headers) } else { Ok(()) }
     }
 

@@ -197,7 +197,15 @@ fn refusal(tool: &str, refused: &ApiError) -> Result<CallToolResult, ErrorData> 
         ApiError::NotFound(message) => {
             Err(ErrorData::invalid_params(format!("Unknown tool: {tool}"), Some(json!({ "reason": message }))))
         }
-        ApiError::Internal(message) => Err(ErrorData::internal_error(message.clone(), None)),
+        // A host breakdown during a call may come after a send: a tool result that says the outcome
+        // is not known (clients show a protocol error as "the call failed").
+        ApiError::Internal(message) => {
+            let mut result = error_text(format!("the outcome of this call is not known: {message}"));
+            let mut meta = MetaObject::new();
+            meta.insert("oncebox/status".into(), json!("indeterminate"));
+            result.meta = Some(meta);
+            Ok(result)
+        }
         other => Ok(error_text(other.to_string())),
     }
 }

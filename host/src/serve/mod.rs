@@ -46,6 +46,11 @@ pub struct Args {
     /// Where to listen. Beyond loopback every request needs the operator's token.
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
+    /// The URL browsers and clients reach this server at, when it is not `http://LISTEN` (behind a
+    /// proxy, or listening on `0.0.0.0`): the console takes decisions only from this origin, and
+    /// links to approvals name it.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<url::Url>,
     /// Serve MCP over stdin and stdout instead of HTTP (an agent starts the server itself).
     #[arg(long)]
     pub stdio: bool,
@@ -93,7 +98,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     loaded.scan(&host, false).await;
     let tools = host.tools().len();
     if args.stdio {
-        let app = App::new(host, Auth::new(token, None), loaded, String::new(), args.max_calls);
+        let app =
+            App::new(host, Auth::new(token, None, args.public_url.as_ref()), loaded, String::new(), args.max_calls);
         tokio::spawn(watch(app.clone()));
         relay(&app, topics, args.no_relay)?;
         eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
@@ -104,8 +110,10 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .await
         .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr().context("the listening address")?;
-    let base_url = format!("http://{addr}");
-    let app = App::new(host, Auth::new(token, Some(addr)), loaded, base_url.clone(), args.max_calls);
+    let public = args.public_url.as_ref().map(|url| url.origin().ascii_serialization());
+    let base_url = public.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let auth = Auth::new(token, Some(addr), args.public_url.as_ref());
+    let app = App::new(host, auth, loaded, base_url.clone(), args.max_calls);
     tokio::spawn(watch(app.clone()));
     relay(&app, topics, args.no_relay)?;
     let router = api::routes()
@@ -116,7 +124,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .with_state(app.clone());
     // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
     crate::cli::print_json(&serde_json::json!({
-        "listening": base_url, "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"), "tools": tools,
+        "listening": format!("http://{addr}"), "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"),
+        "tools": tools,
     }))?;
     eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
     let shutdown = app.shutdown.clone();

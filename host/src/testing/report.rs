@@ -14,9 +14,9 @@ pub enum Violation {
     SilentResend { label: String, key: String },
     /// The final result is neither the fault-free one nor an honest unknown.
     Result(String),
-    /// An attempt asked for a new effect while one of an earlier attempt was in doubt: its key
-    /// changed between attempts. The host refused to send it (without that, it would have been a
-    /// duplicate), and the step stays in doubt until reconciled.
+    /// An attempt asked again, under a new key, for a request an earlier attempt made and which took
+    /// place or may have: its key changed between attempts. The host refused to send it (without
+    /// that, it would have been a duplicate), and the step stays in doubt until reconciled.
     Diverged(String),
 }
 

@@ -452,3 +452,25 @@ async fn a_component_with_work_in_doubt_is_not_replaced_until_it_is_settled() {
     assert_eq!(provider.counts("d1").payments, 1);
     server.kill();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_proxy_the_public_url_names_the_server_and_any_other_name_is_refused() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve_with(&["--public-url", "https://ops.example"]);
+    let body = json!({ "run_id": "rp", "step_id": "s", "tool": "charge", "args": charge("p1") }).to_string();
+    let send = |host: &'static str, origin: &'static str| {
+        client()
+            .post(server.url("/v1/calls"))
+            .header("host", host)
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    assert_eq!(send("evil.example", "https://evil.example").await.expect("post").status(), 403);
+    assert_eq!(send("ops.example", "https://evil.example").await.expect("post").status(), 403);
+    assert_eq!(provider.counts("p1").payments, 0);
+    assert_eq!(send("ops.example", "https://ops.example").await.expect("post").status(), 200);
+    assert_eq!(provider.counts("p1").payments, 1);
+}

@@ -4,7 +4,7 @@
 //! - `html`: escaping, the frame, the style. `pages`: overview, approvals, tools. `runs`: runs
 //!   and the unknowns to reconcile. `actions`: the POST forms.
 //!
-//! Who may do what: reading is `auth.may_call` (open on loopback, signed in beyond it);
+//! Who may do what: reading is `auth.may_read_console` (open on loopback, signed in beyond it);
 //! deciding (approve, reject, settle, reconcile) needs the operator (the session cookie the
 //! sign-in form sets), a CSRF token in the form, and a request that is not cross-site.
 
@@ -108,13 +108,18 @@ fn with_flash(path: &str, message: &str) -> Response {
 
 /// Only a local path: never another site (`//host`), so `next` and `back` cannot redirect away.
 fn local_path(path: &str) -> &str {
-    let local = path.starts_with('/') && !path.starts_with("//") && !path.contains('\\');
+    // No control characters or whitespace either: browsers strip a tab from `/\t/evil.example`
+    // and follow `//evil.example`.
+    let local = path.starts_with('/')
+        && !path.starts_with("//")
+        && !path.contains('\\')
+        && !path.chars().any(|c| c.is_control() || c.is_whitespace());
     if local { path } else { "/" }
 }
 
 /// A reader of the console's pages: anyone on loopback, the operator beyond it.
 fn viewer(app: &App, headers: &HeaderMap, uri: &Uri) -> Result<Viewer, Refusal> {
-    if app.auth.may_call(headers).is_err() {
+    if app.auth.may_read_console(headers).is_err() {
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
         return Err(Refusal::SignIn { next: next.to_string() });
     }
