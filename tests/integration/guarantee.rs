@@ -420,7 +420,7 @@ async fn a_call_cancelled_at_any_await_point_keeps_its_effect_in_doubt() {
         finished_runs += usize::from(phase == "finished");
 
         // The step called again: replayed, taken over, or left unknown; never a second dispatch.
-        let calling_again_ms = oncebox_now_ms();
+        let calling_again_ms = crate::support::now_ms();
         let again = host.call(call()).await.expect("call");
         let effects = host.ledger().effects(&key).await.expect("effects");
         let after: u32 = effects.iter().map(|e| count(&e.key)).sum();
@@ -498,9 +498,4 @@ async fn a_refused_resend_after_a_502_is_no_proof_that_nothing_happened() {
     assert_eq!(outcome.status, Status::Unknown, "a refused resend proves nothing of the first send: {outcome:?}");
     let again = host.call(Call::step("run-1", "refund", "refund", args)).await.expect("call");
     assert_ne!(again.status, Status::Failed, "{again:?}");
-}
-
-/// The wall clock as the ledger's records keep it (ms since the epoch).
-fn oncebox_now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -140,7 +140,7 @@ fn endpoint(addr: SocketAddr, path: &str) -> Endpoint {
 /// Enqueues `messages` (topic, payload) in order, as one completed operation `op` of the ledger,
 /// the way a tool's outbox effects commit: with the operation's attempt, in one write.
 async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
-    let now = oncebox_now_ms();
+    let now = crate::support::now_ms();
     let request = ClaimRequest {
         key: op.into(),
         run_id: "run".into(),
@@ -198,10 +198,6 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
     };
     let finish = Some((OperationStatus::Completed, Some("{}".into()), None));
     ledger.record_attempt(fence, &attempt, finish, now, staged).await.expect("enqueue");
-}
-
-fn oncebox_now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn messages(topic: &str, n: usize) -> Vec<(&str, String)> {

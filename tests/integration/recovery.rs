@@ -147,7 +147,7 @@ async fn an_effect_the_authority_never_saw_is_sent_again_with_the_same_key() {
             panic!("an early 404 is no proof: {early:?}")
         };
         assert_eq!(host.call(call.clone()).await.expect("call").status, Status::Unknown, "still unknown");
-        let wait = from.saturating_sub(oncebox_now_ms()) + 50;
+        let wait = from.saturating_sub(crate::support::now_ms()) + 50;
         tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         // Once the settle window has passed, the same 404 is proof.
         let reconciled = host.reconcile(call.clone()).await.expect("reconcile");
@@ -262,8 +262,4 @@ async fn a_schema_2_ledger_is_migrated_and_its_kv_values_keep_their_bytes() {
     let (value, version) = host.ledger().kv_entry("reservations", "reserved/sku-1").await.expect("kv").expect("entry");
     assert_eq!(value, b"5");
     assert_ne!(version, 1, "a write stamps a new version");
-}
-
-fn oncebox_now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

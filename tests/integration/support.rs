@@ -172,3 +172,8 @@ pub fn approve_cli(ledger: &std::path::Path, printed: &serde_json::Value) {
         oncebox(&["approve", "--ledger", ledger, key, "--fingerprint", fingerprint, "--by", "test"]);
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// The wall clock as the ledger's records keep it (ms since the epoch).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

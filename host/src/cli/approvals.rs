@@ -53,7 +53,7 @@ pub enum Command {
 pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit> {
     let ledger = super::open_ledger(&args.ledger).await?;
     let decision = if approve {
-        let expires_ms = args.expires_in.map(|d| now_ms() + d.as_millis() as u64);
+        let expires_ms = args.expires_in.map(|d| super::now_ms() + d.as_millis() as u64);
         Decision::Approve { expires_ms }
     } else {
         Decision::Reject
@@ -101,8 +101,4 @@ fn view(record: &ApprovalRecord, ledger: &Ledger) -> serde_json::Value {
     value["operation_key"] = record.operation_key.clone().into();
     value["fingerprint"] = record.fingerprint.clone().into();
     value
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -252,7 +252,7 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
                 let d = Duration::try_from_secs_f64(secs).ok().filter(|d| *d <= MAX_APPROVAL).ok_or_else(|| {
                     ApiError::BadRequest(format!("`expires_in` must be 0 to 31622400 seconds, got {secs}"))
                 })?;
-                Some(now_ms().saturating_add(d.as_millis() as u64))
+                Some(crate::cli::now_ms().saturating_add(d.as_millis() as u64))
             }
             None => None,
         };
@@ -385,8 +385,4 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Resp
 
 async fn openapi() -> Response {
     json_response(StatusCode::OK, &super::openapi::document())
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
