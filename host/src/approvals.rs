@@ -9,6 +9,12 @@
 //! asked with other params (a conflict), or approved for these params (the call proceeds, once:
 //! the operation it starts is recorded, and every later call of the step is answered from it).
 //!
+//! An approval binds the code that will run as well as the params: the request names the
+//! component's digest (`LoadedTool::digest`), and a request pending, or approved and not used,
+//! when the tool is replaced is superseded by a new pending request for the new component (a new
+//! revision under the same operation key): the call says why, and a person approves again. The
+//! store checks the digest once more with the claim (`ledger::approval_stands`).
+//!
 //! The approver must see what they approve, and some of it is sensitive (`fulfill`'s address).
 //! The request holds the params redacted, as every record does, plus the sensitive values sealed
 //! under the ledger's key file (`seal.rs`): `oncebox approvals show KEY --reveal`, run by someone
@@ -23,8 +29,16 @@ use crate::clock::now_ms;
 use crate::effects::Shared;
 use crate::error::CallError;
 use crate::executor::Prepared;
-use crate::ledger::{ApprovalRecord, ApprovalState, Ledger, LedgerError};
-use crate::runtime::ToolManifest;
+use crate::ledger::{ApprovalRecord, ApprovalStanding, ApprovalState, Ledger, LedgerError};
+use crate::runtime::LoadedTool;
+
+/// How many times the gate reads the request again when another writer changed it between its
+/// read and its write (another caller asking, a decision), before it tells the caller to call
+/// again: each retry follows a write that succeeded, so it is bounded by how busy the step is.
+const GATE_TRIES: usize = 4;
+
+/// Why a call waits for a request nobody decided yet.
+const ASK: &str = "a person must approve these exact params";
 
 /// Whether a call may go on to its claim.
 pub(crate) enum Gate {
@@ -39,8 +53,13 @@ pub(crate) enum Gate {
 /// What a caller is shown of a request for approval: everything but the sealed values.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ApprovalView {
-    pub state: ApprovalState,
+    /// Its state as of now: an approval past its expiry shows as `expired` (derived, not stored).
+    pub state: ApprovalStanding,
     pub tool: String,
+    /// The digest of the component the request is for (`sha256:HEX`): only that code runs under
+    /// it. `None` for a request recorded before requests named their component (it needs a new
+    /// approval).
+    pub component: Option<String>,
     pub description: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consequence: Option<String>,
@@ -62,8 +81,9 @@ pub struct ApprovalView {
 impl ApprovalView {
     pub fn of(record: &ApprovalRecord, ledger: &Ledger) -> Self {
         ApprovalView {
-            state: record.state,
+            state: record.standing(now_ms()),
             tool: record.tool.clone(),
+            component: record.component.clone(),
             description: record.description.clone(),
             consequence: record.consequence.clone(),
             run_id: record.run_id.clone(),
@@ -74,19 +94,21 @@ impl ApprovalView {
             note: record.note.clone(),
             expires_ms: record.expires_ms,
             approve: format!(
-                "oncebox approve --ledger {} {} --fingerprint {} --by NAME",
+                "oncebox approve --ledger {} {} --fingerprint {}{} --by NAME",
                 ledger.path().display(),
                 record.operation_key,
-                record.fingerprint
+                record.fingerprint,
+                record.component.as_deref().map(|c| format!(" --component {c}")).unwrap_or_default()
             ),
         }
     }
 }
 
-/// The gate for a call of a tool that needs approval (see the module's docs).
+/// The gate for a call of a tool that needs approval (see the module's docs). `tool` is the
+/// component the call will run.
 pub(crate) async fn gate(
     shared: &Shared,
-    manifest: &ToolManifest,
+    tool: &LoadedTool,
     prepared: &Prepared,
     redacted: &Value,
 ) -> Result<Gate, CallError> {
@@ -97,58 +119,111 @@ pub(crate) async fn gate(
         return Ok(Gate::Proceed { revision: None });
     }
     let now = now_ms();
-    let record = match ledger.approval(key).await? {
-        Some(record) => record,
-        None => {
-            let record = request(shared, manifest, prepared, redacted, now)?;
+    for _ in 0..GATE_TRIES {
+        let Some(record) = ledger.approval(key).await? else {
+            let record = request(shared, tool, prepared, redacted, now, 1)?;
             match ledger.put_approval(&record).await {
                 Ok(()) => {
-                    tracing::info!(operation_key = %key, tool = %manifest.name, "awaiting approval");
-                    return Ok(Gate::Stop(awaiting(&record, ledger, "a person must approve these exact params")));
+                    tracing::info!(operation_key = %key, tool = %tool.manifest.name, "awaiting approval");
+                    return Ok(Gate::Stop(awaiting(&record, ledger, ASK)));
                 }
                 // Another caller asked at the same moment: decide on what it recorded.
-                Err(LedgerError::ApprovalChanged { .. }) => {
-                    ledger.approval(key).await?.ok_or(LedgerError::ApprovalChanged { operation_key: key.clone() })?
+                Err(LedgerError::ApprovalChanged { .. }) => continue,
+                // The step was claimed meanwhile: the claim answers from its record.
+                Err(LedgerError::ApprovalClosed { .. }) => return Ok(Gate::Proceed { revision: None }),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if !prepared.matches(&record.fingerprint) {
+            let message = format!(
+                "step `{}` of run `{}` was submitted for approval with other params (fingerprint {}); nothing was \
+                 dispatched. An approval covers exact params: use a new step id for a new intent",
+                record.step_id, record.run_id, record.fingerprint
+            );
+            return Ok(Gate::Stop(stopped(&record, Status::Conflict, "conflict", message, ledger)));
+        }
+        // A request for other code (the tool was replaced since it was asked, or it predates
+        // requests naming their component), pending or approved and not used: nothing of it
+        // stands for this code. A new request for this component supersedes it, and a person
+        // approves again. (A rejection is final whatever the code: it is answered below.)
+        if record.state != ApprovalState::Rejected && !record.binds(&tool.digest) {
+            let why = superseded(&record, &tool.digest, now);
+            let renewed = request(shared, tool, prepared, redacted, now, record.revision + 1)?;
+            match ledger.put_approval(&renewed).await {
+                Ok(()) => {
+                    tracing::info!(
+                        operation_key = %key,
+                        tool = %tool.manifest.name,
+                        was = record.component.as_deref().unwrap_or("none"),
+                        now = %tool.digest,
+                        "the component changed: awaiting approval again"
+                    );
+                    return Ok(Gate::Stop(awaiting(&renewed, ledger, &why)));
                 }
+                Err(LedgerError::ApprovalChanged { .. }) => continue,
+                Err(LedgerError::ApprovalClosed { .. }) => return Ok(Gate::Proceed { revision: None }),
                 Err(e) => return Err(e.into()),
             }
         }
-    };
-    if !prepared.matches(&record.fingerprint) {
-        let message = format!(
-            "step `{}` of run `{}` was submitted for approval with other params (fingerprint {}); nothing was \
-             dispatched. An approval covers exact params: use a new step id for a new intent",
-            record.step_id, record.run_id, record.fingerprint
-        );
-        return Ok(Gate::Stop(stopped(&record, Status::Conflict, "conflict", message, ledger)));
+        return Ok(match record.state {
+            ApprovalState::Approved if !record.expired(now) => Gate::Proceed { revision: Some(record.revision) },
+            ApprovalState::Approved => {
+                let message =
+                    format!("the approval expired at {}; approve again", time(record.expires_ms.unwrap_or(0)));
+                Gate::Stop(awaiting(&record, ledger, &message))
+            }
+            ApprovalState::Pending => Gate::Stop(awaiting(&record, ledger, ASK)),
+            ApprovalState::Rejected => {
+                let message = format!(
+                    "rejected by {} at {}{}; nothing was dispatched, and nothing will be for this step",
+                    record.decided_by.as_deref().unwrap_or("?"),
+                    time(record.decided_ms.unwrap_or(0)),
+                    record.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                );
+                Gate::Stop(stopped(&record, Status::Rejected, "rejected", message, ledger))
+            }
+        });
     }
-    Ok(match record.state {
-        ApprovalState::Approved if !record.expired(now) => Gate::Proceed { revision: Some(record.revision) },
-        ApprovalState::Approved => {
-            let message = format!("the approval expired at {}; approve again", time(record.expires_ms.unwrap_or(0)));
-            Gate::Stop(awaiting(&record, ledger, &message))
-        }
-        ApprovalState::Pending => Gate::Stop(awaiting(&record, ledger, "a person must approve these exact params")),
-        ApprovalState::Rejected => {
-            let message = format!(
-                "rejected by {} at {}{}; nothing was dispatched, and nothing will be for this step",
-                record.decided_by.as_deref().unwrap_or("?"),
-                time(record.decided_ms.unwrap_or(0)),
-                record.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
-            );
-            Gate::Stop(stopped(&record, Status::Rejected, "rejected", message, ledger))
-        }
-    })
+    let message = "its request for approval kept changing while the call was made; nothing was dispatched: call \
+                   again"
+        .to_string();
+    Ok(Gate::Stop(Outcome::stopped(key, Status::AwaitingApproval, "awaiting-approval", message)))
 }
 
-/// A new request for approval: the params redacted, their sensitive values sealed.
+/// Why a request for other code no longer stands (for the call's answer).
+fn superseded(record: &ApprovalRecord, digest: &str, now: u64) -> String {
+    let was = match record.standing(now) {
+        ApprovalStanding::Approved | ApprovalStanding::Expired => format!(
+            "since {} approved it at {}",
+            record.decided_by.as_deref().unwrap_or("?"),
+            time(record.decided_ms.unwrap_or(0))
+        ),
+        _ => format!("since the request at {}", time(record.requested_ms)),
+    };
+    match &record.component {
+        Some(old) => format!(
+            "the component of `{}` changed from {old} to {digest} {was}; an approval covers the code that runs as \
+             well as the params, so nothing was dispatched: approve again, for the new component",
+            record.tool
+        ),
+        None => format!(
+            "the request was recorded before requests named their component, and the code that would run now is \
+             {digest}; nothing was dispatched: approve again, for this component"
+        ),
+    }
+}
+
+/// A request for approval, revision `revision`, for `tool`'s component: the params redacted,
+/// their sensitive values sealed.
 fn request(
     shared: &Shared,
-    manifest: &ToolManifest,
+    tool: &LoadedTool,
     prepared: &Prepared,
     redacted: &Value,
     now: u64,
+    revision: u32,
 ) -> Result<ApprovalRecord, CallError> {
+    let manifest = &tool.manifest;
     let sensitive: serde_json::Map<String, Value> = manifest
         .sensitive
         .iter()
@@ -172,6 +247,7 @@ fn request(
     Ok(ApprovalRecord {
         operation_key: prepared.operation_key.clone(),
         fingerprint: prepared.fingerprint.clone(),
+        component: Some(tool.digest.clone()),
         run_id: prepared.run_id.clone(),
         step_id: prepared.step_id.clone(),
         tool: manifest.name.clone(),
@@ -185,7 +261,7 @@ fn request(
         decided_ms: None,
         note: None,
         expires_ms: None,
-        revision: 1,
+        revision,
     })
 }
 
@@ -201,10 +277,27 @@ pub enum Decision {
 /// Records a person's decision on the request for approval of `operation_key`. `fingerprint`
 /// must be the request's: a decision is about the exact params the person saw. Refused once the
 /// operation ran (an approval never authorises another dispatch) and after a rejection (final).
+/// See [`decide_on`] to bind the decision to the component the person saw as well.
 pub async fn decide(
     ledger: &Ledger,
     operation_key: &str,
     fingerprint: &str,
+    decision: Decision,
+    by: &str,
+    note: Option<&str>,
+) -> Result<ApprovalRecord, CallError> {
+    decide_on(ledger, operation_key, fingerprint, None, decision, by, note).await
+}
+
+/// Like [`decide`]; with `component`, the digest of the component the person saw the request
+/// name, refused if the request now names another (the tool was replaced and the request renewed
+/// since they looked). Whatever is given here, an approval lets only the component the request
+/// names run: a call of other code supersedes it (see the module's docs).
+pub async fn decide_on(
+    ledger: &Ledger,
+    operation_key: &str,
+    fingerprint: &str,
+    component: Option<&str>,
     decision: Decision,
     by: &str,
     note: Option<&str>,
@@ -221,6 +314,15 @@ pub async fn decide(
             "it awaits approval of params with fingerprint {}, not {fingerprint}: look at `oncebox approvals show \
              {operation_key}` and decide on what it shows",
             record.fingerprint
+        )));
+    }
+    if let Some(seen) = component
+        && !record.binds(seen)
+    {
+        return Err(refuse(format!(
+            "it awaits approval for component {}, not {seen}: the tool was replaced since you looked. Look at \
+             `oncebox approvals show {operation_key}` and decide on what it shows",
+            record.component.as_deref().unwrap_or("(none named)")
         )));
     }
     if let Some(op) = ledger.operation(operation_key).await? {
@@ -249,6 +351,16 @@ pub async fn decide(
         Decision::Approve { expires_ms } => {
             if expires_ms.is_some_and(|until| until <= now) {
                 return Err(refuse("the expiry given is already past".into()));
+            }
+            // Approving it would let nothing run (it is bound to no code): the next call of the
+            // step renews it for the component loaded then, and that is what to approve.
+            if record.component.is_none() {
+                return Err(refuse(
+                    "it was recorded before requests named their component, so approving it approves no code: call \
+                     the step again (nothing is dispatched; the request is renewed for the component loaded now) \
+                     and approve that"
+                        .into(),
+                ));
             }
             record.expires_ms = expires_ms;
             ApprovalState::Approved

@@ -14,7 +14,9 @@ use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
 use crate::keys;
 use crate::lease::Lease;
-use crate::ledger::{AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, OperationStatus};
+use crate::ledger::{
+    AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, OperationStatus, SeenApproval,
+};
 use crate::policy::ReplayClass;
 use crate::policy::RetryPolicy;
 use crate::redact::{redact, scrub, sensitive_values};
@@ -63,6 +65,18 @@ pub(crate) fn prepare(host: &Stage, tool: &LoadedTool, call: Call) -> Result<Pre
 }
 
 pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<Outcome, CallError> {
+    execute_keyed(host, entry, call, None).await
+}
+
+/// [`execute`], under `operation_key` when given rather than the key the call derives: the saga
+/// resumes a compensation under the key it was recorded with (one recorded before compensations
+/// were keyed by the step they undo), never under a second one.
+pub(crate) async fn execute_keyed(
+    host: &Stage,
+    entry: &Entry,
+    call: Call,
+    operation_key: Option<String>,
+) -> Result<Outcome, CallError> {
     let (tool, policy) = (&entry.tool, &entry.policy);
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
@@ -73,14 +87,20 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
         return Ok(run_unrecorded(host, entry, &keys::canonical_json(&args), &secrets).await);
     }
     let wait = call.wait.unwrap_or_default();
-    let prepared = prepare(host, tool, call)?;
+    let mut prepared = prepare(host, tool, call)?;
+    if let Some(key) = operation_key {
+        prepared.operation_key = key;
+    }
     let redacted = redact(&prepared.args, &tool.manifest.sensitive);
     // Irreversible tools (and any a policy names): a person approves these exact params first.
+    // The claim carries the approval's revision and this component's digest: the store claims a
+    // new operation only while that approval stands for this code (`ledger::approval_stands`).
+    let seen = |revision: Option<u32>| SeenApproval { revision: revision.unwrap_or(0), component: tool.digest.clone() };
     let mut approval = None;
     if policy.requires_approval {
-        match approvals::gate(&host.shared, &tool.manifest, &prepared, &redacted).await? {
+        match approvals::gate(&host.shared, tool, &prepared, &redacted).await? {
             Gate::Stop(outcome) => return Ok(outcome),
-            Gate::Proceed { revision } => approval = revision.or(Some(0)),
+            Gate::Proceed { revision } => approval = Some(seen(revision)),
         }
     }
     let mut request = ClaimRequest {
@@ -107,9 +127,9 @@ pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<O
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
-        match approvals::gate(&host.shared, &tool.manifest, &prepared, &request.args).await? {
+        match approvals::gate(&host.shared, tool, &prepared, &request.args).await? {
             Gate::Stop(outcome) => return Ok(outcome),
-            Gate::Proceed { revision } => request.approval = revision.or(Some(0)),
+            Gate::Proceed { revision } => request.approval = Some(seen(revision)),
         }
         claimed_at = now_ms();
         claimed = claim(host, &request, wait).await?;

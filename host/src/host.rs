@@ -446,6 +446,20 @@ impl Host {
         crate::approvals::decide(self.ledger(), operation_key, fingerprint, decision, by, note).await
     }
 
+    /// Like [`Host::decide`], bound to the component the person saw the request name as well
+    /// (its digest): refused if the request now names another (see [`crate::approvals::decide_on`]).
+    pub async fn decide_on(
+        &self,
+        operation_key: &str,
+        fingerprint: &str,
+        component: Option<&str>,
+        decision: crate::approvals::Decision,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<crate::ledger::ApprovalRecord, CallError> {
+        crate::approvals::decide_on(self.ledger(), operation_key, fingerprint, component, decision, by, note).await
+    }
+
     /// A request for approval with its sealed sensitive values opened (for the approver).
     pub fn reveal(&self, record: &crate::ledger::ApprovalRecord) -> Result<serde_json::Value, String> {
         crate::approvals::reveal(record, &self.inner.stage.shared.keying)
@@ -545,8 +559,30 @@ impl Host {
         crate::Relay::with_client(shared.ledger.clone(), shared.http.clone(), self.inner.policy_file.outbox_endpoints())
     }
 
+    /// A reconciler for this host's unknown operations (see `reconciler.rs`): run it beside the
+    /// calls (`Reconciler::run`), or one pass at a time (`Reconciler::pass`).
+    pub fn reconciler(&self, settings: crate::reconciler::Settings) -> crate::Reconciler {
+        crate::Reconciler::new(self.clone(), settings)
+    }
+
+    /// The policy file's `[reconciler]`, or the defaults when it has none.
+    pub fn reconciler_settings(&self) -> crate::reconciler::Settings {
+        self.inner.policy_file.reconciler()
+    }
+
+    /// Whether `tool` is loaded and exports `reconcile`: the reconciler asks only about these.
+    pub(crate) fn reconciles(&self, tool: &str) -> bool {
+        self.entry(tool).is_ok_and(|e| e.tool.exports.iter().any(|export| export == crate::runtime::RECONCILE_EXPORT))
+    }
+
     pub fn manifest(&self, tool: &str) -> Option<ToolManifest> {
         self.entry(tool).ok().map(|e| e.tool.manifest.clone())
+    }
+
+    /// The digest of a loaded tool's component (`sha256:HEX` of its file as loaded): what an
+    /// approval of a call of it is bound to.
+    pub fn digest(&self, tool: &str) -> Option<String> {
+        self.entry(tool).ok().map(|e| e.tool.digest.clone())
     }
 
     fn entry(&self, name: &str) -> Result<Arc<Entry>, CallError> {

@@ -7,10 +7,20 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// Identifies one operation: one tool run for one step of one run.
+/// Identifies one operation: one tool run for one step of one run. A compensation's step
+/// ([`COMPENSATION_PREFIX`]) is one operation whatever tool undoes it: its key leaves the tool
+/// out, so that a new version of the compensated tool naming another undo tool finds the step's
+/// compensation on record (a conflict, nothing dispatched) instead of starting a second one.
 pub fn operation_key(run_id: &str, step_id: &str, tool: &str) -> String {
+    if step_id.starts_with(COMPENSATION_PREFIX) {
+        return hash("oncebox/compensation/v1", &[run_id.as_bytes(), step_id.as_bytes()]);
+    }
     hash("oncebox/operation/v1", &[run_id.as_bytes(), step_id.as_bytes(), tool.as_bytes()])
 }
+
+/// How the step id of a compensation begins: `compensate/` and the key of the operation it
+/// undoes (see `saga.rs`).
+pub const COMPENSATION_PREFIX: &str = "compensate/";
 
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.
 /// Forwarded downstream as `Idempotency-Key`.
@@ -266,5 +276,20 @@ mod tests {
             operation_key("run-1", "step-1", "charge"),
             "378d270c7f7faeb26d5b82427b92e62e11027515883e790fef96331ed1f8a417"
         );
+    }
+
+    #[test]
+    fn a_compensation_s_key_is_bound_to_the_step_it_undoes_not_to_its_tool() {
+        let step = format!("{COMPENSATION_PREFIX}{}", operation_key("run-1", "pay", "charge"));
+        assert_eq!(operation_key("run-1", &step, "refund"), operation_key("run-1", &step, "refund-v2"));
+        assert_eq!(
+            operation_key("run-1", &step, "refund"),
+            hash("oncebox/compensation/v1", &[b"run-1", step.as_bytes()])
+        );
+        let other = format!("{COMPENSATION_PREFIX}{}", operation_key("run-1", "ship", "fulfill"));
+        assert_ne!(operation_key("run-1", &step, "refund"), operation_key("run-1", &other, "refund"));
+        assert_ne!(operation_key("run-1", &step, "refund"), operation_key("run-2", &step, "refund"));
+        // Any other step keeps its tool in its key.
+        assert_ne!(operation_key("run-1", "pay", "refund"), operation_key("run-1", "pay", "refund-v2"));
     }
 }

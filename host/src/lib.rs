@@ -36,7 +36,8 @@
 //! - `effects/`: the guarded path, then one file per kind of effect.
 //! - `executor`: the call pipeline, top to bottom; `lease`: the owner's lease kept live while it
 //!   works; `attempt_log`: its tracing events.
-//! - `reconcile`: asking the authority about an unknown outcome, and a person settling one.
+//! - `reconcile`: asking the authority about an unknown outcome, and a person settling one;
+//!   `reconciler`: asking again in the background, with backoff, until the proof arrives.
 //! - `outbox/`: the relay that delivers outbox messages to their topics' endpoints, in order, at
 //!   least once and keyed (`rules.rs`, pure: what an answer means, how long to wait; `send.rs`:
 //!   one send).
@@ -68,6 +69,7 @@ pub mod outbox;
 pub mod policy;
 pub mod policy_file;
 mod reconcile;
+pub mod reconciler;
 pub mod recovery;
 mod redact;
 pub mod retention;
@@ -90,5 +92,6 @@ pub use limits::Limits;
 pub use outbox::Relay;
 pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::{Reconciliation, RunReconciliation, settle};
+pub use reconciler::Reconciler;
 pub use redact::{REDACTED, redact};
 pub use runtime::{MAX_COMPONENT_BYTES, ToolManifest};

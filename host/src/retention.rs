@@ -2,9 +2,14 @@
 //! `oncebox ledger gc` removes the expired ones. Only what is over goes: completed and failed
 //! operations, with their attempts, effects and approval, and rejected requests for approval
 //! (leaving a tombstone, so the rejection stays final). Nothing a person, a later call or a saga
-//! still needs goes: an operation unknown or claimed, a request awaiting approval (or approved
-//! and not used yet), and every record of a run with one of those or with compensation
-//! outstanding.
+//! still needs goes: an operation unknown or claimed, and every record of a run with one of
+//! those, with a request awaiting a decision or its use, or with compensation outstanding.
+//!
+//! Requests for approval lapse too: one nobody decided within the window (counted from when it was
+//! last asked), and an approval nobody used within it (counted from the decision, or from its
+//! expiry when that is later), are removed without a tombstone: nothing of the step ran, so a
+//! later call of it records a new request, and a person decides again on the world as it is
+//! then. A decision or a claim since gc looked keeps the request (`Store::expire`).
 //!
 //! A removed operation leaves a tombstone. A call of its step afterwards is answered `expired`
 //! and dispatches nothing: its downstream's idempotency keys may have expired too (Stripe keeps
@@ -18,7 +23,9 @@ use serde::Serialize;
 
 use crate::approvals::time;
 use crate::call::{Outcome, Status};
-use crate::ledger::{ApprovalState, Ledger, LedgerError, OperationRecord, OperationStatus, Tombstone};
+use crate::ledger::{
+    ApprovalRecord, ApprovalState, Ledger, LedgerError, OperationRecord, OperationStatus, StaleApproval, Tombstone,
+};
 
 /// How long records are kept by default.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -57,12 +64,22 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
     // with a step still unknown, claimed or awaiting approval (whose compensation cannot start yet,
     // and would find nothing to undo if the completed steps were gone).
     let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
+    // Requests without an operation that this gc removes: rejected ones (with a tombstone), and
+    // pending or approved ones that lapsed (see the module's docs).
+    let (rejected, lapsed): (Vec<&ApprovalRecord>, Vec<&ApprovalRecord>) = approvals
+        .iter()
+        .filter(|a| !with_operation.contains(a.operation_key.as_str()) && last_written(a) < cutoff)
+        .partition(|a| a.state == ApprovalState::Rejected);
+    let lapsing: BTreeSet<&str> = lapsed.iter().map(|a| a.operation_key.as_str()).collect();
     let mut runs: BTreeSet<&str> = operations.iter().map(|op| op.run_id.as_str()).collect();
     runs.retain(|run| {
         let of_run: Vec<&OperationRecord> = operations.iter().filter(|op| op.run_id == *run).collect();
         let open = of_run.iter().any(|op| matches!(op.status, OperationStatus::Unknown | OperationStatus::Claimed));
         let awaiting = approvals.iter().any(|a| {
-            a.run_id == *run && a.state != ApprovalState::Rejected && !with_operation.contains(a.operation_key.as_str())
+            a.run_id == *run
+                && a.state != ApprovalState::Rejected
+                && !with_operation.contains(a.operation_key.as_str())
+                && !lapsing.contains(a.operation_key.as_str())
         });
         open || awaiting || crate::saga::outstanding(&of_run)
     });
@@ -95,42 +112,32 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             }),
         }
     }
-    let mut rejected = Vec::new();
-    for approval in &approvals {
-        if with_operation.contains(approval.operation_key.as_str()) {
-            continue; // goes, or stays, with its operation
-        }
-        let decided = approval.decided_ms.unwrap_or(approval.requested_ms);
-        if decided >= cutoff {
-            continue;
-        }
-        match approval.state {
-            // A rejection stays final after its request goes: its tombstone refuses the step.
-            ApprovalState::Rejected => {
-                rejected.push(approval.operation_key.clone());
-                tombstones.push(Tombstone {
-                    operation_key: approval.operation_key.clone(),
-                    run_id: approval.run_id.clone(),
-                    step_id: approval.step_id.clone(),
-                    tool: approval.tool.clone(),
-                    fingerprint: approval.fingerprint.clone(),
-                    status: OperationStatus::Failed,
-                    ended_ms: decided,
-                    removed_ms: now_ms,
-                    rejected: true,
-                });
-            }
-            state => report.kept.push((
-                approval.operation_key.clone(),
-                format!(
-                    "{}: awaiting a decision or its use",
-                    if state == ApprovalState::Pending { "awaiting approval" } else { "approved, not used yet" }
-                ),
-            )),
-        }
+    let mut stale = Vec::new();
+    // A rejection stays final after its request goes: its tombstone refuses the step.
+    for approval in rejected {
+        stale.push(StaleApproval::of(approval));
+        tombstones.push(Tombstone {
+            operation_key: approval.operation_key.clone(),
+            run_id: approval.run_id.clone(),
+            step_id: approval.step_id.clone(),
+            tool: approval.tool.clone(),
+            fingerprint: approval.fingerprint.clone(),
+            status: OperationStatus::Failed,
+            ended_ms: last_written(approval),
+            removed_ms: now_ms,
+            rejected: true,
+        });
     }
-    report.removed_operations = ledger.expire(&tombstones, &rejected).await?;
-    // (`expire` counts the operations it removed; the rejected requests had none.)
-    report.removed_approvals = rejected.len();
+    stale.extend(lapsed.into_iter().map(StaleApproval::of));
+    let removed = ledger.expire(&tombstones, &stale).await?;
+    report.removed_operations = removed.operations;
+    report.removed_approvals = removed.approvals;
     Ok(report)
+}
+
+/// When a request for approval was last written to: asked (or asked again for a new component),
+/// decided, or, for an approval with an expiry, the end of it (it stands until then).
+fn last_written(approval: &ApprovalRecord) -> u64 {
+    let decided = approval.decided_ms.unwrap_or(approval.requested_ms);
+    decided.max(approval.requested_ms).max(approval.expires_ms.unwrap_or(0))
 }

@@ -6,7 +6,7 @@ use oncebox::ReplayClass;
 use oncebox::ledger::reference::ReferenceStore;
 use oncebox::ledger::{
     AttemptRecord, AttemptSource, Claim, ClaimRequest, EffectRecord, EffectStatus, Ledger, LedgerError, LocalWrite,
-    OperationStatus, Resolution, Settlement,
+    OperationStatus, Removed, Resolution, SeenApproval, Settlement, StaleApproval,
 };
 
 const LEASE: u64 = 100;
@@ -304,10 +304,19 @@ async fn an_outbox_message_is_enqueued_with_its_record_in_order(ledger: Ledger) 
     assert!(ledger.operations(Some("run")).await.expect("read").iter().any(|op| op.key == "op"));
 }
 
+/// The component the approvals below are for.
+const COMPONENT: &str = "sha256:aaaa";
+
+/// What a caller running `component` brings to its claim, having seen approval `revision`.
+fn seen(revision: u32, component: &str) -> Option<SeenApproval> {
+    Some(SeenApproval { revision, component: component.into() })
+}
+
 fn approval(key: &str, revision: u32, state: oncebox::ledger::ApprovalState) -> oncebox::ledger::ApprovalRecord {
     oncebox::ledger::ApprovalRecord {
         operation_key: key.into(),
         fingerprint: "args".into(),
+        component: Some(COMPONENT.into()),
         run_id: "run".into(),
         step_id: key.into(),
         tool: "fulfill".into(),
@@ -354,7 +363,8 @@ async fn a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_t
         ..approval("op", revision, Approved)
     };
     ledger.put_approval(&approval("op", 1, Pending)).await.expect("request");
-    let with = |revision: u32, now_ms: u64| ClaimRequest { approval: Some(revision), ..request("op", "a", now_ms) };
+    let with =
+        |revision: u32, now_ms: u64| ClaimRequest { approval: seen(revision, COMPONENT), ..request("op", "a", now_ms) };
     // Pending: no approval stands, whatever the caller saw.
     assert!(matches!(ledger.claim(&with(1, 1_000)).await, Ok(Claim::ApprovalChanged)));
     ledger.put_approval(&approved(2, Some(2_000))).await.expect("approve");
@@ -375,6 +385,60 @@ async fn a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_t
         .expect("record");
     assert!(matches!(ledger.put_approval(&reject).await, Err(LedgerError::ApprovalClosed { .. })));
     assert_eq!(ledger.approval("op").await.expect("read").expect("record").state, Approved);
+}
+
+async fn an_approval_lets_only_the_component_it_names_claim_its_operation(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    ledger.put_approval(&approval("op", 1, Pending)).await.expect("request");
+    ledger.put_approval(&approval("op", 2, Approved)).await.expect("approve");
+    let running = |component: &str| ClaimRequest { approval: seen(2, component), ..request("op", "a", 1_000) };
+    // The tool was replaced after the decision: a caller running the new component claims nothing,
+    // though the revision, the params and the state are the ones approved.
+    let replaced = ledger.claim(&running("sha256:bbbb")).await;
+    assert!(matches!(replaced, Ok(Claim::ApprovalChanged)), "{replaced:?}");
+    assert!(ledger.operation("op").await.expect("read").is_none());
+    // A request recorded before requests named their component is bound to no component at all.
+    let unbound =
+        |revision, state| oncebox::ledger::ApprovalRecord { component: None, ..approval("old", revision, state) };
+    ledger.put_approval(&unbound(1, Pending)).await.expect("request");
+    ledger.put_approval(&unbound(2, Approved)).await.expect("approve");
+    let old = ClaimRequest { approval: seen(2, COMPONENT), ..request("old", "a", 1_000) };
+    assert!(matches!(ledger.claim(&old).await, Ok(Claim::ApprovalChanged)));
+    // The component it names: claimed, once.
+    let fence = owned(ledger.claim(&running(COMPONENT)).await.expect("claim"));
+    assert!(matches!(ledger.claim(&running(COMPONENT)).await, Ok(Claim::InProgress(_))));
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("record");
+}
+
+async fn a_request_lapses_only_as_retention_read_it(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    let stale = |key: &str, revision| StaleApproval { operation_key: key.into(), revision };
+    ledger.put_approval(&approval("asked", 1, Pending)).await.expect("request");
+    // Read by retention at revision 1, decided since.
+    ledger.put_approval(&approval("decided", 1, Pending)).await.expect("request");
+    ledger.put_approval(&approval("decided", 2, Approved)).await.expect("approve");
+    // Approved and claimed since (in memory, not recorded yet): its call runs under it.
+    ledger.put_approval(&approval("used", 1, Pending)).await.expect("request");
+    ledger.put_approval(&approval("used", 2, Approved)).await.expect("approve");
+    let used = ClaimRequest { approval: seen(2, COMPONENT), ..request("used", "a", 1_000) };
+    let fence = owned(ledger.claim(&used).await.expect("claim"));
+
+    let stale = [stale("asked", 1), stale("decided", 1), stale("used", 2), stale("never", 1)];
+    let removed = ledger.expire(&[], &stale).await.expect("expire");
+    assert_eq!(removed, Removed { operations: 0, approvals: 1 });
+    assert!(ledger.approval("asked").await.expect("read").is_none());
+    assert!(ledger.tombstone("asked").await.expect("read").is_none(), "nothing ran: a later call asks again");
+    assert_eq!(ledger.approval("decided").await.expect("read").expect("kept").state, Approved);
+    assert_eq!(ledger.approval("used").await.expect("read").expect("kept").state, Approved);
+    ledger
+        .record_attempt(fence, &attempt("used", 1, fence), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("the claim under it still runs");
+    // A lapsed request's step is asked about anew.
+    ledger.put_approval(&approval("asked", 1, Pending)).await.expect("a new request");
 }
 
 async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledger: Ledger) {
@@ -415,7 +479,9 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
     assert!(ledger.operation("done").await.expect("read").is_some());
     assert!(ledger.tombstone("done").await.expect("read").is_none());
 
-    assert_eq!(ledger.expire(&[tombstone("done")], &["gone".into()]).await.expect("expire"), 1);
+    let gone = StaleApproval { operation_key: "gone".into(), revision: 1 };
+    let removed = ledger.expire(&[tombstone("done")], &[gone]).await.expect("expire");
+    assert_eq!(removed, Removed { operations: 1, approvals: 1 });
     assert!(ledger.operation("done").await.expect("read").is_none());
     assert!(ledger.effects("done").await.expect("read").is_empty());
     assert!(ledger.attempts("done").await.expect("read").is_empty());
@@ -534,5 +600,7 @@ conformance!(
     an_approval_is_written_as_a_compare_and_set_on_its_revision,
     only_what_is_over_expires_and_an_expired_step_is_not_claimed_again,
     a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_then_it_is_closed,
+    an_approval_lets_only_the_component_it_names_claim_its_operation,
+    a_request_lapses_only_as_retention_read_it,
     a_topics_pending_messages_are_its_undelivered_ones_in_order,
 );

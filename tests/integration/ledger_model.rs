@@ -369,8 +369,8 @@ impl oncebox::ledger::Store for ReferenceHandle {
     fn expire<'a>(
         &'a self,
         tombstones: &'a [oncebox::ledger::Tombstone],
-        approvals: &'a [String],
-    ) -> oncebox::ledger::BoxFuture<'a, Result<usize, LedgerError>> {
+        approvals: &'a [oncebox::ledger::StaleApproval],
+    ) -> oncebox::ledger::BoxFuture<'a, Result<oncebox::ledger::Removed, LedgerError>> {
         self.0.expire(tombstones, approvals)
     }
 }

@@ -4,6 +4,8 @@
 
 mod support;
 
+mod approval_binding;
+mod approvals;
 mod args;
 mod cli;
 mod concurrency;
@@ -17,6 +19,7 @@ mod loading;
 mod multihost;
 mod outbox;
 mod pg;
+mod reconciler;
 mod recovery;
 mod replay;
 mod retries;

@@ -518,3 +518,40 @@ async fn a_schema_3_ledger_is_migrated_and_its_outbox_messages_are_pending_in_or
     enqueue(&ledger, "new", &messages("email", 1)).await;
     assert_eq!(pending("email").await, [3, 4]);
 }
+
+/// Two servers' relays on one PostgreSQL ledger, both delivering one topic: the topic's lease
+/// lets one send at a time, so every message arrives once and in order; the other takes over
+/// when the first stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_on_a_shared_ledger_never_send_a_topic_twice_or_out_of_order() {
+    let (sink, addr) = Sink::start(Behaviour { delay: Duration::from_millis(15), ..Behaviour::default() }).await;
+    let url = crate::pg::fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    enqueue(&a, "first", &messages("email", 10)).await;
+    let relay = |ledger: &Ledger| {
+        Relay::new(ledger.clone(), [("email".to_string(), endpoint(addr, "email"))], &[]).expect("relay")
+    };
+    let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
+    let (stop_b, stopped_b) = tokio::sync::oneshot::channel::<()>();
+    let (relay_a, relay_b) = (relay(&a), relay(&b));
+    let running_a = tokio::spawn(async move { relay_a.run(async move { stopped_a.await.unwrap_or(()) }).await });
+    let running_b = tokio::spawn(async move { relay_b.run(async move { stopped_b.await.unwrap_or(()) }).await });
+    eventually("ten messages delivered", || sink.received().len() >= 10).await;
+
+    // The relay that holds the topic stops; the other takes it over and delivers what comes next.
+    let _ = stop_a.send(());
+    let first = running_a.await.expect("task").expect("relay a");
+    enqueue(&b, "second", &messages("email", 5)).await;
+    eventually("fifteen messages delivered", || sink.received().len() >= 15).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop_b.send(());
+    let second = running_b.await.expect("task").expect("relay b");
+
+    let received = sink.received();
+    assert!(sink.counts().values().all(|&n| n == 1), "a message was sent twice: {:?}", sink.counts());
+    assert_eq!(received.len(), 15, "{received:?}");
+    assert_eq!(first_seen(&received, "email"), keys_in_order(&a, "email").await, "in order");
+    assert_never_reordered(&received, "email");
+    assert_eq!(first.delivered() + second.delivered(), 15, "{first:?} {second:?}");
+    assert!(a.outbox_pending("email", 10).await.expect("pending").is_empty());
+}

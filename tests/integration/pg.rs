@@ -35,6 +35,7 @@ fn approval(key: &str, revision: u32, state: ApprovalState) -> ApprovalRecord {
     ApprovalRecord {
         operation_key: key.into(),
         fingerprint: "args".into(),
+        component: Some("sha256:aaaa".into()),
         run_id: "run".into(),
         step_id: key.into(),
         tool: "fulfill".into(),
@@ -135,7 +136,8 @@ async fn an_approval_decision_and_a_claim_from_two_hosts_never_both_win() {
     for n in 0..20 {
         let key = format!("op-{n}");
         a.put_approval(&approval(&key, 1, ApprovalState::Approved)).await.expect("approve");
-        let req = ClaimRequest { approval: Some(1), ..request(&key, "a", 1_000) };
+        let seen = oncebox::ledger::SeenApproval { revision: 1, component: "sha256:aaaa".into() };
+        let req = ClaimRequest { approval: Some(seen), ..request(&key, "a", 1_000) };
         let reject = approval(&key, 2, ApprovalState::Rejected);
         let (claim, decision) = tokio::join!(a.claim(&req), b.put_approval(&reject));
         match (claim.expect("claim"), decision) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use oncebox::ledger::{ApprovalState, OperationStatus};
 use oncebox::saga::SagaState;
-use oncebox::{Call, Decision, Reconciliation, Status};
+use oncebox::{Call, Decision, Host, Reconciliation, ReplayClass, RetryPolicy, Status};
 use oncebox_example_provider::{Fault, FaultKind, Route};
 use serde_json::{Value, json};
 
@@ -260,7 +260,8 @@ async fn a_compensation_that_fails_stays_outstanding_and_resumes_once_fixed() {
 async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_as_new() {
     let f = Fixture::new().await;
     f.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-2").times(100));
-    // Run "done" is over; run "r" has a step unknown and one awaiting approval, so all of it stays.
+    // Run "done" is over; run "r" has a step unknown, so all of it stays but its request for
+    // approval, which nobody decided within the window: it lapses.
     assert_eq!(
         f.host.call(step("done", "pay-1", "charge", &charge("o-1"))).await.expect("c").status,
         Status::Completed
@@ -276,7 +277,8 @@ async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_a
     assert_eq!(gc.removed_operations, 1, "only the completed charge: {gc:?}");
     let ops = f.host.ledger().operations(Some("r")).await.expect("read");
     assert_eq!(ops.iter().map(|op| op.status).collect::<Vec<_>>(), [OperationStatus::Unknown], "{ops:?}");
-    assert!(f.host.ledger().approval(awaiting.operation_key.as_deref().expect("k")).await.expect("r").is_some());
+    assert_eq!(gc.removed_approvals, 1, "the request nobody decided: {gc:?}");
+    assert!(f.host.ledger().approval(awaiting.operation_key.as_deref().expect("k")).await.expect("r").is_none());
 
     // The expired step is refused, not charged again.
     let requests = f.provider.requests();
@@ -481,17 +483,21 @@ async fn a_policy_may_ask_approval_of_any_write_but_never_waive_it_for_an_irreve
 #[tokio::test]
 async fn gc_keeps_a_run_a_saga_still_needs_and_a_rejection_stays_final_after_its_request_goes() {
     let f = Fixture::new().await;
-    // Run "blocked": the charge completed, the shipment awaits approval. Its compensation cannot
-    // start yet, and must find the charge when it can.
-    f.host.call(step("blocked", "1-pay", "charge", &charge("o-1"))).await.expect("call");
-    f.host.call(step("blocked", "2-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
     // Run "rejected": the shipment was rejected.
     let ship = f.host.call(step("rejected", "ship", "fulfill", &fulfill("2 Main St"))).await.expect("call");
     let (key, fingerprint) = (ship.operation_key.clone().expect("k"), ship.fingerprint.clone().expect("f"));
     f.host.decide(&key, &fingerprint, Decision::Reject, "ops", None).await.expect("reject");
     tokio::time::sleep(Duration::from_millis(5)).await;
+    // Run "blocked", later: the charge completed, the shipment awaits approval. Its compensation
+    // cannot start yet, and must find the charge when it can.
+    f.host.call(step("blocked", "1-pay", "charge", &charge("o-1"))).await.expect("call");
+    let blocked = f.host.call(step("blocked", "2-ship", "fulfill", &fulfill("1 Main St"))).await.expect("call");
+    let asked = f.host.ledger().approval(blocked.operation_key.as_deref().expect("k")).await.expect("r").expect("r");
 
-    let gc = f.host.gc(Duration::ZERO).await.expect("gc");
+    // A window that ends when the shipment was asked for: the rejection is past it, the request
+    // is not (a request nobody decided within the window lapses: `approval_binding.rs`).
+    let window = Duration::from_secs(3600);
+    let gc = oncebox::retention::gc(f.host.ledger(), window, asked.requested_ms + 3_600_000).await.expect("gc");
     assert_eq!((gc.removed_operations, gc.removed_approvals), (0, 1), "{gc:?}");
     assert_eq!(f.host.ledger().operations(Some("blocked")).await.expect("read").len(), 1, "the charge is kept");
     // The rejected step stays refused: not a fresh request that someone could approve.
@@ -571,4 +577,322 @@ async fn a_lost_charge_is_reconciled_from_the_cli_by_run_and_by_operation_key() 
     let (code, again, _) = crate::support::oncebox(&pay);
     assert_eq!((code, again["replayed"].as_bool()), (0, Some(true)), "{again}");
     assert_eq!(provider.counts("o-1").payments, 1);
+}
+
+/// `compensate --tools DIR` loads the directory as `serve` does: an unrelated component that does
+/// not load is reported and skipped, and the refund still goes out, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compensate_skips_an_unrelated_broken_component_as_serve_does() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let (tools, policy) = tools_dir(dir.path(), &provider);
+    std::fs::write(std::path::Path::new(&tools).join("broken.wasm"), b"\0asm not really").expect("broken");
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8").to_string();
+    let args = charge("o-b").to_string();
+    let pay = ["call", "--ledger", &ledger_arg, "--policy", &policy, "--run", "rb", "--step", "pay"];
+    let mut flags: Vec<&str> = pay.to_vec();
+    flags.extend([oncebox_artifacts::CHARGE, args.as_str()]);
+    let (code, paid, stderr) = crate::support::oncebox(&flags);
+    assert_eq!((code, paid["status"].as_str()), (0, Some("completed")), "{paid} {stderr}");
+
+    let compensate = ["compensate", "--ledger", &ledger_arg, "--run", "rb", "--tools", &tools, "--policy", &policy];
+    let (code, report, stderr) = crate::support::oncebox(&compensate);
+    assert_eq!(code, 0, "{report} {stderr}");
+    assert_eq!(report["state"], "done", "{report}");
+    assert!(stderr.contains("broken.wasm"), "the skipped file is named: {stderr}");
+    provider.settled().await;
+    assert_eq!(provider.counts("o-b").refunds, 1, "refunded once");
+}
+
+// Sagas that finish, or say who must act
+
+/// A policy file (from [`tools_dir`]) under which every refund needs a person's approval.
+fn refunds_need_approval(policy: &str) {
+    let text = std::fs::read_to_string(policy).expect("read policy");
+    let text = text.replace("[tools.refund]\n", "[tools.refund]\nrequires_approval = true\n");
+    assert!(text.contains("requires_approval = true"), "{text}");
+    std::fs::write(policy, text).expect("write policy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_that_needs_approval_waits_for_it_then_refunds_once() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let (tools, policy) = tools_dir(dir.path(), &provider);
+    refunds_need_approval(&policy);
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let args = charge("o-1").to_string();
+    let pay =
+        ["call", "--ledger", ledger_arg, "--policy", &policy, "--run", "r", "--step", "pay", oncebox_artifacts::CHARGE];
+    let mut flags = pay.to_vec();
+    flags.push(&args);
+    let (code, paid, stderr) = crate::support::oncebox(&flags);
+    assert_eq!((code, paid["status"].as_str()), (0, Some("completed")), "{paid} {stderr}");
+
+    // The refund's request is recorded, and the report says who must act and how.
+    let compensate = ["compensate", "--ledger", ledger_arg, "--run", "r", "--tools", &tools, "--policy", &policy];
+    let (code, report, stderr) = crate::support::oncebox(&compensate);
+    assert_eq!((code, report["state"].as_str()), (1, Some("awaiting-approval")), "{report} {stderr}");
+    let waiting = &report["steps"][0];
+    assert_eq!(waiting["action"], "awaiting-approval", "{report}");
+    let key = waiting["compensation"]["operation_key"].as_str().expect("the compensation's key");
+    assert!(
+        waiting["approve"].as_str().is_some_and(|c| c.starts_with("oncebox approve") && c.contains(key)),
+        "{report}"
+    );
+    assert_eq!(waiting["console"].as_str(), Some(format!("/approvals/{key}").as_str()), "{report}");
+    assert_eq!(provider.counts("o-1").refunds, 0, "nothing is refunded before the approval");
+
+    // Asked again before anyone decided: the same request, still nothing sent.
+    let (code, again, _) = crate::support::oncebox(&compensate);
+    assert_eq!((code, again["state"].as_str()), (1, Some("awaiting-approval")), "{again}");
+    assert_eq!(again["steps"][0]["compensation"]["operation_key"].as_str(), Some(key));
+    let (_, pending, _) = crate::support::oncebox(&["approvals", "list", "--ledger", ledger_arg, "--pending"]);
+    assert_eq!(pending["operation_key"].as_str(), Some(key), "one request: {pending}");
+    assert_eq!(provider.requests(), 1, "only the charge reached the provider");
+
+    // Approved: the next compensate refunds, once; every later one answers from the record.
+    crate::support::approve_cli(&ledger, &waiting["compensation"]);
+    let (code, done, stderr) = crate::support::oncebox(&compensate);
+    assert_eq!((code, done["state"].as_str()), (0, Some("done")), "{done} {stderr}");
+    assert_eq!(done["steps"][0]["action"], "compensated", "{done}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    let (code, replayed, _) = crate::support::oncebox(&compensate);
+    assert_eq!((code, replayed["steps"][0]["compensation"]["replayed"].as_bool()), (0, Some(true)), "{replayed}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    assert_eq!(provider.counts("o-1").payments, 1);
+}
+
+/// A host on `ledger` with the example tools, whose refunds need a person's approval.
+async fn approving_refunds(ledger: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) -> Host {
+    let refund = RetryPolicy { requires_approval: true, ..crate::support::fast(ReplayClass::IdempotentWrite) };
+    let host =
+        crate::support::builder_for(ledger, provider, true).retry_policy("refund", refund).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    host
+}
+
+#[tokio::test]
+async fn a_rejected_compensation_sends_nothing_and_names_the_step_to_undo_by_hand() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let host = approving_refunds(&dir.path().join("l.redb"), &provider).await;
+    assert_eq!(host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call").status, Status::Completed);
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::AwaitingApproval, "{report:?}");
+    // Served, the console's page is a link on the server.
+    let served = report.clone().served_at("https://ops.example/");
+    let waiting = report.steps[0].compensation.as_ref().expect("the refund's request");
+    let key = waiting.operation_key.as_deref().expect("key");
+    assert_eq!(served.steps[0].console.as_deref(), Some(format!("https://ops.example/approvals/{key}").as_str()));
+
+    let fingerprint = waiting.fingerprint.as_deref().expect("fingerprint");
+    host.decide(key, fingerprint, Decision::Reject, "ops", Some("refund by bank transfer")).await.expect("reject");
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    assert_eq!(report.steps[0].action, "undo-by-hand", "{report:?}");
+    assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("by hand")), "{report:?}");
+    assert_eq!(provider.counts("o-1").refunds, 0);
+    assert_eq!(provider.requests(), 1, "only the charge");
+}
+
+/// A new version of `charge` that names another refund tool, `refun2`, and that tool: the
+/// example components with those names changed in place. A name of the same length keeps every
+/// offset, so the components stay valid; loading them reads the new names from their manifests.
+fn version_two(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    fn renamed(from: &str, to: &std::path::Path, keep: impl Fn(&[u8], usize) -> bool) {
+        let mut bytes = std::fs::read(from).expect("component");
+        let mut renamed = 0;
+        let mut at = 0;
+        while let Some(found) = bytes[at..].windows(6).position(|w| w == b"refund") {
+            let i = at + found;
+            if !keep(&bytes, i) {
+                bytes[i..i + 6].copy_from_slice(b"refun2");
+                renamed += 1;
+            }
+            at = i + 6;
+        }
+        assert!(renamed > 0, "no name to change in {from}");
+        std::fs::write(to, bytes).expect("write component");
+    }
+    let (charge, refund) = (dir.join("charge-v2.wasm"), dir.join("refun2.wasm"));
+    // `charge` says `refund` only where it names its compensation.
+    renamed(oncebox_artifacts::CHARGE, &charge, |_, _| false);
+    // `refund` says it in its name and its effect's label, and in the path it posts to
+    // (`/refunds`), which stays.
+    renamed(oncebox_artifacts::REFUND, &refund, |bytes, i| i > 0 && bytes[i - 1] == b'/');
+    (charge, refund)
+}
+
+/// A host on `ledger` with version two of `charge` and its `refun2`.
+async fn host_v2(
+    ledger: &std::path::Path,
+    provider: &oncebox_example_provider::ProviderHandle,
+    dir: &std::path::Path,
+) -> Host {
+    let (charge_v2, refund_v2) = version_two(dir);
+    let host = crate::support::builder_for(ledger, provider, true)
+        .tool_config("refun2", "base_url", provider.base_url())
+        .grant("refun2", crate::support::http_grant(provider))
+        .retry_policy("refun2", crate::support::fast(ReplayClass::IdempotentWrite))
+        .build()
+        .await
+        .expect("host");
+    let manifest = host.load(&charge_v2).await.expect("charge v2");
+    assert_eq!((manifest.name.as_str(), manifest.compensated_by.as_deref()), ("charge", Some("refun2")));
+    assert_eq!(host.load(&refund_v2).await.expect("refun2").name, "refun2");
+    host.check_compensation(&manifest).expect("refun2 takes charge's mapped args");
+    host
+}
+
+#[tokio::test]
+async fn a_new_version_of_charge_naming_another_refund_tool_never_refunds_twice() {
+    let Fixture { dir, provider, host } = Fixture::new().await;
+    let ledger = dir.path().join("ledger.redb");
+    assert_eq!(host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call").status, Status::Completed);
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Done, "{report:?}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    drop(host);
+
+    // Upgraded: `charge` now names `refun2`. The step was undone (by `refund`), and that counts.
+    let host = host_v2(&ledger, &provider, dir.path()).await;
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Done, "{report:?}");
+    assert_eq!(report.steps[0].action, "compensated", "{report:?}");
+    let compensation = report.steps[0].compensation.as_ref().expect("from the record");
+    assert!(compensation.replayed, "{report:?}");
+    assert_eq!(provider.counts("o-1").refunds, 1, "one refund, whatever tool the new version names");
+    assert_eq!(provider.totals().refunds, 1);
+}
+
+#[tokio::test]
+async fn a_compensation_begun_by_one_refund_tool_is_never_run_again_by_another() {
+    let Fixture { dir, provider, host } = Fixture::new().await;
+    let ledger = dir.path().join("ledger.redb");
+    host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    // The refunds service answers 500 for now: `refund` is left in doubt.
+    provider.arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit).for_order("o-1").times(100));
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    drop(host);
+    let sent = provider.requests();
+
+    // Version two names `refun2`: refused, with what to do, and nothing sent.
+    let v2 = host_v2(&ledger, &provider, dir.path()).await;
+    let report = v2.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    let why = report.steps[0].reason.as_deref().unwrap_or_default();
+    assert!(why.contains("began as `refund`") && why.contains("undone once"), "{report:?}");
+    assert_eq!(provider.requests(), sent, "refun2 sent nothing");
+    // Even called by hand on the compensation's step, `refun2` finds the step's compensation on
+    // record: the key is the step's, not the tool's.
+    let args = json!({"order_id": "o-1", "amount_cents": 1200});
+    let key = report.steps[0].operation_key.clone();
+    let by_hand = v2.call(step("r", &format!("compensate/{key}"), "refun2", &args)).await.expect("call");
+    assert_eq!(by_hand.status, Status::Conflict, "{by_hand:?}");
+    assert_eq!(provider.requests(), sent);
+    drop(v2);
+
+    // The refunds service recovers; the compensation is finished by the tool it began with, once.
+    provider.clear_faults();
+    let host = crate::support::host_for(&ledger, &provider, true).await;
+    assert_eq!(host.compensate("r").await.expect("compensate").state, SagaState::Done);
+    drop(host);
+    let v2 = host_v2(&ledger, &provider, dir.path()).await;
+    assert_eq!(v2.compensate("r").await.expect("compensate").state, SagaState::Done);
+    assert_eq!(provider.counts("o-1").refunds, 1);
+}
+
+#[tokio::test]
+async fn a_step_reopened_by_a_settlement_does_not_block_compensation_and_is_never_charged_after_it() {
+    let f = Fixture::honouring_keys(false).await;
+    assert_eq!(f.call("r", "1-pay", "charge", &charge("o-1")).await.status, Status::Completed);
+    // The second charge's answer is a 500: in doubt. A person looks: it did not go through.
+    f.provider.arm(Fault::new(Route::Payments, FaultKind::ErrorBeforeCommit).for_order("o-2"));
+    let lost = f.call("r", "2-pay", "charge", &charge("o-2")).await;
+    assert_eq!(lost.status, Status::Unknown, "{lost:?}");
+    let key = lost.operation_key.as_deref().expect("key");
+    let settled = f
+        .host
+        .resolve(key, None, &oncebox::ledger::Resolution::NotCommitted, "ops", Some("not at the bank"))
+        .await
+        .expect("settle");
+    // Reopened: claimed, with no owner's lease, for the next call of the step to run.
+    assert_eq!(settled.status, Status::InProgress, "{settled:?}");
+
+    // The run is undone instead: the reopened step is ended (nothing of it took effect), so that
+    // no later call charges it, and the first charge is refunded.
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Done, "{report:?}");
+    let actions: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.step_id.as_str(), s.action)).collect();
+    assert_eq!(actions, [("2-pay", "abandoned"), ("1-pay", "compensated")], "{report:?}");
+    assert_eq!(f.provider.counts("o-1").refunds, 1);
+    let again = f.call("r", "2-pay", "charge", &charge("o-2")).await;
+    assert_eq!((again.status, again.replayed), (Status::Failed, true), "{again:?}");
+    assert_eq!(f.provider.counts("o-2").payments, 0);
+    assert_eq!(f.provider.counts("o-2").refunds, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_by_a_killed_process_does_not_block_compensation_forever() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let (tools, policy) = tools_dir(dir.path(), &provider);
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let pay = |step: &'static str, order: &str| {
+        let args = charge(order).to_string();
+        let flags = ["call", "--ledger", ledger_arg, "--policy", &policy, "--run", "r", "--step", step];
+        let mut flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+        flags.extend([oncebox_artifacts::CHARGE.to_string(), args]);
+        flags
+    };
+    let first = pay("1-pay", "o-1");
+    let (code, paid, stderr) = crate::support::oncebox(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!((code, paid["status"].as_str()), (0, Some("completed")), "{paid} {stderr}");
+
+    // The second charge is rate limited for 30 s: its first attempt is recorded, and the process
+    // waits to try again. It is killed meanwhile, holding the step.
+    provider.arm(Fault::new(Route::Payments, FaultKind::RateLimit { retry_after_ms: 30_000 }).for_order("o-2"));
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(pay("2-pay", "o-2"))
+        .env("ONCEBOX_CACHE", &cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    crate::support::eventually("the second charge was refused for now", || provider.requests() >= 2).await;
+    // Its attempt is recorded right after the answer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let (_, recovered, _) = crate::support::oncebox(&["recover", "--ledger", ledger_arg]);
+    assert_eq!(recovered["runs"]["r"]["available"][0]["step_id"], "2-pay", "left claimed: {recovered}");
+
+    // Compensating takes the abandoned step over and ends it (nothing of it took effect), then
+    // refunds the first charge, once.
+    let compensate = ["compensate", "--ledger", ledger_arg, "--run", "r", "--tools", &tools, "--policy", &policy];
+    let (code, report, stderr) = crate::support::oncebox(&compensate);
+    assert_eq!((code, report["state"].as_str()), (0, Some("done")), "{report} {stderr}");
+    assert_eq!(report["steps"][0]["step_id"], "2-pay", "{report}");
+    assert_eq!(report["steps"][0]["action"], "abandoned", "{report}");
+    assert_eq!(report["steps"][1]["action"], "compensated", "{report}");
+    assert_eq!(provider.counts("o-1").refunds, 1);
+    // The orchestrator's retry of the abandoned step charges nothing after its run was undone.
+    provider.clear_faults();
+    let second = pay("2-pay", "o-2");
+    let (code, again, _) = crate::support::oncebox(&second.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        (code, again["status"].as_str(), again["replayed"].as_bool()),
+        (1, Some("failed"), Some(true)),
+        "{again}"
+    );
+    assert_eq!(provider.counts("o-2").payments, 0);
+    let (code, _, _) = crate::support::oncebox(&compensate);
+    assert_eq!(code, 0);
+    assert_eq!(provider.counts("o-1").refunds, 1);
 }

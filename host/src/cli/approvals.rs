@@ -1,7 +1,9 @@
 //! `oncebox approve`, `oncebox reject` and `oncebox approvals list|show`: a person decides on a
-//! call of an irreversible tool, bound to its operation key and the fingerprint of its params.
+//! call of an irreversible tool, bound to its operation key, the fingerprint of its params and
+//! (with `--component`) the component that will run them. The lists show each request's state as
+//! of now: an approval past its expiry is `expired`.
 
-use oncebox::approvals::{ApprovalView, Decision, decide, reveal};
+use oncebox::approvals::{ApprovalView, Decision, decide_on, reveal};
 use oncebox::ledger::ApprovalRecord;
 use oncebox::{Ledger, keys::FingerprintKey};
 
@@ -16,6 +18,10 @@ pub struct DecideArgs {
     /// The fingerprint of the params you decide on, as `approvals show` shows it.
     #[arg(long)]
     fingerprint: String,
+    /// The component you decide on (its digest, `sha256:...`, as `approvals show` shows it):
+    /// refused if the request now names another, because the tool was replaced since you looked.
+    #[arg(long)]
+    component: Option<String>,
     /// Who decides (recorded).
     #[arg(long)]
     by: String,
@@ -58,7 +64,9 @@ pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit>
     } else {
         Decision::Reject
     };
-    let record = decide(&ledger, &args.key, &args.fingerprint, decision, &args.by, args.note.as_deref()).await?;
+    let component = args.component.as_deref();
+    let record =
+        decide_on(&ledger, &args.key, &args.fingerprint, component, decision, &args.by, args.note.as_deref()).await?;
     print_json(&view(&record, &ledger))?;
     Ok(Exit::Ok)
 }

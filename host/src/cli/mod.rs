@@ -46,8 +46,9 @@ pub enum Command {
     /// Call a tool for one step of a run.
     Call(call::Args),
     /// Ask the tool's authority what became of a step whose outcome is unknown; with `--run R
-    /// --tools DIR` and no step, every unknown step of the run.
-    Reconcile(call::Args),
+    /// --tools DIR` and no step, every unknown step of the run; with `--watch --tools DIR`, every
+    /// unknown operation, again and again with backoff, until stopped.
+    Reconcile(reconcile::ReconcileArgs),
     /// Approve a call of an irreversible tool: its operation key and the fingerprint of its params.
     Approve(approvals::DecideArgs),
     /// Reject a call of an irreversible tool: nothing will be dispatched for that step.
@@ -255,4 +256,14 @@ pub fn init_logging(format: LogFormat) {
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string(value)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap checks a command's definition only when it is parsed: a mistake (two flattened
+    /// structs whose argument groups share a name, say) would otherwise show first to a user.
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
+    }
 }

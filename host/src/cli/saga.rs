@@ -21,6 +21,9 @@ pub struct CompensateArgs {
     policy: Option<PathBuf>,
 }
 
+/// Prints the saga's report. Exit 0 when every step is undone; 1 when it is blocked, awaits an
+/// approval (`awaiting-approval`: approve it, then compensate again) or is outstanding: each step
+/// says what a person must do.
 pub async fn compensate(args: CompensateArgs) -> anyhow::Result<Exit> {
     if let Some(path) = args.ledger.file().filter(|path| !path.exists()) {
         return Err(Usage(format!("no ledger at {}", path.display())).into());
@@ -30,10 +33,28 @@ pub async fn compensate(args: CompensateArgs) -> anyhow::Result<Exit> {
         builder = builder.policy_file(PolicyFile::load(policy)?);
     }
     let host = builder.build().await?;
-    host.load_dir(&args.tools).await?;
+    load_skipping(&host, &args.tools).await?;
     let report = host.compensate(&args.run).await?;
     print_json(&report)?;
     Ok(if report.state == SagaState::Done { Exit::Ok } else { Exit::ToolFailed })
+}
+
+/// Loads the directory as `oncebox serve` does: a component that does not load is reported on
+/// stderr and skipped, so an unrelated broken file does not stop a compensation. A step whose
+/// tool or compensation is missing is reported by the saga itself, as outstanding.
+async fn load_skipping(host: &oncebox::Host, dir: &std::path::Path) -> anyhow::Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Usage(format!("--tools {}: {e}", dir.display())))?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        if let Err(e) = host.load(&path).await {
+            eprintln!("oncebox compensate: skipped {}: {e}", path.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]

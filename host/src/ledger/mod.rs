@@ -66,10 +66,47 @@ pub struct ClaimRequest {
     pub owner: String,
     pub now_ms: u64,
     pub lease_ms: u64,
-    /// For a tool that needs approval: the revision of the approval the caller saw approve these
-    /// params. A new operation is claimed only while that approval still stands (same revision,
-    /// not expired), checked by the store with the claim (`Claim::ApprovalChanged` otherwise).
-    pub approval: Option<u32>,
+    /// For a tool that needs approval: the approval the caller saw approve these params, and the
+    /// component it will run. A new operation is claimed only while that approval still stands
+    /// (same revision, not expired, bound to that component: [`approval_stands`]), checked by the
+    /// store with the claim (`Claim::ApprovalChanged` otherwise).
+    pub approval: Option<SeenApproval>,
+}
+
+/// What a caller of a tool that needs approval brings to its claim: the approval it saw let the
+/// call through, and the code it is about to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenApproval {
+    /// The approval's revision as the caller read it (0: none was needed, because the step is
+    /// on record or expired, so no new operation may be claimed under it).
+    pub revision: u32,
+    /// The digest of the component the caller will run (`LoadedTool::digest`): the approval must
+    /// be bound to it, so that a tool replaced since the decision does not run under it.
+    pub component: String,
+}
+
+/// A request for approval that retention removes, as retention read it: removed only if it is
+/// still at that revision (a decision since makes it another request) and its operation was not
+/// claimed meanwhile (its approval then stays with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleApproval {
+    pub operation_key: String,
+    pub revision: u32,
+}
+
+impl StaleApproval {
+    pub fn of(record: &ApprovalRecord) -> Self {
+        StaleApproval { operation_key: record.operation_key.clone(), revision: record.revision }
+    }
+}
+
+/// What [`Store::expire`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Operations (with their attempts, effects and approvals).
+    pub operations: usize,
+    /// Requests for approval without an operation (of the [`StaleApproval`]s given).
+    pub approvals: usize,
 }
 
 impl ClaimRequest {
@@ -279,13 +316,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes operations whose records expired, with their attempts, effects and approvals,
     /// leaving a tombstone for each (a later claim of it is answered `Expired`), and the
-    /// approvals of `approvals` (keys without an operation). Refuses all (`NotExpirable`) if one
-    /// of the operations is not completed or failed. Returns how many operations it removed.
+    /// requests for approval of `approvals` (keys without an operation) that are still at the
+    /// revision given and whose operation is not claimed, not even in memory ([`StaleApproval`]):
+    /// atomic with [`Store::claim`] and [`Store::put_approval`], as a decision is. Refuses all
+    /// (`NotExpirable`) if one of the operations is not completed or failed. Answers how many
+    /// operations and requests it removed.
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],
-        approvals: &'a [String],
-    ) -> BoxFuture<'a, Result<usize, LedgerError>>;
+        approvals: &'a [StaleApproval],
+    ) -> BoxFuture<'a, Result<Removed, LedgerError>>;
 
     /// Whether other hosts may use this store at the same time (a database), rather than one
     /// process owning it (a file).
@@ -336,6 +376,27 @@ pub trait Store: Send + Sync + 'static {
         seq: u64,
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>>;
+
+    /// Takes or renews `owner`'s lease on `topic`'s outbox relay for `lease_ms`, judged by the
+    /// store's clock: true while `owner` holds it, false while another relay's lease is live. Two
+    /// relays on one shared ledger would each send a topic's head. A store that one process owns
+    /// has one relay per topic by construction, and answers true.
+    fn relay_lease<'a>(
+        &'a self,
+        topic: &'a str,
+        owner: &'a str,
+        lease_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        let _ = (topic, owner, lease_ms);
+        Box::pin(async { Ok(true) })
+    }
+
+    /// Gives up `owner`'s lease on `topic`'s relay (a clean stop), so another relay takes the
+    /// topic at once instead of after the lease.
+    fn relay_release<'a>(&'a self, topic: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let _ = (topic, owner);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The host's handle on its ledger: cheap to clone, over any [`Store`].
@@ -532,7 +593,7 @@ impl Ledger {
         self.store.tombstone(operation_key).await
     }
 
-    pub async fn expire(&self, tombstones: &[Tombstone], approvals: &[String]) -> Result<usize, LedgerError> {
+    pub async fn expire(&self, tombstones: &[Tombstone], approvals: &[StaleApproval]) -> Result<Removed, LedgerError> {
         self.store.expire(tombstones, approvals).await
     }
 
@@ -551,6 +612,17 @@ impl Ledger {
     /// See [`Store::outbox_pending`].
     pub async fn outbox_pending(&self, topic: &str, limit: usize) -> Result<Vec<OutboxMessage>, LedgerError> {
         self.store.outbox_pending(topic, limit).await
+    }
+
+    /// See [`Store::relay_lease`].
+    pub async fn relay_lease(&self, topic: &str, owner: &str, lease: std::time::Duration) -> Result<bool, LedgerError> {
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.store.relay_lease(topic, owner, lease_ms).await
+    }
+
+    /// See [`Store::relay_release`].
+    pub async fn relay_release(&self, topic: &str, owner: &str) -> Result<(), LedgerError> {
+        self.store.relay_release(topic, owner).await
     }
 
     /// Records that the endpoint acknowledged message `seq` at `at_ms`.
@@ -633,16 +705,27 @@ pub fn approval_follows(stored: Option<&ApprovalRecord>, record: &ApprovalRecord
 }
 
 /// Whether a new operation for `req` may be claimed, given its approval as stored: only while the
-/// approval the caller saw still approves these params at `req.now_ms`.
+/// approval the caller saw still approves these params, run by the caller's component, at
+/// `req.now_ms`. An approval bound to another component (the tool was replaced since the request,
+/// or the request predates components: bound to none) lets nothing through.
 pub fn approval_stands(req: &ClaimRequest, stored: Option<&ApprovalRecord>) -> bool {
-    match req.approval {
+    match &req.approval {
         None => true,
-        Some(revision) => stored.is_some_and(|a| {
-            a.revision == revision && req.matches(&a.fingerprint) && {
-                a.state == ApprovalState::Approved && !a.expired(req.now_ms)
-            }
+        Some(seen) => stored.is_some_and(|a| {
+            a.revision == seen.revision
+                && req.matches(&a.fingerprint)
+                && a.binds(&seen.component)
+                && a.state == ApprovalState::Approved
+                && !a.expired(req.now_ms)
         }),
     }
+}
+
+/// Whether retention may remove the request for approval `stored` it read as `stale`: still at
+/// that revision, and its operation (`claimed`: claimed or recorded, in memory included) not
+/// started meanwhile.
+pub fn approval_lapses(stale: &StaleApproval, stored: Option<&ApprovalRecord>, claimed: bool) -> bool {
+    !claimed && stored.is_some_and(|a| a.revision == stale.revision)
 }
 
 /// Refuses to expire an operation that is not over: only completed and failed ones expire.

@@ -273,14 +273,46 @@ impl ApprovalState {
     }
 }
 
+/// Where a request for approval stands at a given moment, as people are shown it: its stored
+/// state, except that an approval past its expiry is `expired`. Derived, never stored: expiry is a
+/// matter of the clock, and an expired approval lets nothing through until a person approves
+/// again (which `decide` allows: it is not a rejection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalStanding {
+    Pending,
+    Approved,
+    Expired,
+    Rejected,
+}
+
+impl ApprovalStanding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStanding::Pending => "pending",
+            ApprovalStanding::Approved => "approved",
+            ApprovalStanding::Expired => "expired",
+            ApprovalStanding::Rejected => "rejected",
+        }
+    }
+}
+
 /// A call of a tool that needs a person's approval, and what they decided. Bound to one operation
-/// (run, step, tool) and one fingerprint (the exact params): an approval of other params, or of
-/// another step, approves nothing. Used once: the operation it lets through is recorded, and every
-/// later call of the step is answered from that record.
+/// (run, step, tool), one fingerprint (the exact params) and one component (the code that will
+/// run them): an approval of other params, of another step or of other code approves nothing.
+/// Used once: the operation it lets through is recorded, and every later call of the step is
+/// answered from that record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRecord {
     pub operation_key: String,
     pub fingerprint: String,
+    /// The digest of the component asked about (`sha256:HEX` of the component file's bytes, as
+    /// the host loaded it when the request was recorded): only that code runs under the approval.
+    /// Records written before requests named their component have none, and count as bound to
+    /// no component at all, so they need a new approval: whoever approved them did not say which
+    /// code, and assuming it was the code loaded now would let a replaced tool run unapproved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<String>,
     pub run_id: String,
     pub step_id: String,
     pub tool: String,
@@ -309,16 +341,34 @@ pub struct ApprovalRecord {
 }
 
 impl ApprovalRecord {
-    /// Whether it lets a call with `fingerprint` through at `now_ms`.
-    pub fn approves(&self, fingerprint: &str, now_ms: u64) -> bool {
+    /// Whether it lets a call with `fingerprint`, run by the component `component`, through at
+    /// `now_ms`.
+    pub fn approves(&self, fingerprint: &str, component: &str, now_ms: u64) -> bool {
         self.state == ApprovalState::Approved
             && self.fingerprint == fingerprint
-            && self.expires_ms.is_none_or(|until| now_ms < until)
+            && self.binds(component)
+            && !self.expired(now_ms)
+    }
+
+    /// Whether it is bound to the component with digest `component` (a record without a
+    /// component is bound to none).
+    pub fn binds(&self, component: &str) -> bool {
+        self.component.as_deref() == Some(component)
     }
 
     /// Approved, but past its expiry.
     pub fn expired(&self, now_ms: u64) -> bool {
         self.state == ApprovalState::Approved && self.expires_ms.is_some_and(|until| now_ms >= until)
+    }
+
+    /// Where it stands at `now_ms`, as people are shown it ([`ApprovalStanding`]).
+    pub fn standing(&self, now_ms: u64) -> ApprovalStanding {
+        match self.state {
+            ApprovalState::Pending => ApprovalStanding::Pending,
+            ApprovalState::Approved if self.expired(now_ms) => ApprovalStanding::Expired,
+            ApprovalState::Approved => ApprovalStanding::Approved,
+            ApprovalState::Rejected => ApprovalStanding::Rejected,
+        }
     }
 }
 

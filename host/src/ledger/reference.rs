@@ -12,7 +12,9 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use super::DeliveryAnswer;
-use super::{ApprovalRecord, Tombstone, approval_follows, approval_stands, expirable};
+use super::{
+    ApprovalRecord, Removed, StaleApproval, Tombstone, approval_follows, approval_lapses, approval_stands, expirable,
+};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
@@ -421,14 +423,24 @@ impl Store for ReferenceStore {
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],
-        approvals: &'a [String],
-    ) -> BoxFuture<'a, Result<usize, LedgerError>> {
+        approvals: &'a [StaleApproval],
+    ) -> BoxFuture<'a, Result<Removed, LedgerError>> {
         Box::pin(async move {
             let mut state = self.lock();
-            let mut removed = 0;
+            let mut removed = Removed::default();
             for tombstone in tombstones {
                 if let Some((op, true)) = state.operations.get(&tombstone.operation_key) {
                     expirable(op)?;
+                }
+            }
+            // Requests first, each only as retention read it and while its operation is not
+            // claimed (a claim in memory counts: its call runs under that approval).
+            for stale in approvals {
+                let key = &stale.operation_key;
+                let claimed = state.operations.contains_key(key);
+                if approval_lapses(stale, state.approvals.get(key), claimed) {
+                    state.approvals.remove(key);
+                    removed.approvals += 1;
                 }
             }
             for tombstone in tombstones {
@@ -438,15 +450,12 @@ impl Store for ReferenceStore {
                     continue;
                 }
                 if state.operations.remove(key).is_some() {
-                    removed += 1;
+                    removed.operations += 1;
                 }
                 state.effects.retain(|(op, _), _| op != key);
                 state.attempts.retain(|(op, _), _| op != key);
                 state.approvals.remove(key);
                 state.tombstones.insert(key.clone(), tombstone.clone());
-            }
-            for key in approvals {
-                state.approvals.remove(key);
             }
             Ok(removed)
         })

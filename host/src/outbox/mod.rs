@@ -12,8 +12,12 @@
 //! What an answer means is `rules.rs`'s (pure, from the rule of evidence): a 2xx delivers; a
 //! refused connection, a 429, a 5xx, 408, 409 or a timeout is sent again after a capped, jittered
 //! backoff; any other 4xx (or a 3xx: redirects are not followed) stops the topic at that message,
-//! reported, until the relay is started again. One relay per ledger: two would each send a topic's
-//! head (a shared ledger does not refuse a second one yet).
+//! reported, until the relay is started again.
+//!
+//! One relay per topic: two would each send the topic's head. On a ledger that hosts share, a
+//! relay holds a lease on each topic it delivers (`Ledger::relay_lease`, judged by the database's
+//! clock, renewed before every send and longer than a send can take); the others wait and take
+//! the topic over when its lease lapses (its relay died) or is given up (it stopped).
 
 mod rules;
 mod send;
@@ -59,6 +63,8 @@ struct Inner {
     ledger: Ledger,
     client: reqwest::Client,
     topics: BTreeMap<String, Endpoint>,
+    /// This relay's name in the topics' leases: random, so no two relays share one.
+    owner: String,
 }
 
 impl std::fmt::Debug for Relay {
@@ -95,6 +101,8 @@ pub enum TopicState {
     Idle,
     Retrying,
     Stopped,
+    /// Another relay on the shared ledger holds the topic's lease and delivers it.
+    HeldElsewhere,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -132,6 +140,8 @@ enum Ended {
     OutOfSends,
     /// The relay was asked to stop.
     Stopping,
+    /// Another relay holds the topic's lease.
+    Elsewhere,
 }
 
 /// Whether a topic gives up on a message after its pass's sends, or keeps sending.
@@ -171,7 +181,10 @@ impl Relay {
                 }
             }
         }
-        Ok(Relay { inner: Arc::new(Inner { ledger, client, topics }) })
+        let mut name = [0u8; 12];
+        getrandom::fill(&mut name)
+            .map_err(|e| RelayError::Client(format!("no randomness for the relay's name: {e}")))?;
+        Ok(Relay { inner: Arc::new(Inner { ledger, client, topics, owner: hex::encode(name) }) })
     }
 
     /// The topics this relay delivers, with their endpoints.
@@ -246,11 +259,12 @@ impl Relay {
             ..TopicReport::default()
         };
         let mut enqueued = self.inner.ledger.outbox_enqueued();
+        let mut last;
         loop {
             // Marked before the read: a message enqueued after it wakes the wait below.
             enqueued.borrow_and_update();
-            let ended = self.drain(&topic, &endpoint, mode, &mut stopping, &mut report).await?;
-            match (ended, mode) {
+            last = self.drain(&topic, &endpoint, mode, &mut stopping, &mut report).await?;
+            match (&last, mode) {
                 (Ended::Done, Mode::Pass) => break,
                 (Ended::Done, Mode::Forever) if self.inner.ledger.is_shared() => {
                     // Other hosts enqueue into a shared ledger without this process hearing of
@@ -276,12 +290,24 @@ impl Relay {
                     let _ = stopping.wait_for(|stop| *stop).await;
                     break;
                 }
-                (Ended::Refused | Ended::OutOfSends | Ended::Stopping, _) => break,
+                (Ended::Elsewhere, Mode::Forever) => {
+                    // Looked at again: the other relay may die or stop.
+                    tokio::select! {
+                        _ = tokio::time::sleep(LOOK_AGAIN) => {}
+                        _ = stopping.wait_for(|stop| *stop) => break,
+                    }
+                }
+                (Ended::Refused | Ended::OutOfSends | Ended::Stopping | Ended::Elsewhere, _) => break,
             }
+        }
+        if let Err(e) = self.inner.ledger.relay_release(&topic, &self.inner.owner).await {
+            // The lease then runs out by itself; another relay waits that long.
+            tracing::warn!(%topic, error = %e, "could not give up the topic's relay lease");
         }
         let head = self.inner.ledger.outbox_pending(&topic, 1).await?.into_iter().next();
         report.state = match &head {
             None => TopicState::Idle,
+            Some(_) if matches!(last, Ended::Elsewhere) => TopicState::HeldElsewhere,
             Some(message) if message.delivery.refused => TopicState::Stopped,
             Some(_) => TopicState::Retrying,
         };
@@ -346,6 +372,11 @@ impl Relay {
                     );
                 }
             }
+            // Held before every send: the lease outlasts the send (`lease_for`), so no other relay
+            // sends this topic while this one may be sending.
+            if !self.inner.ledger.relay_lease(&message.topic, &self.inner.owner, lease_for(endpoint)).await? {
+                return Ok(Ended::Elsewhere);
+            }
             let sent = send::post(&self.inner.client, endpoint, message).await;
             report.sends += 1;
             let now = crate::clock::now_ms();
@@ -384,4 +415,10 @@ impl Relay {
             }
         }
     }
+}
+
+/// How long a topic's lease holds without renewal: longer than a send can take (its timeout),
+/// with room for the answer to be recorded before the next renewal.
+fn lease_for(endpoint: &Endpoint) -> std::time::Duration {
+    endpoint.timeout.saturating_mul(2).saturating_add(std::time::Duration::from_secs(10))
 }

@@ -1,5 +1,6 @@
 //! The operator's policy file, `oncebox.toml`: per-tool retry overrides and settings, what each
-//! downstream HTTP host promises, and where each outbox topic is delivered (`outbox.rs`). Pure: parsing and checking only; `load` is the one read.
+//! downstream HTTP host promises, where each outbox topic is delivered (`outbox.rs`), and how a
+//! server asks again about unknown operations (`reconciler.rs`). Pure: parsing and checking only; `load` is the one read.
 //!
 //! Everything the file can get wrong without knowing a tool's class is refused at parse, so a bad
 //! file stops the host before any call. What depends on the class (DESIGN section 5: an irreversible
@@ -43,6 +44,8 @@ pub struct PolicyFile {
     hosts: BTreeMap<String, HttpTarget>,
     /// `[outbox.TOPIC]`, without the credentials (joined from `hosts` when asked for).
     outbox: BTreeMap<String, Endpoint>,
+    /// `[reconciler]`, its defaults filled in.
+    reconciler: crate::reconciler::Settings,
 }
 
 /// A value and the 1-based line it came from, kept so that later refusals can point at it.
@@ -135,12 +138,19 @@ impl PolicyFile {
             hosts.insert(host.into_inner(), target);
         }
         let outbox = outbox::parse(&lines, raw.outbox)?;
-        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts, outbox })
+        let reconciler = lines.reconciler(raw.reconciler)?;
+        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts, outbox, reconciler })
     }
 
     /// No file: every tool gets its class defaults, every host `HttpTarget::default()`.
     pub fn empty() -> PolicyFile {
-        PolicyFile { path: PathBuf::new(), tools: BTreeMap::new(), hosts: BTreeMap::new(), outbox: BTreeMap::new() }
+        PolicyFile {
+            path: PathBuf::new(),
+            tools: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            outbox: BTreeMap::new(),
+            reconciler: crate::reconciler::Settings::default(),
+        }
     }
 
     /// The path the file was parsed as (empty for [`PolicyFile::empty`]).
@@ -242,6 +252,11 @@ impl PolicyFile {
         PolicyError::Invalid { path: self.path.clone(), line, reason }
     }
 
+    /// `[reconciler]`: whether a server asks again about unknown operations, and how often.
+    pub fn reconciler(&self) -> crate::reconciler::Settings {
+        self.reconciler
+    }
+
     /// Every `[outbox.TOPIC]` as (topic, endpoint), in topic order, each with the credentials of
     /// `[hosts."HOST:PORT".headers]` for its endpoint's host.
     pub fn outbox_endpoints(&self) -> Vec<(String, Endpoint)> {
@@ -319,6 +334,7 @@ struct RawFile {
     hosts: BTreeMap<Spanned<String>, RawHost>,
     #[serde(default)]
     outbox: BTreeMap<Spanned<String>, outbox::RawOutbox>,
+    reconciler: Option<reconciler::RawReconciler>,
 }
 
 #[derive(Deserialize)]
@@ -637,5 +653,6 @@ fn is_host_port(key: &str) -> bool {
 }
 
 mod outbox;
+mod reconciler;
 #[cfg(test)]
 mod tests;

@@ -362,3 +362,44 @@ fn bad_outbox_sections_name_their_line() {
         assert!(got_reason.contains(reason), "{text}: {got_reason}");
     }
 }
+
+#[test]
+fn the_reconciler_is_on_by_default_and_its_table_overrides_each_setting() {
+    let defaults = crate::reconciler::Settings::default();
+    assert!(defaults.enabled);
+    assert_eq!(parse(FULL).expect("valid").reconciler(), defaults, "no [reconciler]: the defaults");
+    assert_eq!(PolicyFile::empty().reconciler(), defaults);
+    let file =
+        parse("[reconciler]\nenabled = false\nfirst = \"250ms\"\nmax = \"1m\"\nevery = \"5s\"\n").expect("valid");
+    assert_eq!(
+        file.reconciler(),
+        crate::reconciler::Settings {
+            enabled: false,
+            first: Duration::from_millis(250),
+            max: Duration::from_secs(60),
+            every: Duration::from_secs(5),
+        }
+    );
+    let partial = parse("[reconciler]\nmax = \"10s\"\n").expect("valid").reconciler();
+    assert_eq!((partial.first, partial.max, partial.every), (defaults.first, Duration::from_secs(10), defaults.every));
+}
+
+#[test]
+fn bad_reconciler_settings_name_their_line() {
+    let cases = [
+        ("[reconciler]\nenabled = \"yes\"\n", 2, "`enabled` must be true or false"),
+        ("[reconciler]\nfirst = \"0s\"\n", 2, "`first` must be more than zero"),
+        ("[reconciler]\n\nmax = 5\n", 3, "`max` must be a duration string"),
+        ("[reconciler]\nevery = \"soon\"\n", 2, "`every = \"soon\"` is not a duration"),
+        ("[reconciler]\nevery = \"-2s\"\n", 2, "cannot be negative"),
+        ("[reconciler]\nfirst = \"10m\"\nmax = \"1m\"\n", 2, "`first` (10m) exceeds `max` (1m, line 3)"),
+        ("[reconciler]\nfirst = \"1h\"\n", 2, "exceeds `max` (5m, its default filled in)"),
+        ("[reconciler]\nmax = \"100ms\"\n", 2, "`first` (1s) exceeds `max` (100ms"),
+        ("[reconciler]\nenabled = true\nbackoff = \"1s\"\n", 3, "unknown field `backoff`"),
+    ];
+    for (text, line, reason) in cases {
+        let (at, why) = refusal(parse(text));
+        assert_eq!(at, line, "{text}: {why}");
+        assert!(why.contains(reason), "{text}: {why}");
+    }
+}

@@ -92,6 +92,10 @@ pub struct ToolManifest {
 /// A verified component, ready to instantiate many times.
 pub struct LoadedTool {
     pub path: PathBuf,
+    /// `sha256:HEX` of the component file's bytes as loaded: names the code that runs, and
+    /// binds an approval to it (`approvals.rs`), so that a tool replaced since the decision
+    /// needs a new one.
+    pub digest: String,
     pub manifest: ToolManifest,
     pub imports: Vec<String>,
     pub exports: Vec<String>,
@@ -105,7 +109,11 @@ pub struct LoadedTool {
 
 impl std::fmt::Debug for LoadedTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedTool").field("path", &self.path).field("manifest", &self.manifest).finish()
+        f.debug_struct("LoadedTool")
+            .field("path", &self.path)
+            .field("digest", &self.digest)
+            .field("manifest", &self.manifest)
+            .finish()
     }
 }
 
@@ -128,6 +136,7 @@ impl Runtime {
         if is_core_module(&bytes) {
             return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));
         }
+        let digest = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
         let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
             .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
 
@@ -184,7 +193,7 @@ impl Runtime {
             reason: one_line(&format!("input schema: {e}")),
         })?;
         let sandbox = Arc::new(Sandbox { tool: manifest.name.clone(), ..Sandbox::default() });
-        Ok(LoadedTool { path, manifest, imports, exports, pre, tool, reconcile, schema, sandbox })
+        Ok(LoadedTool { path, digest, manifest, imports, exports, pre, tool, reconcile, schema, sandbox })
     }
 
     async fn describe(

@@ -16,6 +16,8 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 pub use invoke::Invocation;
 pub use load::{LoadError, LoadedTool, ToolManifest, check_grants};
+// The reconciler asks only about tools that export it.
+pub(crate) use load::RECONCILE_EXPORT;
 pub use state::StoreState;
 
 /// How often the epoch advances; an attempt's CPU deadline is counted in these ticks.

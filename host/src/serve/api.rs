@@ -167,7 +167,8 @@ async fn compensate(
     headers: HeaderMap,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    app.auth.may_call(&headers)?;
+    // Compensating sends refunds: a decision, like approving, wherever the request comes from.
+    app.auth.operator(&headers)?;
     let report = app.host.compensate(&run_id).await.map_err(|e| ApiError::from_operation(e, "compensate"))?;
     Ok(json_response(StatusCode::OK, &report))
 }
@@ -179,11 +180,12 @@ struct ApprovalsQuery {
 }
 
 /// A request for approval as the API and the console show it: the view, its key and fingerprint,
-/// and whether its call already went through.
-pub async fn approval_views(app: &App, run: Option<&str>, pending: bool) -> Result<Vec<Value>, ApiError> {
+/// and whether its call already went through. `exact`: the viewer is the operator, who sees the
+/// sensitive values unsealed (they decide about exactly those); anyone else sees them masked.
+pub async fn approval_views(app: &App, run: Option<&str>, pending: bool, exact: bool) -> Result<Vec<Value>, ApiError> {
     let mut views = Vec::new();
     for record in app.host.ledger().approvals(run).await? {
-        let view = approval_view(app, &record).await?;
+        let view = approval_view(app, &record, exact).await?;
         if pending && (view["used"] == true || record.state != ApprovalState::Pending) {
             continue;
         }
@@ -192,14 +194,27 @@ pub async fn approval_views(app: &App, run: Option<&str>, pending: bool) -> Resu
     Ok(views)
 }
 
-/// One request for approval as the API and the console show it.
-pub async fn approval_view(app: &App, record: &ApprovalRecord) -> Result<Value, ApiError> {
+/// One request for approval as the API and the console show it (see [`approval_views`]).
+pub async fn approval_view(app: &App, record: &ApprovalRecord, exact: bool) -> Result<Value, ApiError> {
     let ledger = app.host.ledger();
     let used = ledger.operation(&record.operation_key).await?.is_some();
     let mut view = serde_json::to_value(ApprovalView::of(record, ledger)).unwrap_or_default();
     view["operation_key"] = record.operation_key.clone().into();
     view["fingerprint"] = record.fingerprint.clone().into();
     view["used"] = used.into();
+    // Whether `params` holds the sensitive values themselves (`exact`) or `[redacted]` marks.
+    let sealed = record.sealed.is_some();
+    view["params_exact"] = (!sealed).into();
+    if exact && sealed {
+        match app.host.reveal(record) {
+            Ok(params) => {
+                view["params"] = params;
+                view["params_exact"] = true.into();
+            }
+            // Another ledger's key, or a deleted secret: the masked params, and why.
+            Err(why) => view["params_error"] = format!("the sensitive values could not be unsealed: {why}").into(),
+        }
+    }
     Ok(view)
 }
 
@@ -209,8 +224,9 @@ async fn approvals(
     query: Result<Query<ApprovalsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
+    let exact = app.auth.operator(&headers).is_ok();
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let views = approval_views(&app, query.run.as_deref(), query.pending.unwrap_or(false)).await?;
+    let views = approval_views(&app, query.run.as_deref(), query.pending.unwrap_or(false), exact).await?;
     Ok(json_response(StatusCode::OK, &json!({ "approvals": views })))
 }
 
@@ -226,7 +242,8 @@ async fn approval(
         .approval(&key)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no request for approval of {key}")))?;
-    Ok(json_response(StatusCode::OK, &approval_view(&app, &record).await?))
+    let exact = app.auth.operator(&headers).is_ok();
+    Ok(json_response(StatusCode::OK, &approval_view(&app, &record, exact).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -234,6 +251,9 @@ async fn approval(
 pub struct DecideBody {
     /// The fingerprint of the params decided on, as the request for approval shows it.
     pub fingerprint: String,
+    /// The digest of the component that will run, as the request shows it: given, a decision on
+    /// a request whose component changed since is refused.
+    pub component: Option<String>,
     pub by: String,
     pub note: Option<String>,
     /// Approve only for this many seconds.
@@ -262,10 +282,11 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
     };
     let record = app
         .host
-        .decide(key, &body.fingerprint, decision, &body.by, body.note.as_deref())
+        .decide_on(key, &body.fingerprint, body.component.as_deref(), decision, &body.by, body.note.as_deref())
         .await
         .map_err(|e| ApiError::from_operation(e, "decide"))?;
-    approval_view(app, &record).await
+    // Only the operator decides, and sees what they decided on.
+    approval_view(app, &record, true).await
 }
 
 async fn approve(
@@ -373,7 +394,7 @@ async fn healthz(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 pub async fn outstanding(app: &App) -> Result<Outstanding, ApiError> {
     let ledger = app.host.ledger();
     let unknown = ledger.operations(None).await?.iter().filter(|op| op.status == OperationStatus::Unknown).count();
-    let approvals_pending = approval_views(app, None, true).await?.len();
+    let approvals_pending = approval_views(app, None, true, false).await?.len();
     Ok(Outstanding { unknown: unknown as u64, approvals_pending: approvals_pending as u64 })
 }
 

@@ -101,6 +101,9 @@ impl App {
         }
         let call = shape(request).map_err(Arc::new)?;
         let tool = call.tool.clone();
+        if let Some(why) = self.loaded.unserved(&tool) {
+            return Err(Arc::new(ApiError::Conflict(why)));
+        }
         // Only a call with a run and a step is the same call when sent twice; two unrecorded reads
         // are two reads. `wait` is part of it: a caller that waits must not share an answer given
         // at once, nor one that does not wait be held by another's wait.

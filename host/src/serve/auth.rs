@@ -1,7 +1,15 @@
-//! The operator's credential: a bearer token, never the model's. On loopback the API and MCP are
-//! open to the machine's own processes and only decisions (approve, reject, settle) need the
-//! token; on any other address every request but `/healthz` needs it. The console carries it in
-//! a session cookie set by its sign-in form, and each of its forms carries a CSRF token.
+//! Who may do what (DESIGN section 8), in one place: the operator's credential, a bearer token
+//! that never reaches the model, and the one allow-list of the `Host` names and origins this
+//! server answers to, which the API, the console and MCP all ask.
+//!
+//! - On loopback with no `--public-url`, the machine's own processes may call tools, read and
+//!   reconcile (which acts only on proof) without the token; every decision (approve, reject,
+//!   settle by hand, compensate, which sends refunds) needs it.
+//! - Beyond loopback, or behind `--public-url` (a proxy forwards strangers' requests to a loopback
+//!   address, so the peer's address proves nothing), every request but `/healthz` needs it.
+//!
+//! The console carries the token in a session cookie set by its sign-in form, and each of its
+//! forms carries a CSRF token.
 
 use axum::http::HeaderMap;
 use axum::http::header::{AUTHORIZATION, COOKIE};
@@ -15,16 +23,29 @@ pub const SESSION_COOKIE: &str = "oncebox_session";
 
 pub struct Auth {
     token: String,
-    /// Every request needs the token (the server listens beyond loopback).
+    /// Every request needs the token: the server listens beyond loopback or behind a proxy.
     everywhere: bool,
-    /// On loopback, the `Host` values a request may carry (`127.0.0.1:PORT`, `localhost:PORT`,
-    /// `[::1]:PORT`): any other is a browser's request under a rebound DNS name.
-    local_hosts: Vec<String>,
+    /// The `Host` values a request may carry. Any other is a browser's request under a rebound
+    /// DNS name, or a name the operator did not give.
+    hosts: Hosts,
+}
+
+/// The one allow-list of hosts and origins.
+#[derive(Debug)]
+enum Hosts {
+    /// Listening beyond loopback with no `--public-url`: the names the server is reached by are
+    /// the operator's business, and every request carries the token, which a rebinding page
+    /// cannot send. An origin is own when it names the request's own `Host`.
+    Any,
+    /// These `Host` values (`127.0.0.1:PORT`, `localhost:PORT`, `[::1]:PORT` on loopback, the
+    /// listening address, the public URL's host), and the origins: `http://` or `https://` with
+    /// one of them, and the public URL's origin.
+    Listed { hosts: Vec<String>, origins: Vec<String> },
 }
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Auth").field("everywhere", &self.everywhere).finish_non_exhaustive()
+        f.debug_struct("Auth").field("everywhere", &self.everywhere).field("hosts", &self.hosts).finish_non_exhaustive()
     }
 }
 
@@ -32,50 +53,58 @@ impl Auth {
     /// The server's credential; `listening` is where it serves HTTP (`None` on stdio), `public` the
     /// URL it is reached at if not `http://LISTEN` (a proxy's name).
     pub fn new(token: String, listening: Option<std::net::SocketAddr>, public: Option<&url::Url>) -> Auth {
-        let everywhere = listening.is_some_and(|addr| !addr.ip().is_loopback());
-        let mut local_hosts = match listening {
-            Some(addr) if !everywhere => {
-                let port = addr.port();
-                vec![
-                    format!("127.0.0.1:{port}"),
-                    format!("localhost:{port}"),
-                    format!("[::1]:{port}"),
-                    addr.to_string(),
-                ]
-            }
-            _ => Vec::new(),
+        let Some(addr) = listening else {
+            // stdio: no HTTP request ever reaches this server.
+            return Auth { token, everywhere: false, hosts: Hosts::Listed { hosts: Vec::new(), origins: Vec::new() } };
         };
+        let beyond_loopback = !addr.ip().is_loopback();
+        let everywhere = beyond_loopback || public.is_some();
+        if beyond_loopback && public.is_none() {
+            return Auth { token, everywhere, hosts: Hosts::Any };
+        }
+        let port = addr.port();
+        // A proxy in front of a loopback server often rewrites `Host` to the upstream's address
+        // (nginx's default), and the machine's own health checks use it: the loopback names count.
+        let mut hosts = vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")];
+        if !addr.ip().is_unspecified() && !hosts.contains(&addr.to_string()) {
+            hosts.push(addr.to_string());
+        }
+        let mut origins: Vec<String> =
+            hosts.iter().flat_map(|h| [format!("http://{h}"), format!("https://{h}")]).collect();
         if let Some(url) = public
             && let Some(host) = url.host_str()
         {
             // As a `Host` header names it: the port only when it is not the scheme's default.
-            local_hosts.push(match url.port() {
+            hosts.push(match url.port() {
                 Some(port) => format!("{host}:{port}"),
                 None => host.to_string(),
             });
+            origins.push(url.origin().ascii_serialization());
         }
-        Auth { token, everywhere, local_hosts }
+        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins } }
     }
 
-    /// On loopback, whether `host` (a `Host` header's value) names this server.
-    pub fn is_local_host(&self, host: &str) -> bool {
-        self.everywhere || self.local_hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
+    /// Whether `host` (a `Host` header's value) names this server.
+    pub fn is_own_host(&self, host: &str) -> bool {
+        match &self.hosts {
+            Hosts::Any => true,
+            Hosts::Listed { hosts, .. } => hosts.iter().any(|h| h.eq_ignore_ascii_case(host)),
+        }
     }
 
-    /// On loopback, whether `origin` (an `Origin` header's value) is this server's own.
-    pub fn is_own_origin(&self, origin: &str) -> bool {
-        let own = |h: &String| {
-            origin.eq_ignore_ascii_case(&format!("http://{h}")) || origin.eq_ignore_ascii_case(&format!("https://{h}"))
-        };
-        self.everywhere || self.local_hosts.iter().any(own)
+    /// Whether `origin` (an `Origin` header's value) is this server's own; `host` is the request's
+    /// `Host`, which an origin must name when the server answers to any name.
+    pub fn is_own_origin(&self, origin: &str, host: Option<&str>) -> bool {
+        match &self.hosts {
+            Hosts::Any => host.is_some_and(|host| {
+                let authority = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://"));
+                authority.is_some_and(|a| a.eq_ignore_ascii_case(host))
+            }),
+            Hosts::Listed { origins, .. } => origins.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        }
     }
 
-    /// Whether every request needs the token (the server listens beyond loopback).
-    pub fn everywhere(&self) -> bool {
-        self.everywhere
-    }
-
-    /// A request may read and call: always on loopback, with the token elsewhere.
+    /// A request may call tools, read and reconcile: on loopback, anyone; elsewhere the operator.
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if self.everywhere { self.operator(headers) } else { Ok(()) }
     }
@@ -159,4 +188,57 @@ pub fn generate() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes)?;
     Ok(hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(listen: &str, public: Option<&str>) -> Auth {
+        let public = public.map(|u| url::Url::parse(u).expect("url"));
+        Auth::new("t".repeat(16), Some(listen.parse().expect("addr")), public.as_ref())
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, format!("Bearer {token}").parse().expect("header"));
+        headers
+    }
+
+    #[test]
+    fn loopback_takes_calls_without_the_token_and_decisions_only_with_it() {
+        let auth = auth("127.0.0.1:7420", None);
+        assert!(auth.may_call(&HeaderMap::new()).is_ok());
+        assert!(auth.operator(&HeaderMap::new()).is_err());
+        assert!(auth.operator(&bearer(&"t".repeat(16))).is_ok());
+        assert!(auth.operator(&bearer("wrong")).is_err());
+        assert!(auth.is_own_host("localhost:7420") && auth.is_own_host("127.0.0.1:7420"));
+        assert!(!auth.is_own_host("evil.example") && !auth.is_own_host("localhost:7421"));
+        assert!(auth.is_own_origin("http://localhost:7420", Some("evil.example")));
+        assert!(!auth.is_own_origin("http://evil.example", Some("localhost:7420")));
+    }
+
+    #[test]
+    fn behind_a_public_url_every_request_needs_the_token() {
+        // A proxy forwards strangers to a loopback address: the peer proves nothing.
+        let auth = auth("127.0.0.1:7420", Some("https://ops.example"));
+        assert!(auth.everywhere);
+        assert!(auth.may_call(&HeaderMap::new()).is_err());
+        assert!(auth.may_read_console(&HeaderMap::new()).is_err());
+        assert!(auth.may_call(&bearer(&"t".repeat(16))).is_ok());
+        assert!(auth.is_own_host("ops.example") && auth.is_own_host("127.0.0.1:7420"));
+        assert!(!auth.is_own_host("evil.example"));
+        assert!(auth.is_own_origin("https://ops.example", Some("ops.example")));
+        assert!(!auth.is_own_origin("http://ops.example:8080", Some("ops.example")));
+    }
+
+    #[test]
+    fn beyond_loopback_any_name_with_the_token_and_an_origin_of_that_name() {
+        let auth = auth("0.0.0.0:7420", None);
+        assert!(auth.everywhere && auth.may_call(&HeaderMap::new()).is_err());
+        assert!(auth.is_own_host("10.0.0.5:7420"));
+        assert!(auth.is_own_origin("http://10.0.0.5:7420", Some("10.0.0.5:7420")));
+        assert!(!auth.is_own_origin("http://evil.example", Some("10.0.0.5:7420")));
+        assert!(!auth.is_own_origin("http://10.0.0.5:7420", None));
+    }
 }

@@ -40,7 +40,11 @@ impl ApiError {
     pub fn from_call(error: CallError, tool: &str) -> ApiError {
         match error {
             CallError::UnknownTool { .. } => ApiError::NotFound(error.to_string()),
-            CallError::InvalidArgs { .. } | CallError::StepRequired { .. } => ApiError::BadRequest(error.to_string()),
+            CallError::StepRequired { class, .. } => ApiError::BadRequest(format!(
+                "`{tool}` is {class}: it can change the world, so the call needs `run_id` and `step_id` from the \
+                 orchestrator; without them a retry could not be told from a new intent"
+            )),
+            CallError::InvalidArgs { .. } => ApiError::BadRequest(error.to_string()),
             other => ApiError::Internal(format!("calling `{tool}`: {other}; {NOT_A_FAILURE}")),
         }
     }

@@ -24,13 +24,14 @@ pub async fn same_site(State(app): State<Arc<App>>, request: Request, next: Next
 
 fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Option<ApiError> {
     let header = |name| headers.get(name).and_then(|v: &axum::http::HeaderValue| v.to_str().ok());
-    if let Some(host) = header(HOST)
-        && !app.auth.is_local_host(host)
+    let host = header(HOST);
+    if let Some(host) = host
+        && !app.auth.is_own_host(host)
     {
         return Some(ApiError::Forbidden(format!("`Host: {host}` does not name this server")));
     }
     if let Some(origin) = header(ORIGIN)
-        && !app.auth.is_own_origin(origin)
+        && !app.auth.is_own_origin(origin, host)
     {
         return Some(ApiError::Forbidden(format!("a request from {origin} is refused: it is another site's")));
     }

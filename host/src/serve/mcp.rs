@@ -100,28 +100,29 @@ impl Oncebox {
     }
 
     fn listing(&self) -> Vec<Tool> {
-        self.app.host.tools().iter().map(|(manifest, _)| tool_of(manifest)).collect()
+        let tools = self.app.host.tools();
+        let served = tools.iter().filter(|(manifest, _)| self.app.loaded.unserved(&manifest.name).is_none());
+        served.map(|(manifest, _)| tool_of(manifest)).collect()
     }
 }
 
 pub fn routes(app: Arc<App>) -> Router<Arc<App>> {
-    let config = http_config(app.auth.everywhere());
+    let config = http_config();
     let handler = Oncebox::new(app.clone());
     let service =
         StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
     Router::new().route_service("/mcp", service).layer(axum::middleware::from_fn_with_state(app, require_token))
 }
 
-/// The SDK's defaults (stateful sessions, SSE keep-alive), with the `Host` check that guards
-/// against DNS rebinding: on loopback the default names (`localhost`, `127.0.0.1`, `::1`, any
-/// port). Beyond loopback every request needs the operator's token, which a rebinding page cannot
-/// send, and the host names the server is reached by are the operator's business: no `Host` check.
-fn http_config(everywhere: bool) -> StreamableHttpServerConfig {
-    let config = StreamableHttpServerConfig::default();
-    if everywhere { config.disable_allowed_hosts() } else { config }
+/// The SDK's defaults (stateful sessions, SSE keep-alive), without its own `Host` check: the
+/// server's one allow-list (`auth`, asked by the `guard` layer in front of every route, `/mcp`
+/// included) decides which names and origins this server answers to, so that MCP works behind
+/// `--public-url` exactly as the API and the console do.
+fn http_config() -> StreamableHttpServerConfig {
+    StreamableHttpServerConfig::default().disable_allowed_hosts().disable_allowed_origins()
 }
 
-/// Beyond loopback, MCP needs the operator's token like the rest of the API.
+/// Beyond loopback or behind `--public-url`, MCP needs the operator's token like the rest of the API.
 async fn require_token(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     match app.auth.may_call(request.headers()) {
         Ok(()) => next.run(request).await,
@@ -277,7 +278,18 @@ fn annotations(class: ReplayClass) -> ToolAnnotations {
 
 /// An outcome as a tool result (see the module's docs).
 fn result_of(app: &App, tool: &str, run_id: Option<&str>, outcome: &Outcome, source: Source) -> CallToolResult {
-    let value = serde_json::to_value(outcome).unwrap_or_else(|e| json!({ "error": format!("the outcome: {e}") }));
+    let mut value = serde_json::to_value(outcome).unwrap_or_else(|e| json!({ "error": format!("the outcome: {e}") }));
+    // The CLI's way to approve names the ledger's path on this machine: the model needs only
+    // where a person approves, never where the ledger lives.
+    if let Some(approve) = value.get_mut("approval").and_then(|a| a.get_mut("approve")) {
+        let key = outcome.operation_key.as_deref().unwrap_or("KEY");
+        let (console, api) = where_to_approve(app, key);
+        *approve = format!("{console}, or {api}").into();
+        // The outcome's message quotes that command too.
+        if let Some(message) = value.get_mut("error").and_then(|e| e.get_mut("message")) {
+            *message = awaiting_approval(app, tool, outcome).into();
+        }
+    }
     let mut content = Vec::new();
     if let Some(explained) = explanation(app, tool, run_id, outcome) {
         content.push(ContentBlock::text(explained));
@@ -334,14 +346,9 @@ fn explanation(app: &App, tool: &str, run_id: Option<&str>, outcome: &Outcome) -
     Some(text)
 }
 
-/// Where and how a person approves: the console's page and the API, both by operation key.
-fn awaiting_approval(app: &App, tool: &str, outcome: &Outcome) -> String {
-    let key = outcome.operation_key.as_deref().unwrap_or("KEY");
-    let fingerprint = outcome.fingerprint.as_deref().unwrap_or("(see the approval)");
-    let params = outcome.approval.as_ref().map(|a| a.params.to_string()).unwrap_or_else(|| "{}".into());
-    let consequence =
-        outcome.approval.as_ref().and_then(|a| a.consequence.as_deref()).map(|c| format!(" {c}")).unwrap_or_default();
-    let (console, api) = if app.base_url.is_empty() {
+/// Where a person approves `key`: the console's page and the API's route.
+fn where_to_approve(app: &App, key: &str) -> (String, String) {
+    if app.base_url.is_empty() {
         (
             format!("the console of an `oncebox serve` on this ledger (/approvals/{key})"),
             format!("POST /v1/approvals/{key}/approve with the operator's token"),
@@ -351,7 +358,17 @@ fn awaiting_approval(app: &App, tool: &str, outcome: &Outcome) -> String {
             format!("{}/approvals/{key}", app.base_url),
             format!("POST {}/v1/approvals/{key}/approve with the operator's token", app.base_url),
         )
-    };
+    }
+}
+
+/// Where and how a person approves: the console's page and the API, both by operation key.
+fn awaiting_approval(app: &App, tool: &str, outcome: &Outcome) -> String {
+    let key = outcome.operation_key.as_deref().unwrap_or("KEY");
+    let fingerprint = outcome.fingerprint.as_deref().unwrap_or("(see the approval)");
+    let params = outcome.approval.as_ref().map(|a| a.params.to_string()).unwrap_or_else(|| "{}".into());
+    let consequence =
+        outcome.approval.as_ref().and_then(|a| a.consequence.as_deref()).map(|c| format!(" {c}")).unwrap_or_default();
+    let (console, api) = where_to_approve(app, key);
     format!(
         "`{tool}` awaits a person's approval of these exact params; nothing was dispatched.{consequence} Params: \
          {params}. Fingerprint: {fingerprint}. Approve at {console}, or with {api}; then call again with the same \

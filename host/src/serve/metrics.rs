@@ -15,6 +15,8 @@ pub struct Metrics {
     calls: Mutex<BTreeMap<(String, String, &'static str), u64>>,
     /// tool → attempts made by calls that ran here.
     attempts: Mutex<BTreeMap<String, u64>>,
+    /// (tool, result) → the background reconciler's tries.
+    reconcile_tries: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// What is read from the ledger when scraped.
@@ -37,6 +39,12 @@ impl Metrics {
         }
     }
 
+    /// One try of the background reconciler (`reconciler.rs`).
+    pub fn reconcile_try(&self, tool: &str, result: oncebox::reconciler::TryResult) {
+        let mut tries = self.reconcile_tries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *tries.entry((tool.to_string(), result.as_str())).or_default() += 1;
+    }
+
     /// The text of one scrape.
     pub fn render(&self, outstanding: &Outstanding, latency: &oncebox::ledger::LatencySnapshot) -> String {
         let mut out = String::new();
@@ -54,6 +62,12 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE oncebox_attempts_total counter");
         for (tool, n) in self.attempts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(out, "oncebox_attempts_total{{tool=\"{}\"}} {n}", label(tool));
+        }
+        let name = "oncebox_reconcile_tries_total";
+        let _ = writeln!(out, "# HELP {name} The background reconciler's tries, by tool and result.");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for ((tool, result), n) in self.reconcile_tries.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "{name}{{tool=\"{}\",result=\"{result}\"}} {n}", label(tool));
         }
         let _ = writeln!(out, "# HELP oncebox_unknown_operations Operations whose outcome is unknown: reconcile them.");
         let _ = writeln!(out, "# TYPE oncebox_unknown_operations gauge");

@@ -5,7 +5,7 @@
 //! - `app`: what the front doors share, and the one way they call a tool.
 //! - `api`, `openapi`: the HTTP API and its description. `mcp`: the MCP server. `console`: the
 //!   operator's pages. `auth`: the operator's token. `metrics`: `/metrics`. `reload`: the
-//!   tools directory, watched. `error`: refusals as JSON.
+//!   tools directory, watched. `reconciling`: the background reconciler. `error`: refusals as JSON.
 
 mod api;
 mod app;
@@ -16,6 +16,7 @@ mod guard;
 mod mcp;
 mod metrics;
 mod openapi;
+mod reconciling;
 mod reload;
 
 use std::net::SocketAddr;
@@ -67,7 +68,7 @@ pub struct Args {
     pub lease_ms: Option<u64>,
     /// Do not deliver the outbox here. By default a server delivers the messages its tools
     /// enqueue to the policy file's `[outbox.TOPIC]` endpoints; on a ledger several servers share,
-    /// let one of them do it and give the others `--no-relay`.
+    /// each topic is sent by one of them at a time (a lease in the database).
     #[arg(long)]
     pub no_relay: bool,
     /// How many calls may run at once; more are refused (503) before anything is recorded.
@@ -102,6 +103,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
             App::new(host, Auth::new(token, None, args.public_url.as_ref()), loaded, String::new(), args.max_calls);
         tokio::spawn(watch(app.clone()));
         relay(&app, topics, args.no_relay)?;
+        reconciling::spawn(&app);
         eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
         mcp::serve_stdio(app.clone()).await?;
         return Ok(finish(&app, args.grace).await);
@@ -116,6 +118,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let app = App::new(host, auth, loaded, base_url.clone(), args.max_calls);
     tokio::spawn(watch(app.clone()));
     relay(&app, topics, args.no_relay)?;
+    reconciling::spawn(&app);
     let router = api::routes()
         .merge(console::routes())
         .merge(mcp::routes(app.clone()))

@@ -77,7 +77,7 @@ pub fn document() -> Value {
                 "responses": ok("One answer per unknown step.", object.clone(), refusals(&["401"]))
             }},
             "/v1/runs/{run_id}/compensate": { "post": {
-                "operationId": "compensate", "summary": "Undo the run's completed compensatable steps, in reverse order, each once.",
+                "operationId": "compensate", "summary": "Undo the run's completed compensatable steps, in reverse order, each once (operator token: it sends refunds).",
                 "parameters": [run_id],
                 "responses": ok("The saga's report.", object.clone(), refusals(&["401"]))
             }},
@@ -152,6 +152,7 @@ pub fn document() -> Value {
                     "type": "object", "required": ["fingerprint", "by"], "additionalProperties": false,
                     "properties": {
                         "fingerprint": { "type": "string", "minLength": 1 },
+                        "component": { "type": ["string", "null"], "description": "The digest of the component the request names, as shown: refused if it changed since." },
                         "by": { "type": "string", "pattern": "\\S", "description": "Who decides (recorded)." },
                         "note": { "type": ["string", "null"] },
                         "expires_in": { "type": ["number", "null"], "minimum": 0, "maximum": 31622400, "description": "Approve only for this many seconds (at most 366 days)." }

@@ -63,6 +63,17 @@ impl Loaded {
             .collect()
     }
 
+    /// Why calls of `tool` are refused although it loaded: its compensation is missing or does
+    /// not fit, so what it does could not be undone (the rule `compensate --tools` applies too).
+    pub fn unserved(&self, tool: &str) -> Option<String> {
+        let files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        files
+            .values()
+            .find(|file| file.tool.as_deref() == Some(tool))
+            .and_then(|file| file.unchecked.clone())
+            .map(|why| format!("`{tool}` is not served until its compensation loads: {why}"))
+    }
+
     /// Brings the host up to date with the directory: loads what is new or changed, unloads what
     /// is gone, then checks every compensation. `retry` tries the refused files again (SIGHUP).
     /// Returns how many files were looked at again.
@@ -127,8 +138,9 @@ impl Loaded {
         changed
     }
 
-    /// A compensatable tool whose compensation is missing or does not fit is reported; it stays
-    /// loaded, and `compensate` says what it could not undo.
+    /// A compensatable tool whose compensation is missing or does not fit is reported, and not
+    /// served ([`Loaded::unserved`]): a step it completed could not be undone. It stays loaded, so
+    /// its recorded operations are still reconciled and compensated once the compensation loads.
     fn check_compensations(&self, host: &Host) {
         let mut files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for file in files.values_mut() {

@@ -90,6 +90,11 @@ async fn bad_requests_get_a_json_4xx_and_record_nothing() {
         assert_eq!(*status, 400, "case {i}: {body}");
         assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "case {i}: {body}");
     }
+    // A write without identity: the API's own field names, not the CLI's flags.
+    let (status, body) = post(&url, &json!({ "tool": "charge", "args": charge("b1") })).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("`run_id` and `step_id`") && !message.contains("--run"), "{body}");
     let (status, body) = post(&url, &json!({ "run_id": "bad", "step_id": "s", "tool": "nope", "args": {} })).await;
     assert_eq!(status, 404, "{body}");
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("charge")), "names what is loaded: {body}");
@@ -170,8 +175,29 @@ async fn approving_needs_the_operators_token_even_on_loopback_and_binds_to_the_f
     let other = json!({ "fingerprint": "0".repeat(64), "by": "ops" });
     let mismatch = client().post(&approve).bearer_auth(TOKEN).json(&other).send().await.expect("post");
     assert_eq!(mismatch.status(), 409, "another fingerprint approves nothing");
+    // The request names the component that will run; a decision on another one decides nothing.
+    let component = first["approval"]["component"].as_str().expect("the component digest").to_string();
+    assert!(component.starts_with("sha256:"), "{first}");
+    let stale = json!({ "fingerprint": fingerprint, "component": format!("sha256:{}", "0".repeat(64)), "by": "ops" });
+    let refused = client().post(&approve).bearer_auth(TOKEN).json(&stale).send().await.expect("post");
+    assert_eq!(refused.status(), 409, "another component approves nothing");
     let (_, pending) = get(&server.url("/v1/approvals?pending=true")).await;
     assert_eq!(pending["approvals"].as_array().map(Vec::len), Some(1), "still pending: {pending}");
+    assert_eq!(pending["approvals"][0]["params"], shown, "without the token, the address masked: {pending}");
+    assert_eq!(pending["approvals"][0]["params_exact"], false);
+    // The operator decides about exactly what will be sent, so the operator sees it unsealed.
+    let exact: Value = client()
+        .get(server.url(&format!("/v1/approvals/{key}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(exact["params"], fulfill("f1"), "the operator sees the exact params: {exact}");
+    assert_eq!(exact["params_exact"], true);
+    assert!(!server.log().contains(fulfill("f1")["address"].as_str().expect("address")), "no log holds the address");
     let (_, again) = post(&server.url("/v1/calls"), &body).await;
     assert_eq!(again["status"], "awaiting-approval");
     assert_eq!(provider.counts("f1").fulfillments, 0, "nothing shipped before the approval");
@@ -465,6 +491,8 @@ async fn behind_a_proxy_the_public_url_names_the_server_and_any_other_name_is_re
             .header("host", host)
             .header("origin", origin)
             .header("content-type", "application/json")
+            // Behind a proxy every request needs the token: the proxy forwards strangers too.
+            .bearer_auth(TOKEN)
             .body(body.clone())
             .send()
     };
@@ -473,4 +501,156 @@ async fn behind_a_proxy_the_public_url_names_the_server_and_any_other_name_is_re
     assert_eq!(provider.counts("p1").payments, 0);
     assert_eq!(send("ops.example", "https://ops.example").await.expect("post").status(), 200);
     assert_eq!(provider.counts("p1").payments, 1);
+}
+
+/// A request as a proxy forwards it: the public name in `Host`, the operator's token or not.
+async fn proxied(
+    method: reqwest::Method,
+    url: &str,
+    host: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, String) {
+    let mut request = client().request(method, url).header("host", host);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// MCP's `initialize`, as any client sends it first.
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "edge-test", "version": "1"}}})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_public_url_a_stranger_gets_nothing_but_healthz_and_the_operator_everything() {
+    use reqwest::Method;
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    // As the README tells operators to run it behind a proxy: loopback, the proxy's public name.
+    let server = setup.serve_with(&["--public-url", "https://ops.example"]);
+    let host = "ops.example";
+    let body = json!({ "run_id": "rp", "step_id": "charge-p1", "tool": "charge", "args": charge("p1") });
+
+    // A stranger, forwarded by the proxy: refused before anything runs or is read.
+    let (status, said) = proxied(Method::POST, &server.url("/v1/calls"), host, None, Some(&body)).await;
+    assert_eq!(status, 401, "a stranger's call: {said}");
+    assert_eq!(provider.counts("p1").payments, 0, "no charge for a stranger");
+    for (method, path) in [
+        (Method::POST, "/v1/runs/rp/compensate"),
+        (Method::POST, "/v1/runs/rp/reconcile"),
+        (Method::GET, "/v1/runs/rp"),
+        (Method::GET, "/v1/tools"),
+        (Method::GET, "/v1/approvals"),
+        (Method::GET, "/metrics"),
+    ] {
+        let (status, said) = proxied(method.clone(), &server.url(path), host, None, None).await;
+        assert_eq!(status, 401, "{method} {path} without the token: {said}");
+    }
+    // The console sends a stranger to its sign-in form, and shows nothing else.
+    let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let page = no_redirects.get(server.url("/approvals")).header("host", host).send().await.expect("page");
+    assert_eq!(page.status().as_u16(), 303, "the console's pages need the operator");
+    assert!(page.headers()["location"].to_str().is_ok_and(|l| l.starts_with("/login")));
+    let (status, initialized) = proxied(Method::POST, &server.url("/mcp"), host, None, Some(&initialize())).await;
+    assert_eq!(status, 401, "MCP without the token: {initialized}");
+    let (status, health) = proxied(Method::GET, &server.url("/healthz"), host, None, None).await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(serde_json::from_str::<Value>(&health).expect("json"), json!({"status": "ok"}), "its status only");
+
+    // The operator, through the same proxy: the API and MCP under the public name.
+    let (status, said) = proxied(Method::POST, &server.url("/v1/calls"), host, Some(TOKEN), Some(&body)).await;
+    assert_eq!(status, 200, "{said}");
+    assert_eq!(provider.counts("p1").payments, 1);
+    let mcp = client()
+        .post(server.url("/mcp"))
+        .header("host", host)
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(TOKEN)
+        .json(&initialize())
+        .send()
+        .await
+        .expect("mcp");
+    let status = mcp.status().as_u16();
+    let said = mcp.text().await.unwrap_or_default();
+    assert_eq!(status, 200, "MCP under the public name with the token: {said}");
+    assert!(said.contains("\"oncebox\""), "the server's info: {said}");
+
+    // One allow-list for every front door: another name, or another site's origin, is refused.
+    let (status, _) = proxied(Method::POST, &server.url("/v1/calls"), "evil.example", Some(TOKEN), Some(&body)).await;
+    assert_eq!(status, 403, "a name the operator did not give");
+    let (status, _) =
+        proxied(Method::POST, &server.url("/mcp"), "evil.example", Some(TOKEN), Some(&initialize())).await;
+    assert_eq!(status, 403, "MCP answers to the same names");
+    let cross = client()
+        .post(server.url("/v1/calls"))
+        .header("host", host)
+        .header("origin", "https://evil.example")
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(cross.status().as_u16(), 403, "another site's origin");
+    assert_eq!(provider.counts("p1").payments, 1, "still one charge");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_loopback_compensating_needs_the_token_and_reconciling_does_not() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let body = json!({ "run_id": "rc", "step_id": "charge-c1", "tool": "charge", "args": charge("c1") });
+    let (_, charged) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(charged["status"], "completed", "{charged}");
+
+    // Compensating sends refunds: a decision, which a process on the machine cannot take unasked.
+    let (status, refused) = post(&server.url("/v1/runs/rc/compensate"), &json!({})).await;
+    assert_eq!(status, 401, "{refused}");
+    provider.settled().await;
+    assert_eq!(provider.counts("c1").refunds, 0, "no refund without the operator");
+    // Reconciling acts only on proof: open on loopback.
+    let (status, reconciled) = post(&server.url("/v1/runs/rc/reconcile"), &json!({})).await;
+    assert_eq!(status, 200, "{reconciled}");
+
+    let ok = client().post(server.url("/v1/runs/rc/compensate")).bearer_auth(TOKEN).send().await.expect("post");
+    assert_eq!(ok.status().as_u16(), 200);
+    provider.settled().await;
+    assert_eq!(provider.counts("c1").refunds, 1, "one refund, with the operator's token");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compensatable_tool_whose_compensation_is_missing_is_not_served_until_it_loads() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    std::fs::remove_file(setup.tools().join("refund.wasm")).expect("remove");
+    let server = setup.serve();
+    let body = json!({ "run_id": "rm", "step_id": "charge-m1", "tool": "charge", "args": charge("m1") });
+    let (status, refused) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(status, 409, "a charge nothing could refund: {refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not served until its compensation loads") && message.contains("refund"), "{refused}");
+    assert_eq!(provider.counts("m1").payments, 0, "nothing charged");
+    let (_, tools) = get(&server.url("/v1/tools")).await;
+    assert!(tools["load_errors"].to_string().contains("refund"), "reported: {tools}");
+
+    std::fs::copy(oncebox_artifacts::REFUND, setup.tools().join("refund.wasm")).expect("add");
+    let mut answer = (0, Value::Null);
+    for _ in 0..100 {
+        answer = post(&server.url("/v1/calls"), &body).await;
+        if answer.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(answer.0, 200, "served once its compensation loaded: {}", answer.1);
+    assert_eq!(answer.1["status"], "completed", "{}", answer.1);
+    assert_eq!(provider.counts("m1").payments, 1);
 }

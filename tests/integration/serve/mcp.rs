@@ -174,17 +174,19 @@ async fn mcp_over_stdio_lists_the_tools_and_a_call_and_its_repeat_charge_once() 
     assert_eq!(provider.counts("o-1").payments, 1, "still one charge");
 }
 
-/// The arguments of the `list-changed` scenario: `reserve` is copied into the tools directory.
-fn adding_reserve(setup: &Setup) -> Vec<String> {
+/// The arguments of the `list-changed` scenario: `release` is copied into the tools directory.
+/// (Not `reserve`: it is compensated by `release`, and a tool whose compensation is not loaded is
+/// not served, so it would not be listed.)
+fn adding_release(setup: &Setup) -> Vec<String> {
     let tools = setup.tools().to_str().expect("utf8").to_string();
-    vec!["--add-tool".into(), oncebox_artifacts::RESERVE.into(), "--tools-dir".into(), tools]
+    vec!["--add-tool".into(), oncebox_artifacts::RELEASE.into(), "--tools-dir".into(), tools]
 }
 
-fn assert_told_of_reserve(seen: &Value) {
+fn assert_told_of_release(seen: &Value) {
     assert_eq!(seen["opened"]["capabilities"]["tools"]["listChanged"], true, "{seen}");
     assert_eq!(seen["before"].as_array().map(Vec::len), Some(5), "{seen}");
     assert_eq!(seen["notified"], true, "notifications/tools/list_changed: {seen}");
-    assert!(seen["after"].as_array().is_some_and(|names| names.contains(&Value::from("reserve"))), "{seen}");
+    assert!(seen["after"].as_array().is_some_and(|names| names.contains(&Value::from("release"))), "{seen}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,17 +195,17 @@ async fn mcp_over_http_a_session_is_told_when_a_tool_is_added_to_the_directory()
     let setup = setup(&provider);
     let server = setup.serve();
     let mut args = http(&server.url("/mcp"), "list-changed", "o-1", "legacy");
-    args.extend(adding_reserve(&setup));
-    assert_told_of_reserve(&script(args).await);
+    args.extend(adding_release(&setup));
+    assert_told_of_release(&script(args).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_stdio_the_client_is_told_when_a_tool_is_added_to_the_directory() {
     let provider = Provider::start().await.expect("provider");
     let setup = setup(&provider);
-    let mut args = adding_reserve(&setup);
+    let mut args = adding_release(&setup);
     args.extend(stdio(&setup, "list-changed", "o-1"));
-    assert_told_of_reserve(&script(args).await);
+    assert_told_of_release(&script(args).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,6 +246,10 @@ async fn mcp_an_irreversible_call_awaits_approval_with_its_params_and_where_to_a
     assert!(text.contains(&format!("POST {}/v1/approvals/{key}/approve", server.base_url)), "{text}");
     assert!(text.contains(fingerprint), "{text}");
     assert!(text.contains("\"order_id\":\"o-1\""), "the params: {text}");
+    // The model learns where a person approves, never where the ledger lives on this machine.
+    let ledger = setup.ledger().display().to_string();
+    assert!(!seen.to_string().contains(&ledger), "the ledger's path reached the model: {seen}");
+    assert!(!seen.to_string().contains("--ledger"), "{seen}");
     assert_eq!(provider.counts("o-1").fulfillments, 0, "nothing shipped");
 }
 

@@ -10,4 +10,5 @@ mod kill;
 mod mcp;
 mod openapi;
 mod orchestrator;
+mod reconciler;
 mod shared;

@@ -35,8 +35,20 @@ impl Setup {
         Setup::with_policy(provider, "")
     }
 
-    /// `extra` is appended to the policy file (retry settings, `[hosts]` entries).
+    /// `extra` is appended to the policy file (retry settings, `[hosts]` entries). The background
+    /// reconciler is off: these servers' tests settle their unknowns themselves, and a reconciler
+    /// settling one first would change what they see. `Setup::reconciling` leaves it on.
     pub fn with_policy(provider: &ProviderHandle, extra: &str) -> Setup {
+        Setup::written(provider, &format!("{extra}\n[reconciler]\nenabled = false\n"))
+    }
+
+    /// Like [`Setup::with_policy`], with the server's background reconciler as `extra` sets it
+    /// (a `[reconciler]` table), on by default.
+    pub fn reconciling(provider: &ProviderHandle, extra: &str) -> Setup {
+        Setup::written(provider, extra)
+    }
+
+    fn written(provider: &ProviderHandle, extra: &str) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("tools")).expect("tools dir");
         for (name, artifact) in TOOLS {

@@ -34,8 +34,8 @@ use super::db::{Tx, encode, int, kv_lock, operation_lock, record, uint};
 use super::notify;
 use crate::ledger::{
     ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
-    OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Tombstone, approval_follows,
-    approval_stands, expirable, refused_finish, settled, stamp, take_over, verdict,
+    OperationRecord, OperationStatus, OutboxMessage, Removed, Resolution, Settlement, Staged, StaleApproval, Tombstone,
+    approval_follows, approval_lapses, approval_stands, expirable, refused_finish, settled, stamp, take_over, verdict,
 };
 
 /// An answer, and whether the job wrote (a transaction that wrote nothing is rolled back and
@@ -552,10 +552,13 @@ async fn approval_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<ApprovalRe
 }
 
 /// Removes expired operations with every record of theirs, leaving their tombstones, and the
-/// approvals named; refuses all if one operation is not over. A claim never recorded is left
-/// alone (reads do not show it, so retention cannot have meant it), as in the other backends.
-pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[String]) -> Done<usize> {
-    let keys = tombstones.iter().map(|t| t.operation_key.as_str()).chain(approvals.iter().map(String::as_str));
+/// requests for approval named that are still as retention read them and whose operation was not
+/// claimed; refuses all if one operation is not over. A claim never recorded is left alone
+/// (reads do not show it, so retention cannot have meant it), as in the other backends. Every
+/// key's operation lock is held, as a claim and a decision hold it.
+pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[StaleApproval]) -> Done<Removed> {
+    let keys =
+        tombstones.iter().map(|t| t.operation_key.as_str()).chain(approvals.iter().map(|a| a.operation_key.as_str()));
     tx.lock_all(keys.map(operation_lock).collect()).await?;
     let mut found = Vec::with_capacity(tombstones.len());
     for tombstone in tombstones {
@@ -565,14 +568,30 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         }
         found.push(op.map(|(_, recorded)| recorded));
     }
+    let mut lapsed = Vec::new();
+    for stale in approvals {
+        let key = stale.operation_key.as_str();
+        let claimed = tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some();
+        let stored = approval_for_update(tx, key).await?;
+        if approval_lapses(stale, stored.as_ref(), claimed) {
+            lapsed.push(stale);
+        }
+    }
     // Decided; from here on only writes.
-    let mut removed = 0;
+    let mut removed = Removed::default();
+    for stale in &lapsed {
+        // The revision once more, to the database (see the module's docs).
+        let sql = "DELETE FROM oncebox_approvals WHERE operation_key = $1 AND revision = $2";
+        removed.approvals += tx.exec(sql, &[&stale.operation_key, &i64::from(stale.revision)]).await? as usize;
+    }
     for (tombstone, recorded) in tombstones.iter().zip(found) {
         let key = tombstone.operation_key.as_str();
         match recorded {
             Some(false) => continue,
             // Its effects and attempts go with it (ON DELETE CASCADE).
-            Some(true) => removed += tx.exec("DELETE FROM oncebox_operations WHERE key = $1", &[&key]).await?,
+            Some(true) => {
+                removed.operations += tx.exec("DELETE FROM oncebox_operations WHERE key = $1", &[&key]).await? as usize
+            }
             None => {}
         }
         tx.exec("DELETE FROM oncebox_approvals WHERE operation_key = $1", &[&key]).await?;
@@ -583,11 +602,8 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         )
         .await?;
     }
-    for key in approvals {
-        tx.exec("DELETE FROM oncebox_approvals WHERE operation_key = $1", &[key]).await?;
-    }
-    let wrote = !tombstones.is_empty() || !approvals.is_empty();
-    Ok((removed as usize, wrote))
+    let wrote = !tombstones.is_empty() || !lapsed.is_empty();
+    Ok((removed, wrote))
 }
 
 /// Records one send's answer for outbox message `seq`.
@@ -637,4 +653,27 @@ fn effect_status(status: &str) -> Result<EffectStatus, LedgerError> {
         "unknown" => EffectStatus::Unknown,
         other => return Err(LedgerError::Corrupt { what: format!("table oncebox_effects: status {other:?}") }),
     })
+}
+
+/// The database's clock in ms since the epoch, as SQL: leases of shared things are judged by the
+/// one clock every host sees, not by each host's own.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Takes or renews `owner`'s lease on `topic`'s outbox relay until the database's now plus
+/// `lease_ms`; refused (false) while another owner's lease is live.
+pub(super) async fn relay_lease(tx: &Tx<'_>, topic: &str, owner: &str, lease_ms: u64) -> Done<bool> {
+    let sql = format!(
+        "INSERT INTO oncebox_relay_leases (topic, owner, until_ms) VALUES ($1, $2, {DB_NOW_MS} + $3) \
+         ON CONFLICT (topic) DO UPDATE SET owner = EXCLUDED.owner, until_ms = EXCLUDED.until_ms \
+         WHERE oncebox_relay_leases.owner = EXCLUDED.owner OR oncebox_relay_leases.until_ms < {DB_NOW_MS}"
+    );
+    let held = tx.exec(&sql, &[&topic, &owner, &int(lease_ms)]).await? == 1;
+    Ok((held, held))
+}
+
+/// Gives up `owner`'s lease on `topic`'s relay, if it holds it.
+pub(super) async fn relay_release(tx: &Tx<'_>, topic: &str, owner: &str) -> Done<()> {
+    let released =
+        tx.exec("DELETE FROM oncebox_relay_leases WHERE topic = $1 AND owner = $2", &[&topic, &owner]).await?;
+    Ok(((), released == 1))
 }

@@ -44,7 +44,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 
 use super::{
     ApprovalRecord, AttemptRecord, BoxFuture, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish,
-    KvEntry, Ledger, LedgerError, OperationRecord, OutboxMessage, Resolution, Settlement, Staged, Store, Tombstone,
+    KvEntry, Ledger, LedgerError, OperationRecord, OutboxMessage, Removed, Resolution, Settlement, Staged,
+    StaleApproval, Store, Tombstone,
 };
 use db::{Tx, column, describe, record, uint};
 use jobs::Done;
@@ -378,8 +379,8 @@ impl Store for PostgresStore {
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],
-        approvals: &'a [String],
-    ) -> BoxFuture<'a, Result<usize, LedgerError>> {
+        approvals: &'a [StaleApproval],
+    ) -> BoxFuture<'a, Result<Removed, LedgerError>> {
         Box::pin(async move { transaction!(self, |tx| jobs::expire(&tx, tombstones, approvals)) })
     }
 
@@ -417,5 +418,18 @@ impl Store for PostgresStore {
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
         Box::pin(async move { transaction!(self, |tx| jobs::record_delivery(&tx, seq, answer)) })
+    }
+
+    fn relay_lease<'a>(
+        &'a self,
+        topic: &'a str,
+        owner: &'a str,
+        lease_ms: u64,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::relay_lease(&tx, topic, owner, lease_ms)) })
+    }
+
+    fn relay_release<'a>(&'a self, topic: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::relay_release(&tx, topic, owner)) })
     }
 }

@@ -112,12 +112,21 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
                 &[&int(SCHEMA_VERSION)],
             )
             .await?;
-            Ok(())
+            relay_leases(tx).await
         }
-        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => Ok(()),
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => relay_leases(tx).await,
         Ok(Some(other)) => Err(LedgerError::Corrupt {
             what: format!("{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}", tx.store),
         }),
         Err(e) => Err(LedgerError::Corrupt { what: format!("{}: unreadable schema version: {e}", tx.store) }),
     }
+}
+
+/// The outbox relays' leases, one row per topic (`jobs::relay_lease`). Added after schema 1
+/// without a new version: created where missing, so a database made before has it too, and a
+/// host that does not know it ignores it.
+async fn relay_leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let sql = "CREATE TABLE IF NOT EXISTS oncebox_relay_leases (topic text COLLATE \"C\" PRIMARY KEY, \
+               owner text NOT NULL, until_ms bigint NOT NULL)";
+    tx.exec(sql, &[]).await.map(drop)
 }

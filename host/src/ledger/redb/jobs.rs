@@ -9,7 +9,10 @@ use super::{
     Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
     OperationStatus, OutboxMessage, Resolution, Settlement, Staged, encode, get, put, verdict,
 };
-use crate::ledger::{ApprovalRecord, Tombstone, approval_follows, expirable, refused_finish, settled, take_over};
+use crate::ledger::{
+    ApprovalRecord, Removed, StaleApproval, Tombstone, approval_follows, approval_lapses, expirable, refused_finish,
+    settled, take_over,
+};
 
 /// Takes over an expired durable claim with `fence`, a token the ledger never handed out before.
 pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest, fence: u64) -> Result<Claim, LedgerError> {
@@ -340,12 +343,15 @@ pub(super) fn put_approval(txn: &WriteTransaction, record: &ApprovalRecord) -> R
 }
 
 /// Removes expired operations with every record of theirs, leaving their tombstones, and the
-/// approvals named; refuses all if one operation is not over.
+/// requests for approval named that are still as retention read them; refuses all if one
+/// operation is not over. `claimed`: keys claimed in memory (the caller holds them as deciding,
+/// so no claim of them starts until this commits), whose requests stay with their calls.
 pub(super) fn expire(
     txn: &WriteTransaction,
     tombstones: &[Tombstone],
-    approvals: &[String],
-) -> Result<usize, LedgerError> {
+    approvals: &[StaleApproval],
+    claimed: &std::collections::HashSet<String>,
+) -> Result<Removed, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let mut found = Vec::new();
     for tombstone in tombstones {
@@ -354,9 +360,21 @@ pub(super) fn expire(
             found.push(op);
         }
     }
+    let mut approval_table = txn.open_table(APPROVALS)?;
+    let mut lapsed = Vec::new();
+    for stale in approvals {
+        let key = stale.operation_key.as_str();
+        let stored: Option<ApprovalRecord> = get(&approval_table, key)?;
+        let durable = get::<_, OperationRecord>(&records, operation_id(key))?.is_some();
+        if approval_lapses(stale, stored.as_ref(), durable || claimed.contains(key)) {
+            lapsed.push(key);
+        }
+    }
     // Decided; from here on only writes.
     let mut steps = txn.open_table(RUN_STEPS)?;
-    let mut approval_table = txn.open_table(APPROVALS)?;
+    for key in &lapsed {
+        approval_table.remove(*key)?;
+    }
     for op in &found {
         let key = op.key.as_str();
         let mut ids = Vec::new();
@@ -375,8 +393,5 @@ pub(super) fn expire(
     for tombstone in tombstones {
         put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
     }
-    for key in approvals {
-        approval_table.remove(key.as_str())?;
-    }
-    Ok(found.len())
+    Ok(Removed { operations: found.len(), approvals: lapsed.len() })
 }

@@ -34,7 +34,7 @@ use serde::de::DeserializeOwned;
 
 use super::DeliveryAnswer;
 use super::take_over;
-use super::{ApprovalRecord, Tombstone};
+use super::{ApprovalRecord, Removed, StaleApproval, Tombstone};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
@@ -55,7 +55,8 @@ pub struct RedbStore {
     live: Live,
     /// Operation keys whose approval is being written: a claim of one waits (`ApprovalChanged`)
     /// until the decision is on disk, and a decision is refused while the key is claimed. Both
-    /// are checked under the `live` lock, so a claim and a decision never both win.
+    /// are checked under the `live` lock, and a claim looks here before it opens its snapshot
+    /// (`claim_in_memory`), so a claim and a decision never both win.
     deciding: Arc<Mutex<std::collections::HashSet<String>>>,
     /// The next fence a take-over gets, in memory or on disk: one counter for the whole ledger,
     /// above every fence on disk when it was opened, so no token is ever handed out twice (an
@@ -207,6 +208,13 @@ impl RedbStore {
     /// whose lease expired (taken over on the writer thread: [`take_over_live`]).
     fn claim_in_memory(&self, req: &ClaimRequest) -> Result<Decided, LedgerError> {
         let mut live = self.live();
+        // Whether a decision is being written, asked BEFORE the snapshot is opened: a decision
+        // that ends after this look committed before the snapshot below, which then sees it; one
+        // that starts after it needs the `live` lock held here, and finds this claim (refused,
+        // `ApprovalClosed`). Looked at after the snapshot, a decision could commit and leave
+        // `deciding` in between, unseen by both: a rejection and a claim would both win.
+        let deciding = req.approval.is_some()
+            && self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(&req.key);
         // Read under the lock: a job makes an operation durable before it drops its live claim,
         // so between the two, one of them is always visible here.
         // One read transaction for the operation and, for a new one, its tombstone and approval.
@@ -223,9 +231,8 @@ impl RedbStore {
             return Ok(Decided::Answer(Claim::Expired(tombstone)));
         }
         if req.approval.is_some() {
-            let deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let stored: Option<ApprovalRecord> = get(&txn.open_table(APPROVALS)?, req.key.as_str())?;
-            if deciding.contains(&req.key) || !super::approval_stands(req, stored.as_ref()) {
+            if deciding || !super::approval_stands(req, stored.as_ref()) {
                 return Ok(Decided::Answer(Claim::ApprovalChanged));
             }
         }
@@ -526,9 +533,11 @@ impl Store for RedbStore {
                 }
                 self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key.clone());
             }
-            // Claims of the key wait until the decision is on disk, even if this future is dropped.
-            let _deciding = Deciding { set: self.deciding.clone(), key };
-            self.writer.submit(move |txn| put_approval(txn, &record), |_| true).await
+            // Claims of the key wait until the decision is on disk: the guard travels with the
+            // job and is dropped with its answer, after the commit, even if this future is
+            // dropped while the job waits in the queue.
+            let deciding = Deciding { set: self.deciding.clone(), key };
+            self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true).await.map(drop)
         })
     }
 
@@ -539,10 +548,40 @@ impl Store for RedbStore {
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],
-        approvals: &'a [String],
-    ) -> BoxFuture<'a, Result<usize, LedgerError>> {
+        approvals: &'a [StaleApproval],
+    ) -> BoxFuture<'a, Result<Removed, LedgerError>> {
         let (tombstones, approvals) = (tombstones.to_vec(), approvals.to_vec());
-        Box::pin(async move { self.writer.submit(move |txn| expire(txn, &tombstones, &approvals), |_| true).await })
+        Box::pin(async move {
+            // Removing a request is a decision about it, held as `put_approval` holds one: a key
+            // claimed in memory keeps its request (its call runs under it), as does a key being
+            // decided (the decision makes it new); the others are held as deciding until the
+            // removal is on disk, so that no claim under them starts in between.
+            let (kept, held) = {
+                let live = self.live();
+                let mut deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let (mut kept, mut ours) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+                let mut held = Vec::new();
+                for stale in &approvals {
+                    let key = stale.operation_key.clone();
+                    if ours.contains(&key) {
+                        continue;
+                    }
+                    // `insert` is false for a key being decided.
+                    if live.contains_key(&key) || !deciding.insert(key.clone()) {
+                        kept.insert(key);
+                    } else {
+                        ours.insert(key.clone());
+                        held.push(Deciding { set: self.deciding.clone(), key });
+                    }
+                }
+                (kept, held)
+            };
+            // The guards travel with the job and are dropped with its answer, after the commit.
+            let job = move |txn: &redb::WriteTransaction| {
+                expire(txn, &tombstones, &approvals, &kept).map(|removed| (removed, held))
+            };
+            self.writer.submit(job, |_| true).await.map(|(removed, _held)| removed)
+        })
     }
 
     fn commits(&self) -> u64 {

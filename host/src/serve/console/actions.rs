@@ -29,6 +29,9 @@ pub struct DecideForm {
     csrf: String,
     #[serde(default)]
     fingerprint: String,
+    /// The component digest the page showed: the decision binds it too.
+    #[serde(default)]
+    component: String,
     #[serde(default)]
     by: String,
     #[serde(default)]
@@ -55,6 +58,7 @@ impl DecideForm {
         };
         Ok(DecideBody {
             fingerprint: self.fingerprint.clone(),
+            component: given(&self.component),
             by: self.by.clone(),
             note: given(&self.note),
             expires_in,

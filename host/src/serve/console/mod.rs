@@ -18,7 +18,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, State};
-use axum::http::header::{LOCATION, ORIGIN, SET_COOKIE};
+use axum::http::header::{HOST, LOCATION, ORIGIN, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -143,7 +143,8 @@ fn same_origin(app: &App, headers: &HeaderMap) -> Result<(), Refusal> {
         return Ok(());
     };
     let origin = origin.to_str().unwrap_or_default();
-    if own_origins(&app.base_url).iter().any(|own| own == origin) {
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok());
+    if app.auth.is_own_origin(origin, host) {
         Ok(())
     } else {
         Err(Refusal::forbidden(format!(
@@ -151,18 +152,6 @@ fn same_origin(app: &App, headers: &HeaderMap) -> Result<(), Refusal> {
             app.base_url
         )))
     }
-}
-
-/// The server's own origin, and on 127.0.0.1 also `localhost` (no other site can be that).
-fn own_origins(base_url: &str) -> Vec<String> {
-    let mut own = vec![base_url.trim_end_matches('/').to_string()];
-    if let Ok(url) = url::Url::parse(base_url)
-        && matches!(url.host_str(), Some("127.0.0.1" | "[::1]"))
-        && let Some(port) = url.port()
-    {
-        own.push(format!("http://localhost:{port}"));
-    }
-    own
 }
 
 /// The checks of every deciding form, in this order: not cross-site, the operator, the form's
@@ -251,7 +240,9 @@ async fn login(
             .into_response();
     }
     let mut response = with_flash(next, "Signed in as the operator.");
-    let cookie = format!("{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", app.auth.session());
+    // Behind an https public URL the browser must never send the session over plain HTTP.
+    let secure = if app.base_url.starts_with("https://") { "; Secure" } else { "" };
+    let cookie = format!("{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/{secure}", app.auth.session());
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(SET_COOKIE, value);
     }
@@ -268,11 +259,5 @@ mod tests {
         assert_eq!(local_path("//evil.example/x"), "/");
         assert_eq!(local_path("https://evil.example"), "/");
         assert_eq!(local_path("/\\evil.example"), "/");
-    }
-
-    #[test]
-    fn loopback_is_also_localhost() {
-        assert_eq!(own_origins("http://127.0.0.1:7420"), ["http://127.0.0.1:7420", "http://localhost:7420"]);
-        assert_eq!(own_origins("http://10.0.0.5:7420"), ["http://10.0.0.5:7420"]);
     }
 }

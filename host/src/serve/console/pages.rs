@@ -21,10 +21,10 @@ fn field<'v>(view: &'v Value, name: &str) -> &'v str {
 
 pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
-    let pending = api::approval_views(&app, None, true).await?;
+    let pending = api::approval_views(&app, None, true, viewer.signed_in()).await?;
     let ops = app.host.ledger().operations(None).await?;
     let unknown: Vec<_> = ops.iter().filter(|op| op.status == OperationStatus::Unknown).collect();
-    let runs = run_summaries(&ops, &api::approval_views(&app, None, false).await?);
+    let runs = run_summaries(&ops, &api::approval_views(&app, None, false, viewer.signed_in()).await?);
     let tools = app.host.tools();
     let errors = app.loaded.errors();
     let mut body = String::from("<div class=\"counts\">");
@@ -98,7 +98,7 @@ pub fn approvals_table(views: &[Value], empty: &str) -> String {
 
 pub async fn approvals(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
-    let all = api::approval_views(&app, None, false).await?;
+    let all = api::approval_views(&app, None, false, viewer.signed_in()).await?;
     let (pending, decided): (Vec<_>, Vec<_>) =
         all.into_iter().partition(|v| field(v, "state") == "pending" && v["used"] != true);
     let mut body = String::new();
@@ -120,7 +120,7 @@ pub async fn approval(
     Path(key): Path<String>,
 ) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
-    let views = api::approval_views(&app, None, false).await?;
+    let views = api::approval_views(&app, None, false, viewer.signed_in()).await?;
     let view = views
         .iter()
         .find(|v| v["operation_key"] == key.as_str())
@@ -130,8 +130,21 @@ pub async fn approval(
     Ok(Page::ok(html::page("Approval", &viewer, flash(&uri).as_deref(), &body)))
 }
 
-/// One request for approval: what it is, the exact params as the ledger keeps them (sensitive
-/// values already `[redacted]`), the fingerprint, and (while pending) the form that decides on
+/// What the viewer sees of the params: exactly what will be sent (the operator, signed in, sees
+/// sensitive values unsealed), or the sensitive values masked.
+fn params_note(view: &Value) -> String {
+    if let Some(why) = view["params_error"].as_str() {
+        return format!("Sensitive values show as [redacted]: {why}.");
+    }
+    if view["params_exact"] == true {
+        "Exactly what will be sent, sensitive values included; the fingerprint covers these values.".into()
+    } else {
+        "Sensitive values show as [redacted]: sign in as the operator to see exactly what will be sent.".into()
+    }
+}
+
+/// One request for approval: what it is, its params (exact for the operator, sensitive values
+/// masked for anyone else), the fingerprint, and (while pending) the form that decides on
 /// exactly that fingerprint.
 fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
     let key = field(view, "operation_key");
@@ -146,9 +159,9 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
         "<section class=\"card approval\" data-key=\"{ekey}\"><h2>{tool} {badge}</h2>{consequence}<dl>\
          <dt>Run</dt><dd>{run}</dd><dt>Step</dt><dd>{step}</dd><dt>Operation key</dt><dd><code>{ekey}</code></dd>\
          <dt>Tool says</dt><dd>{description}</dd><dt>Requested</dt><dd>{requested}</dd></dl>\
-         <h3>Params, exactly as recorded</h3><p class=\"muted\">Sensitive values show as [redacted] here \
-         and are sent as given; the fingerprint covers their real values.</p>{params}\
-         <p>Fingerprint of these params: <code class=\"fingerprint\" data-testid=\"fingerprint\">{fp}</code></p>",
+         <h3>Params</h3><p class=\"muted\">{seen}</p>{params}\
+         <p>Fingerprint of these params: <code class=\"fingerprint\" data-testid=\"fingerprint\">{fp}</code></p>\
+         <p>Component that will run: <code class=\"component\" data-testid=\"component\">{component}</code></p>",
         ekey = escape(key),
         tool = escape(field(view, "tool")),
         badge = badge(state),
@@ -156,11 +169,13 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
         step = escape(field(view, "step_id")),
         description = escape(field(view, "description")),
         requested = time(view["requested_ms"].as_u64().unwrap_or_default()),
+        seen = escape(&params_note(view)),
         params = json_pre("params", &view["params"]),
         fp = escape(fingerprint),
+        component = escape(field(view, "component")),
     );
     if state == "pending" {
-        out.push_str(&decision_form(key, fingerprint, viewer, back));
+        out.push_str(&decision_form(key, fingerprint, field(view, "component"), viewer, back));
     } else {
         let by = field(view, "decided_by");
         if !by.is_empty() {
@@ -182,7 +197,7 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
 
 /// Approve and Reject in one form: both carry the fingerprint shown, so the decision binds to
 /// what the person read (`api::decide` refuses another fingerprint).
-fn decision_form(key: &str, fingerprint: &str, viewer: &Viewer, back: &str) -> String {
+fn decision_form(key: &str, fingerprint: &str, component: &str, viewer: &Viewer, back: &str) -> String {
     if !viewer.signed_in() {
         return format!(
             "<p><a href=\"/login?next={}\">Sign in</a> to approve or reject.</p>",
@@ -191,7 +206,7 @@ fn decision_form(key: &str, fingerprint: &str, viewer: &Viewer, back: &str) -> S
     }
     let action = format!("/approvals/{}", html::encode(key));
     format!(
-        "<form method=\"post\" action=\"{action}/approve\" class=\"decide\">{fp}{csrf}{back}\
+        "<form method=\"post\" action=\"{action}/approve\" class=\"decide\">{fp}{component}{csrf}{back}\
          <label>Decided by <input type=\"text\" name=\"by\" required placeholder=\"your name\"></label>\
          <label>Note <input type=\"text\" name=\"note\" placeholder=\"why (recorded)\"></label>\
          <label>Approval expires in (seconds, optional) <input type=\"text\" name=\"expires_in\" inputmode=\"numeric\"></label>\
@@ -199,6 +214,7 @@ fn decision_form(key: &str, fingerprint: &str, viewer: &Viewer, back: &str) -> S
          <button type=\"submit\" class=\"reject\" formaction=\"{action}/reject\">Reject</button></form>",
         action = escape(&action),
         fp = hidden("fingerprint", fingerprint),
+        component = hidden("component", component),
         csrf = html::csrf_field(viewer),
         back = hidden("back", back),
     )

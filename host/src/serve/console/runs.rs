@@ -83,7 +83,7 @@ pub fn runs_table(runs: &[RunSummary]) -> String {
 pub async fn runs(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
     let ops = app.host.ledger().operations(None).await?;
-    let runs = run_summaries(&ops, &api::approval_views(&app, None, false).await?);
+    let runs = run_summaries(&ops, &api::approval_views(&app, None, false, viewer.signed_in()).await?);
     Ok(Page::ok(html::page("Runs", &viewer, flash(&uri).as_deref(), &runs_table(&runs))))
 }
 
@@ -96,7 +96,7 @@ pub async fn run(
     let viewer = viewer(&app, &headers, &uri)?;
     let ledger = app.host.ledger();
     let mut ops = ledger.operations(Some(&run_id)).await?;
-    let approvals = api::approval_views(&app, Some(&run_id), false).await?;
+    let approvals = api::approval_views(&app, Some(&run_id), false, viewer.signed_in()).await?;
     if ops.is_empty() && approvals.is_empty() {
         return Err(Refusal::Error(StatusCode::NOT_FOUND, format!("no run {run_id} in the ledger")));
     }

@@ -1,0 +1,524 @@
+//! The background reconciler (DESIGN section 7): a server keeps asking, with backoff, about every
+//! operation whose outcome is unknown and whose tool is loaded and exports `reconcile`, so that an
+//! unknown whose proof exists settles without a person.
+//!
+//! Each try is [`Host::reconcile_operation`]: the rule of evidence (`failure::reconciled`: the
+//! settle window, the key's retention) is applied there and only there. What this module adds is
+//! when to ask: [`Schedule`] and [`next_try`] are pure and tested alone; [`Reconciler`] reads the
+//! unknown operations from the ledger every `every`, sleeps until the next try is due (a timer,
+//! never a poll loop), and reports each try to its observers (the server's `/metrics`, the CLI's
+//! `reconcile --watch`) and to the log.
+//!
+//! On a ledger several hosts share, each host's reconciler may ask about the same operation. The
+//! lookup is a read; what records its proof is the ledger's `resolve`, a compare-and-set on the
+//! operation's state and on the effect's dispatches as the try read them, so at most one host's
+//! settlement is recorded. The other is refused (`NotInDoubt`, `EffectChanged`), which here means
+//! "someone else settled it": the operation leaves the schedule, and the next reading of the
+//! ledger puts it back only if it is still unknown.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde::Serialize;
+
+use crate::error::{CallError, LedgerError};
+use crate::host::Host;
+use crate::ledger::OperationStatus;
+use crate::reconcile::Reconciliation;
+
+/// How a host's reconciler asks again: the policy file's `[reconciler]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Whether `oncebox serve` runs it (on by default).
+    pub enabled: bool,
+    /// How long after an unknown operation is found it is asked about the first time.
+    pub first: Duration,
+    /// The longest wait between two tries; the wait doubles from `first` up to this.
+    pub max: Duration,
+    /// How often the ledger is read for operations that became unknown (or stopped being).
+    pub every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            enabled: true,
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(5 * 60),
+            every: Duration::from_secs(2),
+        }
+    }
+}
+
+/// At most this many unknown operations are scheduled at once, so that a ledger full of unknowns
+/// does not grow the schedule without end; the rest are scheduled as earlier ones settle.
+pub const MAX_SCHEDULED: usize = 10_000;
+
+/// At most this many tries per pass: the ledger is read again between passes, so operations
+/// settled meanwhile (by a call, a person or another host) are not asked about.
+pub const MAX_TRIES_PER_PASS: usize = 64;
+
+/// The least time between two tries of one operation, and between two readings of the ledger,
+/// whatever the settings say: a zero setting must not spin.
+pub const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// How much of a wait jitter may take off (a fifth): hosts sharing a ledger that found an
+/// operation at the same moment do not keep asking about it in step.
+const JITTER_SPREAD: f64 = 0.2;
+
+/// When to ask about an operation again after its `tries`-th try (1 after the first) ended at
+/// `now_ms`: `first` doubled per try up to `max`, shortened by up to a fifth as `jitter` goes over
+/// [0, 1), never sooner than [`MIN_GAP`], and never before `counts_from_ms` (the end of the settle
+/// window, when a `not-committed` answer would start to count: asking earlier could not prove it).
+pub fn next_try(settings: &Settings, tries: u32, now_ms: u64, counts_from_ms: Option<u64>, jitter: f64) -> u64 {
+    let backoff = crate::retry::exponential(settings.first, settings.max, tries.saturating_add(1));
+    let wait = backoff.mul_f64(1.0 - JITTER_SPREAD * jitter.clamp(0.0, 1.0)).max(MIN_GAP);
+    let at = now_ms.saturating_add(millis(wait));
+    counts_from_ms.map_or(at, |counts| at.max(counts))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The operations to ask about and when: pure, no ledger and no clock of its own.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    slots: HashMap<String, Slot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    tool: String,
+    tries: u32,
+    due_ms: u64,
+}
+
+impl Schedule {
+    /// Makes the schedule hold the unknown operations given as `(operation key, tool)` and no
+    /// others: one no longer among them is dropped (it settled, or its tool is gone), one newly
+    /// among them is due `first` after `now_ms`, one already scheduled keeps its tries and its
+    /// time. At most [`MAX_SCHEDULED`]: scheduled ones are kept first, then new ones in the order
+    /// given. Returns how many were left out for now.
+    pub fn refresh(
+        &mut self,
+        settings: &Settings,
+        unknown: impl IntoIterator<Item = (String, String)>,
+        now_ms: u64,
+    ) -> usize {
+        let mut kept = HashMap::with_capacity(self.slots.len());
+        let mut new = Vec::new();
+        for (key, tool) in unknown {
+            match self.slots.remove(&key) {
+                // The same key with another tool cannot happen (the key is derived from the tool),
+                // but the tool named is the ledger's.
+                Some(slot) => {
+                    kept.insert(key, Slot { tool, ..slot });
+                }
+                None => new.push((key, tool)),
+            }
+        }
+        let first = now_ms.saturating_add(millis(settings.first));
+        let mut left_out = 0;
+        for (key, tool) in new {
+            if kept.len() >= MAX_SCHEDULED {
+                left_out += 1;
+                continue;
+            }
+            kept.entry(key).or_insert(Slot { tool, tries: 0, due_ms: first });
+        }
+        // A cap lowered under what was kept is not possible (it is a const), but the bound is the
+        // invariant: never more than MAX_SCHEDULED.
+        self.slots = kept;
+        left_out
+    }
+
+    /// What is due at `now_ms`, `(operation key, tool)`, soonest first, at most `limit`.
+    pub fn due(&self, now_ms: u64, limit: usize) -> Vec<(String, String)> {
+        let mut due: Vec<(&String, &Slot)> = self.slots.iter().filter(|(_, slot)| slot.due_ms <= now_ms).collect();
+        due.sort_by(|a, b| a.1.due_ms.cmp(&b.1.due_ms).then_with(|| a.0.cmp(b.0)));
+        due.into_iter().take(limit).map(|(key, slot)| (key.clone(), slot.tool.clone())).collect()
+    }
+
+    /// When the next try is due, if anything is scheduled.
+    pub fn next_due(&self) -> Option<u64> {
+        self.slots.values().map(|slot| slot.due_ms).min()
+    }
+
+    /// Records a try of `key` that settled nothing and schedules the next ([`next_try`]). Returns
+    /// when it is due and how many tries there have been, or `None` if `key` is not scheduled.
+    pub fn tried(
+        &mut self,
+        key: &str,
+        settings: &Settings,
+        now_ms: u64,
+        counts_from_ms: Option<u64>,
+        jitter: f64,
+    ) -> Option<(u64, u32)> {
+        let slot = self.slots.get_mut(key)?;
+        slot.tries = slot.tries.saturating_add(1);
+        slot.due_ms = next_try(settings, slot.tries, now_ms, counts_from_ms, jitter);
+        Some((slot.due_ms, slot.tries))
+    }
+
+    /// Drops `key`: it is settled. Returns its tries so far, if it was scheduled.
+    pub fn settled(&mut self, key: &str) -> Option<u32> {
+        self.slots.remove(key).map(|slot| slot.tries)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Whether `key` is scheduled.
+    pub fn contains(&self, key: &str) -> bool {
+        self.slots.contains_key(key)
+    }
+}
+
+/// What one try found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TryResult {
+    /// The effect took place: the operation is completed.
+    Committed,
+    /// Proven not taken: the operation reopened for its next call (an irreversible one failed).
+    NotCommitted,
+    /// Nothing proven: asked again later.
+    StillUnknown,
+    /// It was no longer unknown when asked, or another host's settlement won the ledger's
+    /// compare-and-set: someone else settled it.
+    SettledElsewhere,
+    /// The try could not be made (the ledger failed): asked again later.
+    Error,
+}
+
+impl TryResult {
+    /// As `/metrics` labels it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TryResult::Committed => "committed",
+            TryResult::NotCommitted => "not-committed",
+            TryResult::StillUnknown => "still-unknown",
+            TryResult::SettledElsewhere => "settled-elsewhere",
+            TryResult::Error => "error",
+        }
+    }
+}
+
+/// One try of one operation, as the observers and the log see it. It holds no args and no
+/// output: what was proven is in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Try {
+    pub operation_key: String,
+    pub tool: String,
+    pub result: TryResult,
+    /// The operation's tries so far, this one included.
+    pub tries: u32,
+    /// When it is asked again (ms since the epoch), if it is still unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_try_ms: Option<u64>,
+    /// Why nothing was proven, or what failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+type Observer = Box<dyn Fn(&Try) + Send + Sync>;
+
+/// Asks again about every unknown operation of a host whose tool can reconcile, with backoff
+/// ([`Host::reconciler`]). [`Reconciler::run`] until stopped; [`Reconciler::pass`] once.
+pub struct Reconciler {
+    host: Host,
+    settings: Settings,
+    schedule: Schedule,
+    /// When the ledger was last read for unknown operations.
+    refreshed_ms: Option<u64>,
+    /// Keeps this reconciler's jitter apart from another host's.
+    jitter_domain: String,
+    observers: Vec<Observer>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("settings", &self.settings)
+            .field("scheduled", &self.schedule.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler {
+    pub(crate) fn new(host: Host, settings: Settings) -> Self {
+        // Jitter is derived, not drawn (`retry::jitter`); the process and its start keep two
+        // hosts' draws for the same operation apart.
+        let jitter_domain = format!("oncebox/reconciler/{}-{}", std::process::id(), crate::clock::now_ms());
+        Reconciler {
+            host,
+            settings,
+            schedule: Schedule::default(),
+            refreshed_ms: None,
+            jitter_domain,
+            observers: vec![],
+        }
+    }
+
+    /// Calls `observer` after every try (counting them, printing them). It runs on the
+    /// reconciler's task: keep it short.
+    pub fn on_try(mut self, observer: impl Fn(&Try) + Send + Sync + 'static) -> Self {
+        self.observers.push(Box::new(observer));
+        self
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// How many operations are scheduled now.
+    pub fn scheduled(&self) -> usize {
+        self.schedule.len()
+    }
+
+    /// One pass: reads the unknown operations from the ledger, then asks about those due now (at
+    /// most [`MAX_TRIES_PER_PASS`]). With `first = 0` everything found is due at once. An error
+    /// reading the ledger is returned; a try's error is in its [`Try`].
+    pub async fn pass(&mut self) -> Result<Vec<Try>, LedgerError> {
+        self.refresh().await?;
+        let stop = std::pin::pin!(std::future::pending::<()>());
+        Ok(self.try_due(stop).await)
+    }
+
+    /// Keeps asking until `stop` resolves: reads the ledger every `every`, sleeps until the next
+    /// try or reading is due. A try under way when `stop` resolves is finished (a lookup and at
+    /// most one ledger write, within the tool's attempt deadline); no other starts after it. An
+    /// error reading the ledger is logged and the reading tried again after `every`.
+    pub async fn run(mut self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let every = millis(self.settings.every.max(MIN_GAP));
+        tracing::info!(
+            first = ?self.settings.first, max = ?self.settings.max, every = ?self.settings.every,
+            "the reconciler runs"
+        );
+        loop {
+            let now = crate::clock::now_ms();
+            let read_at = self.refreshed_ms.map_or(now, |at| at.saturating_add(every));
+            let wake = self.schedule.next_due().map_or(read_at, |due| due.min(read_at));
+            let wait = Duration::from_millis(wake.saturating_sub(now));
+            if wait.is_zero() {
+                if stop.as_mut().now_or_never().is_some() {
+                    return;
+                }
+            } else {
+                tokio::select! {
+                    () = stop.as_mut() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            if self.refreshed_ms.is_none_or(|at| crate::clock::now_ms() >= at.saturating_add(every))
+                && let Err(e) = self.refresh().await
+            {
+                tracing::warn!(error = %e, "the reconciler could not read the ledger; it reads again shortly");
+            }
+            self.try_due(stop.as_mut()).await;
+        }
+    }
+
+    /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule.
+    async fn refresh(&mut self) -> Result<(), LedgerError> {
+        let now = crate::clock::now_ms();
+        // Marked read even when it fails, so that a failing ledger is read again after `every`,
+        // not at once.
+        self.refreshed_ms = Some(now);
+        let unknown: Vec<(String, String)> = self
+            .host
+            .ledger()
+            .operations(None)
+            .await?
+            .into_iter()
+            .filter(|op| op.status == OperationStatus::Unknown && self.host.reconciles(&op.tool))
+            .map(|op| (op.key, op.tool))
+            .collect();
+        let left_out = self.schedule.refresh(&self.settings, unknown, now);
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                scheduled = self.schedule.len(),
+                "more unknown operations than the reconciler schedules at once; the rest wait for these to settle"
+            );
+        }
+        Ok(())
+    }
+
+    /// Asks about what is due, soonest first, until `stop` resolves between two tries.
+    async fn try_due(&mut self, mut stop: std::pin::Pin<&mut impl Future<Output = ()>>) -> Vec<Try> {
+        let mut tries = Vec::new();
+        for (key, tool) in self.schedule.due(crate::clock::now_ms(), MAX_TRIES_PER_PASS) {
+            if stop.as_mut().now_or_never().is_some() {
+                break;
+            }
+            let attempt = self.try_one(key, tool).await;
+            for observer in &self.observers {
+                observer(&attempt);
+            }
+            tries.push(attempt);
+        }
+        tries
+    }
+
+    async fn try_one(&mut self, key: String, tool: String) -> Try {
+        let answer = self.host.reconcile_operation(&key).await;
+        let (result, counts_from_ms, reason) = match answer {
+            Ok(Some(answer)) => match answer.answer {
+                Reconciliation::Committed { .. } => (TryResult::Committed, None, None),
+                Reconciliation::NotCommitted { .. } => (TryResult::NotCommitted, None, None),
+                Reconciliation::StillUnknown { reason, counts_from_ms, .. } => {
+                    (TryResult::StillUnknown, counts_from_ms, Some(reason))
+                }
+                Reconciliation::NotUnknown { .. } => (TryResult::SettledElsewhere, None, None),
+            },
+            // No longer unknown (a call, a person or another host settled it), or gone.
+            Ok(None) => (TryResult::SettledElsewhere, None, None),
+            // The ledger's compare-and-set refused this settlement: another host's (or a
+            // person's) came first, or the effect was sent again since this try read it. Either
+            // way not this loop's failure; the next reading of the ledger says what is left.
+            Err(CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::EffectChanged { .. })) => {
+                (TryResult::SettledElsewhere, None, None)
+            }
+            Err(e) => (TryResult::Error, None, Some(e.to_string())),
+        };
+        let now = crate::clock::now_ms();
+        let (next_try_ms, tries) = match result {
+            TryResult::StillUnknown | TryResult::Error => {
+                let tries = self.schedule.slots.get(&key).map_or(0, |slot| slot.tries);
+                let jitter = crate::retry::jitter(&key, &self.jitter_domain, tries);
+                match self.schedule.tried(&key, &self.settings, now, counts_from_ms, jitter) {
+                    Some((due, tries)) => (Some(due), tries),
+                    None => (None, tries.saturating_add(1)),
+                }
+            }
+            _ => (None, self.schedule.settled(&key).unwrap_or(0).saturating_add(1)),
+        };
+        let attempt = Try { operation_key: key, tool, result, tries, next_try_ms, reason };
+        let next_in = next_try_ms.map(|at| Duration::from_millis(at.saturating_sub(now)));
+        match attempt.result {
+            TryResult::Error => tracing::warn!(
+                operation_key = %attempt.operation_key, tool = %attempt.tool, tries, ?next_in,
+                error = attempt.reason.as_deref().unwrap_or_default(), "reconciler: the try failed"
+            ),
+            result => tracing::info!(
+                operation_key = %attempt.operation_key, tool = %attempt.tool, result = result.as_str(), tries,
+                ?next_in, "reconciler: tried"
+            ),
+        }
+        attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Settings = Settings {
+        enabled: true,
+        first: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+        every: Duration::from_secs(2),
+    };
+
+    fn ops(keys: &[&str]) -> Vec<(String, String)> {
+        keys.iter().map(|k| (k.to_string(), "charge".to_string())).collect()
+    }
+
+    #[test]
+    fn a_new_unknown_is_due_first_after_it_is_found() {
+        let mut schedule = Schedule::default();
+        assert_eq!(schedule.refresh(&S, ops(&["a"]), 10_000), 0);
+        assert!(schedule.due(10_999, 10).is_empty());
+        assert_eq!(schedule.due(11_000, 10), ops(&["a"]));
+        assert_eq!(schedule.next_due(), Some(11_000));
+    }
+
+    #[test]
+    fn the_wait_doubles_from_first_up_to_max() {
+        let waits: Vec<u64> = (1..=9).map(|tries| next_try(&S, tries, 0, None, 0.0)).collect();
+        assert_eq!(waits, [2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000, 60_000, 60_000]);
+        // Far past any shift: still the max, no overflow.
+        assert_eq!(next_try(&S, u32::MAX, 0, None, 0.0), 60_000);
+    }
+
+    #[test]
+    fn jitter_shortens_by_at_most_a_fifth_and_never_below_the_gap() {
+        assert_eq!(next_try(&S, 1, 0, None, 0.999_999), 1_600);
+        assert_eq!(next_try(&S, 1, 0, None, 0.5), 1_800);
+        let zero = Settings { first: Duration::ZERO, max: Duration::ZERO, ..S };
+        assert_eq!(next_try(&zero, 3, 5, None, 0.0), 5 + millis(MIN_GAP), "a zero setting does not spin");
+    }
+
+    #[test]
+    fn not_before_the_settle_window_ends_when_that_is_what_kept_it_unknown() {
+        assert_eq!(next_try(&S, 1, 1_000, Some(90_000), 0.0), 90_000);
+        // A settle window already over does not bring the try forward.
+        assert_eq!(next_try(&S, 1, 1_000, Some(500), 0.0), 3_000);
+    }
+
+    #[test]
+    fn tries_are_counted_and_an_operation_no_longer_unknown_drops_out() {
+        let mut schedule = Schedule::default();
+        schedule.refresh(&S, ops(&["a", "b"]), 0);
+        assert_eq!(schedule.tried("a", &S, 1_000, None, 0.0), Some((3_000, 1)));
+        assert_eq!(schedule.tried("a", &S, 3_000, None, 0.0), Some((7_000, 2)));
+        assert_eq!(schedule.tried("zz", &S, 3_000, None, 0.0), None, "not scheduled");
+        // Read again: `a` keeps its tries and time, `b` settled meanwhile, `c` is new.
+        schedule.refresh(&S, ops(&["a", "c"]), 4_000);
+        assert!(!schedule.contains("b"));
+        assert_eq!(schedule.due(5_000, 10), ops(&["c"]));
+        assert_eq!(schedule.due(7_000, 10), ops(&["c", "a"]), "soonest first");
+        assert_eq!(schedule.settled("a"), Some(2));
+        assert_eq!(schedule.settled("a"), None);
+        assert_eq!(schedule.len(), 1);
+    }
+
+    #[test]
+    fn due_is_limited_and_in_order() {
+        let mut schedule = Schedule::default();
+        schedule.refresh(&S, ops(&["c", "b", "a"]), 0);
+        assert_eq!(schedule.due(1_000, 2), ops(&["a", "b"]), "same time: key order");
+    }
+
+    #[test]
+    fn the_schedule_is_bounded_keeping_what_it_has() {
+        let mut schedule = Schedule::default();
+        let many: Vec<(String, String)> =
+            (0..MAX_SCHEDULED + 5).map(|i| (format!("k{i:06}"), "charge".to_string())).collect();
+        schedule.refresh(&S, many.iter().skip(5).cloned(), 0);
+        assert_eq!(schedule.len(), MAX_SCHEDULED);
+        let left_out = schedule.refresh(&S, many.iter().cloned(), 1_000);
+        assert_eq!((schedule.len(), left_out), (MAX_SCHEDULED, 5));
+        assert!(schedule.contains(&many[MAX_SCHEDULED + 4].0) && !schedule.contains(&many[0].0), "kept first");
+        // Once some settle, the others get in.
+        schedule.refresh(&S, many.iter().take(10).cloned(), 2_000);
+        assert_eq!(schedule.len(), 10);
+    }
+
+    #[test]
+    fn results_are_labelled_for_metrics() {
+        let labels: Vec<&str> = [
+            TryResult::Committed,
+            TryResult::NotCommitted,
+            TryResult::StillUnknown,
+            TryResult::SettledElsewhere,
+            TryResult::Error,
+        ]
+        .into_iter()
+        .map(TryResult::as_str)
+        .collect();
+        assert_eq!(labels, ["committed", "not-committed", "still-unknown", "settled-elsewhere", "error"]);
+        let json = serde_json::to_value(TryResult::SettledElsewhere).expect("json");
+        assert_eq!(json, "settled-elsewhere");
+    }
+}

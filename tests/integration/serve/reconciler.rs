@@ -1,0 +1,134 @@
+//! The server's background reconciler: an unknown whose proof exists settles without anyone
+//! calling reconcile, under the rule of evidence, counted at the provider and in `/metrics`.
+
+use std::time::{Duration, Instant};
+
+use oncebox_example_provider::{Fault, FaultKind, Provider, Route, Settings};
+use serde_json::{Value, json};
+
+use super::support::{Server, Setup, client};
+use crate::support::charge;
+
+/// Charges `order` for step `charge-ORDER` of run `run` through `server`: the answer.
+async fn charge_through(server: &Server, run: &str, order: &str) -> Value {
+    let body = json!({ "run_id": run, "step_id": format!("charge-{order}"), "tool": "charge", "args": charge(order) });
+    let response = client().post(server.url("/v1/calls")).json(&body).send().await.expect("call");
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("json")
+}
+
+/// The operation's status as `GET /v1/operations/KEY` answers it.
+async fn status_of(server: &Server, key: &str) -> String {
+    let response = client().get(server.url(&format!("/v1/operations/{key}"))).send().await.expect("get");
+    let body: Value = response.json().await.expect("json");
+    body["operation"]["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// Polls the operation every 100 ms for up to `within`: every status seen, with when (since
+/// `since`), until it is no longer `unknown`.
+async fn watch(server: &Server, key: &str, since: Instant, within: Duration) -> Vec<(Duration, String)> {
+    let mut seen = Vec::new();
+    while since.elapsed() < within {
+        let status = status_of(server, key).await;
+        seen.push((since.elapsed(), status.clone()));
+        if status != "unknown" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+/// `oncebox_reconcile_tries_total{tool="charge",result=RESULT}` in the server's `/metrics`.
+async fn tries(server: &Server, result: &str) -> u64 {
+    let text = client().get(server.url("/metrics")).send().await.expect("get").text().await.expect("text");
+    let prefix = format!("oncebox_reconcile_tries_total{{tool=\"charge\",result=\"{result}\"}} ");
+    text.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_charge_committed_then_answered_502_completes_by_itself_with_one_payment() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitThenError { status: 502 }).for_order("auto1"));
+    // No [reconciler] table: the server's defaults, on.
+    let setup = Setup::reconciling(&provider, "");
+    let server = setup.serve();
+    let started = Instant::now();
+    let first = charge_through(&server, "auto", "auto1").await;
+    assert_eq!(first["status"], "unknown", "the gateway's 502 after the commit: {first}");
+    let key = first["operation_key"].as_str().expect("key");
+
+    // Nobody calls reconcile: the server's reconciler asks the provider's lookup by itself.
+    let seen = watch(&server, key, started, Duration::from_secs(20)).await;
+    let (at, last) = seen.last().cloned().expect("polled");
+    assert_eq!(last, "completed", "{seen:?}\n{}", server.log());
+    assert!(at < Duration::from_secs(10), "settled within a few seconds: {seen:?}");
+    assert!(seen.iter().all(|(_, s)| s == "unknown" || s == "completed"), "{seen:?}");
+    assert_eq!(tries(&server, "committed").await, 1, "the try is counted");
+    let again = charge_through(&server, "auto", "auto1").await;
+    assert_eq!((again["status"].as_str(), again["replayed"].as_bool()), (Some("completed"), Some(true)), "{again}");
+    provider.settled().await;
+    assert_eq!(provider.counts("auto1").payments, 1, "one payment, proven by the lookup, never resent");
+    assert!(server.log().contains("reconciler: tried"), "logged:\n{}", server.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lagging_lookup_keeps_it_unknown_until_the_settle_window_has_passed_never_failed() {
+    let provider = Provider::start().await.expect("provider");
+    // The lookup index lags the commit by 3 s; the operator declared a settle window for it.
+    provider.configure(Settings { lookup_lag_ms: 3_000, ..Settings::default() });
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitThenError { status: 502 }).for_order("lag1"));
+    let host = provider.addr();
+    let setup = Setup::reconciling(
+        &provider,
+        &format!(
+            "[hosts.\"{host}\"]\ntimeout = \"300ms\"\nsettle_window = \"1s\"\n\
+             [reconciler]\nfirst = \"200ms\"\nmax = \"1s\"\nevery = \"200ms\"\n"
+        ),
+    );
+    let server = setup.serve();
+    let started = Instant::now();
+    let first = charge_through(&server, "lag", "lag1").await;
+    assert_eq!(first["status"], "unknown", "{first}");
+    let key = first["operation_key"].as_str().expect("key");
+
+    let seen = watch(&server, key, started, Duration::from_secs(40)).await;
+    let (at, last) = seen.last().cloned().expect("polled");
+    assert_eq!(last, "completed", "{seen:?}\n{}", server.log());
+    assert!(seen.iter().all(|(_, s)| s != "failed"), "never failed: {seen:?}");
+    // The empty lookups of the first seconds proved nothing, and a `not-committed` counts only
+    // once the last send could have ended (10 s send deadline + 300 ms timeout after its
+    // write-ahead) and the settle window (1 s) passed: not asked again before then.
+    assert!(at >= Duration::from_secs(11), "still unknown until the settle window passed: {seen:?}");
+    assert!(tries(&server, "still-unknown").await >= 1, "the early empty lookup was a try");
+    assert_eq!(tries(&server, "committed").await, 1);
+    assert_eq!(tries(&server, "not-committed").await, 0);
+    provider.settled().await;
+    assert_eq!(provider.counts("lag1").payments, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_servers_on_one_database_settle_an_unknown_once_and_neither_counts_an_error() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::CommitThenError { status: 502 }).for_order("pg-auto"));
+    // Both ask often, so that both are likely to ask about it at once.
+    let setup = Setup::reconciling(&provider, "[reconciler]\nfirst = \"100ms\"\nevery = \"100ms\"\n")
+        .on_shared(crate::pg::fresh_database().await);
+    let servers = [setup.serve(), setup.serve()];
+    let started = Instant::now();
+    let first = charge_through(&servers[0], "pg-auto", "pg-auto").await;
+    assert_eq!(first["status"], "unknown", "{first}");
+    let key = first["operation_key"].as_str().expect("key");
+    let seen = watch(&servers[1], key, started, Duration::from_secs(20)).await;
+    assert_eq!(seen.last().map(|(_, s)| s.as_str()), Some("completed"), "{seen:?}");
+    // Let the other server's try, if it made one, end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut committed = 0;
+    for server in &servers {
+        committed += tries(server, "committed").await;
+        assert_eq!(tries(server, "error").await, 0, "a refused double settlement is no error:\n{}", server.log());
+    }
+    assert_eq!(committed, 1, "one settlement recorded over both servers");
+    provider.settled().await;
+    assert_eq!(provider.counts("pg-auto").payments, 1);
+}
