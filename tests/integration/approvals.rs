@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::support::Fixture;
 
-const ROUNDS: usize = 150;
+const ROUNDS: usize = 400;
 
 fn ship(n: usize) -> Call {
     let args =

@@ -56,23 +56,40 @@ pub struct RedbStore {
     /// Operation keys whose approval is being written: a claim of one waits (`ApprovalChanged`)
     /// until the decision is on disk, and a decision is refused while the key is claimed. Both
     /// are checked under the `live` lock, and a claim looks here before it opens its snapshot
-    /// (`claim_in_memory`), so a claim and a decision never both win.
-    deciding: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// (`claim_in_memory`), so a claim and a decision never both win. Counted per key: two
+    /// decisions on one key may be under way at once (an approval and a rejection racing), and the
+    /// first to end must not unmark the key while the other is still being written.
+    deciding: Arc<Mutex<HashMap<String, usize>>>,
     /// The next fence a take-over gets, in memory or on disk: one counter for the whole ledger,
     /// above every fence on disk when it was opened, so no token is ever handed out twice (an
     /// operation's fences grow, whichever path took it over).
     next_fence: Arc<AtomicU64>,
 }
 
-/// Takes a key out of `deciding` when its approval write is over (or abandoned).
+/// Marks a key in `deciding` while its approval write is under way, and unmarks it when the write
+/// is over (or abandoned).
 struct Deciding {
-    set: Arc<Mutex<std::collections::HashSet<String>>>,
+    set: Arc<Mutex<HashMap<String, usize>>>,
     key: String,
+}
+
+impl Deciding {
+    /// Marks `key` in `set` (already locked as `held`).
+    fn hold(set: &Arc<Mutex<HashMap<String, usize>>>, held: &mut HashMap<String, usize>, key: String) -> Deciding {
+        *held.entry(key.clone()).or_insert(0) += 1;
+        Deciding { set: set.clone(), key }
+    }
 }
 
 impl Drop for Deciding {
     fn drop(&mut self) {
-        self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.key);
+        let mut set = self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = set.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                set.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -214,7 +231,7 @@ impl RedbStore {
         // `ApprovalClosed`). Looked at after the snapshot, a decision could commit and leave
         // `deciding` in between, unseen by both: a rejection and a claim would both win.
         let deciding = req.approval.is_some()
-            && self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(&req.key);
+            && self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(&req.key);
         // Read under the lock: a job makes an operation durable before it drops its live claim,
         // so between the two, one of them is always visible here.
         // One read transaction for the operation and, for a new one, its tombstone and approval.
@@ -526,17 +543,17 @@ impl Store for RedbStore {
         let record = record.clone();
         Box::pin(async move {
             let key = record.operation_key.clone();
-            {
+            // Claims of the key wait until the decision is on disk: the guard travels with the
+            // job and is dropped with its answer, after the commit, even if this future is
+            // dropped while the job waits in the queue.
+            let deciding = {
                 let live = self.live();
                 if live.contains_key(&key) {
                     return Err(LedgerError::ApprovalClosed { operation_key: key });
                 }
-                self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key.clone());
-            }
-            // Claims of the key wait until the decision is on disk: the guard travels with the
-            // job and is dropped with its answer, after the commit, even if this future is
-            // dropped while the job waits in the queue.
-            let deciding = Deciding { set: self.deciding.clone(), key };
+                let mut held = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                Deciding::hold(&self.deciding, &mut held, key)
+            };
             self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true).await.map(drop)
         })
     }
@@ -566,12 +583,11 @@ impl Store for RedbStore {
                     if ours.contains(&key) {
                         continue;
                     }
-                    // `insert` is false for a key being decided.
-                    if live.contains_key(&key) || !deciding.insert(key.clone()) {
+                    if live.contains_key(&key) || deciding.contains_key(&key) {
                         kept.insert(key);
                     } else {
                         ours.insert(key.clone());
-                        held.push(Deciding { set: self.deciding.clone(), key });
+                        held.push(Deciding::hold(&self.deciding, &mut deciding, key));
                     }
                 }
                 (kept, held)
