@@ -1,11 +1,13 @@
 //! Decisions racing calls: a rejection and a claim never both win. A step answered `rejected`
 //! had nothing dispatched, and a rejection that was accepted was not outrun by a shipment;
-//! counted at the example provider.
+//! counted at the example provider. On a redb file (one host) and on PostgreSQL (the call from
+//! one host, the decisions from another).
 
-use oncebox::{Call, Decision, Status};
+use oncebox::{Call, Decision, Host, HostBuilder, Status};
+use oncebox_example_provider::{Provider, ProviderHandle};
 use serde_json::json;
 
-use crate::support::Fixture;
+use crate::support::{Fixture, configure, load_all};
 
 const ROUNDS: usize = 400;
 
@@ -15,33 +17,51 @@ fn ship(n: usize) -> Call {
     Call::step("race", format!("ship-{n}"), "fulfill", args.to_string())
 }
 
-/// Approved, then a call and a rejection at once, on many threads, many times.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rejection_and_a_call_under_an_approval_never_both_win() {
-    let f = Fixture::new().await;
-    f.provider.set_stock("sku-1", 100_000);
+/// Two hosts on one fresh PostgreSQL database, sharing a key file, with the example tools.
+async fn on_postgres(provider: &ProviderHandle, dir: &tempfile::TempDir) -> (Host, Host) {
+    let url = crate::pg::fresh_database().await;
+    let mut hosts = Vec::new();
+    for _ in 0..2 {
+        let ledger = oncebox::Ledger::connect(&url).await.expect("connect");
+        let builder = HostBuilder::on_ledger(ledger).key_file(dir.path().join("hosts.key"));
+        let host = configure(builder, provider, true).build().await.expect("host");
+        load_all(&host).await;
+        hosts.push(host);
+    }
+    let b = hosts.pop().expect("b");
+    (hosts.pop().expect("a"), b)
+}
+
+/// Approved, then a call (on `caller`) and a rejection (on `decider`) at once, many times.
+async fn a_rejection_and_a_call_never_both_win(
+    caller: &Host,
+    decider: &Host,
+    provider: &ProviderHandle,
+    rounds: usize,
+) {
+    provider.set_stock("sku-1", 100_000);
     let (mut shipped, mut rejected) = (0, 0);
-    for n in 0..ROUNDS {
-        let first = f.host.call(ship(n)).await.expect("call");
+    for n in 0..rounds {
+        let first = caller.call(ship(n)).await.expect("call");
         assert_eq!(first.status, Status::AwaitingApproval, "{first:?}");
         let (key, fingerprint) = (first.operation_key.clone().expect("key"), first.fingerprint.clone().expect("fp"));
         let approve = Decision::Approve { expires_ms: None };
-        f.host.decide(&key, &fingerprint, approve, "ops", None).await.expect("approve");
+        decider.decide(&key, &fingerprint, approve, "ops", None).await.expect("approve");
 
-        let (host, call) = (f.host.clone(), ship(n));
+        let (host, call) = (caller.clone(), ship(n));
         let calling = tokio::spawn(async move { host.call(call).await });
-        let (host, k, fp) = (f.host.clone(), key.clone(), fingerprint.clone());
+        let (host, k, fp) = (decider.clone(), key.clone(), fingerprint.clone());
         let rejecting = tokio::spawn(async move { host.decide(&k, &fp, Decision::Reject, "ops", None).await });
         let (called, decided) = (calling.await.expect("task"), rejecting.await.expect("task"));
         let called = called.expect("the call runs");
-        f.provider.settled().await;
-        let count = f.provider.counts(&format!("race-{n}")).fulfillments;
+        provider.settled().await;
+        let count = provider.counts(&format!("race-{n}")).fulfillments;
         match decided {
             Ok(_) => {
                 rejected += 1;
                 assert_ne!(called.status, Status::Completed, "round {n}: rejected, yet shipped: {called:?}");
                 assert_eq!(count, 0, "round {n}: `reject` said nothing is ever dispatched; the provider shipped");
-                let after = f.host.call(ship(n)).await.expect("call");
+                let after = caller.call(ship(n)).await.expect("call");
                 assert_eq!(after.status, Status::Rejected, "round {n}: {after:?}");
             }
             Err(refused) => {
@@ -52,46 +72,68 @@ async fn a_rejection_and_a_call_under_an_approval_never_both_win() {
                 assert_eq!(count, 1, "round {n}: shipped once");
             }
         }
-        assert!(count <= 1);
     }
-    eprintln!("{ROUNDS} rounds: {shipped} shipped, {rejected} rejected");
-    assert_eq!(shipped + rejected, ROUNDS);
+    eprintln!("{rounds} rounds: {shipped} shipped, {rejected} rejected");
+    assert_eq!(shipped + rejected, rounds);
 }
 
 /// Pending: an approval, a call and a rejection at once. Whatever wins, the record and the
 /// provider agree: rejected and nothing shipped, or shipped once under the approval.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn approve_call_and_reject_at_once_leave_the_record_and_the_provider_agreeing() {
-    let f = Fixture::new().await;
-    f.provider.set_stock("sku-1", 100_000);
-    for n in 0..ROUNDS {
-        let first = f.host.call(ship(n)).await.expect("call");
+async fn approve_call_and_reject_at_once(
+    caller: &Host,
+    decider: &Host,
+    provider: &ProviderHandle,
+    steps: std::ops::Range<usize>,
+) {
+    provider.set_stock("sku-1", 100_000);
+    for n in steps {
+        let first = caller.call(ship(n)).await.expect("call");
         let (key, fingerprint) = (first.operation_key.clone().expect("key"), first.fingerprint.clone().expect("fp"));
-        let (host, k, fp) = (f.host.clone(), key.clone(), fingerprint.clone());
+        let (host, k, fp) = (decider.clone(), key.clone(), fingerprint.clone());
         let approving =
             tokio::spawn(
                 async move { host.decide(&k, &fp, Decision::Approve { expires_ms: None }, "alice", None).await },
             );
-        let (host, call) = (f.host.clone(), ship(n));
+        let (host, call) = (caller.clone(), ship(n));
         let calling = tokio::spawn(async move { host.call(call).await });
-        let (host, k, fp) = (f.host.clone(), key.clone(), fingerprint.clone());
+        let (host, k, fp) = (decider.clone(), key.clone(), fingerprint.clone());
         let rejecting = tokio::spawn(async move { host.decide(&k, &fp, Decision::Reject, "bob", None).await });
         let _ = approving.await.expect("task");
         let called = calling.await.expect("task").expect("the call runs");
         let rejected = rejecting.await.expect("task").is_ok();
-        f.provider.settled().await;
-        let count = f.provider.counts(&format!("race-{n}")).fulfillments;
+        provider.settled().await;
+        let count = provider.counts(&format!("race-{n}")).fulfillments;
         if called.status == Status::Rejected || rejected {
             // Once `reject` said so, no later call ships either.
-            let after = f.host.call(ship(n)).await.expect("call");
+            let after = caller.call(ship(n)).await.expect("call");
             assert_eq!(count, 0, "round {n}: rejected ({called:?}), yet shipped");
             assert_ne!(after.status, Status::Completed, "round {n}: {after:?}");
         } else {
             assert!(count <= 1, "round {n}: shipped {count} times");
         }
-        let record = f.host.ledger().approval(&key).await.expect("read").expect("request");
+        let record = caller.ledger().approval(&key).await.expect("read").expect("request");
         if count == 1 {
             assert_eq!(record.state, oncebox::ledger::ApprovalState::Approved, "round {n}: shipped under {record:?}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redb_a_rejection_and_a_call_under_an_approval_never_both_win() {
+    let f = Fixture::new().await;
+    a_rejection_and_a_call_never_both_win(&f.host, &f.host, &f.provider, ROUNDS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redb_approve_call_and_reject_at_once_leave_the_record_and_the_provider_agreeing() {
+    let f = Fixture::new().await;
+    approve_call_and_reject_at_once(&f.host, &f.host, &f.provider, 0..ROUNDS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_postgres_a_rejection_on_one_host_and_a_call_on_another_never_both_win() {
+    let (provider, dir) = (Provider::start().await.expect("provider"), tempfile::tempdir().expect("dir"));
+    let (a, b) = on_postgres(&provider, &dir).await;
+    a_rejection_and_a_call_never_both_win(&a, &b, &provider, 100).await;
+    approve_call_and_reject_at_once(&a, &b, &provider, 100..200).await;
 }

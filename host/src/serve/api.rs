@@ -170,7 +170,7 @@ async fn compensate(
     // Compensating sends refunds: a decision, like approving, wherever the request comes from.
     app.auth.operator(&headers)?;
     let report = app.host.compensate(&run_id).await.map_err(|e| ApiError::from_operation(e, "compensate"))?;
-    Ok(json_response(StatusCode::OK, &report))
+    Ok(json_response(StatusCode::OK, &report.served_at(&app.base_url)))
 }
 
 #[derive(Debug, Deserialize)]
