@@ -25,7 +25,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::call::{Outcome, Status};
-use crate::clock::now_ms;
 use crate::effects::Shared;
 use crate::error::CallError;
 use crate::executor::Prepared;
@@ -81,7 +80,7 @@ pub struct ApprovalView {
 impl ApprovalView {
     pub fn of(record: &ApprovalRecord, ledger: &Ledger) -> Self {
         ApprovalView {
-            state: record.standing(now_ms()),
+            state: record.standing(ledger.now_ms()),
             tool: record.tool.clone(),
             component: record.component.clone(),
             description: record.description.clone(),
@@ -118,7 +117,7 @@ pub(crate) async fn gate(
     if ledger.operation(key).await?.is_some() || ledger.tombstone(key).await?.is_some() {
         return Ok(Gate::Proceed { revision: None });
     }
-    let now = now_ms();
+    let now = ledger.now_ms();
     for _ in 0..GATE_TRIES {
         let Some(record) = ledger.approval(key).await? else {
             let record = request(shared, tool, prepared, redacted, now, 1)?;
@@ -346,7 +345,7 @@ pub async fn decide_on(
             time(record.decided_ms.unwrap_or(0))
         )));
     }
-    let now = now_ms();
+    let now = ledger.now_ms();
     record.state = match decision {
         Decision::Approve { expires_ms } => {
             if expires_ms.is_some_and(|until| until <= now) {

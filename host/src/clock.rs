@@ -1,4 +1,6 @@
-//! Wall-clock milliseconds for records and leases.
+//! This host's wall clock, in ms since the epoch. Records, leases and settle windows are stamped
+//! and judged by their ledger's clock (`Ledger::now_ms`), which is this one for a ledger file and
+//! the database's for a ledger that hosts share.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -18,6 +18,12 @@ pub enum CallError {
          orchestrator (--run and --step); without them a retry could not be told from a new intent"
     )]
     StepRequired { tool: String, class: ReplayClass },
+    #[error(
+        "step `{step_id}` is refused: step ids that begin with `{}` are the saga's own, one per step it \
+         undoes; name the step otherwise",
+        crate::keys::COMPENSATION_PREFIX
+    )]
+    ReservedStep { step_id: String },
     #[error("cannot settle the operation: {reason}")]
     InvalidResolution { reason: String },
     #[error("cannot decide the approval of operation {operation_key}: {reason}")]

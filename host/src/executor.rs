@@ -8,7 +8,6 @@ use serde_json::Value;
 use crate::approvals::{self, Gate};
 use crate::attempt_log;
 use crate::call::{Call, Outcome, Status};
-use crate::clock::now_ms;
 use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::failure::{self, End, GuestError};
@@ -113,12 +112,12 @@ pub(crate) async fn execute_keyed(
         tool: name.to_string(),
         class,
         owner: host.owner.clone(),
-        now_ms: now_ms(),
+        now_ms: host.shared.ledger.now_ms(),
         lease_ms: host.lease.as_millis() as u64,
         approval,
     };
     // Before the claim: the lease the ledger grants can only end later than this says.
-    let mut claimed_at = now_ms();
+    let mut claimed_at = host.shared.ledger.now_ms();
     let mut claimed = claim(host, &request, wait).await?;
     // A decision landed between the gate and the claim (the store checks the approval with the
     // claim): the gate decides again, on what the approval says now.
@@ -131,7 +130,7 @@ pub(crate) async fn execute_keyed(
             Gate::Stop(outcome) => return Ok(outcome),
             Gate::Proceed { revision } => request.approval = Some(seen(revision)),
         }
-        claimed_at = now_ms();
+        claimed_at = host.shared.ledger.now_ms();
         claimed = claim(host, &request, wait).await?;
     }
     let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, .. } = prepared;
@@ -176,7 +175,7 @@ pub(crate) async fn execute_keyed(
     let mut reruns = 0;
     loop {
         attempt += 1;
-        let started_ms = now_ms();
+        let started_ms = host.shared.ledger.now_ms();
         let started = Instant::now();
         // A fresh claim's first attempt: nothing of the operation exists but what it writes.
         let first = fence == 1 && attempt == 1 && reruns == 0;
@@ -279,7 +278,7 @@ pub(crate) async fn execute_keyed(
             Next::Finish(status) => Some((status, verdict.output_json(), verdict.error())),
             Next::Retry(_) => None,
         };
-        match host.shared.ledger.record_attempt(fence, &record, finish, now_ms(), staged).await {
+        match host.shared.ledger.record_attempt(fence, &record, finish, host.shared.ledger.now_ms(), staged).await {
             Ok(()) => host.shared.reached(|| crate::effects::hooks::Site::attempt(&operation_key, attempt)).await,
             // A versioned KV write found its key written by another step since the guest read it:
             // nothing of this attempt was recorded, so it runs again from the start under the same
@@ -344,7 +343,10 @@ async fn record_end(
 ) -> Result<(), LedgerError> {
     record.outcome = error.class.clone();
     record.message = Some(error.message.clone());
-    host.shared.ledger.record_attempt(fence, record, Some((status, None, Some(error))), now_ms(), Vec::new()).await
+    host.shared
+        .ledger
+        .record_attempt(fence, record, Some((status, None, Some(error))), host.shared.ledger.now_ms(), Vec::new())
+        .await
 }
 
 /// Ends the operation `unknown` (an effect of it may have taken place), and says so.
@@ -371,7 +373,7 @@ const ATTEMPT_JITTER: &str = "oncebox/jitter";
 /// An unknown operation whose in-doubt effects may all be resent with their keys (their hosts
 /// honour keys, within retention) is taken over to resend them; anything else stays as recorded.
 async fn reopen(host: &Stage, request: &ClaimRequest, policy: &RetryPolicy) -> Result<Claim, CallError> {
-    let now = now_ms();
+    let now = host.shared.ledger.now_ms();
     let resendable: Vec<String> = host
         .shared
         .ledger
@@ -394,7 +396,7 @@ async fn claim(host: &Stage, request: &ClaimRequest, wait: Duration) -> Result<C
     let until = Instant::now() + wait;
     loop {
         let mut request = request.clone();
-        request.now_ms = now_ms();
+        request.now_ms = host.shared.ledger.now_ms();
         let claim = host.shared.ledger.claim(&request).await?;
         let now = Instant::now();
         let owner_lease = match &claim {
@@ -556,7 +558,7 @@ async fn standing(
 ) -> Result<(Vec<InDoubt>, Vec<String>), CallError> {
     let key = operation_key.to_string();
     let recorded = host.shared.ledger.effects(&key).await?;
-    let now = now_ms();
+    let now = host.shared.ledger.now_ms();
     let mut in_doubt = ctx.in_doubt.clone();
     let mut taken = Vec::new();
     for effect in &recorded {

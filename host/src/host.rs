@@ -384,6 +384,11 @@ impl Host {
     /// Runs a call through the pipeline of DESIGN section 4.
     pub async fn call(&self, call: Call) -> Result<Outcome, CallError> {
         let entry = self.entry(&call.tool)?;
+        // Only the saga runs a compensation (`saga.rs`, straight through the pipeline): a caller's
+        // step under that name would count as the undo of a step nothing undid.
+        if let Some(step_id) = call.step_id.as_deref().filter(|s| s.starts_with(crate::keys::COMPENSATION_PREFIX)) {
+            return Err(CallError::ReservedStep { step_id: step_id.to_string() });
+        }
         crate::executor::execute(&self.inner.stage, &entry, call).await
     }
 
@@ -467,7 +472,7 @@ impl Host {
 
     /// Removes records that expired `retention` ago (see `retention.rs`).
     pub async fn gc(&self, retention: Duration) -> Result<crate::retention::GcReport, crate::LedgerError> {
-        crate::retention::gc(self.ledger(), retention, crate::clock::now_ms()).await
+        crate::retention::gc(self.ledger(), retention, self.ledger().now_ms()).await
     }
 
     /// Loads every `.wasm` in `dir` (in name order), then checks that each `compensated-by` names a

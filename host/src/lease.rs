@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use crate::clock::now_ms;
 use crate::stage::Stage;
 
 /// The owner's view of its lease: never later than what the ledger holds.
@@ -24,7 +23,7 @@ impl Lease<'_> {
         let lease = self.host.lease;
         let (lease_ms, bound_ms) = (lease.as_millis() as u64, u64::try_from(bound.as_millis()).unwrap_or(u64::MAX));
         let margin_ms = lease_ms / 3;
-        let now = now_ms();
+        let now = self.host.shared.ledger.now_ms();
         if now.saturating_add(bound_ms).saturating_add(margin_ms) <= self.until_ms {
             return work.await;
         }
@@ -38,7 +37,7 @@ impl Lease<'_> {
         loop {
             tokio::select! {
                 out = &mut work => return out,
-                _ = ticks.tick() => self.renew(now_ms()).await,
+                _ = ticks.tick() => self.renew(self.host.shared.ledger.now_ms()).await,
             }
         }
     }

@@ -140,7 +140,7 @@ async fn reconcile_recorded(
         },
         Answer::NotCommitted => Reported::NotCommitted,
     };
-    let now = crate::clock::now_ms();
+    let now = host.shared.ledger.now_ms();
     let resolution = match failure::reconciled(reported, host.shared.lookup(&effect), now) {
         Proven::Taken(output) => Resolution::Committed { output },
         Proven::NotTaken => Resolution::NotCommitted,
@@ -184,7 +184,7 @@ pub async fn settle(
         verdict: resolution.verdict().into(),
         by: by.to_string(),
         note: note.map(str::to_string),
-        at_ms: crate::clock::now_ms(),
+        at_ms: ledger.now_ms(),
     };
     let resolved = ledger.resolve(operation_key, effect_key, None, resolution, &settlement).await?;
     tracing::info!(%operation_key, ?effect_key, verdict = settlement.verdict, by, "settled by hand");

@@ -305,7 +305,7 @@ impl Reconciler {
             "the reconciler runs"
         );
         loop {
-            let now = crate::clock::now_ms();
+            let now = self.host.ledger().now_ms();
             let read_at = self.refreshed_ms.map_or(now, |at| at.saturating_add(every));
             let wake = self.schedule.next_due().map_or(read_at, |due| due.min(read_at));
             let wait = Duration::from_millis(wake.saturating_sub(now));
@@ -319,7 +319,7 @@ impl Reconciler {
                     () = tokio::time::sleep(wait) => {}
                 }
             }
-            if self.refreshed_ms.is_none_or(|at| crate::clock::now_ms() >= at.saturating_add(every))
+            if self.refreshed_ms.is_none_or(|at| self.host.ledger().now_ms() >= at.saturating_add(every))
                 && let Err(e) = self.refresh().await
             {
                 tracing::warn!(error = %e, "the reconciler could not read the ledger; it reads again shortly");
@@ -330,7 +330,7 @@ impl Reconciler {
 
     /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule.
     async fn refresh(&mut self) -> Result<(), LedgerError> {
-        let now = crate::clock::now_ms();
+        let now = self.host.ledger().now_ms();
         // Marked read even when it fails, so that a failing ledger is read again after `every`,
         // not at once.
         self.refreshed_ms = Some(now);
@@ -357,7 +357,7 @@ impl Reconciler {
     /// Asks about what is due, soonest first, until `stop` resolves between two tries.
     async fn try_due(&mut self, mut stop: std::pin::Pin<&mut impl Future<Output = ()>>) -> Vec<Try> {
         let mut tries = Vec::new();
-        for (key, tool) in self.schedule.due(crate::clock::now_ms(), MAX_TRIES_PER_PASS) {
+        for (key, tool) in self.schedule.due(self.host.ledger().now_ms(), MAX_TRIES_PER_PASS) {
             if stop.as_mut().now_or_never().is_some() {
                 break;
             }
@@ -391,7 +391,7 @@ impl Reconciler {
             }
             Err(e) => (TryResult::Error, None, Some(e.to_string())),
         };
-        let now = crate::clock::now_ms();
+        let now = self.host.ledger().now_ms();
         let (next_try_ms, tries) = match result {
             TryResult::StillUnknown | TryResult::Error => {
                 let tries = self.schedule.slots.get(&key).map_or(0, |slot| slot.tries);

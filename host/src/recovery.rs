@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::ledger::{ApprovalState, Ledger, LedgerError, OperationStatus};
+use crate::ledger::{Ledger, LedgerError, Open, OperationStatus, Why};
 
 /// One step as recovery sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -38,96 +38,101 @@ pub struct RunRecovery {
     pub in_doubt: Vec<RecoveredStep>,
     /// Claimed by an owner that stopped: the next call of the step takes it over.
     pub available: Vec<RecoveredStep>,
+    /// Claimed by an owner whose lease is live (on this host or another; recorded or still in
+    /// flight): let it finish.
+    pub in_progress: Vec<RecoveredStep>,
     pub failed: Vec<RecoveredStep>,
     pub awaiting_approval: Vec<RecoveredStep>,
     /// Completed compensatable steps whose compensation started and did not complete.
     pub compensation_outstanding: Vec<RecoveredStep>,
     pub decide: Vec<Decision>,
+    /// What keeps the run open, by the ledger's one rule (`ledger::run_state`); empty: closed.
+    pub open: Vec<Open>,
 }
 
-/// The state of every run (or one) after the ledger was opened, i.e. recovered.
+fn recovered(step_id: &str, tool: &str, operation_key: &str) -> RecoveredStep {
+    RecoveredStep {
+        step_id: step_id.to_string(),
+        tool: tool.to_string(),
+        operation_key: operation_key.to_string(),
+        effects_in_doubt: Vec::new(),
+    }
+}
+
+/// The state of every run (or one) after the ledger was opened, i.e. recovered. What is open, and
+/// so what a person must decide, is the ledger's rule's to say; this sorts it and says how.
 pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<String, RunRecovery>, LedgerError> {
     let path = ledger.path().display().to_string();
+    let open = ledger.open_runs(run, ledger.now_ms()).await?;
     let ops = ledger.operations(run).await?;
     let mut runs: BTreeMap<String, RunRecovery> = BTreeMap::new();
     for op in &ops {
         let entry = runs.entry(op.run_id.clone()).or_default();
-        let mut step = RecoveredStep {
-            step_id: op.step_id.clone(),
-            tool: op.tool.clone(),
-            operation_key: op.key.clone(),
-            effects_in_doubt: Vec::new(),
-        };
         match op.status {
-            OperationStatus::Completed => entry.completed.push(step),
-            OperationStatus::Failed => entry.failed.push(step),
-            OperationStatus::Claimed => entry.available.push(step),
-            OperationStatus::Unknown => {
-                step.effects_in_doubt =
-                    ledger.effects(&op.key).await?.into_iter().filter(|e| e.status.in_doubt()).map(|e| e.key).collect();
-                entry.decide.push(Decision {
-                    step_id: op.step_id.clone(),
-                    what: format!("`{}` may have taken effect: ask its authority, or settle it by hand", op.tool),
-                    command: format!(
-                        "oncebox reconcile --ledger {path} --run {} --tools DIR  |  oncebox resolve --ledger {path} {} \
-                         (--committed 'OUTPUT' | --not-committed) --by NAME",
-                        op.run_id, op.key
-                    ),
-                });
-                entry.in_doubt.push(step);
-            }
+            OperationStatus::Completed => entry.completed.push(recovered(&op.step_id, &op.tool, &op.key)),
+            OperationStatus::Failed => entry.failed.push(recovered(&op.step_id, &op.tool, &op.key)),
+            // Open: sorted below, from the rule.
+            OperationStatus::Claimed | OperationStatus::Unknown => {}
         }
     }
-    for approval in ledger.approvals(run).await? {
-        // Pending, or approved and not used yet (maybe expired): the saga waits for either.
-        let open = matches!(approval.state, ApprovalState::Pending | ApprovalState::Approved);
-        if !open || ops.iter().any(|op| op.key == approval.operation_key) {
-            continue;
-        }
-        let entry = runs.entry(approval.run_id.clone()).or_default();
-        entry.decide.push(Decision {
-            step_id: approval.step_id.clone(),
-            what: format!("`{}` awaits approval of its exact params", approval.tool),
-            command: format!(
-                "oncebox approvals show --ledger {path} {0}  then  oncebox approve --ledger {path} {0} --fingerprint {1} \
-                 --by NAME",
-                approval.operation_key, approval.fingerprint
-            ),
-        });
-        entry.awaiting_approval.push(RecoveredStep {
-            step_id: approval.step_id,
-            tool: approval.tool,
-            operation_key: approval.operation_key,
-            effects_in_doubt: Vec::new(),
-        });
-    }
-    for (run_id, entry) in runs.iter_mut() {
-        let of_run: Vec<&crate::ledger::OperationRecord> = ops.iter().filter(|op| &op.run_id == run_id).collect();
-        if !crate::saga::outstanding(&of_run) {
-            continue;
-        }
-        for op in &of_run {
-            let undone = of_run
-                .iter()
-                .any(|c| c.step_id == crate::saga::compensation_step(op) && c.status == OperationStatus::Completed);
-            if op.class == crate::ReplayClass::Compensatable
-                && op.status == OperationStatus::Completed
-                && !crate::saga::is_compensation(op)
-                && !undone
-            {
-                entry.compensation_outstanding.push(RecoveredStep {
-                    step_id: op.step_id.clone(),
-                    tool: op.tool.clone(),
-                    operation_key: op.key.clone(),
-                    effects_in_doubt: Vec::new(),
-                });
+    for (run_id, reasons) in open {
+        let entry = runs.entry(run_id.clone()).or_default();
+        let mut outstanding = false;
+        for open in &reasons {
+            let mut step = recovered(&open.step_id, &open.tool, &open.operation_key);
+            match &open.why {
+                Why::Unknown => {
+                    step.effects_in_doubt = ledger
+                        .effects(&open.operation_key)
+                        .await?
+                        .into_iter()
+                        .filter(|e| e.status.in_doubt())
+                        .map(|e| e.key)
+                        .collect();
+                    entry.decide.push(Decision {
+                        step_id: open.step_id.clone(),
+                        what: format!("`{}` may have taken effect: ask its authority, or settle it by hand", open.tool),
+                        command: format!(
+                            "oncebox reconcile --ledger {path} --run {run_id} --tools DIR  |  oncebox resolve --ledger \
+                             {path} {} (--committed 'OUTPUT' | --not-committed) --by NAME",
+                            open.operation_key
+                        ),
+                    });
+                    entry.in_doubt.push(step);
+                }
+                Why::Abandoned { .. } => entry.available.push(step),
+                Why::InFlight { .. } => entry.in_progress.push(step),
+                Why::AwaitingApproval { .. } => {
+                    let request = ledger.approval(&open.operation_key).await?;
+                    let fingerprint = request.as_ref().map(|a| a.fingerprint.clone());
+                    let component = request.and_then(|a| a.component);
+                    entry.decide.push(Decision {
+                        step_id: open.step_id.clone(),
+                        what: format!("`{}` awaits approval of its exact params", open.tool),
+                        command: format!(
+                            "oncebox approvals show --ledger {path} {0}  then  oncebox approve --ledger {path} {0} \
+                             --fingerprint {1} --component {2} --by NAME",
+                            open.operation_key,
+                            fingerprint.as_deref().unwrap_or("FINGERPRINT"),
+                            component.as_deref().unwrap_or("DIGEST")
+                        ),
+                    });
+                    entry.awaiting_approval.push(step);
+                }
+                Why::CompensationOutstanding => {
+                    outstanding = true;
+                    entry.compensation_outstanding.push(step);
+                }
             }
         }
-        entry.decide.push(Decision {
-            step_id: "*".into(),
-            what: "the run's compensation is outstanding".into(),
-            command: format!("oncebox compensate --ledger {path} --run {run_id} --tools DIR"),
-        });
+        if outstanding {
+            entry.decide.push(Decision {
+                step_id: "*".into(),
+                what: "the run's compensation is outstanding".into(),
+                command: format!("oncebox compensate --ledger {path} --run {run_id} --tools DIR"),
+            });
+        }
+        entry.open = reasons;
     }
     Ok(runs)
 }

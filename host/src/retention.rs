@@ -2,8 +2,9 @@
 //! `oncebox ledger gc` removes the expired ones. Only what is over goes: completed and failed
 //! operations, with their attempts, effects and approval, and rejected requests for approval
 //! (leaving a tombstone, so the rejection stays final). Nothing a person, a later call or a saga
-//! still needs goes: an operation unknown or claimed, and every record of a run with one of
-//! those, with a request awaiting a decision or its use, or with compensation outstanding.
+//! still needs goes: every record of a run that is open, by the ledger's one rule
+//! (`ledger::run_state`: a step unknown or claimed, in flight included, a request awaiting a
+//! decision or its use, compensation outstanding).
 //!
 //! Requests for approval lapse too: one nobody decided within the window (counted from when it was
 //! last asked), and an approval nobody used within it (counted from the decision, or from its
@@ -16,7 +17,7 @@
 //! them 24 hours), so running it as new could repeat its effect with nobody the wiser. A new
 //! intent takes a new step id.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,7 +25,8 @@ use serde::Serialize;
 use crate::approvals::time;
 use crate::call::{Outcome, Status};
 use crate::ledger::{
-    ApprovalRecord, ApprovalState, Ledger, LedgerError, OperationRecord, OperationStatus, StaleApproval, Tombstone,
+    ApprovalRecord, ApprovalState, Ledger, LedgerError, Open, OperationRecord, OperationStatus, StaleApproval,
+    Tombstone, Why,
 };
 
 /// How long records are kept by default.
@@ -57,12 +59,12 @@ pub(crate) fn expired(tombstone: &Tombstone) -> Outcome {
 /// Removes what expired before `now_ms - retention` (see the module's docs).
 pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcReport, LedgerError> {
     let cutoff = now_ms.saturating_sub(retention.as_millis() as u64);
+    // What keeps each run open, by the ledger's one rule (claims in flight included), read before
+    // the records gc removes from, so that a step claimed before this look keeps its run.
+    let open = ledger.open_runs(None, now_ms).await?;
     let operations = ledger.operations(None).await?;
     let approvals = ledger.approvals(None).await?;
     let mut report = GcReport::default();
-    // Runs a saga may still need keep every record: one whose compensation is outstanding, and one
-    // with a step still unknown, claimed or awaiting approval (whose compensation cannot start yet,
-    // and would find nothing to undo if the completed steps were gone).
     let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
     // Requests without an operation that this gc removes: rejected ones (with a tombstone), and
     // pending or approved ones that lapsed (see the module's docs).
@@ -71,46 +73,42 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
         .filter(|a| !with_operation.contains(a.operation_key.as_str()) && last_written(a) < cutoff)
         .partition(|a| a.state == ApprovalState::Rejected);
     let lapsing: BTreeSet<&str> = lapsed.iter().map(|a| a.operation_key.as_str()).collect();
-    let mut runs: BTreeSet<&str> = operations.iter().map(|op| op.run_id.as_str()).collect();
-    runs.retain(|run| {
-        let of_run: Vec<&OperationRecord> = operations.iter().filter(|op| op.run_id == *run).collect();
-        let open = of_run.iter().any(|op| matches!(op.status, OperationStatus::Unknown | OperationStatus::Claimed));
-        let awaiting = approvals.iter().any(|a| {
-            a.run_id == *run
-                && a.state != ApprovalState::Rejected
-                && !with_operation.contains(a.operation_key.as_str())
-                && !lapsing.contains(a.operation_key.as_str())
-        });
-        open || awaiting || crate::saga::outstanding(&of_run)
-    });
+    // An open run keeps every record: a saga may still need them (its compensation cannot start
+    // yet, and would find nothing to undo if the completed steps were gone). A request this gc
+    // lets lapse keeps nothing: it goes too.
+    let kept_runs: BTreeMap<&str, Vec<&Open>> = open
+        .iter()
+        .map(|(run, reasons)| {
+            let reasons = reasons
+                .iter()
+                .filter(|o| {
+                    !(matches!(o.why, Why::AwaitingApproval { .. }) && lapsing.contains(o.operation_key.as_str()))
+                })
+                .collect::<Vec<_>>();
+            (run.as_str(), reasons)
+        })
+        .filter(|(_, reasons)| !reasons.is_empty())
+        .collect();
     let mut tombstones = Vec::new();
     for op in &operations {
         if op.updated_ms >= cutoff {
             continue;
         }
-        let kept = match op.status {
-            OperationStatus::Unknown => Some("unknown: reconcile it or settle it by hand first".to_string()),
-            OperationStatus::Claimed => Some("claimed: a caller may still be running it".to_string()),
-            _ if runs.contains(op.run_id.as_str()) => Some(format!(
-                "run `{}` has a step unknown, claimed or awaiting approval, or compensation outstanding",
-                op.run_id
-            )),
-            OperationStatus::Completed | OperationStatus::Failed => None,
-        };
-        match kept {
-            Some(why) => report.kept.push((op.key.clone(), why)),
-            None => tombstones.push(Tombstone {
-                operation_key: op.key.clone(),
-                run_id: op.run_id.clone(),
-                step_id: op.step_id.clone(),
-                tool: op.tool.clone(),
-                fingerprint: op.fingerprint.clone(),
-                status: op.status,
-                ended_ms: op.updated_ms,
-                removed_ms: now_ms,
-                rejected: false,
-            }),
+        if let Some(reasons) = kept_runs.get(op.run_id.as_str()) {
+            report.kept.push((op.key.clone(), kept_because(op, reasons)));
+            continue;
         }
+        tombstones.push(Tombstone {
+            operation_key: op.key.clone(),
+            run_id: op.run_id.clone(),
+            step_id: op.step_id.clone(),
+            tool: op.tool.clone(),
+            fingerprint: op.fingerprint.clone(),
+            status: op.status,
+            ended_ms: op.updated_ms,
+            removed_ms: now_ms,
+            rejected: false,
+        });
     }
     let mut stale = Vec::new();
     // A rejection stays final after its request goes: its tombstone refuses the step.
@@ -133,6 +131,20 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
     report.removed_operations = removed.operations;
     report.removed_approvals = removed.approvals;
     Ok(report)
+}
+
+/// Why gc keeps `op`, of a run kept open by `reasons`: its own reason if it has one, else the run's.
+fn kept_because(op: &OperationRecord, reasons: &[&Open]) -> String {
+    let own = reasons.iter().find(|o| o.operation_key == op.key && o.why != Why::CompensationOutstanding);
+    match own.map(|o| &o.why) {
+        Some(Why::Unknown) => "unknown: reconcile it or settle it by hand first".into(),
+        Some(Why::InFlight { .. }) => "claimed: a caller may still be running it".into(),
+        Some(Why::Abandoned { .. }) => "claimed by an owner that is gone: its next call takes it over".into(),
+        _ => {
+            let steps: Vec<String> = reasons.iter().map(|o| format!("{} ({})", o.step_id, o.why.as_str())).collect();
+            format!("run `{}` is open: {}", op.run_id, steps.join(", "))
+        }
+    }
 }
 
 /// When a request for approval was last written to: asked (or asked again for a new component),

@@ -20,12 +20,14 @@
 //! dispatched, and a person must undo the step by hand.
 //!
 //! It refuses to start while any step of the run is unknown, in progress or awaiting approval
-//! (undoing half of what may have happened is a second guess), and names them. A step claimed by
-//! an owner that is gone (its lease ran out: a killed process, a claim reopened by `resolve` or
-//! left by recovery) is not in progress: `compensate` takes it over and ends it, failed when
-//! nothing of it took effect, so that no later call of it runs after its run was undone, and
-//! unknown when something did (then a person settles it). It keeps completed irreversible steps
-//! and reports them. It stops at the first compensation that does not complete (reverse order is
+//! (undoing half of what may have happened is a second guess), and names them. What counts is the
+//! ledger's one rule of what keeps a run open (`ledger::run_state`), which sees claims in flight
+//! too: a step claimed and not yet recorded, on this host or another, may be about to charge. A
+//! step claimed by an owner that is gone (its lease ran out: a killed process, a claim reopened by
+//! `resolve` or left by recovery) is not in progress: `compensate` takes it over and ends it,
+//! failed when nothing of it took effect, so that no later call of it runs after its run was
+//! undone, and unknown when something did (then a person settles it). It keeps completed
+//! irreversible steps and reports them. It stops at the first compensation that does not complete (reverse order is
 //! the contract) and reports what a person needs to do about it: approve it, settle an unknown
 //! one, or undo by hand a step whose compensation failed or was rejected (a failed compensation is
 //! recorded as such, and replayed, not tried again).
@@ -38,43 +40,18 @@ use serde_json::Value;
 
 use crate::approvals::time;
 use crate::call::{Call, Outcome, Status};
-use crate::clock::now_ms;
 use crate::error::CallError;
 pub use crate::keys::COMPENSATION_PREFIX;
 use crate::ledger::{
-    ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError,
-    OperationRecord, OperationStatus,
+    ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, Open,
+    OperationRecord, OperationStatus, Why,
 };
 use crate::policy::ReplayClass;
 use crate::stage::{Entry, Stage};
 
-/// The step id of the compensation of `op`.
-pub fn compensation_step(op: &OperationRecord) -> String {
-    format!("{COMPENSATION_PREFIX}{}", op.key)
-}
-
-/// Whether `op` is itself a compensation.
-pub fn is_compensation(op: &OperationRecord) -> bool {
-    op.step_id.starts_with(COMPENSATION_PREFIX)
-}
-
-/// Whether a run's compensation started and is not done: some compensation of it exists, and
-/// some completed compensatable step of it has no completed compensation.
-pub fn outstanding(ops: &[&OperationRecord]) -> bool {
-    let started = ops.iter().any(|op| is_compensation(op));
-    started && ops.iter().any(|op| undoable(op) && !compensated(ops, op))
-}
-
-fn undoable(op: &OperationRecord) -> bool {
-    !is_compensation(op) && op.status == OperationStatus::Completed && op.class == ReplayClass::Compensatable
-}
-
-/// Whether `op` is undone: some operation of its compensation's step completed, whatever tool
-/// ran it.
-fn compensated(ops: &[&OperationRecord], op: &OperationRecord) -> bool {
-    let step = compensation_step(op);
-    ops.iter().any(|c| c.step_id == step && c.status == OperationStatus::Completed)
-}
+// The compensation's identity (its step, bound to the operation it undoes) belongs to the rule of
+// what keeps a run open, which the saga asks; re-exported for the saga's readers.
+pub use crate::ledger::run_state::{compensation_step, is_compensation};
 
 /// Where a run's compensation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -161,66 +138,63 @@ pub(crate) async fn compensate(
     let path = ledger.path().display().to_string();
     let mut steps = Vec::new();
 
-    // Claims whose owner is gone are closed first, so that what follows sees what they amount to.
-    // The ledger decides which are: a live owner's claim is answered in progress and left alone.
+    // Claims whose owner is gone are closed first, so that what follows sees what they amount to:
+    // the rule of what keeps a run open names them (recorded or in flight), and the ledger decides
+    // which are handed over (a live owner's claim is answered in progress and left alone). The
+    // run's own compensations are resumed below, not closed.
+    // Only when nothing else blocks the run: a blocked compensation changes nothing (closing a
+    // step ends it failed for good, and the run may never be undone).
     let mut closed: HashMap<String, String> = HashMap::new();
-    for op in ledger.operations(Some(run_id)).await? {
-        if op.status != OperationStatus::Claimed || is_compensation(&op) {
-            continue;
-        }
-        if let Some((status, why)) = close_abandoned(stage, &op).await? {
-            if status == OperationStatus::Failed {
-                steps.push(step(&op, "abandoned", Some(why)));
-            } else {
-                closed.insert(op.key.clone(), why);
+    let first = open_of(stage, run_id).await?;
+    let abandoned = |open: &Open| matches!(open.why, Why::Abandoned { .. }) && !open.is_compensation();
+    let others_block = first
+        .iter()
+        .any(|open| !open.is_compensation() && open.why != Why::CompensationOutstanding && !abandoned(open));
+    let abandoned: Vec<String> = if others_block {
+        Vec::new()
+    } else {
+        first.into_iter().filter(abandoned).map(|open| open.operation_key).collect()
+    };
+    if !abandoned.is_empty() {
+        let in_flight = ledger.in_flight(Some(run_id)).await?;
+        let recorded = ledger.operations(Some(run_id)).await?;
+        for key in &abandoned {
+            let Some(op) = recorded.iter().chain(&in_flight).find(|op| &op.key == key) else { continue };
+            if let Some((status, why)) = close_abandoned(stage, op).await? {
+                if status == OperationStatus::Failed {
+                    steps.push(step(op, "abandoned", Some(why)));
+                } else {
+                    closed.insert(op.key.clone(), why);
+                }
             }
         }
     }
+    // What keeps the run open now. Read before the records the compensations are planned from, so
+    // that a step claimed before this look is seen by it, in flight or recorded.
+    let open = open_of(stage, run_id).await?;
     let ops = ledger.operations(Some(run_id)).await?;
     let approvals = ledger.approvals(Some(run_id)).await?;
 
-    let mut blocking = Vec::new();
-    for op in ops.iter().filter(|op| !is_compensation(op)) {
-        let why = match op.status {
-            OperationStatus::Unknown => Some(closed.remove(&op.key).unwrap_or_else(|| {
-                format!(
-                    "unknown: reconcile it (oncebox reconcile --ledger {path} --run {run_id} --tools DIR) or settle \
-                     it (oncebox resolve --ledger {path} {})",
-                    op.key
-                )
-            })),
-            OperationStatus::Claimed => Some(format!(
-                "in progress: {} holds it until {}; let it finish, then compensate again (once its lease ends \
-                 without it, compensate takes it over)",
-                op.owner,
-                time(op.lease_until_ms)
-            )),
-            _ => None,
-        };
-        if let Some(why) = why {
-            blocking.push(step(op, "blocking", Some(why)));
-        }
-    }
-    // A request for approval of one of the run's own compensations is the saga's business (below),
-    // not a step that keeps it from starting.
-    for approval in approvals.iter().filter(|a| !a.step_id.starts_with(COMPENSATION_PREFIX)) {
-        let awaiting = matches!(approval.state, ApprovalState::Pending | ApprovalState::Approved);
-        if awaiting && !ops.iter().any(|op| op.key == approval.operation_key) {
-            blocking.push(SagaStep {
-                step_id: approval.step_id.clone(),
-                tool: approval.tool.clone(),
-                operation_key: approval.operation_key.clone(),
+    // A step of the run that is not over blocks it: undoing half of what may have happened is a
+    // second guess. The run's own compensations (in progress, unknown, awaiting approval) and its
+    // outstanding compensation are the saga's business, below.
+    let blocking: Vec<SagaStep> = open
+        .into_iter()
+        .filter(|open| !open.is_compensation() && open.why != Why::CompensationOutstanding)
+        .map(|open| {
+            let why = blocked_by(&open, &mut closed, &path, run_id);
+            SagaStep {
+                step_id: open.step_id,
+                tool: open.tool,
+                operation_key: open.operation_key,
                 action: "blocking",
                 compensation: None,
-                reason: Some(format!(
-                    "awaiting approval: approve or reject it first (oncebox approvals show --ledger {path} {})",
-                    approval.operation_key
-                )),
+                reason: Some(why),
                 approve: None,
                 console: None,
-            });
-        }
-    }
+            }
+        })
+        .collect();
     if !blocking.is_empty() {
         steps.extend(blocking);
         return Ok(SagaReport { run_id: run_id.to_string(), state: SagaState::Blocked, steps });
@@ -351,6 +325,42 @@ pub(crate) async fn compensate(
     Ok(SagaReport { run_id: run_id.to_string(), state, steps })
 }
 
+/// What keeps run `run_id` open now, by the ledger's one rule.
+async fn open_of(stage: &Stage, run_id: &str) -> Result<Vec<Open>, CallError> {
+    let mut runs = stage.shared.ledger.open_runs(Some(run_id), stage.shared.ledger.now_ms()).await?;
+    Ok(runs.remove(run_id).unwrap_or_default())
+}
+
+/// Why `open` blocks the run's compensation, and what to do about it. `closed`: why the steps this
+/// compensate closed as unknown ended so.
+fn blocked_by(open: &Open, closed: &mut HashMap<String, String>, path: &str, run_id: &str) -> String {
+    let key = &open.operation_key;
+    match &open.why {
+        Why::Unknown => closed.remove(key).unwrap_or_else(|| {
+            format!(
+                "unknown: reconcile it (oncebox reconcile --ledger {path} --run {run_id} --tools DIR) or settle it \
+                 (oncebox resolve --ledger {path} {key})"
+            )
+        }),
+        Why::InFlight { owner, lease_until_ms, recorded } => format!(
+            "in progress{}: {owner} holds it until {}; let it finish, then compensate again (once its lease ends \
+             without it, compensate takes it over)",
+            if *recorded { "" } else { " (claimed, nothing of it recorded yet)" },
+            time(*lease_until_ms)
+        ),
+        // Left as it is while something else blocks the run, or taken by another caller just now.
+        Why::Abandoned { owner, .. } => format!(
+            "claimed by {owner}, which no longer holds it: once nothing else blocks the run, compensate takes it \
+             over and ends it (failed if nothing of it took effect)"
+        ),
+        Why::AwaitingApproval { standing } => format!(
+            "awaiting approval ({}): approve or reject it first (oncebox approvals show --ledger {path} {key})",
+            standing.as_str()
+        ),
+        Why::CompensationOutstanding => "its compensation is outstanding".into(),
+    }
+}
+
 /// Why `op`'s compensation cannot be run by `undo`: it began (an operation, or a request for
 /// approval) as another tool, or a person rejected it. `None`: `undo` may run it.
 fn begun_otherwise(
@@ -430,7 +440,7 @@ fn begun_otherwise(
 /// hand it over (its owner is live, or it ended meanwhile). Else its end and why.
 async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(OperationStatus, String)>, CallError> {
     let ledger = &stage.shared.ledger;
-    let now = now_ms();
+    let now = ledger.now_ms();
     let request = ClaimRequest {
         key: op.key.clone(),
         run_id: op.run_id.clone(),
@@ -461,18 +471,25 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
     } else {
         format!("its owner {} stopped (its lease ended at {})", op.owner, time(op.lease_until_ms))
     };
+    // Kept in the operation's record, which any later call of the step is answered from (a
+    // model's too, over MCP): the commands without the ledger's place on this machine.
     let settle = format!(
-        "reconcile it (oncebox reconcile --ledger {0} --operation {1} --tools DIR) or settle it (oncebox resolve \
-         --ledger {0} {1}), then compensate again",
-        ledger.path().display(),
+        "reconcile it (oncebox reconcile --operation {0}) or settle it (oncebox resolve {0}), then compensate again",
         op.key
     );
+    // Every effect took place and none is in doubt: a lookup has nothing to prove, a person
+    // settles it with the tool's output.
+    let settle_taken =
+        format!("settle it with its output (oncebox resolve {} --committed 'OUTPUT'), then compensate again", op.key);
     let unknown =
         |why: String| (OperationStatus::Unknown, ErrorRecord { class: "unknown-outcome".into(), message: why });
     let (status, error) = if !in_doubt.is_empty() {
         unknown(format!("{gone} with effect(s) {} in doubt: {settle}", in_doubt.join(", ")))
     } else if !taken.is_empty() {
-        unknown(format!("{gone} after effect(s) {} took place, before it recorded its end: {settle}", taken.join(", ")))
+        unknown(format!(
+            "{gone} after effect(s) {} took place, before it recorded its end: {settle_taken}",
+            taken.join(", ")
+        ))
     } else {
         let message = format!(
             "{gone} before anything of it took effect; ended failed by compensate, so that no later call of the step \
@@ -497,7 +514,8 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
         downstream_accepted: None,
         effects: Vec::new(),
     };
-    let ended = ledger.record_attempt(fence, &record, Some((status, None, Some(error.clone()))), now_ms(), Vec::new());
+    let ended =
+        ledger.record_attempt(fence, &record, Some((status, None, Some(error.clone()))), ledger.now_ms(), Vec::new());
     let (status, error) = match ended.await {
         Ok(()) => (status, error),
         // An effect the read above did not see: the ledger's rule of evidence wins, unknown.
@@ -506,7 +524,7 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
             record.outcome = error.class.clone();
             record.message = Some(error.message.clone());
             let finish = Some((status, None, Some(error.clone())));
-            ledger.record_attempt(fence, &record, finish, now_ms(), Vec::new()).await?;
+            ledger.record_attempt(fence, &record, finish, ledger.now_ms(), Vec::new()).await?;
             (status, error)
         }
         // Taken over by another caller meanwhile: theirs now.

@@ -92,6 +92,58 @@ async fn a_claim_is_exclusive_until_its_lease_expires_and_fences_never_repeat(le
     assert!(third > second && third != first, "{third} after {second}");
 }
 
+/// A claim not yet recorded is invisible to reads of operations, but listed in flight (with its
+/// run, owner and lease), so that what keeps a run open sees it; once recorded it is an ordinary
+/// operation, and no longer in flight.
+async fn a_claim_not_yet_recorded_is_in_flight_until_its_first_write(ledger: Ledger) {
+    let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
+    let mut other_run = request("other", "b", 1_000);
+    other_run.run_id = "elsewhere".into();
+    owned(ledger.claim(&other_run).await.expect("claim"));
+    assert!(ledger.operation("op").await.expect("read").is_none(), "not recorded yet");
+    let flying = ledger.in_flight(Some("run")).await.expect("read");
+    let seen: Vec<(&str, &str, OperationStatus, u64)> =
+        flying.iter().map(|op| (op.key.as_str(), op.owner.as_str(), op.status, op.lease_until_ms)).collect();
+    assert_eq!(seen, [("op", "a", OperationStatus::Claimed, 1_000 + LEASE)]);
+    let all: Vec<String> = ledger.in_flight(None).await.expect("read").into_iter().map(|op| op.key).collect();
+    assert_eq!(all, ["op", "other"]);
+    let open = ledger.open_runs(Some("run"), 1_050).await.expect("open");
+    assert!(
+        matches!(
+            open["run"][..],
+            [oncebox::ledger::Open { why: oncebox::ledger::Why::InFlight { recorded: false, .. }, .. }]
+        ),
+        "{open:?}"
+    );
+
+    ledger.put_effect(fence, &effect("op", 0, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("ahead");
+    assert!(ledger.in_flight(Some("run")).await.expect("read").is_empty(), "recorded: no longer in flight");
+    let op = ledger.operation("op").await.expect("read").expect("recorded");
+    assert_eq!((op.status, op.fence), (OperationStatus::Claimed, fence));
+    let open = ledger.open_runs(Some("run"), 1_050).await.expect("open");
+    assert!(
+        matches!(
+            open["run"][..],
+            [oncebox::ledger::Open { why: oncebox::ledger::Why::InFlight { recorded: true, .. }, .. }]
+        ),
+        "{open:?}"
+    );
+    ledger
+        .put_effect(
+            fence,
+            &effect("op", 0, EffectStatus::Completed, 1),
+            Some((EffectStatus::Dispatched, 1)),
+            Vec::new(),
+        )
+        .await
+        .expect("answer");
+    ledger
+        .record_attempt(fence, &attempt("op", 1, fence), finish(OperationStatus::Completed), 1_010, Vec::new())
+        .await
+        .expect("record");
+    assert!(ledger.open_runs(Some("run"), 1_050).await.expect("open").is_empty(), "the run's one step ended");
+}
+
 async fn a_finished_operation_is_replayed_and_other_args_are_a_conflict(ledger: Ledger) {
     let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
     ledger
@@ -589,6 +641,7 @@ macro_rules! conformance {
 
 conformance!(
     a_claim_is_exclusive_until_its_lease_expires_and_fences_never_repeat,
+    a_claim_not_yet_recorded_is_in_flight_until_its_first_write,
     a_finished_operation_is_replayed_and_other_args_are_a_conflict,
     a_write_ahead_is_a_compare_and_set,
     no_finish_the_rule_of_evidence_forbids_is_recorded,

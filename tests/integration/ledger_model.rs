@@ -327,6 +327,7 @@ impl oncebox::ledger::Store for ReferenceHandle {
         resolve(operation_key: &'a str, effect_key: Option<&'a str>, seen: Option<u32>, resolution: &'a Resolution, settlement: &'a Settlement) -> Result<oncebox::ledger::OperationRecord, LedgerError>;
         operation(key: &'a str) -> Result<Option<oncebox::ledger::OperationRecord>, LedgerError>;
         operations(run_id: Option<&'a str>) -> Result<Vec<oncebox::ledger::OperationRecord>, LedgerError>;
+        in_flight(run_id: Option<&'a str>) -> Result<Vec<oncebox::ledger::OperationRecord>, LedgerError>;
         effect(operation_key: &'a str, effect_key: &'a str) -> Result<Option<EffectRecord>, LedgerError>;
         effects(operation_key: &'a str) -> Result<Vec<EffectRecord>, LedgerError>;
         attempts(operation_key: &'a str) -> Result<Vec<AttemptRecord>, LedgerError>;

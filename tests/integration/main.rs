@@ -25,6 +25,7 @@ mod replay;
 mod retries;
 mod retry_matrix;
 mod saga;
+mod saga_in_flight;
 mod sandbox;
 mod secrets;
 mod serve;

@@ -58,6 +58,29 @@ impl Hosts {
             .expect("spawn oncebox")
     }
 
+    /// The same as a process whose own clock runs `skew` ahead (libfaketime; the monotonic clock
+    /// left alone, so its timers are true).
+    fn spawn_skewed(&self, skew: &str, command: &str, step: &str, order: &str) -> Child {
+        let base = self.provider.base_url();
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+        let library = Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
+        assert!(library.exists(), "libfaketime (Debian's faketime, which .ci/run installs) is missing");
+        Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .args([command, "--ledger", &self.url, "--run", "multi", "--step", step, "--lease-ms", LEASE_MS])
+            .args(["--config", &format!("base_url={base}"), "--grant", &format!("http={base}")])
+            .args([oncebox_artifacts::CHARGE.to_string(), charge(order).to_string()])
+            .env("LD_PRELOAD", library)
+            .env("FAKETIME", skew)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("ONCEBOX_CACHE", &cache)
+            .env("ONCEBOX_KEY_FILE", &self.key)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn oncebox")
+    }
+
     fn call(&self, step: &str, order: &str, extra: &[&str]) -> (i32, Value, String) {
         finish(self.spawn("call", step, order, extra))
     }
@@ -170,6 +193,24 @@ async fn a_process_killed_mid_call_leaves_the_step_to_another_after_its_lease_ne
     let (_, replay, _) = h.call("charge", "o-kill", &[]);
     assert_eq!((replay["status"].as_str(), replay["replayed"].as_bool()), (Some("completed"), Some(true)), "{replay}");
     assert_eq!(h.charges("o-kill"), 1, "one charge at the provider, after all of it");
+}
+
+/// Leases are judged by the database's clock: a process whose own clock runs ten minutes ahead
+/// does not take over a live owner's step (by its clock the lease ran out long ago); it is told
+/// the step is in progress and charges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_clock_runs_ahead_does_not_take_over_a_live_lease() {
+    let h = hosts().await;
+    h.provider.configure(oncebox_example_provider::Settings { honour_keys: false, ..Default::default() });
+    h.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 20_000 }).for_order("o-skew"));
+    let mut first = h.spawn("call", "charge", "o-skew", &["--timeout-ms", "30000"]);
+    eventually("the first process's charge landed", || h.charges("o-skew") == 1).await;
+    let (_, ahead, stderr) = finish(h.spawn_skewed("+10m", "call", "charge", "o-skew"));
+    assert_eq!(ahead["status"], "in-progress", "the lease is live by the database's clock: {ahead} {stderr}");
+    assert_eq!(h.provider.requests(), 1, "only the owner's charge reached the provider");
+    assert_eq!(h.charges("o-skew"), 1);
+    first.kill().expect("SIGKILL");
+    let _ = first.wait();
 }
 
 /// A process that cannot reach its database dispatches nothing; one cut off while its charge is

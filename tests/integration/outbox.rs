@@ -555,3 +555,66 @@ async fn two_relays_on_a_shared_ledger_never_send_a_topic_twice_or_out_of_order(
     assert_eq!(first.delivered() + second.delivered(), 15, "{first:?} {second:?}");
     assert!(a.outbox_pending("email", 10).await.expect("pending").is_empty());
 }
+
+/// A relay whose lease lapsed while it waited (a 429 with a long `Retry-After`) must not send the
+/// messages it read before: another relay took the topic meanwhile and delivered them. Under the
+/// lease it takes again, it reads the head again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_whose_lease_lapsed_while_it_waited_sends_nothing_another_delivered() {
+    // The endpoint answers its first request 429, `Retry-After: 25` (longer than the lease), then 200.
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let served = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = served.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let seq = request.headers().get("oncebox-seq").and_then(|v| v.to_str().ok());
+                        let seq: u64 = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
+                        let first = {
+                            let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                            seen.push(seq);
+                            seen.len() == 1
+                        };
+                        let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                        if first {
+                            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                            response.headers_mut().insert("retry-after", hyper::header::HeaderValue::from_static("25"));
+                        }
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    let url = crate::pg::fresh_database().await;
+    let (a, b) = (Ledger::connect(&url).await.expect("a"), Ledger::connect(&url).await.expect("b"));
+    enqueue(&a, "first", &messages("email", 3)).await;
+    // A 100 ms timeout makes the topic's lease 10.2 s, shorter than the 25 s the endpoint asks for.
+    let endpoint = Endpoint {
+        timeout: Duration::from_millis(100),
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_secs(30),
+        attempts_per_pass: 10,
+        ..Endpoint::new(format!("http://{addr}/email").parse().expect("url"))
+    };
+    let relay =
+        |ledger: &Ledger| Relay::new(ledger.clone(), [("email".to_string(), endpoint.clone())], &[]).expect("relay");
+    let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
+    let (stop_b, stopped_b) = tokio::sync::oneshot::channel::<()>();
+    let (relay_a, relay_b) = (relay(&a), relay(&b));
+    let running_a = tokio::spawn(async move { relay_a.run(async move { stopped_a.await.unwrap_or(()) }).await });
+    let running_b = tokio::spawn(async move { relay_b.run(async move { stopped_b.await.unwrap_or(()) }).await });
+    // Past the 25 s: the relay that was told to wait has woken and looked again.
+    tokio::time::sleep(Duration::from_secs(28)).await;
+    let _ = (stop_a.send(()), stop_b.send(()));
+    let _ = (running_a.await, running_b.await);
+    let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    assert_eq!(seen, [1, 1, 2, 3], "the 429, then each message once, in order");
+    assert!(a.outbox_pending("email", 10).await.expect("pending").is_empty());
+}

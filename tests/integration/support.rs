@@ -167,9 +167,10 @@ pub fn approve_cli(ledger: &std::path::Path, printed: &serde_json::Value) {
     assert_eq!(printed["status"], "awaiting-approval", "{printed}");
     let key = printed["operation_key"].as_str().expect("key");
     let fingerprint = printed["fingerprint"].as_str().expect("fingerprint");
+    let component = printed["approval"]["component"].as_str().expect("the component digest");
     let ledger = ledger.to_str().expect("utf8");
-    let (code, _, stderr) =
-        oncebox(&["approve", "--ledger", ledger, key, "--fingerprint", fingerprint, "--by", "test"]);
+    let approve = ["approve", "--ledger", ledger, key, "--fingerprint", fingerprint, "--component", component];
+    let (code, _, stderr) = oncebox(&[&approve[..], &["--by", "test"]].concat());
     assert_eq!(code, 0, "{stderr}");
 }
 

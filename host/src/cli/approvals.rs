@@ -1,6 +1,7 @@
 //! `oncebox approve`, `oncebox reject` and `oncebox approvals list|show`: a person decides on a
 //! call of an irreversible tool, bound to its operation key, the fingerprint of its params and
-//! (with `--component`) the component that will run them. The lists show each request's state as
+//! the component that will run them (`--component`, required to approve; both as `approvals show`
+//! shows them). The lists show each request's state as
 //! of now: an approval past its expiry is `expired`.
 
 use oncebox::approvals::{ApprovalView, Decision, decide_on, reveal};
@@ -20,6 +21,7 @@ pub struct DecideArgs {
     fingerprint: String,
     /// The component you decide on (its digest, `sha256:...`, as `approvals show` shows it):
     /// refused if the request now names another, because the tool was replaced since you looked.
+    /// Required to approve: a person approves what they saw, never whatever runs by then.
     #[arg(long)]
     component: Option<String>,
     /// Who decides (recorded).
@@ -59,11 +61,19 @@ pub enum Command {
 pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit> {
     let ledger = super::open_ledger(&args.ledger).await?;
     let decision = if approve {
-        let expires_ms = args.expires_in.map(|d| super::now_ms() + d.as_millis() as u64);
+        let expires_ms = args.expires_in.map(|d| ledger.now_ms().saturating_add(d.as_millis() as u64));
         Decision::Approve { expires_ms }
     } else {
         Decision::Reject
     };
+    if approve && args.component.is_none() {
+        return Err(super::Usage(
+            "approve needs --component (the digest `approvals show` shows): an approval binds the component that \
+             will run"
+                .into(),
+        )
+        .into());
+    }
     let component = args.component.as_deref();
     let record =
         decide_on(&ledger, &args.key, &args.fingerprint, component, decision, &args.by, args.note.as_deref()).await?;

@@ -62,8 +62,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
         }
         Command::Gc { ledger, older_than } => {
             let ledger = super::open_ledger(&ledger).await?;
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            let report = oncebox::retention::gc(&ledger, older_than, now as u64).await?;
+            let report = oncebox::retention::gc(&ledger, older_than, ledger.now_ms()).await?;
             print_json(&report)?;
         }
         Command::Show { ledger, key } => {

@@ -229,12 +229,6 @@ pub async fn stop_signal() {
     }
 }
 
-/// The wall clock as the ledger's records keep it (ms since the epoch), for expiries the CLI and
-/// the server compute.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// A usage error found by a subcommand rather than by clap.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -11,7 +11,6 @@
 //! Remote effects call [`EffectCtx::begin`], perform, then [`EffectCtx::finish`]. Local effects
 //! (`local.rs`) need no write-ahead: their write and their record share one transaction.
 
-use crate::clock::now_ms;
 use crate::keys;
 use crate::ledger::{AttemptEffect, EffectRecord, EffectSource, EffectStatus};
 use crate::runtime::bindings::ToolError;
@@ -98,7 +97,7 @@ impl EffectCtx {
 
         let lookup_key = key.clone();
         let existing = if scope.first { None } else { scope.journal.effect(&lookup_key).await.map_err(host_error)? };
-        let now = now_ms();
+        let now = self.shared.ledger.now_ms();
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
         let was_in_doubt = existing_state.is_some_and(|(status, _)| status.in_doubt());
 
@@ -229,7 +228,7 @@ impl EffectCtx {
     ) -> Result<String, ToolError> {
         let journal = self.scope()?.journal.clone();
         self.shared.reached(|| site(&record, Point::AfterDispatch)).await;
-        record.updated_ms = now_ms();
+        record.updated_ms = self.shared.ledger.now_ms();
         // A resend of an effect an earlier send may have committed: only a taken answer settles it.
         // A refused connection, a rate limit, a refusal or a lost answer speak for this send alone
         // (a rate limiter or an expired credential in front of the idempotency layer answers without

@@ -298,7 +298,7 @@ impl EffectCtx {
         };
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
         let outcome = match &self.shared.hooks {
-            _ if let Some(late) = super::guard::late(&record, crate::clock::now_ms(), self.shared.send_by) => late,
+            _ if let Some(late) = super::guard::late(&record, self.shared.ledger.now_ms(), self.shared.send_by) => late,
             // Under the harness the script is the downstream; the rule of evidence still judges.
             Some(hooks) => {
                 let site = super::guard::site(&record, Point::AfterWriteAhead);

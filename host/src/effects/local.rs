@@ -2,7 +2,6 @@
 //! exactly once by construction and need no write-ahead. They are staged in the attempt's context
 //! and committed with its next durable write, so a call whose effects are all local costs one commit.
 
-use crate::clock::now_ms;
 use crate::ledger::{EffectRecord, EffectSource, EffectStatus, LocalOutcome, LocalWrite};
 use crate::runtime::bindings::ToolError;
 
@@ -33,7 +32,7 @@ impl EffectCtx {
                 self.shared.keying.effect_fingerprint("outbox", &[topic.as_bytes(), payload.as_bytes()]),
             ),
         };
-        let now = now_ms();
+        let now = self.shared.ledger.now_ms();
         let record = EffectRecord {
             key,
             operation_key: scope.journal.operation_key().to_string(),

@@ -59,7 +59,7 @@ impl EffectCtx {
             Begin::Replay(json) => return Ok(json),
             Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
         };
-        if let Some(late) = super::guard::late(&record, crate::clock::now_ms(), self.shared.send_by) {
+        if let Some(late) = super::guard::late(&record, self.shared.ledger.now_ms(), self.shared.send_by) {
             return self.finish(record, source, was_in_doubt, late).await;
         }
         let outcome = match provider.call(&record.key, &request).await {

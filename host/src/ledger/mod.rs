@@ -23,6 +23,7 @@ pub mod postgres;
 mod records;
 pub mod redb;
 pub mod reference;
+pub mod run_state;
 
 use std::future::Future;
 use std::path::Path;
@@ -33,6 +34,7 @@ pub use error::LedgerError;
 pub use latency::{Latency, LatencySnapshot};
 pub use location::LedgerAt;
 pub use records::*;
+pub use run_state::{Open, Why};
 
 /// How often a caller waiting for another caller's operation looks again, on a store that
 /// cannot announce changes ([`Store::changed`]).
@@ -281,6 +283,13 @@ pub trait Store: Send + Sync + 'static {
     /// All operations, or a run's, in key order.
     fn operations<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>>;
 
+    /// The claims not yet recorded (in flight), all or a run's, in key order: an operation
+    /// claimed and not yet written to, which reads of operations do not show (redb keeps it in
+    /// this process's memory; PostgreSQL keeps its row unrecorded, every host's). Once recorded,
+    /// it is an ordinary operation and no longer listed. What keeps a run open counts them
+    /// ([`run_state`]): a step about to take effect.
+    fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>>;
+
     fn effect<'a>(
         &'a self,
         operation_key: &'a str,
@@ -331,6 +340,14 @@ pub trait Store: Send + Sync + 'static {
     /// process owning it (a file).
     fn is_shared(&self) -> bool {
         false
+    }
+
+    /// The clock that stamps this store's records and judges its leases and settle windows (ms
+    /// since the epoch): the host's own for a store one process owns; for one that hosts share,
+    /// the database's, so that hosts whose clocks disagree still agree on when a lease ran out or
+    /// a settle window passed.
+    fn now_ms(&self) -> u64 {
+        crate::clock::now_ms()
     }
 
     /// Binds the store to the hosts' fingerprint key, named by [`crate::keys::FingerprintKey::ids`]
@@ -455,6 +472,11 @@ impl Ledger {
         self.store.is_shared()
     }
 
+    /// The clock of this ledger's records, leases and settle windows (see [`Store::now_ms`]).
+    pub fn now_ms(&self) -> u64 {
+        self.store.now_ms()
+    }
+
     /// See [`Store::bind_key`].
     pub async fn bind_key(&self, ids: &[String]) -> Result<(), LedgerError> {
         self.store.bind_key(ids).await
@@ -546,6 +568,25 @@ impl Ledger {
 
     pub async fn operations(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
         self.store.operations(run_id).await
+    }
+
+    /// See [`Store::in_flight`].
+    pub async fn in_flight(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
+        self.store.in_flight(run_id).await
+    }
+
+    /// What keeps each run (or `run`) open at `now_ms`, by the one rule ([`run_state`]); a closed
+    /// run is absent. The claims in flight are read before the operations: a claim recorded in
+    /// between is then read as the operation it became, never missed by both reads.
+    pub async fn open_runs(
+        &self,
+        run: Option<&str>,
+        now_ms: u64,
+    ) -> Result<std::collections::BTreeMap<String, Vec<Open>>, LedgerError> {
+        let in_flight = self.in_flight(run).await?;
+        let operations = self.operations(run).await?;
+        let approvals = self.approvals(run).await?;
+        Ok(run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
     }
 
     pub async fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {

@@ -364,6 +364,18 @@ impl Store for ReferenceStore {
         })
     }
 
+    fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move {
+            let state = self.lock();
+            Ok(state
+                .operations
+                .values()
+                .filter(|(op, written)| !*written && run_id.is_none_or(|run| op.run_id == run))
+                .map(|(op, _)| op.clone())
+                .collect())
+        })
+    }
+
     fn effect<'a>(
         &'a self,
         operation_key: &'a str,

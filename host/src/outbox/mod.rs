@@ -142,6 +142,9 @@ enum Ended {
     Stopping,
     /// Another relay holds the topic's lease.
     Elsewhere,
+    /// The topic's head is not the message in hand any more (another relay delivered it while
+    /// this one's lease had lapsed): the topic is read again.
+    Moved,
 }
 
 /// Whether a topic gives up on a message after its pass's sends, or keeps sending.
@@ -290,6 +293,8 @@ impl Relay {
                     let _ = stopping.wait_for(|stop| *stop).await;
                     break;
                 }
+                // Read the head again, under the lease now held.
+                (Ended::Moved, _) => {}
                 (Ended::Elsewhere, Mode::Forever) => {
                     // Looked at again: the other relay may die or stop.
                     tokio::select! {
@@ -374,12 +379,18 @@ impl Relay {
             }
             // Held before every send: the lease outlasts the send (`lease_for`), so no other relay
             // sends this topic while this one may be sending.
-            if !self.inner.ledger.relay_lease(&message.topic, &self.inner.owner, lease_for(endpoint)).await? {
+            if !ledger.relay_lease(&message.topic, &self.inner.owner, lease_for(endpoint)).await? {
                 return Ok(Ended::Elsewhere);
+            }
+            // On a shared ledger the lease may have lapsed since this message was read (a long
+            // backoff, a stalled process) and another relay may have delivered it and those after
+            // it: under the lease just taken, the message is sent only if it is still the head.
+            if ledger.is_shared() && !still_head(ledger, message).await? {
+                return Ok(Ended::Moved);
             }
             let sent = send::post(&self.inner.client, endpoint, message).await;
             report.sends += 1;
-            let now = crate::clock::now_ms();
+            let now = ledger.now_ms();
             match judge(&sent.observation) {
                 Verdict::Delivered => {
                     ledger.mark_delivered(seq, now).await?;
@@ -421,4 +432,10 @@ impl Relay {
 /// with room for the answer to be recorded before the next renewal.
 fn lease_for(endpoint: &Endpoint) -> std::time::Duration {
     endpoint.timeout.saturating_mul(2).saturating_add(std::time::Duration::from_secs(10))
+}
+
+/// Whether `message` is still its topic's first undelivered message.
+async fn still_head(ledger: &Ledger, message: &OutboxMessage) -> Result<bool, RelayError> {
+    let head = ledger.outbox_pending(&message.topic, 1).await?;
+    Ok(head.first().is_some_and(|head| head.seq == message.seq))
 }

@@ -143,12 +143,15 @@ async fn run(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
-    let ops = app.host.ledger().operations(Some(&run_id)).await?;
-    if ops.is_empty() {
-        return Err(ApiError::NotFound(format!("no run {run_id} in the ledger")));
-    }
+    // What keeps the run open, by the ledger's one rule: read first, so that a step claimed
+    // before it is seen, in flight or recorded.
     let report = oncebox::recovery::report(app.host.ledger(), Some(&run_id)).await?;
-    Ok(json_response(StatusCode::OK, &json!({ "run_id": run_id, "operations": ops, "recovery": report.get(&run_id) })))
+    let ops = app.host.ledger().operations(Some(&run_id)).await?;
+    let Some(recovery) = report.get(&run_id) else {
+        return Err(ApiError::NotFound(format!("no run {run_id} in the ledger")));
+    };
+    let body = json!({ "run_id": run_id, "operations": ops, "open": recovery.open, "recovery": recovery });
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 async fn reconcile(
@@ -251,8 +254,9 @@ async fn approval(
 pub struct DecideBody {
     /// The fingerprint of the params decided on, as the request for approval shows it.
     pub fingerprint: String,
-    /// The digest of the component that will run, as the request shows it: given, a decision on
-    /// a request whose component changed since is refused.
+    /// The digest of the component that will run, as the request shows it: a decision on a
+    /// request whose component changed since is refused. Required to approve: a person
+    /// approves what they saw, never whatever runs by then.
     pub component: Option<String>,
     pub by: String,
     pub note: Option<String>,
@@ -266,13 +270,20 @@ pub async fn decide(app: &App, key: &str, body: DecideBody, approve: bool) -> Re
     if body.by.trim().is_empty() {
         return Err(ApiError::BadRequest("`by` names who decides, and is recorded".into()));
     }
+    if approve && body.component.as_deref().is_none_or(str::is_empty) {
+        return Err(ApiError::BadRequest(
+            "`component` names the component you approve (its digest, as the request shows it): an approval binds \
+             the code that will run"
+                .into(),
+        ));
+    }
     let decision = if approve {
         let expires_ms = match body.expires_in {
             Some(secs) => {
                 let d = Duration::try_from_secs_f64(secs).ok().filter(|d| *d <= MAX_APPROVAL).ok_or_else(|| {
                     ApiError::BadRequest(format!("`expires_in` must be 0 to 31622400 seconds, got {secs}"))
                 })?;
-                Some(crate::cli::now_ms().saturating_add(d.as_millis() as u64))
+                Some(app.host.ledger().now_ms().saturating_add(d.as_millis() as u64))
             }
             None => None,
         };
@@ -404,6 +415,8 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Resp
     Ok(([("content-type", "text/plain; version=0.0.4")], text).into_response())
 }
 
-async fn openapi() -> Response {
-    json_response(StatusCode::OK, &super::openapi::document())
+async fn openapi(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    // Beyond loopback or behind a proxy, only `/healthz` answers a stranger.
+    app.auth.may_call(&headers)?;
+    Ok(json_response(StatusCode::OK, &super::openapi::document()))
 }

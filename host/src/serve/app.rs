@@ -101,7 +101,11 @@ impl App {
         }
         let call = shape(request).map_err(Arc::new)?;
         let tool = call.tool.clone();
-        if let Some(why) = self.loaded.unserved(&tool) {
+        // A tool whose compensation is not loaded takes no new step; a step it already took is
+        // answered from its record as any other.
+        if let Some(why) = self.loaded.unserved(&tool)
+            && !self.recorded(&call).await.map_err(Arc::new)?
+        {
             return Err(Arc::new(ApiError::Conflict(why)));
         }
         // Only a call with a run and a step is the same call when sent twice; two unrecorded reads
@@ -139,6 +143,15 @@ impl App {
         };
         self.metrics.call(&tool, &outcome, source);
         Ok((outcome, source))
+    }
+
+    /// Whether the call's step is on record (any state): its answer is the ledger's.
+    async fn recorded(&self, call: &Call) -> Result<bool, ApiError> {
+        let (Some(run), Some(step)) = (call.run_id.as_deref(), call.step_id.as_deref()) else {
+            return Ok(false);
+        };
+        let key = oncebox::keys::operation_key(run, step, &call.tool);
+        Ok(self.host.ledger().operation(&key).await?.is_some())
     }
 
     /// Spawns the call; it counts in flight, and holds its entry in `running`, until it ends.

@@ -44,7 +44,7 @@ impl ApiError {
                 "`{tool}` is {class}: it can change the world, so the call needs `run_id` and `step_id` from the \
                  orchestrator; without them a retry could not be told from a new intent"
             )),
-            CallError::InvalidArgs { .. } => ApiError::BadRequest(error.to_string()),
+            CallError::InvalidArgs { .. } | CallError::ReservedStep { .. } => ApiError::BadRequest(error.to_string()),
             other => ApiError::Internal(format!("calling `{tool}`: {other}; {NOT_A_FAILURE}")),
         }
     }

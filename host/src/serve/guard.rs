@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
-use axum::http::{HeaderMap, Method};
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use axum::http::{HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -16,10 +16,14 @@ use super::app::App;
 use super::error::ApiError;
 
 pub async fn same_site(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    match refusal(&app, request.method(), request.uri().path(), request.headers()) {
+    let mut response = match refusal(&app, request.method(), request.uri().path(), request.headers()) {
         Some(error) => error.into_response(),
         None => next.run(request).await,
-    }
+    };
+    // What this server answers is the ledger's state, and the operator's answers hold unsealed
+    // params: no proxy or browser cache keeps any of it.
+    response.headers_mut().entry(CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    response
 }
 
 fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Option<ApiError> {

@@ -285,10 +285,12 @@ fn result_of(app: &App, tool: &str, run_id: Option<&str>, outcome: &Outcome, sou
         let key = outcome.operation_key.as_deref().unwrap_or("KEY");
         let (console, api) = where_to_approve(app, key);
         *approve = format!("{console}, or {api}").into();
-        // The outcome's message quotes that command too.
-        if let Some(message) = value.get_mut("error").and_then(|e| e.get_mut("message")) {
-            *message = awaiting_approval(app, tool, outcome).into();
-        }
+    }
+    // An awaiting-approval outcome's message quotes that command too.
+    if outcome.status == Status::AwaitingApproval
+        && let Some(message) = value.get_mut("error").and_then(|e| e.get_mut("message"))
+    {
+        *message = awaiting_approval(app, tool, outcome).into();
     }
     let mut content = Vec::new();
     if let Some(explained) = explanation(app, tool, run_id, outcome) {

@@ -67,7 +67,7 @@ pub fn document() -> Value {
                 "responses": ok("The operation's outcome after the settlement.", json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "409", "413", "415"]))
             }},
             "/v1/runs/{run_id}": { "get": {
-                "operationId": "run", "summary": "A run's operations and what a person must decide.",
+                "operationId": "run", "summary": "A run's operations, what keeps it open (`open`: the ledger's one rule) and what a person must decide.",
                 "parameters": [run_id],
                 "responses": ok("The run.", object.clone(), refusals(&["401", "404"]))
             }},
@@ -152,7 +152,7 @@ pub fn document() -> Value {
                     "type": "object", "required": ["fingerprint", "by"], "additionalProperties": false,
                     "properties": {
                         "fingerprint": { "type": "string", "minLength": 1 },
-                        "component": { "type": ["string", "null"], "description": "The digest of the component the request names, as shown: refused if it changed since." },
+                        "component": { "type": ["string", "null"], "description": "The digest of the component the request names, as shown: required to approve; refused if it changed since." },
                         "by": { "type": "string", "pattern": "\\S", "description": "Who decides (recorded)." },
                         "note": { "type": ["string", "null"] },
                         "expires_in": { "type": ["number", "null"], "minimum": 0, "maximum": 31622400, "description": "Approve only for this many seconds (at most 366 days)." }

@@ -54,6 +54,7 @@ async fn a_call_is_answered_as_oncebox_call_prints_it_and_its_repeat_from_the_le
     let (status, run) = get(&server.url("/v1/runs/r1")).await;
     assert_eq!(status, 200, "{run}");
     assert_eq!(run["operations"][0]["step_id"], "charge-o1", "{run}");
+    assert_eq!(run["open"], json!([]), "every step ended: {run}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -166,17 +167,21 @@ async fn approving_needs_the_operators_token_even_on_loopback_and_binds_to_the_f
     let key = first["operation_key"].as_str().expect("key").to_string();
     let fingerprint = first["fingerprint"].as_str().expect("fingerprint").to_string();
     let approve = server.url(&format!("/v1/approvals/{key}/approve"));
-    let decision = json!({ "fingerprint": fingerprint, "by": "ops" });
+    let component = first["approval"]["component"].as_str().expect("the component digest").to_string();
+    let decision = json!({ "fingerprint": fingerprint, "component": component, "by": "ops" });
+    // Approving names the component the person saw: without it, nothing is approved.
+    let unbound = json!({ "fingerprint": fingerprint, "by": "ops" });
+    let refused = client().post(&approve).bearer_auth(TOKEN).json(&unbound).send().await.expect("post");
+    assert_eq!(refused.status(), 400, "an approval binds the component");
 
     let (status, refused) = post(&approve, &decision).await;
     assert_eq!(status, 401, "no token: {refused}");
     let wrong = client().post(&approve).bearer_auth("not-the-token-at-all").json(&decision).send().await.expect("post");
     assert_eq!(wrong.status(), 401);
-    let other = json!({ "fingerprint": "0".repeat(64), "by": "ops" });
+    let other = json!({ "fingerprint": "0".repeat(64), "component": component, "by": "ops" });
     let mismatch = client().post(&approve).bearer_auth(TOKEN).json(&other).send().await.expect("post");
     assert_eq!(mismatch.status(), 409, "another fingerprint approves nothing");
     // The request names the component that will run; a decision on another one decides nothing.
-    let component = first["approval"]["component"].as_str().expect("the component digest").to_string();
     assert!(component.starts_with("sha256:"), "{first}");
     let stale = json!({ "fingerprint": fingerprint, "component": format!("sha256:{}", "0".repeat(64)), "by": "ops" });
     let refused = client().post(&approve).bearer_auth(TOKEN).json(&stale).send().await.expect("post");
@@ -185,16 +190,11 @@ async fn approving_needs_the_operators_token_even_on_loopback_and_binds_to_the_f
     assert_eq!(pending["approvals"].as_array().map(Vec::len), Some(1), "still pending: {pending}");
     assert_eq!(pending["approvals"][0]["params"], shown, "without the token, the address masked: {pending}");
     assert_eq!(pending["approvals"][0]["params_exact"], false);
-    // The operator decides about exactly what will be sent, so the operator sees it unsealed.
-    let exact: Value = client()
-        .get(server.url(&format!("/v1/approvals/{key}")))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    // The operator decides about exactly what will be sent, so the operator sees it unsealed, and
+    // no cache on the way keeps it.
+    let exact = client().get(server.url(&format!("/v1/approvals/{key}"))).bearer_auth(TOKEN).send().await.expect("get");
+    assert_eq!(exact.headers().get("cache-control").and_then(|v| v.to_str().ok()), Some("no-store"));
+    let exact: Value = exact.json().await.expect("json");
     assert_eq!(exact["params"], fulfill("f1"), "the operator sees the exact params: {exact}");
     assert_eq!(exact["params_exact"], true);
     assert!(!server.log().contains(fulfill("f1")["address"].as_str().expect("address")), "no log holds the address");
@@ -411,12 +411,20 @@ async fn empty_ids_are_refused_and_calls_past_the_limit_are_refused_before_anyth
         post(&url, &json!({ "run_id": "rb", "step_id": "other", "tool": "charge", "args": charge("b2") })).await;
     assert_eq!(status, 503, "{busy}");
     assert_eq!(busy["error"]["kind"], "busy");
+    // The run view says what keeps the run open, by the ledger's one rule: the charge in flight.
+    let (_, run) = get(&server.url("/v1/runs/rb")).await;
+    assert_eq!(
+        (run["open"][0]["step_id"].as_str(), run["open"][0]["reason"].as_str()),
+        (Some("slow"), Some("in-flight")),
+        "{run}"
+    );
     let (code, done) = slow.await.expect("task");
     assert_eq!((code, done["status"].as_str()), (200, Some("completed")), "{done}");
     let (_, run) = get(&server.url("/v1/runs/rb")).await;
     let steps: Vec<&str> =
         run["operations"].as_array().into_iter().flatten().filter_map(|o| o["step_id"].as_str()).collect();
     assert_eq!(steps, ["slow"], "the refused call left no record");
+    assert_eq!(run["open"], json!([]), "{run}");
     assert_eq!(provider.counts("b2").payments, 0);
     assert_eq!(provider.totals().payments, 1);
 }
@@ -550,6 +558,7 @@ async fn behind_a_public_url_a_stranger_gets_nothing_but_healthz_and_the_operato
         (Method::GET, "/v1/tools"),
         (Method::GET, "/v1/approvals"),
         (Method::GET, "/metrics"),
+        (Method::GET, "/openapi.json"),
     ] {
         let (status, said) = proxied(method.clone(), &server.url(path), host, None, None).await;
         assert_eq!(status, 401, "{method} {path} without the token: {said}");
@@ -653,4 +662,43 @@ async fn a_compensatable_tool_whose_compensation_is_missing_is_not_served_until_
     assert_eq!(answer.0, 200, "served once its compensation loaded: {}", answer.1);
     assert_eq!(answer.1["status"], "completed", "{}", answer.1);
     assert_eq!(provider.counts("m1").payments, 1);
+
+    // The compensation goes again: a new step is refused, the step taken is answered from its record.
+    std::fs::remove_file(setup.tools().join("refund.wasm")).expect("remove");
+    for _ in 0..100 {
+        let (_, tools) = get(&server.url("/v1/tools")).await;
+        if tools["load_errors"].to_string().contains("refund") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new_step = json!({ "run_id": "rm", "step_id": "charge-m2", "tool": "charge", "args": charge("m2") });
+    let refused = post(&server.url("/v1/calls"), &new_step).await;
+    assert_eq!(refused.0, 409, "{}", refused.1);
+    let (status, replayed) = post(&server.url("/v1/calls"), &body).await;
+    assert_eq!(status, 200, "a step on record is answered from it: {replayed}");
+    assert_eq!((replayed["status"].as_str(), replayed["replayed"].as_bool()), (Some("completed"), Some(true)));
+    assert_eq!(provider.counts("m1").payments + provider.counts("m2").payments, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_cannot_name_a_step_the_way_the_saga_names_a_compensation() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve();
+    let body = json!({ "run_id": "rs", "step_id": "1-pay", "tool": "charge", "args": charge("s1") });
+    let (_, paid) = post(&server.url("/v1/calls"), &body).await;
+    let key = paid["operation_key"].as_str().expect("key").to_string();
+    // A charge under the compensation's step would count as the refund of step 1-pay.
+    let spoof =
+        json!({ "run_id": "rs", "step_id": format!("compensate/{key}"), "tool": "charge", "args": charge("s2") });
+    let (status, refused) = post(&server.url("/v1/calls"), &spoof).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.contains("the saga's own")), "{refused}");
+    assert_eq!(provider.counts("s2").payments, 0);
+    let compensated =
+        client().post(server.url("/v1/runs/rs/compensate")).bearer_auth(TOKEN).send().await.expect("post");
+    assert_eq!(compensated.status().as_u16(), 200);
+    provider.settled().await;
+    assert_eq!(provider.counts("s1").refunds, 1, "step 1-pay is refunded, by the saga");
 }

@@ -193,7 +193,10 @@ async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_no
     let cookie = sign_in(&http, &server).await;
     let csrf = csrf_of(&http, &server, &cookie, &format!("/approvals/{key}")).await;
     let approve = server.url(&format!("/approvals/{key}/approve"));
-    let body = |csrf: &str| form(&[("fingerprint", fingerprint.as_str()), ("by", "mallory"), ("csrf", csrf)]);
+    let component = waiting["approval"]["component"].as_str().expect("the component digest").to_string();
+    let body = |csrf: &str| {
+        form(&[("fingerprint", fingerprint.as_str()), ("component", &component), ("by", "mallory"), ("csrf", csrf)])
+    };
     let post =
         |url: &str, body: String| http.post(url).header(CONTENT_TYPE, "application/x-www-form-urlencoded").body(body);
 
@@ -286,4 +289,38 @@ async fn the_console_escapes_what_the_ledger_holds_and_shows_errors_as_pages() {
     let flash = client().get(server.url("/runs?flash=%3Cimg%20src%3Dx%3E")).send().await.expect("page");
     let html = flash.text().await.expect("html");
     assert!(html.contains("&lt;img src=x&gt;") && !html.contains("<img"), "the flash is escaped");
+}
+
+/// A run's page says what keeps the run open, as the ledger's one rule (and the API's run view)
+/// says it: here, a shipment awaiting approval; once rejected, nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_s_page_shows_what_keeps_it_open_by_the_ledger_s_rule() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    assert_eq!(call(&server, "pay", "charge", &charge("o-open")).await["status"], "completed");
+    let asked = call(&server, "ship", "fulfill", &fulfill("o-open")).await;
+    assert_eq!(asked["status"], "awaiting-approval", "{asked}");
+    let page = client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page");
+    let html = page.text().await.expect("html");
+    assert!(html.contains("What keeps this run open"), "{html}");
+    assert!(html.contains("data-reason=\"awaiting-approval\""), "{html}");
+    let run = client().get(server.url(&format!("/v1/runs/{RUN}"))).send().await.expect("run");
+    let run: Value = run.json().await.expect("json");
+    assert_eq!(run["open"][0]["reason"], "awaiting-approval", "{run}");
+    assert_eq!(run["open"][0]["standing"], "pending", "{run}");
+
+    let key = asked["operation_key"].as_str().expect("key");
+    let fingerprint = asked["fingerprint"].as_str().expect("fingerprint");
+    let rejected = client()
+        .post(server.url(&format!("/v1/approvals/{key}/reject")))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "fingerprint": fingerprint, "by": "ops" }))
+        .send()
+        .await
+        .expect("reject");
+    assert_eq!(rejected.status(), 200);
+    let html =
+        client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
+    assert!(html.contains("Nothing keeps this run open"), "{html}");
 }

@@ -435,3 +435,28 @@ async fn mcp_passes_the_official_conformance_suite_but_for_the_reference_servers
         server.log()
     );
 }
+
+/// A call a person rejected is told so, never that it awaits approval and should be called again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_a_rejected_call_says_it_was_rejected() {
+    let provider = Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let seen = script(http(&server.url("/mcp"), "approval", "o-1", "legacy")).await;
+    let key = seen["meta"]["oncebox/operation-key"].as_str().expect("key").to_string();
+    let fingerprint = seen["structured"]["fingerprint"].as_str().expect("fingerprint").to_string();
+    let rejected = client()
+        .post(server.url(&format!("/v1/approvals/{key}/reject")))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"fingerprint": fingerprint, "by": "ops", "note": "no"}))
+        .send()
+        .await
+        .expect("reject");
+    assert_eq!(rejected.status().as_u16(), 200);
+    let again = script(http(&server.url("/mcp"), "approval", "o-1", "legacy")).await;
+    assert_eq!(again["status"], "rejected", "{again}");
+    let message = again["structured"]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("rejected") && !message.contains("awaits"), "{again}");
+    assert!(!texts(&again).contains("call again with the same"), "{again}");
+    assert_eq!(provider.counts("o-1").fulfillments, 0);
+}

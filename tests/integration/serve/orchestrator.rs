@@ -47,7 +47,7 @@ async fn the_readme_orchestrator_runs_a_workflow_through_an_approval_without_doi
     let approve = client()
         .post(server.url(&format!("/v1/approvals/{key}/approve")))
         .bearer_auth(TOKEN)
-        .json(&json!({ "fingerprint": request["fingerprint"], "by": "ops" }))
+        .json(&json!({ "fingerprint": request["fingerprint"], "component": request["component"], "by": "ops" }))
         .send()
         .await
         .expect("approve");

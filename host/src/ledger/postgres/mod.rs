@@ -26,6 +26,7 @@
 //! effect guard already treats an inherited `dispatched` record as in doubt, as it does an
 //! `unknown` one: the new owner reconciles or resends with the same key, never sends blind.
 
+mod clock;
 mod db;
 mod jobs;
 mod name;
@@ -35,6 +36,7 @@ mod notify;
 mod schema;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -64,6 +66,8 @@ pub struct PostgresStore {
     commits: AtomicU64,
     /// Wakes this host's waiters when another host's operation changes (`LISTEN`).
     listener: notify::Listener,
+    /// The database's clock less this host's, in ms, as last measured (`clock.rs`).
+    clock: Arc<clock::Offset>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -111,7 +115,9 @@ impl PostgresStore {
             .max_size(POOL_SIZE)
             .build()
             .map_err(|e| fail(format!("cannot make a connection pool: {e}")))?;
-        let store = PostgresStore { pool, path: PathBuf::from(&name), name, commits: AtomicU64::new(0), listener };
+        let clock = Arc::new(clock::Offset::default());
+        let store =
+            PostgresStore { pool, path: PathBuf::from(&name), name, commits: AtomicU64::new(0), listener, clock };
         let mut client = store.client().await?;
         let tx = store.begin(&mut client).await?;
         match schema::init(&tx).await {
@@ -121,7 +127,11 @@ impl PostgresStore {
                 return Err(e);
             }
         }
+        clock::measure(&client, &store.clock)
+            .await
+            .map_err(|e| store.fail(format!("reading its clock: {}", describe(&e))))?;
         drop(client);
+        clock::keep_measuring(store.pool.clone(), Arc::downgrade(&store.clock));
         Ok(store)
     }
 
@@ -311,6 +321,15 @@ impl Store for PostgresStore {
         })
     }
 
+    fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        // Every host's: the rows claimed and not yet written to (`recorded = false`).
+        Box::pin(async move {
+            let sql = "SELECT record FROM oncebox_operations WHERE NOT recorded AND ($1::text IS NULL OR run_id = $1) \
+                       ORDER BY key";
+            self.records("oncebox_operations", sql, &[&run_id]).await
+        })
+    }
+
     fn effect<'a>(
         &'a self,
         operation_key: &'a str,
@@ -390,6 +409,10 @@ impl Store for PostgresStore {
 
     fn is_shared(&self) -> bool {
         true
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     fn bind_key<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), LedgerError>> {

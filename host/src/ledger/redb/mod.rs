@@ -375,6 +375,24 @@ impl RedbStore {
         Ok(out)
     }
 
+    /// The claims held in memory whose operation is not on disk yet, all or a run's, in key order.
+    /// Looked at under the `live` lock, as a claim is decided: a job makes an operation durable
+    /// before its claim leaves `live`, so a claim read here that is already on disk is left out
+    /// (it is an ordinary operation now).
+    pub fn in_flight(&self, run_id: Option<&str>) -> Result<Vec<OperationRecord>, LedgerError> {
+        let live = self.live();
+        let txn = self.db.begin_read()?;
+        let records = txn.open_table(RECORDS)?;
+        let mut out = Vec::new();
+        for op in live.values().filter(|op| run_id.is_none_or(|run| op.run_id == run)) {
+            if records.get(operation_id(&op.key))?.is_none() {
+                out.push(op.clone());
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
     pub fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
         get(&txn.open_table(RECORDS)?, (operation_key, EFFECT, effect_key))
@@ -505,6 +523,10 @@ impl Store for RedbStore {
 
     fn operations<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
         Box::pin(async move { RedbStore::operations(self, run_id) })
+    }
+
+    fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move { RedbStore::in_flight(self, run_id) })
     }
 
     fn effect<'a>(

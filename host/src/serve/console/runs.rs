@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use oncebox::ledger::{AttemptRecord, EffectRecord, EffectStatus, OperationRecord, OperationStatus};
-use oncebox::policy::ReplayClass;
+use oncebox::ledger::{
+    AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, OperationStatus, Why, run_state,
+};
+use oncebox::recovery::RunRecovery;
 use oncebox::saga;
 use serde_json::Value;
 
@@ -95,9 +97,13 @@ pub async fn run(
 ) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
     let ledger = app.host.ledger();
+    // What keeps the run open, by the ledger's one rule (recovery sorts it): read first, so that a
+    // step claimed before it is seen, in flight or recorded.
+    let report = oncebox::recovery::report(ledger, Some(&run_id)).await?;
+    let recovery = report.get(&run_id).cloned().unwrap_or_default();
     let mut ops = ledger.operations(Some(&run_id)).await?;
     let approvals = api::approval_views(&app, Some(&run_id), false, viewer.signed_in()).await?;
-    if ops.is_empty() && approvals.is_empty() {
+    if ops.is_empty() && approvals.is_empty() && recovery.open.is_empty() {
         return Err(Refusal::Error(StatusCode::NOT_FOUND, format!("no run {run_id} in the ledger")));
     }
     ops.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then_with(|| a.step_id.cmp(&b.step_id)));
@@ -105,13 +111,14 @@ pub async fn run(
     let mut body = String::new();
     let summary = run_summaries(&ops, &approvals);
     body.push_str(&runs_table(&summary));
-    if ops.iter().any(|op| op.status == OperationStatus::Unknown) {
+    body.push_str(&open_table(&recovery.open));
+    if recovery.open.iter().any(|open| open.why == Why::Unknown) {
         body.push_str(&reconcile_form(&run_id, &viewer, &back));
     }
-    body.push_str(&decisions(&app, &run_id).await?);
+    body.push_str(&decisions(&recovery));
     body.push_str("<h2>Requests for approval</h2>");
     body.push_str(&approvals_table(&approvals, "No step of this run asked for approval."));
-    body.push_str(&compensation(&ops));
+    body.push_str(&compensation(&ops, &recovery.open));
     body.push_str("<h2>Timeline</h2><ol class=\"timeline\">");
     for op in &ops {
         let attempts = ledger.attempts(&op.key).await?;
@@ -122,12 +129,45 @@ pub async fn run(
     Ok(Page::ok(html::page(&format!("Run {run_id}"), &viewer, flash(&uri).as_deref(), &body)))
 }
 
+/// What keeps the run open, as the ledger's one rule says.
+fn open_table(open: &[Open]) -> String {
+    if open.is_empty() {
+        return "<p class=\"muted\">Nothing keeps this run open: every step ended.</p>".into();
+    }
+    let mut out = String::from(
+        "<h2>What keeps this run open</h2><table class=\"open\"><tr><th>Step</th><th>Tool</th><th>Why</th></tr>",
+    );
+    for reason in open {
+        let detail = match &reason.why {
+            Why::InFlight { owner, lease_until_ms, recorded } => format!(
+                " <span class=\"muted\">{} holds it until {}{}</span>",
+                escape(owner),
+                time(*lease_until_ms),
+                if *recorded { "" } else { ", nothing of it recorded yet" }
+            ),
+            Why::Abandoned { owner, .. } => {
+                format!(" <span class=\"muted\">{} is gone: the step's next call takes it over</span>", escape(owner))
+            }
+            Why::AwaitingApproval { standing } => format!(" <span class=\"muted\">{}</span>", standing.as_str()),
+            Why::Unknown | Why::CompensationOutstanding => String::new(),
+        };
+        let _ = write!(
+            out,
+            "<tr data-reason=\"{reason_name}\"><td>{}</td><td>{}</td><td>{}{detail}</td></tr>",
+            escape(&reason.step_id),
+            escape(&reason.tool),
+            badge(reason.why.as_str()),
+            reason_name = reason.why.as_str(),
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
 /// What recovery says a person must decide for the run, with the commands that do it.
-async fn decisions(app: &App, run_id: &str) -> Result<String, Refusal> {
-    let report = oncebox::recovery::report(app.host.ledger(), Some(run_id)).await?;
-    let Some(run) = report.get(run_id) else { return Ok(String::new()) };
+fn decisions(run: &RunRecovery) -> String {
     if run.decide.is_empty() {
-        return Ok("<p class=\"muted\">Nothing in this run needs a person.</p>".into());
+        return "<p class=\"muted\">Nothing in this run needs a person.</p>".into();
     }
     let mut out =
         String::from("<h2>What a person must decide</h2><table><tr><th>Step</th><th>What</th><th>Command</th></tr>");
@@ -141,26 +181,18 @@ async fn decisions(app: &App, run_id: &str) -> Result<String, Refusal> {
         );
     }
     out.push_str("</table>");
-    Ok(out)
+    out
 }
 
 /// Where undoing the run stands: each completed compensatable step and its compensation.
-fn compensation(ops: &[OperationRecord]) -> String {
-    let undoable: Vec<&OperationRecord> = ops
-        .iter()
-        .filter(|op| {
-            !saga::is_compensation(op)
-                && op.class == ReplayClass::Compensatable
-                && op.status == OperationStatus::Completed
-        })
-        .collect();
+fn compensation(ops: &[OperationRecord], open: &[Open]) -> String {
+    let undoable: Vec<&OperationRecord> = ops.iter().filter(|op| run_state::undoable(op)).collect();
     let mut out = String::from("<h2>Compensation</h2>");
     if undoable.is_empty() {
         out.push_str("<p class=\"muted\">No completed compensatable step: nothing to undo.</p>");
         return out;
     }
-    let refs: Vec<&OperationRecord> = ops.iter().collect();
-    if saga::outstanding(&refs) {
+    if open.iter().any(|o| o.why == Why::CompensationOutstanding) {
         out.push_str("<p>Compensation started and is not done: run it again once what blocks it is settled.</p>");
     }
     out.push_str("<table><tr><th>Step</th><th>Tool</th><th>Compensation</th></tr>");
