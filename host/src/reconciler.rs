@@ -64,6 +64,10 @@ pub const MAX_TRIES_PER_PASS: usize = 64;
 /// whatever the settings say: a zero setting must not spin.
 pub const MIN_GAP: Duration = Duration::from_millis(100);
 
+/// How long one host's try of an operation holds it on a shared ledger: longer than a try takes
+/// (the tool's `reconcile` runs under its attempt deadline, 30 s by default).
+const TRY_LEASE: Duration = Duration::from_secs(120);
+
 /// How much of a wait jitter may take off (a fifth): hosts sharing a ledger that found an
 /// operation at the same moment do not keep asking about it in step.
 const JITTER_SPREAD: f64 = 0.2;
@@ -195,6 +199,9 @@ pub enum TryResult {
     /// It was no longer unknown when asked, or another host's settlement won the ledger's
     /// compare-and-set: someone else settled it.
     SettledElsewhere,
+    /// Another host sharing the ledger is asking about it now (it holds the operation's
+    /// `reconcile/KEY` lease): asked again later, if still unknown.
+    HeldElsewhere,
     /// The try could not be made (the ledger failed): asked again later.
     Error,
 }
@@ -207,6 +214,7 @@ impl TryResult {
             TryResult::NotCommitted => "not-committed",
             TryResult::StillUnknown => "still-unknown",
             TryResult::SettledElsewhere => "settled-elsewhere",
+            TryResult::HeldElsewhere => "held-elsewhere",
             TryResult::Error => "error",
         }
     }
@@ -257,7 +265,11 @@ impl Reconciler {
     pub(crate) fn new(host: Host, settings: Settings) -> Self {
         // Jitter is derived, not drawn (`retry::jitter`); the process and its start keep two
         // hosts' draws for the same operation apart.
-        let jitter_domain = format!("oncebox/reconciler/{}-{}", std::process::id(), crate::clock::now_ms());
+        // It also names this reconciler in the leases of a shared ledger: with random bytes, since
+        // two machines' processes may share a pid and a start.
+        let mut nonce = [0u8; 8];
+        let nonce = getrandom::fill(&mut nonce).map(|()| hex::encode(nonce)).unwrap_or_default();
+        let jitter_domain = format!("oncebox/reconciler/{}-{}-{nonce}", std::process::id(), crate::clock::now_ms());
         Reconciler {
             host,
             settings,
@@ -371,29 +383,51 @@ impl Reconciler {
     }
 
     async fn try_one(&mut self, key: String, tool: String) -> Try {
-        let answer = self.host.reconcile_operation(&key).await;
-        let (result, counts_from_ms, reason) = match answer {
-            Ok(Some(answer)) => match answer.answer {
-                Reconciliation::Committed { .. } => (TryResult::Committed, None, None),
-                Reconciliation::NotCommitted { .. } => (TryResult::NotCommitted, None, None),
-                Reconciliation::StillUnknown { reason, counts_from_ms, .. } => {
-                    (TryResult::StillUnknown, counts_from_ms, Some(reason))
+        // On a shared ledger one host at a time asks about an operation: the others see its lease
+        // and look again later. (Two asking would both be safe, the settlement being a
+        // compare-and-set, but the downstream would be asked twice.)
+        let ledger = self.host.ledger().clone();
+        let lease = format!("reconcile/{key}");
+        let held =
+            if ledger.is_shared() { ledger.lease(&lease, &self.jitter_domain, TRY_LEASE).await } else { Ok(true) };
+        let answer = match held {
+            Ok(true) => {
+                let answer = self.host.reconcile_operation(&key).await;
+                if ledger.is_shared()
+                    && let Err(e) = ledger.release(&lease, &self.jitter_domain).await
+                {
+                    tracing::warn!(operation_key = %key, error = %e, "could not give up the reconcile lease; it runs out");
                 }
-                Reconciliation::NotUnknown { .. } => (TryResult::SettledElsewhere, None, None),
-            },
-            // No longer unknown (a call, a person or another host settled it), or gone.
-            Ok(None) => (TryResult::SettledElsewhere, None, None),
-            // The ledger's compare-and-set refused this settlement: another host's (or a
-            // person's) came first, or the effect was sent again since this try read it. Either
-            // way not this loop's failure; the next reading of the ledger says what is left.
-            Err(CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::EffectChanged { .. })) => {
-                (TryResult::SettledElsewhere, None, None)
+                Some(answer)
             }
-            Err(e) => (TryResult::Error, None, Some(e.to_string())),
+            Ok(false) => None,
+            Err(e) => Some(Err(CallError::Ledger(e))),
+        };
+        let (result, counts_from_ms, reason) = match answer {
+            None => (TryResult::HeldElsewhere, None, None),
+            Some(answer) => match answer {
+                Ok(Some(answer)) => match answer.answer {
+                    Reconciliation::Committed { .. } => (TryResult::Committed, None, None),
+                    Reconciliation::NotCommitted { .. } => (TryResult::NotCommitted, None, None),
+                    Reconciliation::StillUnknown { reason, counts_from_ms, .. } => {
+                        (TryResult::StillUnknown, counts_from_ms, Some(reason))
+                    }
+                    Reconciliation::NotUnknown { .. } => (TryResult::SettledElsewhere, None, None),
+                },
+                // No longer unknown (a call, a person or another host settled it), or gone.
+                Ok(None) => (TryResult::SettledElsewhere, None, None),
+                // The ledger's compare-and-set refused this settlement: another host's (or a
+                // person's) came first, or the effect was sent again since this try read it. Either
+                // way not this loop's failure; the next reading of the ledger says what is left.
+                Err(CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::EffectChanged { .. })) => {
+                    (TryResult::SettledElsewhere, None, None)
+                }
+                Err(e) => (TryResult::Error, None, Some(e.to_string())),
+            },
         };
         let now = self.host.ledger().now_ms();
         let (next_try_ms, tries) = match result {
-            TryResult::StillUnknown | TryResult::Error => {
+            TryResult::StillUnknown | TryResult::Error | TryResult::HeldElsewhere => {
                 let tries = self.schedule.slots.get(&key).map_or(0, |slot| slot.tries);
                 let jitter = crate::retry::jitter(&key, &self.jitter_domain, tries);
                 match self.schedule.tried(&key, &self.settings, now, counts_from_ms, jitter) {

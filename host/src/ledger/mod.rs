@@ -394,24 +394,20 @@ pub trait Store: Send + Sync + 'static {
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>>;
 
-    /// Takes or renews `owner`'s lease on `topic`'s outbox relay for `lease_ms`, judged by the
-    /// store's clock: true while `owner` holds it, false while another relay's lease is live. Two
-    /// relays on one shared ledger would each send a topic's head. A store that one process owns
-    /// has one relay per topic by construction, and answers true.
-    fn relay_lease<'a>(
-        &'a self,
-        topic: &'a str,
-        owner: &'a str,
-        lease_ms: u64,
-    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
-        let _ = (topic, owner, lease_ms);
+    /// Takes or renews `owner`'s lease named `name` for `lease_ms`, judged by the store's clock:
+    /// true while `owner` holds it, false while another owner's lease is live. What hosts sharing
+    /// a ledger must do one at a time holds one: a topic's outbox relay (`outbox/TOPIC`: two would
+    /// each send its head), the reconciling of an operation (`reconcile/KEY`). A store that one
+    /// process owns has one of each by construction, and answers true.
+    fn lease<'a>(&'a self, name: &'a str, owner: &'a str, lease_ms: u64) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        let _ = (name, owner, lease_ms);
         Box::pin(async { Ok(true) })
     }
 
-    /// Gives up `owner`'s lease on `topic`'s relay (a clean stop), so another relay takes the
-    /// topic at once instead of after the lease.
-    fn relay_release<'a>(&'a self, topic: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
-        let _ = (topic, owner);
+    /// Gives up `owner`'s lease named `name` (a clean stop, a try done), so another host takes
+    /// it at once instead of after the lease.
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let _ = (name, owner);
         Box::pin(async { Ok(()) })
     }
 }
@@ -655,15 +651,15 @@ impl Ledger {
         self.store.outbox_pending(topic, limit).await
     }
 
-    /// See [`Store::relay_lease`].
-    pub async fn relay_lease(&self, topic: &str, owner: &str, lease: std::time::Duration) -> Result<bool, LedgerError> {
+    /// See [`Store::lease`].
+    pub async fn lease(&self, name: &str, owner: &str, lease: std::time::Duration) -> Result<bool, LedgerError> {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        self.store.relay_lease(topic, owner, lease_ms).await
+        self.store.lease(name, owner, lease_ms).await
     }
 
-    /// See [`Store::relay_release`].
-    pub async fn relay_release(&self, topic: &str, owner: &str) -> Result<(), LedgerError> {
-        self.store.relay_release(topic, owner).await
+    /// See [`Store::release`].
+    pub async fn release(&self, name: &str, owner: &str) -> Result<(), LedgerError> {
+        self.store.release(name, owner).await
     }
 
     /// Records that the endpoint acknowledged message `seq` at `at_ms`.

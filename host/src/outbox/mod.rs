@@ -15,7 +15,7 @@
 //! reported, until the relay is started again.
 //!
 //! One relay per topic: two would each send the topic's head. On a ledger that hosts share, a
-//! relay holds a lease on each topic it delivers (`Ledger::relay_lease`, judged by the database's
+//! relay holds a lease on each topic it delivers (`Ledger::lease`, judged by the database's
 //! clock, renewed before every send and longer than a send can take); the others wait and take
 //! the topic over when its lease lapses (its relay died) or is given up (it stopped).
 
@@ -305,7 +305,7 @@ impl Relay {
                 (Ended::Refused | Ended::OutOfSends | Ended::Stopping | Ended::Elsewhere, _) => break,
             }
         }
-        if let Err(e) = self.inner.ledger.relay_release(&topic, &self.inner.owner).await {
+        if let Err(e) = self.inner.ledger.release(&lease_name(&topic), &self.inner.owner).await {
             // The lease then runs out by itself; another relay waits that long.
             tracing::warn!(%topic, error = %e, "could not give up the topic's relay lease");
         }
@@ -379,7 +379,7 @@ impl Relay {
             }
             // Held before every send: the lease outlasts the send (`lease_for`), so no other relay
             // sends this topic while this one may be sending.
-            if !ledger.relay_lease(&message.topic, &self.inner.owner, lease_for(endpoint)).await? {
+            if !ledger.lease(&lease_name(&message.topic), &self.inner.owner, lease_for(endpoint)).await? {
                 return Ok(Ended::Elsewhere);
             }
             // On a shared ledger the lease may have lapsed since this message was read (a long
@@ -426,6 +426,11 @@ impl Relay {
             }
         }
     }
+}
+
+/// The name of `topic`'s lease on a shared ledger.
+fn lease_name(topic: &str) -> String {
+    format!("outbox/{topic}")
 }
 
 /// How long a topic's lease holds without renewal: longer than a send can take (its timeout),

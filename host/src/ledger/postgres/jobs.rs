@@ -659,21 +659,20 @@ fn effect_status(status: &str) -> Result<EffectStatus, LedgerError> {
 /// one clock every host sees, not by each host's own.
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
-/// Takes or renews `owner`'s lease on `topic`'s outbox relay until the database's now plus
-/// `lease_ms`; refused (false) while another owner's lease is live.
-pub(super) async fn relay_lease(tx: &Tx<'_>, topic: &str, owner: &str, lease_ms: u64) -> Done<bool> {
+/// Takes or renews `owner`'s lease named `name` until the database's now plus `lease_ms`;
+/// refused (false) while another owner's lease is live.
+pub(super) async fn lease(tx: &Tx<'_>, name: &str, owner: &str, lease_ms: u64) -> Done<bool> {
     let sql = format!(
-        "INSERT INTO oncebox_relay_leases (topic, owner, until_ms) VALUES ($1, $2, {DB_NOW_MS} + $3) \
-         ON CONFLICT (topic) DO UPDATE SET owner = EXCLUDED.owner, until_ms = EXCLUDED.until_ms \
-         WHERE oncebox_relay_leases.owner = EXCLUDED.owner OR oncebox_relay_leases.until_ms < {DB_NOW_MS}"
+        "INSERT INTO oncebox_leases (name, owner, until_ms) VALUES ($1, $2, {DB_NOW_MS} + $3) \
+         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, until_ms = EXCLUDED.until_ms \
+         WHERE oncebox_leases.owner = EXCLUDED.owner OR oncebox_leases.until_ms < {DB_NOW_MS}"
     );
-    let held = tx.exec(&sql, &[&topic, &owner, &int(lease_ms)]).await? == 1;
+    let held = tx.exec(&sql, &[&name, &owner, &int(lease_ms)]).await? == 1;
     Ok((held, held))
 }
 
-/// Gives up `owner`'s lease on `topic`'s relay, if it holds it.
-pub(super) async fn relay_release(tx: &Tx<'_>, topic: &str, owner: &str) -> Done<()> {
-    let released =
-        tx.exec("DELETE FROM oncebox_relay_leases WHERE topic = $1 AND owner = $2", &[&topic, &owner]).await?;
+/// Gives up `owner`'s lease named `name`, if it holds it.
+pub(super) async fn release(tx: &Tx<'_>, name: &str, owner: &str) -> Done<()> {
+    let released = tx.exec("DELETE FROM oncebox_leases WHERE name = $1 AND owner = $2", &[&name, &owner]).await?;
     Ok(((), released == 1))
 }

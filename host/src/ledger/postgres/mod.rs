@@ -443,16 +443,11 @@ impl Store for PostgresStore {
         Box::pin(async move { transaction!(self, |tx| jobs::record_delivery(&tx, seq, answer)) })
     }
 
-    fn relay_lease<'a>(
-        &'a self,
-        topic: &'a str,
-        owner: &'a str,
-        lease_ms: u64,
-    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
-        Box::pin(async move { transaction!(self, |tx| jobs::relay_lease(&tx, topic, owner, lease_ms)) })
+    fn lease<'a>(&'a self, name: &'a str, owner: &'a str, lease_ms: u64) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::lease(&tx, name, owner, lease_ms)) })
     }
 
-    fn relay_release<'a>(&'a self, topic: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async move { transaction!(self, |tx| jobs::relay_release(&tx, topic, owner)) })
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::release(&tx, name, owner)) })
     }
 }

@@ -112,9 +112,9 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
                 &[&int(SCHEMA_VERSION)],
             )
             .await?;
-            relay_leases(tx).await
+            leases(tx).await
         }
-        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => relay_leases(tx).await,
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => leases(tx).await,
         Ok(Some(other)) => Err(LedgerError::Corrupt {
             what: format!("{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}", tx.store),
         }),
@@ -122,11 +122,11 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
     }
 }
 
-/// The outbox relays' leases, one row per topic (`jobs::relay_lease`). Added after schema 1
-/// without a new version: created where missing, so a database made before has it too, and a
-/// host that does not know it ignores it.
-async fn relay_leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
-    let sql = "CREATE TABLE IF NOT EXISTS oncebox_relay_leases (topic text COLLATE \"C\" PRIMARY KEY, \
+/// Leases of what hosts do one at a time (`jobs::lease`: a topic's outbox relay, the reconciling
+/// of an operation), one row per name. Added after schema 1 without a new version: created where
+/// missing, so a database made before has it too, and a host that does not know it ignores it.
+async fn leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let sql = "CREATE TABLE IF NOT EXISTS oncebox_leases (name text COLLATE \"C\" PRIMARY KEY, \
                owner text NOT NULL, until_ms bigint NOT NULL)";
     tx.exec(sql, &[]).await.map(drop)
 }
