@@ -21,6 +21,9 @@ pub struct RecoveredStep {
     /// The effects still in doubt (for `in_doubt`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub effects_in_doubt: Vec<String>,
+    /// What comes next for it, when nobody need decide (for `available`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// What a person must decide, and the command that does it.
@@ -56,6 +59,7 @@ fn recovered(step_id: &str, tool: &str, operation_key: &str) -> RecoveredStep {
         tool: tool.to_string(),
         operation_key: operation_key.to_string(),
         effects_in_doubt: Vec::new(),
+        next: None,
     }
 }
 
@@ -100,7 +104,16 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
                     });
                     entry.in_doubt.push(step);
                 }
-                Why::Abandoned { .. } => entry.available.push(step),
+                Why::Abandoned { owner, .. } => {
+                    // Nobody need decide: whichever comes first takes it over, and nothing of it
+                    // is sent again blindly (an effect it may have sent makes it unknown).
+                    step.next = Some(format!(
+                        "its owner {owner} is gone: the next call of step `{}` takes it over and runs it, or `oncebox \
+                         compensate --ledger {path} --run {run_id} --tools DIR` takes it over and ends it",
+                        open.step_id
+                    ));
+                    entry.available.push(step)
+                }
                 Why::InFlight { .. } => entry.in_progress.push(step),
                 Why::AwaitingApproval { .. } => {
                     let request = ledger.approval(&open.operation_key).await?;

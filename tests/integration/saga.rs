@@ -872,6 +872,8 @@ async fn a_claim_left_by_a_killed_process_does_not_block_compensation_forever() 
     child.wait().expect("reap");
     let (_, recovered, _) = crate::support::oncebox(&["recover", "--ledger", ledger_arg]);
     assert_eq!(recovered["runs"]["r"]["available"][0]["step_id"], "2-pay", "left claimed: {recovered}");
+    let next = recovered["runs"]["r"]["available"][0]["next"].as_str().unwrap_or_default();
+    assert!(next.contains("takes it over") && next.contains("oncebox compensate"), "recover names what to do: {next}");
 
     // Compensating takes the abandoned step over and ends it (nothing of it took effect), then
     // refunds the first charge, once.

@@ -324,3 +324,51 @@ async fn a_run_s_page_shows_what_keeps_it_open_by_the_ledger_s_rule() {
         client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
     assert!(html.contains("Nothing keeps this run open"), "{html}");
 }
+
+/// An approval that expired unused shows as expired, with the form to decide again; deciding
+/// again lets the step run, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_approval_shows_as_expired_and_can_be_approved_again() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let order = "o-expired";
+    let waiting = call(&server, "fulfill", "fulfill", &fulfill(order)).await;
+    let key = waiting["operation_key"].as_str().expect("operation_key").to_string();
+    let fingerprint = waiting["fingerprint"].as_str().expect("fingerprint").to_string();
+    let component = waiting["approval"]["component"].as_str().expect("component").to_string();
+    let decision = json!({ "fingerprint": fingerprint, "component": component, "by": "ops", "expires_in": 0.2 });
+    let approved = client()
+        .post(server.url(&format!("/v1/approvals/{key}/approve")))
+        .bearer_auth(TOKEN)
+        .json(&decision)
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(approved.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(approval_state(&server, &key).await, "expired");
+
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let cookie = sign_in(&http, &server).await;
+    let page = format!("/approvals/{key}");
+    let html =
+        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    assert!(html.contains(&format!("action=\"/approvals/{key}/approve\"")), "the form to decide again: {html}");
+    let csrf = csrf_of(&http, &server, &cookie, &page).await;
+    let again = form(&[("fingerprint", &fingerprint), ("component", &component), ("by", "ops"), ("csrf", &csrf)]);
+    let response = http
+        .post(server.url(&format!("/approvals/{key}/approve")))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, server.base_url.as_str())
+        .body(again)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 303);
+    assert_eq!(approval_state(&server, &key).await, "approved");
+    let shipped = call(&server, "fulfill", "fulfill", &fulfill(order)).await;
+    assert_eq!(shipped["status"], "completed", "{shipped}");
+    assert_eq!(provider.counts(order).fulfillments, 1);
+}

@@ -174,7 +174,8 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
         fp = escape(fingerprint),
         component = escape(field(view, "component")),
     );
-    if state == "pending" {
+    // An expired approval lets nothing through until a person decides again: the same form.
+    if state == "pending" || state == "expired" {
         out.push_str(&decision_form(key, fingerprint, field(view, "component"), viewer, back));
     } else {
         let by = field(view, "decided_by");
