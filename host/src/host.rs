@@ -439,7 +439,10 @@ impl Host {
         crate::saga::compensate(&self.inner.stage, &tools, run_id).await
     }
 
-    /// Approves or rejects the request for approval of `operation_key`, bound to `fingerprint`.
+    /// Approves or rejects the request for approval of `operation_key`, bound to `fingerprint`
+    /// and to whatever component the request names when the decision lands. An embedder that
+    /// shows the request to a person decides with [`Host::decide_on`] and the digest it showed
+    /// (as the server and the CLI do), so that a tool replaced meanwhile is not approved unseen.
     pub async fn decide(
         &self,
         operation_key: &str,

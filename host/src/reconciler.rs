@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::error::{CallError, LedgerError};
 use crate::host::Host;
-use crate::ledger::OperationStatus;
+use crate::ledger::{OperationStatus, ReconcileNote};
 use crate::reconcile::Reconciliation;
 
 /// How a host's reconciler asks again: the policy file's `[reconciler]`.
@@ -437,6 +437,14 @@ impl Reconciler {
             }
             _ => (None, self.schedule.settled(&key).unwrap_or(0).saturating_add(1)),
         };
+        // Each try that left it unknown is recorded on the operation, for the run's timeline (one
+        // that settled it is the operation's settlement). Not being able to write it stops nothing.
+        if matches!(result, TryResult::StillUnknown | TryResult::Error) {
+            let note = ReconcileNote { tries, last_ms: now, result: result.as_str().into(), reason: reason.clone() };
+            if let Err(e) = ledger.note_reconcile(&key, &note).await {
+                tracing::warn!(operation_key = %key, error = %e, "could not record the reconciler's try");
+            }
+        }
         let attempt = Try { operation_key: key, tool, result, tries, next_try_ms, reason };
         let next_in = next_try_ms.map(|at| Duration::from_millis(at.saturating_sub(now)));
         match attempt.result {

@@ -271,6 +271,16 @@ async fn an_unknown_operation_is_settled_and_reopened_only_as_proven(ledger: Led
         Settlement { verdict: "committed".into(), by: "alice".into(), note: Some("checked".into()), at_ms: 2_001 };
     let output = Resolution::Committed { output: r#"{"id":"pay_1"}"#.into() };
     // An answer about one send does not settle an effect that was sent again since.
+    // The reconciler's tries are recorded on it while it is unknown, and nothing else changes.
+    let note = oncebox::ledger::ReconcileNote {
+        tries: 2,
+        last_ms: 2_000,
+        result: "still-unknown".into(),
+        reason: Some("an empty lookup inside the settle window".into()),
+    };
+    assert!(ledger.note_reconcile("op", &note).await.expect("note"), "written while unknown");
+    let noted = ledger.operation("op").await.expect("read").expect("op");
+    assert_eq!((noted.status, noted.reconciled.as_ref()), (OperationStatus::Unknown, Some(&note)));
     let stale = ledger.resolve("op", Some(&doubt.key), Some(doubt.dispatches + 1), &output, &settlement).await;
     assert!(matches!(stale, Err(LedgerError::EffectChanged { .. })), "{stale:?}");
     let settled = ledger.resolve("op", None, None, &output, &settlement).await.expect("resolve");
@@ -279,6 +289,10 @@ async fn an_unknown_operation_is_settled_and_reopened_only_as_proven(ledger: Led
     assert_eq!(recorded.resolution.map(|r| r.by).as_deref(), Some("alice"));
     let again = ledger.resolve("op", None, None, &output, &settlement).await;
     assert!(matches!(again, Err(LedgerError::NotInDoubt { .. })), "{again:?}");
+    // Settled, it keeps its tries as history and takes no more.
+    assert_eq!(settled.reconciled.as_ref(), Some(&note));
+    assert!(!ledger.note_reconcile("op", &note).await.expect("note"), "not unknown any more");
+    assert!(!ledger.note_reconcile("nothing", &note).await.expect("note"), "no such operation");
 
     // Another operation whose effect may be resent is reopened with a new fence.
     let fence = owned(ledger.claim(&request("op2", "a", 3_000)).await.expect("claim"));

@@ -69,6 +69,10 @@ async fn an_empty_lookup_inside_the_settle_window_is_asked_again_only_after_it_a
     assert_eq!(reconciler.scheduled(), 1);
     let op = f.host.ledger().operation(&key).await.expect("read").expect("recorded");
     assert_eq!(op.status, oncebox::ledger::OperationStatus::Unknown, "an empty lookup proves nothing yet");
+    // The try is recorded on the operation, with why it proved nothing.
+    let noted = op.reconciled.expect("the try is recorded");
+    assert_eq!((noted.tries, noted.result.as_str()), (1, "still-unknown"));
+    assert!(noted.reason.is_some_and(|r| r.contains("settle window")));
     f.provider.settled().await;
     assert_eq!(f.provider.counts("l1").payments, 1);
 }

@@ -394,6 +394,11 @@ pub trait Store: Send + Sync + 'static {
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>>;
 
+    /// Records the background reconciler's tries of operation `key` while it is unknown: true if
+    /// written, false if it is not unknown any more (settled, reopened, or gone), which is no
+    /// error. Nothing else of the record changes.
+    fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>>;
+
     /// Takes or renews `owner`'s lease named `name` for `lease_ms`, judged by the store's clock:
     /// true while `owner` holds it, false while another owner's lease is live. What hosts sharing
     /// a ledger must do one at a time holds one: a topic's outbox relay (`outbox/TOPIC`: two would
@@ -651,6 +656,11 @@ impl Ledger {
         self.store.outbox_pending(topic, limit).await
     }
 
+    /// See [`Store::note_reconcile`].
+    pub async fn note_reconcile(&self, key: &str, note: &ReconcileNote) -> Result<bool, LedgerError> {
+        self.store.note_reconcile(key, note).await
+    }
+
     /// See [`Store::lease`].
     pub async fn lease(&self, name: &str, owner: &str, lease: std::time::Duration) -> Result<bool, LedgerError> {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
@@ -806,6 +816,7 @@ fn new_operation(req: &ClaimRequest) -> OperationRecord {
         error: None,
         created_ms: req.now_ms,
         updated_ms: req.now_ms,
+        reconciled: None,
     }
 }
 

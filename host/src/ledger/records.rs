@@ -56,6 +56,21 @@ pub struct OperationRecord {
     pub error: Option<ErrorRecord>,
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// What the background reconciler found the last time it asked, while the operation was
+    /// unknown (`Store::note_reconcile`); kept after it settles, as its history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciled: Option<ReconcileNote>,
+}
+
+/// The background reconciler's tries of an unknown operation: how many, and the last one's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileNote {
+    pub tries: u32,
+    pub last_ms: u64,
+    /// `still-unknown` or `error` (an answer that settled it is the operation's settlement).
+    pub result: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 //! fences come from one counter for the whole ledger, and [`ReferenceStore::crash`] is what
 //! reopening a redb file after a kill does. Its timestamps are the callers', so it has no clock.
 
+use crate::ledger::ReconcileNote;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -243,6 +244,19 @@ impl Store for ReferenceStore {
             let claim = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
             state.write_operation(op);
             Ok(claim)
+        })
+    }
+
+    fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            match state.operations.get_mut(key) {
+                Some((op, true)) if op.status == OperationStatus::Unknown => {
+                    op.reconciled = Some(note.clone());
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
         })
     }
 

@@ -197,6 +197,7 @@ mod tests {
             error: None,
             created_ms: 0,
             updated_ms: 0,
+            reconciled: None,
         }
     }
 

@@ -103,6 +103,20 @@ async fn a_lagging_lookup_keeps_it_unknown_until_the_settle_window_has_passed_ne
     assert!(tries(&server, "still-unknown").await >= 1, "the early empty lookup was a try");
     assert_eq!(tries(&server, "committed").await, 1);
     assert_eq!(tries(&server, "not-committed").await, 0);
+    // The tries that proved nothing are recorded on the operation, and the run's page shows them.
+    let op: Value = client()
+        .get(server.url(&format!("/v1/operations/{key}")))
+        .send()
+        .await
+        .expect("operation")
+        .json()
+        .await
+        .expect("json");
+    assert!(op["operation"]["reconciled"]["tries"].as_u64().is_some_and(|n| n >= 1), "{op}");
+    assert_eq!(op["operation"]["reconciled"]["result"], "still-unknown", "{op}");
+    let run = op["operation"]["run_id"].as_str().expect("run").to_string();
+    let page = client().get(server.url(&format!("/runs/{run}"))).send().await.expect("page");
+    assert!(page.text().await.expect("html").contains("The reconciler asked"), "the run's timeline shows the tries");
     provider.settled().await;
     assert_eq!(provider.counts("lag1").payments, 1);
 }

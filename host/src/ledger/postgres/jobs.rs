@@ -32,6 +32,7 @@
 
 use super::db::{Tx, encode, int, kv_lock, operation_lock, record, uint};
 use super::notify;
+use crate::ledger::ReconcileNote;
 use crate::ledger::{
     ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
     OperationRecord, OperationStatus, OutboxMessage, Removed, Resolution, Settlement, Staged, StaleApproval, Tombstone,
@@ -214,6 +215,18 @@ pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String
     update_operation(tx, &op, true, (held, OperationStatus::Unknown)).await?;
     notify::changed(tx, &req.key).await?;
     Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
+}
+
+/// Writes the reconciler's note on operation `key` if it is unknown (see `Store::note_reconcile`).
+pub(super) async fn note_reconcile(tx: &Tx<'_>, key: &str, note: &ReconcileNote) -> Done<bool> {
+    tx.lock(operation_lock(key)).await?;
+    let Some((mut op, true)) = operation_for_update(tx, key).await? else { return Ok((false, false)) };
+    if op.status != OperationStatus::Unknown {
+        return Ok((false, false));
+    }
+    op.reconciled = Some(note.clone());
+    update_operation(tx, &op, true, (op.fence, OperationStatus::Unknown)).await?;
+    Ok((true, true))
 }
 
 /// Extends the lease of the owner of `fence`, while it still owns the operation.

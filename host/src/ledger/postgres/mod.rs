@@ -35,6 +35,7 @@ pub use name::without_password;
 mod notify;
 mod schema;
 
+use crate::ledger::ReconcileNote;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -441,6 +442,10 @@ impl Store for PostgresStore {
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
         Box::pin(async move { transaction!(self, |tx| jobs::record_delivery(&tx, seq, answer)) })
+    }
+
+    fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::note_reconcile(&tx, key, note)) })
     }
 
     fn lease<'a>(&'a self, name: &'a str, owner: &'a str, lease_ms: u64) -> BoxFuture<'a, Result<bool, LedgerError>> {

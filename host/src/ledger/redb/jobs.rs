@@ -2,6 +2,7 @@
 //! each decides everything before it writes, so that a refusal leaves the shared transaction as it
 //! found it.
 
+use crate::ledger::ReconcileNote;
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::tables::*;
@@ -89,6 +90,20 @@ pub(super) fn take_over_live(
 /// claim, or the one held in memory. On the writer thread for the same reason as
 /// [`take_over_live`]: a renewal made in memory while the owner's first write was on its way
 /// would be lost when that write made the claim durable with the lease it read.
+/// Writes the reconciler's note on operation `key` if it is unknown (see `Store::note_reconcile`).
+pub(super) fn note_reconcile(txn: &WriteTransaction, key: &str, note: ReconcileNote) -> Result<bool, LedgerError> {
+    let mut records = txn.open_table(RECORDS)?;
+    let op: Option<OperationRecord> = get(&records, operation_id(key))?;
+    match op {
+        Some(mut op) if op.status == OperationStatus::Unknown => {
+            op.reconciled = Some(note);
+            put(&mut records, operation_id(key), &op)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
 pub(super) fn renew(
     txn: &WriteTransaction,
     live: &Live,

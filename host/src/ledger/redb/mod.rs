@@ -23,6 +23,7 @@ mod outbox;
 mod tables;
 mod writer;
 
+use crate::ledger::ReconcileNote;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +42,8 @@ use super::{
     verdict,
 };
 use jobs::{
-    claim, encode_staged, expire, put_approval, put_effect, record_attempt, renew, reopen, resolve, take_over_live,
+    claim, encode_staged, expire, note_reconcile, put_approval, put_effect, record_attempt, renew, reopen, resolve,
+    take_over_live,
 };
 use open::{init, recover};
 use tables::*;
@@ -483,6 +485,11 @@ impl Store for RedbStore {
 
     fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(RedbStore::renew(self, key, fence, until_ms))
+    }
+
+    fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        let (key, note) = (key.to_string(), note.clone());
+        Box::pin(async move { self.writer.submit(move |txn| note_reconcile(txn, &key, note), |wrote| *wrote).await })
     }
 
     fn put_effect<'a>(

@@ -215,7 +215,7 @@ fn compensation(ops: &[OperationRecord], open: &[Open]) -> String {
 fn step_item(op: &OperationRecord, attempts: &[AttemptRecord], effects: &[EffectRecord]) -> String {
     let undoes = op
         .step_id
-        .strip_prefix("compensate/")
+        .strip_prefix(saga::COMPENSATION_PREFIX)
         .filter(|_| saga::is_compensation(op))
         .map(|key| format!("<dt>Undoes</dt><dd><code>{}</code></dd>", escape(key)))
         .unwrap_or_default();
@@ -240,6 +240,16 @@ fn step_item(op: &OperationRecord, attempts: &[AttemptRecord], effects: &[Effect
     }
     if let Some(error) = &op.error {
         let _ = write!(out, "<p class=\"error\">{}: {}</p>", escape(&error.class), escape(&error.message));
+    }
+    if let Some(note) = &op.reconciled {
+        let _ = write!(
+            out,
+            "<p class=\"reconciled\" data-testid=\"reconciled\">The reconciler asked {} time(s); the last, at {}: {}{}</p>",
+            note.tries,
+            time(note.last_ms),
+            escape(&note.result),
+            note.reason.as_deref().map(|r| format!(" ({})", escape(r))).unwrap_or_default()
+        );
     }
     out.push_str(&attempts_table(attempts));
     out.push_str(&effects_table(effects));
