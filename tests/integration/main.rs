@@ -10,6 +10,7 @@ mod args;
 mod cli;
 mod concurrency;
 mod conformance;
+mod docs;
 mod effects;
 mod guarantee;
 mod harness;

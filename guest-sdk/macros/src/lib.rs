@@ -6,7 +6,8 @@
 //! SDK (through wit-bindgen's `with`), so a tool's effect calls are plain `oncebox_sdk` functions.
 //! This crate has no dependencies: it only writes tokens.
 //!
-//! The contract travels with the SDK: its WIT files (`guest-sdk/wit`, reached from here through the
+//! The contract travels with the SDK: its WIT files (`guest-sdk/wit`, the SDK's copy of the root
+//! `wit/`, checked byte-identical by `guest-sdk/tests/contract.rs`; reached from here through the
 //! `wit` link beside this crate's manifest, which `cargo package` follows) are compiled into this
 //! macro as text, and `export!` hands that text to wit-bindgen inline. Nothing the tool's build
 //! sees names a path on the machine that built the SDK, so the SDK works as a path, git, vendored

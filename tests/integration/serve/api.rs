@@ -542,7 +542,7 @@ async fn behind_a_public_url_a_stranger_gets_nothing_but_healthz_and_the_operato
     use reqwest::Method;
     let provider = Provider::start().await.expect("provider");
     let setup = Setup::new(&provider);
-    // As the README tells operators to run it behind a proxy: loopback, the proxy's public name.
+    // As docs/serving.md tells operators to run it behind a proxy: loopback, the proxy's public name.
     let server = setup.serve_with(&["--public-url", "https://ops.example"]);
     let host = "ops.example";
     let body = json!({ "run_id": "rp", "step_id": "charge-p1", "tool": "charge", "args": charge("p1") });

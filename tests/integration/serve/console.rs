@@ -25,7 +25,7 @@ fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
 
 /// `tests/serve/console`, with its `node_modules` (`npm ci` on first use).
 fn console_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/console");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/console");
     let _lock = NPM_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if !dir.join("node_modules").join("playwright-core").is_dir() {
         let status = Command::new("npm")

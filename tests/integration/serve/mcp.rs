@@ -19,7 +19,7 @@ fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Runs `mcp_client.py` with `args` (off the runtime: the provider keeps serving meanwhile) and

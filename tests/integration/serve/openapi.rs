@@ -24,6 +24,9 @@ async fn requests_generated_from_the_openapi_document_find_no_5xx_and_no_undocum
         .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
         .arg("--report-dir")
         .arg(&report)
+        // Its example cache (`.schemathesis/`, `.hypothesis/`) goes beside the report, not into
+        // the source tree.
+        .current_dir(setup.dir.path())
         .env("SCHEMATHESIS_HOOKS", "");
     // The provider answers on this runtime while schemathesis runs.
     let output = tokio::task::spawn_blocking(move || command.output()).await.expect("join").expect("run schemathesis");

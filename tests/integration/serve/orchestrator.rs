@@ -1,5 +1,5 @@
-//! The README's Python orchestrator loop (`tests/serve/orchestrator.py`, quoted whole in the
-//! README), run for real against a server: it names the steps, stops at the approval, and run
+//! The docs' Python orchestrator loop (`tests/serve/orchestrator.py`, quoted whole in
+//! docs/serving.md), run for real against a server: it names the steps, stops at the approval, and run
 //! again after it finishes the run without charging twice.
 
 use oncebox_example_provider::Provider;
@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::support::{Setup, TOKEN, client};
 
 fn orchestrate(base: &str, order: &str) -> Vec<Value> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/orchestrator.py");
+    let script = crate::docs::root().join("tests/serve/orchestrator.py");
     let output = std::process::Command::new("python3").arg(script).args([base, order]).output().expect("python3");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("json line")).collect()
@@ -16,13 +16,9 @@ fn orchestrate(base: &str, order: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_readme_orchestrator_runs_a_workflow_through_an_approval_without_doing_anything_twice() {
-    let readme =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
-    let script = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/orchestrator.py"),
-    )
-    .expect("script");
-    assert!(readme.contains(&script), "the README quotes tests/serve/orchestrator.py whole");
+    let serving = std::fs::read_to_string(crate::docs::root().join("docs/serving.md")).expect("docs/serving.md");
+    let script = std::fs::read_to_string(crate::docs::root().join("tests/serve/orchestrator.py")).expect("script");
+    assert!(serving.contains(&script), "docs/serving.md quotes tests/serve/orchestrator.py whole");
 
     let provider = Provider::start().await.expect("provider");
     let setup = Setup::new(&provider);

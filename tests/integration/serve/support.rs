@@ -209,7 +209,7 @@ pub fn python() -> PathBuf {
     }
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-venv");
     let python = venv.join("bin").join("python");
-    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/requirements.txt");
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/requirements.txt");
     let stamp = venv.join("requirements.installed");
     let wanted = std::fs::read_to_string(&requirements).expect("tests/serve/requirements.txt");
     // One test at a time makes it; the others wait on the lock.

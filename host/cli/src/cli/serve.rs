@@ -1,0 +1,175 @@
+//! `oncebox serve --tools DIR --ledger L [--policy FILE] [--listen ADDR]`: one long-running host
+//! for agents (MCP over streamable HTTP at `/mcp`, or over stdio with `--stdio`), orchestrators
+//! (the HTTP API at `/v1`, described at `/openapi.json`) and operators (the console at `/`).
+//! The server's parts are the `oncebox-serve` crate; this file reads the arguments, opens the
+//! host and puts them together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use oncebox::policy_file::PolicyFile;
+use oncebox_serve::{App, Auth, Loaded};
+
+use crate::cli::{Exit, Usage};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The directory of components (`*.wasm`); watched, so tools can be added, replaced and
+    /// removed while serving.
+    #[arg(long, value_name = "DIR")]
+    pub tools: PathBuf,
+    /// The ledger: a redb file (created if missing), or a PostgreSQL URL.
+    #[arg(long)]
+    pub ledger: oncebox::LedgerAt,
+    /// The operator's policy file (oncebox.toml): grants, config, retries, downstream hosts.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Where to listen. Beyond loopback every request needs the operator's token.
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    pub listen: SocketAddr,
+    /// The URL browsers and clients reach this server at, when it is not `http://LISTEN` (behind a
+    /// proxy, or listening on `0.0.0.0`): the console takes decisions only from this origin, and
+    /// links to approvals name it.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<url::Url>,
+    /// Serve MCP over stdin and stdout instead of HTTP (an agent starts the server itself).
+    #[arg(long)]
+    pub stdio: bool,
+    /// A file holding the operator's token (else `$ONCEBOX_TOKEN`, else one is made up and
+    /// printed on stderr). Approving and settling always need it.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// On SIGINT or SIGTERM, how long running calls may take to finish; what still runs then is
+    /// left to the recovery of the next start.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// How long a claim holds without renewal (ms); a live server renews it while it works.
+    #[arg(long, value_name = "MS")]
+    pub lease_ms: Option<u64>,
+    /// Do not deliver the outbox here. By default a server delivers the messages its tools
+    /// enqueue to the policy file's `[outbox.TOPIC]` endpoints; on a ledger several servers share,
+    /// each topic is sent by one of them at a time (a lease in the database).
+    #[arg(long)]
+    pub no_relay: bool,
+    /// How many calls may run at once; more are refused (503) before anything is recorded.
+    #[arg(long, default_value_t = oncebox_serve::MAX_CALLS)]
+    pub max_calls: usize,
+    /// The largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Exit> {
+    let mut builder = crate::cli::host_at(&args.ledger);
+    let policy = args.policy.as_deref().map(PolicyFile::load).transpose()?;
+    let topics = policy.as_ref().map_or(0, |file| file.outbox_endpoints().len());
+    if let Some(file) = policy {
+        builder = builder.policy_file(file);
+    }
+    if let Some(ms) = args.lease_ms {
+        builder = builder.lease(Duration::from_millis(ms.max(1)));
+    }
+    if !args.tools.is_dir() {
+        return Err(Usage(format!("--tools {}: not a directory", args.tools.display())).into());
+    }
+    let token = token(&args)?;
+    // Opening the ledger recovers what a stopped server left: this start is its recovery.
+    let host = builder.build().await?;
+    let loaded = Loaded::new(args.tools.clone());
+    loaded.scan(&host, false).await;
+    let tools = host.tools().len();
+    if args.stdio {
+        let app =
+            App::new(host, Auth::new(token, None, args.public_url.as_ref()), loaded, String::new(), args.max_calls);
+        tokio::spawn(oncebox_serve::watch(app.clone()));
+        relay(&app, topics, args.no_relay)?;
+        oncebox_serve::spawn_reconciler(&app);
+        eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
+        oncebox_serve::serve_stdio(app.clone()).await?;
+        return Ok(finish(&app, args.grace).await);
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().context("the listening address")?;
+    let public = args.public_url.as_ref().map(|url| url.origin().ascii_serialization());
+    let base_url = public.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let auth = Auth::new(token, Some(addr), args.public_url.as_ref());
+    let app = App::new(host, auth, loaded, base_url.clone(), args.max_calls);
+    tokio::spawn(oncebox_serve::watch(app.clone()));
+    relay(&app, topics, args.no_relay)?;
+    oncebox_serve::spawn_reconciler(&app);
+    let router = oncebox_serve::router(&app, args.max_body);
+    // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
+    crate::cli::print_json(&serde_json::json!({
+        "listening": format!("http://{addr}"), "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"),
+        "tools": tools,
+    }))?;
+    eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
+    let shutdown = app.shutdown.clone();
+    let mut server =
+        tokio::spawn(
+            async move { axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await },
+        );
+    tokio::select! {
+        () = crate::cli::stop_signal() => {}
+        ended = &mut server => {
+            ended.context("the server task")?.context("serving HTTP")?;
+            return Ok(finish(&app, args.grace).await);
+        }
+    }
+    // Answered requests are written out before the process ends: axum closes each connection
+    // once its request is answered, within the grace period.
+    let started = tokio::time::Instant::now();
+    app.stop_taking_calls();
+    if tokio::time::timeout(args.grace, server).await.is_err() {
+        eprintln!("oncebox serve: connections still open after {:?}; closing them", args.grace);
+    }
+    Ok(finish(&app, args.grace.saturating_sub(started.elapsed())).await)
+}
+
+/// The operator's token: `--token-file`, `$ONCEBOX_TOKEN`, or a new one printed on stderr.
+fn token(args: &Args) -> anyhow::Result<String> {
+    if let Some(path) = &args.token_file {
+        let text = std::fs::read_to_string(path).map_err(|e| Usage(format!("--token-file {}: {e}", path.display())))?;
+        let token = text.trim().to_string();
+        if token.len() < 16 {
+            return Err(Usage(format!("--token-file {}: a token needs at least 16 characters", path.display())).into());
+        }
+        return Ok(token);
+    }
+    if let Some(token) = std::env::var("ONCEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+        if token.trim().len() < 16 {
+            return Err(Usage("$ONCEBOX_TOKEN: a token needs at least 16 characters".into()).into());
+        }
+        return Ok(token.trim().to_string());
+    }
+    if !args.stdio && !args.listen.ip().is_loopback() {
+        return Err(Usage(format!(
+            "--listen {} is beyond loopback: give the operator's token with --token-file or $ONCEBOX_TOKEN",
+            args.listen
+        ))
+        .into());
+    }
+    let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a random token: {e}"))?;
+    eprintln!("oncebox serve: operator token (for approving, and the console's sign-in): {token}");
+    Ok(token)
+}
+
+/// Stops taking calls and lets the running ones finish within `grace`: what still runs then is
+/// left to the next start's recovery, and the exit says so.
+async fn finish(app: &Arc<App>, grace: Duration) -> Exit {
+    if oncebox_serve::finish(app, grace).await { Exit::Ok } else { Exit::ToolFailed }
+}
+
+/// Delivers the outbox beside the calls until the server stops, unless told not to or no topic
+/// has an endpoint.
+fn relay(app: &Arc<App>, topics: usize, off: bool) -> anyhow::Result<()> {
+    if off || topics == 0 {
+        return Ok(());
+    }
+    oncebox_serve::relay(app).map_err(|e| Usage(format!("the outbox relay: {e}")).into())
+}

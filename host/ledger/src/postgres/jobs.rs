@@ -1,0 +1,691 @@
+//! The write jobs: each runs in one transaction of its own (one Store call, one transaction) and
+//! answers what it decided and whether it wrote. Each mirrors its redb job (`redb/jobs.rs`) and
+//! the reference model, decision for decision, through the shared rules of `ledger/mod.rs`.
+//!
+//! # Why READ COMMITTED is enough here
+//!
+//! Every decision is taken under a lock that every competing writer must take too, and is read by
+//! statements issued after that lock was granted (in READ COMMITTED each statement reads a fresh
+//! snapshot, which includes everything the previous holder committed):
+//!
+//! - everything about one operation (its row or its absence, its effects and attempts, its
+//!   approval, its tombstone) is decided under the operation's advisory lock
+//!   ([`super::db::operation_lock`]), taken first by every job that writes about it, and its row
+//!   is read `FOR UPDATE` as well. A claim of a new operation and a decision on its approval, two
+//!   claims of one key, a take-over and the old owner's write, an expiry and a claim: each pair
+//!   is serialized by that one lock, across processes, whether or not the row exists yet (which a
+//!   row lock alone could not do: there is no row to lock before the first claim);
+//! - a KV key is decided under its own advisory lock ([`super::db::kv_lock`]), present or absent;
+//! - outbox sequence numbers come from one counter row updated in the enqueuing transaction, so
+//!   they are handed out in commit order, without gaps: a topic's relay never sees message n+1
+//!   before message n (a sequence could: its numbers are taken before their transactions commit,
+//!   in any order).
+//!
+//! Locks are taken in one order (the operation, then the KV keys by id, then the outbox counter;
+//! an expiry takes several operations' locks by id), so transactions never deadlock each other.
+//! SERIALIZABLE would also be correct, but would refuse work under contention (40001) and need
+//! retries whose bound someone must pick; these locks make a writer wait instead, never fail.
+//!
+//! The conditional writes (`UPDATE ... WHERE key = $1 AND fence = $2 AND status = 'claimed'`, an
+//! effect's status and dispatches, an approval's revision) state the same condition once more to
+//! the database: were a lock ever missed, a write would still find no row, and be refused.
+
+use super::db::{Tx, encode, int, kv_lock, operation_lock, record, uint};
+use super::notify;
+use crate::ReconcileNote;
+use crate::{
+    ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
+    OperationRecord, OperationStatus, OutboxMessage, Removed, Resolution, Settlement, Staged, StaleApproval, Tombstone,
+    approval_follows, approval_lapses, approval_stands, expirable, refused_finish, settled, stamp, take_over, verdict,
+};
+
+/// An answer, and whether the job wrote (a transaction that wrote nothing is rolled back and
+/// costs no commit).
+pub(super) type Done<T> = Result<(T, bool), LedgerError>;
+
+const OPERATION_FOR_UPDATE: &str = "SELECT record, recorded FROM oncebox_operations WHERE key = $1 FOR UPDATE";
+
+/// The operation's record and whether it was recorded, locked for this transaction.
+async fn operation_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<(OperationRecord, bool)>, LedgerError> {
+    match tx.opt(OPERATION_FOR_UPDATE, &[&key]).await? {
+        Some(row) => {
+            Ok(Some((record(&row, 0, "oncebox_operations")?, super::db::column(&row, 1, "oncebox_operations")?)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Inserts a new operation's row (a claim).
+async fn insert_operation(tx: &Tx<'_>, op: &OperationRecord) -> Result<u64, LedgerError> {
+    tx.exec(
+        "INSERT INTO oncebox_operations (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8) ON CONFLICT (key) DO NOTHING",
+        &[
+            &op.key,
+            &op.run_id,
+            &op.step_id,
+            &op.tool,
+            &op.status.as_str(),
+            &int(op.fence),
+            &int(op.lease_until_ms),
+            &encode(op)?,
+        ],
+    )
+    .await
+}
+
+/// Writes `op` over the row that held `fence` with `status`; refused (`Fenced`) if the row
+/// does not hold them any more.
+async fn update_operation(
+    tx: &Tx<'_>,
+    op: &OperationRecord,
+    recorded: bool,
+    (fence, status): (u64, OperationStatus),
+) -> Result<(), LedgerError> {
+    let changed = tx
+        .exec(
+            "UPDATE oncebox_operations SET status = $3, fence = $4, lease_until_ms = $5, recorded = $6, record = $7 \
+             WHERE key = $1 AND fence = $2 AND status = $8",
+            &[
+                &op.key,
+                &int(fence),
+                &op.status.as_str(),
+                &int(op.fence),
+                &int(op.lease_until_ms),
+                &recorded,
+                &encode(op)?,
+                &status.as_str(),
+            ],
+        )
+        .await?;
+    if changed == 0 {
+        return Err(LedgerError::Fenced { operation_key: op.key.clone(), fence, current: op.fence });
+    }
+    Ok(())
+}
+
+/// A fence no owner of `op` ever held: from the ledger's sequence, and above the operation's own.
+async fn fresh_fence(tx: &Tx<'_>) -> Result<u64, LedgerError> {
+    let row = tx.opt("SELECT nextval('oncebox_fence')", &[]).await?;
+    let row = row.ok_or_else(|| LedgerError::Corrupt { what: "nextval returned no row".into() })?;
+    Ok(uint(super::db::column(&row, 0, "oncebox_fence")?))
+}
+
+/// Binds the ledger to the hosts' key ([`crate::Store::bind_key`]): the first host's
+/// newest id is kept; a host whose older ids hold the kept one brings a rotation, which is kept
+/// instead; any other host is refused. The row is locked, so two hosts binding at once are
+/// decided one after the other.
+pub(super) async fn bind_key(tx: &Tx<'_>, ids: &[String]) -> Done<()> {
+    let Some(newest) = ids.first() else {
+        return Err(LedgerError::Database { store: tx.store.to_string(), what: "no key id to bind".into() });
+    };
+    let inserted = tx.exec("INSERT INTO oncebox_key (id) VALUES ($1) ON CONFLICT (one) DO NOTHING", &[newest]).await?;
+    if inserted == 1 {
+        return Ok(((), true));
+    }
+    let row = tx.opt("SELECT id FROM oncebox_key FOR UPDATE", &[]).await?;
+    let kept: String = match row.map(|row| row.try_get(0)) {
+        Some(Ok(id)) => id,
+        _ => return Err(LedgerError::Corrupt { what: format!("{}: the key table holds no key id", tx.store) }),
+    };
+    if &kept == newest {
+        return Ok(((), false));
+    }
+    if ids[1..].contains(&kept) {
+        tx.exec("UPDATE oncebox_key SET id = $1", &[newest]).await?;
+        return Ok(((), true));
+    }
+    Err(LedgerError::KeyMismatch { store: tx.store.to_string(), host_key: newest.clone(), store_key: kept })
+}
+
+/// Decides, in the database, who runs an operation ([`verdict`]), and writes the claim.
+pub(super) async fn claim(tx: &Tx<'_>, req: &ClaimRequest) -> Done<Claim> {
+    // A replay, a conflict or a live lease is answered from a plain read, without the operation's
+    // lock, so that replays and waiters do not queue behind the owner's writes: an operation
+    // never leaves completed or failed, its fingerprint never changes, an unknown one is reopened
+    // only under the lock (`reopen`), and a live lease read a moment late only makes the caller
+    // look again. Only a new claim or a take-over takes the lock, and decides again under it.
+    if let Some(row) = tx.opt("SELECT record FROM oncebox_operations WHERE key = $1", &[&req.key]).await? {
+        let op: OperationRecord = record(&row, 0, "oncebox_operations")?;
+        if let Some(answer) = verdict(Some(&op), req) {
+            return Ok((answer, false));
+        }
+    }
+    tx.lock(operation_lock(&req.key)).await?;
+    let existing = operation_for_update(tx, &req.key).await?;
+    if let Some(answer) = verdict(existing.as_ref().map(|(op, _)| op), req) {
+        return Ok((answer, false));
+    }
+    let Some((expired, recorded)) = existing else {
+        // A new operation: not one retention removed, and only under the approval its caller saw
+        // (read under the operation's lock, which a decision on the approval holds too).
+        if let Some(row) = tx.opt("SELECT record FROM oncebox_tombstones WHERE operation_key = $1", &[&req.key]).await?
+        {
+            return Ok((Claim::Expired(record(&row, 0, "oncebox_tombstones")?), false));
+        }
+        if req.approval.is_some() {
+            let stored = approval_for_update(tx, &req.key).await?;
+            if !approval_stands(req, stored.as_ref()) {
+                return Ok((Claim::ApprovalChanged, false));
+            }
+        }
+        let op = take_over(None, req, 1);
+        if insert_operation(tx, &op).await? == 0 {
+            return Err(LedgerError::Database {
+                store: tx.store.to_string(),
+                what: format!("operation {} was claimed by another writer that did not hold its lock", req.key),
+            });
+        }
+        return Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true));
+    };
+    // The lease expired: the previous owner stalled or died.
+    let held = expired.fence;
+    let fence = fresh_fence(tx).await?.max(held + 1);
+    let mut op = take_over(Some(expired), req, fence);
+    op.status = OperationStatus::Claimed;
+    update_operation(tx, &op, recorded, (held, OperationStatus::Claimed)).await?;
+    notify::changed(tx, &req.key).await?;
+    Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
+}
+
+/// Reopens an unknown operation for `req`'s caller with a new fence, when every effect it has in
+/// doubt may be resent with its key (`resendable`); anything else is answered as recorded.
+pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String]) -> Done<Claim> {
+    // Drawn first, as the other backends do, so fences follow the same course in every backend.
+    let fence = fresh_fence(tx).await?;
+    tx.lock(operation_lock(&req.key)).await?;
+    let Some((op, true)) = operation_for_update(tx, &req.key).await? else {
+        return Err(LedgerError::NotInDoubt { operation_key: req.key.clone() });
+    };
+    if !req.matches(&op.fingerprint) {
+        return Ok((Claim::Conflict(op), false));
+    }
+    let in_doubt: Vec<EffectRecord> =
+        effects_of(tx, &req.key).await?.into_iter().filter(|e| e.status.in_doubt()).collect();
+    if op.status != OperationStatus::Unknown
+        || in_doubt.is_empty()
+        || !in_doubt.iter().all(|e| resendable.contains(&e.key))
+    {
+        return Ok((Claim::Recorded(op), false));
+    }
+    let held = op.fence;
+    let mut op = take_over(Some(op), req, fence.max(held + 1));
+    op.status = OperationStatus::Claimed;
+    op.error = None;
+    update_operation(tx, &op, true, (held, OperationStatus::Unknown)).await?;
+    notify::changed(tx, &req.key).await?;
+    Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
+}
+
+/// Writes the reconciler's note on operation `key` if it is unknown (see `Store::note_reconcile`).
+pub(super) async fn note_reconcile(tx: &Tx<'_>, key: &str, note: &ReconcileNote) -> Done<bool> {
+    tx.lock(operation_lock(key)).await?;
+    let Some((mut op, true)) = operation_for_update(tx, key).await? else { return Ok((false, false)) };
+    if op.status != OperationStatus::Unknown {
+        return Ok((false, false));
+    }
+    op.reconciled = Some(note.clone());
+    update_operation(tx, &op, true, (op.fence, OperationStatus::Unknown)).await?;
+    Ok((true, true))
+}
+
+/// Extends the lease of the owner of `fence`, while it still owns the operation.
+pub(super) async fn renew(tx: &Tx<'_>, key: &str, fence: u64, until_ms: u64) -> Done<()> {
+    tx.lock(operation_lock(key)).await?;
+    let (mut op, recorded) = owned(tx, key, fence).await?;
+    op.lease_until_ms = op.lease_until_ms.max(until_ms);
+    update_operation(tx, &op, recorded, (fence, OperationStatus::Claimed)).await?;
+    Ok(((), true))
+}
+
+/// The operation and whether it was recorded, if `fence` owns it (claimed with that fence);
+/// `Fenced` otherwise.
+async fn owned(tx: &Tx<'_>, key: &str, fence: u64) -> Result<(OperationRecord, bool), LedgerError> {
+    match operation_for_update(tx, key).await? {
+        Some((op, recorded)) if op.fence == fence && op.status == OperationStatus::Claimed => Ok((op, recorded)),
+        other => Err(LedgerError::Fenced {
+            operation_key: key.to_string(),
+            fence,
+            current: other.map_or(0, |(op, _)| op.fence),
+        }),
+    }
+}
+
+/// An effect record and the local effects staged before it, as a compare-and-set on the effect's
+/// (status, dispatches).
+pub(super) async fn put_effect(
+    tx: &Tx<'_>,
+    fence: u64,
+    effect: &EffectRecord,
+    expected: Option<(EffectStatus, u32)>,
+    staged: &Staged,
+) -> Done<()> {
+    let key = effect.operation_key.as_str();
+    tx.lock(operation_lock(key)).await?;
+    let (op, recorded) = owned(tx, key, fence).await?;
+    let current = match tx
+        .opt(
+            "SELECT status, dispatches FROM oncebox_effects WHERE operation_key = $1 AND effect_key = $2",
+            &[&key, &effect.key],
+        )
+        .await?
+    {
+        Some(row) => {
+            let status: &str = super::db::column(&row, 0, "oncebox_effects")?;
+            let dispatches: i64 = super::db::column(&row, 1, "oncebox_effects")?;
+            Some((effect_status(status)?, dispatches))
+        }
+        None => None,
+    };
+    let changed = || LedgerError::EffectChanged { operation_key: key.to_string(), effect_key: effect.key.clone() };
+    if current != expected.map(|(status, dispatches)| (status, i64::from(dispatches))) {
+        return Err(changed());
+    }
+    let fresh = unapplied(tx, key, staged).await?;
+    // Decided; from here on only writes.
+    if !recorded {
+        update_operation(tx, &op, true, (fence, OperationStatus::Claimed)).await?;
+    }
+    apply_local(tx, key, fresh).await?;
+    let written = match expected {
+        None => insert_effect(tx, key, effect, true).await?,
+        Some((status, dispatches)) => {
+            tx.exec(
+                "UPDATE oncebox_effects SET status = $3, dispatches = $4, first_dispatched_ms = $5, label = $6, \
+                 record = $7 WHERE operation_key = $1 AND effect_key = $2 AND status = $8 AND dispatches = $9",
+                &[
+                    &key,
+                    &effect.key,
+                    &effect_status_str(effect.status),
+                    &i64::from(effect.dispatches),
+                    &int(effect.first_dispatched_ms),
+                    &effect.label,
+                    &encode(effect)?,
+                    &effect_status_str(status),
+                    &i64::from(dispatches),
+                ],
+            )
+            .await?
+        }
+    };
+    if written == 0 {
+        return Err(changed());
+    }
+    Ok(((), true))
+}
+
+/// Inserts an effect record (`or_nothing`: leaves one already there, and says so with 0 rows).
+async fn insert_effect(
+    tx: &Tx<'_>,
+    operation_key: &str,
+    effect: &EffectRecord,
+    or_nothing: bool,
+) -> Result<u64, LedgerError> {
+    let sql = if or_nothing {
+        "INSERT INTO oncebox_effects (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO NOTHING"
+    } else {
+        "INSERT INTO oncebox_effects (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
+         status = excluded.status, dispatches = excluded.dispatches, \
+         first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record"
+    };
+    tx.exec(
+        sql,
+        &[
+            &operation_key,
+            &effect.key,
+            &effect_status_str(effect.status),
+            &i64::from(effect.dispatches),
+            &int(effect.first_dispatched_ms),
+            &effect.label,
+            &encode(effect)?,
+        ],
+    )
+    .await
+}
+
+/// One attempt, its staged local effects and, when it was the last, the operation's end.
+pub(super) async fn record_attempt(
+    tx: &Tx<'_>,
+    fence: u64,
+    attempt: &crate::AttemptRecord,
+    finish: Option<Finish>,
+    now_ms: u64,
+    staged: &Staged,
+) -> Done<()> {
+    let key = attempt.operation_key.as_str();
+    tx.lock(operation_lock(key)).await?;
+    let (mut op, _) = owned(tx, key, fence).await?;
+    let fresh = unapplied(tx, key, staged).await?;
+    // The rule of evidence, enforced whoever asks (`ledger::refused_finish`).
+    if let Some((status, _, _)) = &finish {
+        let on_record = effects_of(tx, key).await?;
+        let carried = fresh.iter().map(|(effect, _)| *effect);
+        if let Some(refusal) = refused_finish(key, *status, on_record.iter().chain(carried)) {
+            return Err(refusal);
+        }
+    }
+    // Decided; from here on only writes.
+    op.attempts = op.attempts.max(attempt.attempt);
+    op.updated_ms = now_ms;
+    let ends = finish.is_some();
+    if let Some((status, output, error)) = finish {
+        op.status = status;
+        op.output = output;
+        op.error = error;
+        op.lease_until_ms = 0;
+    }
+    update_operation(tx, &op, true, (fence, OperationStatus::Claimed)).await?;
+    if ends {
+        notify::changed(tx, key).await?;
+    }
+    apply_local(tx, key, fresh).await?;
+    tx.exec(
+        "INSERT INTO oncebox_attempts (operation_key, number, record) VALUES ($1, $2, $3) \
+         ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
+        &[&key, &i64::from(attempt.attempt), &encode(attempt)?],
+    )
+    .await?;
+    Ok(((), true))
+}
+
+/// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
+/// others); refuses them all if a key holds another request (the tool diverged), or if a
+/// versioned KV write finds its key at another version than it read. Takes the KV keys' locks
+/// first, so what it read of them holds until the commit. Writes nothing.
+async fn unapplied<'s>(
+    tx: &Tx<'_>,
+    key: &str,
+    staged: &'s Staged,
+) -> Result<Vec<(&'s EffectRecord, &'s LocalWrite)>, LedgerError> {
+    let kv_locks = staged
+        .iter()
+        .filter_map(|(_, write)| match write {
+            LocalWrite::KvSet { namespace, key, .. } | LocalWrite::KvDelete { namespace, key } => {
+                Some(kv_lock(namespace, key))
+            }
+            LocalWrite::Outbox { .. } => None,
+        })
+        .collect();
+    tx.lock_all(kv_locks).await?;
+    let mut fresh = Vec::with_capacity(staged.len());
+    for (effect, write) in staged {
+        let existing = tx
+            .opt(
+                "SELECT record FROM oncebox_effects WHERE operation_key = $1 AND effect_key = $2",
+                &[&key, &effect.key],
+            )
+            .await?;
+        match existing {
+            None => {
+                if let LocalWrite::KvSet { namespace, key: kv_key, expected: Some(expected), .. } = write {
+                    let found = tx
+                        .opt("SELECT version FROM oncebox_kv WHERE namespace = $1 AND key = $2", &[namespace, kv_key])
+                        .await?
+                        .map(|row| super::db::column::<i64>(&row, 0, "oncebox_kv"))
+                        .transpose()?
+                        .map_or(0, uint);
+                    if found != *expected {
+                        return Err(LedgerError::KvConflict { namespace: namespace.clone(), key: kv_key.clone() });
+                    }
+                }
+                fresh.push((effect, write));
+            }
+            Some(row) => {
+                let existing: EffectRecord = record(&row, 0, "oncebox_effects")?;
+                if existing.fingerprint != effect.fingerprint {
+                    let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
+                    return Err(LedgerError::Diverged { operation_key, effect_key });
+                }
+            }
+        }
+    }
+    Ok(fresh)
+}
+
+/// Applies KV and outbox writes with their effect records, in the caller's transaction: exactly
+/// once.
+async fn apply_local(
+    tx: &Tx<'_>,
+    operation_key: &str,
+    writes: Vec<(&EffectRecord, &LocalWrite)>,
+) -> Result<(), LedgerError> {
+    for (effect, write) in writes {
+        match write {
+            LocalWrite::KvSet { namespace, key, value, .. } => {
+                tx.exec(
+                    "INSERT INTO oncebox_kv (namespace, key, value, version) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                    &[namespace, key, value, &int(stamp(&effect.key))],
+                )
+                .await?;
+            }
+            LocalWrite::KvDelete { namespace, key } => {
+                tx.exec("DELETE FROM oncebox_kv WHERE namespace = $1 AND key = $2", &[namespace, key]).await?;
+            }
+            LocalWrite::Outbox { topic, payload } => {
+                // The counter row: locked until the commit, so numbers are handed out in commit
+                // order and a rolled-back transaction leaves no gap.
+                let row = tx
+                    .opt("UPDATE oncebox_meta SET value = value + 1 WHERE name = 'outbox_seq' RETURNING value", &[])
+                    .await?
+                    .ok_or_else(|| LedgerError::Corrupt {
+                        what: format!("{}: no outbox_seq in oncebox_meta", tx.store),
+                    })?;
+                let seq = uint(super::db::column(&row, 0, "oncebox_meta")?);
+                let message = OutboxMessage::enqueued(seq, effect, topic, payload);
+                tx.exec(
+                    "INSERT INTO oncebox_outbox (seq, topic, delivered, record) VALUES ($1, $2, false, $3)",
+                    &[&int(seq), topic, &encode(&message)?],
+                )
+                .await?;
+            }
+        }
+        insert_effect(tx, operation_key, effect, false).await?;
+    }
+    Ok(())
+}
+
+/// Settles an unknown operation ([`settled`]).
+pub(super) async fn resolve(
+    tx: &Tx<'_>,
+    operation_key: &str,
+    effect_key: Option<&str>,
+    seen: Option<u32>,
+    resolution: &Resolution,
+    settlement: &Settlement,
+) -> Done<OperationRecord> {
+    tx.lock(operation_lock(operation_key)).await?;
+    let op = operation_for_update(tx, operation_key).await?.filter(|(_, recorded)| *recorded).map(|(op, _)| op);
+    let held = op.as_ref().map(|op| (op.fence, op.status));
+    let effects = match &op {
+        Some(_) => effects_of(tx, operation_key).await?,
+        None => Vec::new(),
+    };
+    let (op, effects) = settled(operation_key, op, &effects, effect_key, seen, resolution, settlement)?;
+    let Some(held) = held else {
+        return Err(LedgerError::NotInDoubt { operation_key: operation_key.to_string() });
+    };
+    // Decided; from here on only writes.
+    for effect in &effects {
+        insert_effect(tx, operation_key, effect, false).await?;
+    }
+    update_operation(tx, &op, true, held).await?;
+    notify::changed(tx, operation_key).await?;
+    Ok((op, true))
+}
+
+/// Writes a request for approval if its revision follows the stored one and its operation was
+/// never claimed.
+pub(super) async fn put_approval(tx: &Tx<'_>, approval: &ApprovalRecord) -> Done<()> {
+    let key = approval.operation_key.as_str();
+    tx.lock(operation_lock(key)).await?;
+    // Claimed (recorded or not) or recorded: what it ran under can no longer change.
+    if tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some() {
+        return Err(LedgerError::ApprovalClosed { operation_key: key.to_string() });
+    }
+    let stored = approval_for_update(tx, key).await?;
+    approval_follows(stored.as_ref(), approval)?;
+    let written = match &stored {
+        None => {
+            tx.exec(
+                "INSERT INTO oncebox_approvals (operation_key, run_id, revision, record) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (operation_key) DO NOTHING",
+                &[&key, &approval.run_id, &i64::from(approval.revision), &encode(approval)?],
+            )
+            .await?
+        }
+        Some(stored) => {
+            tx.exec(
+                "UPDATE oncebox_approvals SET run_id = $2, revision = $3, record = $4 \
+                 WHERE operation_key = $1 AND revision = $5",
+                &[
+                    &key,
+                    &approval.run_id,
+                    &i64::from(approval.revision),
+                    &encode(approval)?,
+                    &i64::from(stored.revision),
+                ],
+            )
+            .await?
+        }
+    };
+    if written == 0 {
+        return Err(LedgerError::ApprovalChanged { operation_key: key.to_string() });
+    }
+    Ok(((), true))
+}
+
+async fn approval_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<ApprovalRecord>, LedgerError> {
+    tx.opt("SELECT record FROM oncebox_approvals WHERE operation_key = $1 FOR UPDATE", &[&key])
+        .await?
+        .map(|row| record(&row, 0, "oncebox_approvals"))
+        .transpose()
+}
+
+/// Removes expired operations with every record of theirs, leaving their tombstones, and the
+/// requests for approval named that are still as retention read them and whose operation was not
+/// claimed; refuses all if one operation is not over. A claim never recorded is left alone
+/// (reads do not show it, so retention cannot have meant it), as in the other backends. Every
+/// key's operation lock is held, as a claim and a decision hold it.
+pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[StaleApproval]) -> Done<Removed> {
+    let keys =
+        tombstones.iter().map(|t| t.operation_key.as_str()).chain(approvals.iter().map(|a| a.operation_key.as_str()));
+    tx.lock_all(keys.map(operation_lock).collect()).await?;
+    let mut found = Vec::with_capacity(tombstones.len());
+    for tombstone in tombstones {
+        let op = operation_for_update(tx, &tombstone.operation_key).await?;
+        if let Some((op, true)) = &op {
+            expirable(op)?;
+        }
+        found.push(op.map(|(_, recorded)| recorded));
+    }
+    let mut lapsed = Vec::new();
+    for stale in approvals {
+        let key = stale.operation_key.as_str();
+        let claimed = tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some();
+        let stored = approval_for_update(tx, key).await?;
+        if approval_lapses(stale, stored.as_ref(), claimed) {
+            lapsed.push(stale);
+        }
+    }
+    // Decided; from here on only writes.
+    let mut removed = Removed::default();
+    for stale in &lapsed {
+        // The revision once more, to the database (see the module's docs).
+        let sql = "DELETE FROM oncebox_approvals WHERE operation_key = $1 AND revision = $2";
+        removed.approvals += tx.exec(sql, &[&stale.operation_key, &i64::from(stale.revision)]).await? as usize;
+    }
+    for (tombstone, recorded) in tombstones.iter().zip(found) {
+        let key = tombstone.operation_key.as_str();
+        match recorded {
+            Some(false) => continue,
+            // Its effects and attempts go with it (ON DELETE CASCADE).
+            Some(true) => {
+                removed.operations += tx.exec("DELETE FROM oncebox_operations WHERE key = $1", &[&key]).await? as usize
+            }
+            None => {}
+        }
+        tx.exec("DELETE FROM oncebox_approvals WHERE operation_key = $1", &[&key]).await?;
+        tx.exec(
+            "INSERT INTO oncebox_tombstones (operation_key, record) VALUES ($1, $2) \
+             ON CONFLICT (operation_key) DO UPDATE SET record = excluded.record",
+            &[&key, &encode(tombstone)?],
+        )
+        .await?;
+    }
+    let wrote = !tombstones.is_empty() || !lapsed.is_empty();
+    Ok((removed, wrote))
+}
+
+/// Records one send's answer for outbox message `seq`.
+pub(super) async fn record_delivery(tx: &Tx<'_>, seq: u64, answer: &DeliveryAnswer) -> Done<OutboxMessage> {
+    let row = tx.opt("SELECT record FROM oncebox_outbox WHERE seq = $1 FOR UPDATE", &[&int(seq)]).await?;
+    let mut message: OutboxMessage = match row {
+        Some(row) => record(&row, 0, "oncebox_outbox")?,
+        None => return Err(LedgerError::NoSuchMessage { seq }),
+    };
+    let delivery = message.delivery.after(answer);
+    if delivery == message.delivery {
+        return Ok((message, false));
+    }
+    message.delivery = delivery;
+    tx.exec(
+        "UPDATE oncebox_outbox SET delivered = $2, record = $3 WHERE seq = $1",
+        &[&int(seq), &message.delivery.is_delivered(), &encode(&message)?],
+    )
+    .await?;
+    Ok((message, true))
+}
+
+/// An operation's effects, in the order they were first dispatched.
+pub(super) const EFFECTS_OF: &str = "SELECT record FROM oncebox_effects WHERE operation_key = $1 \
+                                     ORDER BY first_dispatched_ms, label, effect_key";
+
+async fn effects_of(tx: &Tx<'_>, key: &str) -> Result<Vec<EffectRecord>, LedgerError> {
+    tx.rows(EFFECTS_OF, &[&key]).await?.iter().map(|row| record(row, 0, "oncebox_effects")).collect()
+}
+
+fn effect_status_str(status: EffectStatus) -> &'static str {
+    match status {
+        EffectStatus::Dispatched => "dispatched",
+        EffectStatus::Completed => "completed",
+        EffectStatus::Refused => "refused",
+        EffectStatus::Retryable => "retryable",
+        EffectStatus::Unknown => "unknown",
+    }
+}
+
+fn effect_status(status: &str) -> Result<EffectStatus, LedgerError> {
+    Ok(match status {
+        "dispatched" => EffectStatus::Dispatched,
+        "completed" => EffectStatus::Completed,
+        "refused" => EffectStatus::Refused,
+        "retryable" => EffectStatus::Retryable,
+        "unknown" => EffectStatus::Unknown,
+        other => return Err(LedgerError::Corrupt { what: format!("table oncebox_effects: status {other:?}") }),
+    })
+}
+
+/// The database's clock in ms since the epoch, as SQL: leases of shared things are judged by the
+/// one clock every host sees, not by each host's own.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Takes or renews `owner`'s lease named `name` until the database's now plus `lease_ms`;
+/// refused (false) while another owner's lease is live.
+pub(super) async fn lease(tx: &Tx<'_>, name: &str, owner: &str, lease_ms: u64) -> Done<bool> {
+    let sql = format!(
+        "INSERT INTO oncebox_leases (name, owner, until_ms) VALUES ($1, $2, {DB_NOW_MS} + $3) \
+         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, until_ms = EXCLUDED.until_ms \
+         WHERE oncebox_leases.owner = EXCLUDED.owner OR oncebox_leases.until_ms < {DB_NOW_MS}"
+    );
+    let held = tx.exec(&sql, &[&name, &owner, &int(lease_ms)]).await? == 1;
+    Ok((held, held))
+}
+
+/// Gives up `owner`'s lease named `name`, if it holds it.
+pub(super) async fn release(tx: &Tx<'_>, name: &str, owner: &str) -> Done<()> {
+    let released = tx.exec("DELETE FROM oncebox_leases WHERE name = $1 AND owner = $2", &[&name, &owner]).await?;
+    Ok(((), released == 1))
+}

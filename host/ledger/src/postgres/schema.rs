@@ -1,0 +1,132 @@
+//! The schema, created by the first host to connect and checked by every other: versioned in
+//! `oncebox_meta`, as the redb file is in its `meta` table (`redb/open.rs`).
+//!
+//! The rows carry their invariants: keys are primary keys, an effect or an attempt cannot outlive
+//! its operation (foreign keys), statuses are one of the four, fences and versions are never 0.
+//! Each record is kept whole (serde JSON, exactly as redb encodes it) in a `bytea` column so that
+//! reads return exactly the record types; the columns that decide anything (status, fence, lease,
+//! dispatches, revision, version, delivered) are real columns, the ones the conditional writes
+//! test. Text columns that order results use the "C" collation: byte order, as in redb and in
+//! Rust, whatever the database's locale.
+
+use super::db::{Tx, int, uint};
+use crate::LedgerError;
+
+/// 1: the first PostgreSQL schema.
+pub(super) const SCHEMA_VERSION: u64 = 1;
+
+/// The advisory lock (two-key form, a key space apart from the one-key locks of `db.rs`) that
+/// makes one connecting host create the schema while the others wait: "oncebox", "schema".
+const SCHEMA_LOCK: (i32, i32) = (0x6f6e_6365, 0x7363_6865);
+
+const TABLES: &str = r#"
+CREATE TABLE oncebox_operations (
+    key text COLLATE "C" PRIMARY KEY,
+    run_id text COLLATE "C" NOT NULL,
+    step_id text COLLATE "C" NOT NULL,
+    tool text COLLATE "C" NOT NULL,
+    status text NOT NULL CHECK (status IN ('claimed', 'completed', 'failed', 'unknown')),
+    fence bigint NOT NULL CHECK (fence > 0),
+    lease_until_ms bigint NOT NULL,
+    -- Whether anything of the operation was recorded beyond its claim (a write-ahead, an attempt,
+    -- a settlement): reads show only these, as the redb backend shows no claim before its first
+    -- durable write. The claim itself is a row all the same: it is what other hosts race on.
+    recorded boolean NOT NULL,
+    record bytea NOT NULL
+);
+CREATE INDEX oncebox_operations_run ON oncebox_operations (run_id, step_id, tool);
+
+CREATE TABLE oncebox_effects (
+    operation_key text COLLATE "C" NOT NULL REFERENCES oncebox_operations (key) ON DELETE CASCADE,
+    effect_key text COLLATE "C" NOT NULL,
+    status text NOT NULL CHECK (status IN ('dispatched', 'completed', 'refused', 'retryable', 'unknown')),
+    dispatches bigint NOT NULL,
+    first_dispatched_ms bigint NOT NULL,
+    label text COLLATE "C" NOT NULL,
+    record bytea NOT NULL,
+    PRIMARY KEY (operation_key, effect_key)
+);
+
+CREATE TABLE oncebox_attempts (
+    operation_key text COLLATE "C" NOT NULL REFERENCES oncebox_operations (key) ON DELETE CASCADE,
+    number bigint NOT NULL,
+    record bytea NOT NULL,
+    PRIMARY KEY (operation_key, number)
+);
+
+CREATE TABLE oncebox_kv (
+    namespace text COLLATE "C" NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    value bytea NOT NULL,
+    -- 0 means absent: a stored key never has it.
+    version bigint NOT NULL CHECK (version <> 0),
+    PRIMARY KEY (namespace, key)
+);
+
+CREATE TABLE oncebox_approvals (
+    operation_key text COLLATE "C" PRIMARY KEY,
+    run_id text COLLATE "C" NOT NULL,
+    revision bigint NOT NULL CHECK (revision > 0),
+    record bytea NOT NULL
+);
+CREATE INDEX oncebox_approvals_run ON oncebox_approvals (run_id, operation_key);
+
+-- The id of the fingerprint key the hosts share (`keys::FingerprintKey::ids`, never the key): one
+-- row, so that a host given another key file is refused instead of seeing every replay conflict.
+CREATE TABLE oncebox_key (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    id text NOT NULL
+);
+
+CREATE TABLE oncebox_tombstones (
+    operation_key text COLLATE "C" PRIMARY KEY,
+    record bytea NOT NULL
+);
+
+CREATE TABLE oncebox_outbox (
+    seq bigint PRIMARY KEY CHECK (seq > 0),
+    topic text COLLATE "C" NOT NULL,
+    delivered boolean NOT NULL,
+    record bytea NOT NULL
+);
+CREATE INDEX oncebox_outbox_pending ON oncebox_outbox (topic, seq) WHERE NOT delivered;
+
+-- Take-over fences: one sequence for the whole ledger, so no two hosts ever hand out the same
+-- token. New operations have fence 1 (no token of them existed), so take-overs start above it.
+CREATE SEQUENCE oncebox_fence START 2;
+"#;
+
+/// Creates the schema in an empty database, or checks the version of the one there; one
+/// transaction, under the schema lock, so that hosts connecting together neither race on the
+/// DDL nor read a half-made schema.
+pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    tx.exec("SELECT pg_advisory_xact_lock($1, $2)", &[&SCHEMA_LOCK.0, &SCHEMA_LOCK.1]).await?;
+    tx.exec("CREATE TABLE IF NOT EXISTS oncebox_meta (name text PRIMARY KEY, value bigint NOT NULL)", &[]).await?;
+    let version = tx.opt("SELECT value FROM oncebox_meta WHERE name = 'schema_version'", &[]).await?;
+    match version.map(|row| row.try_get::<_, i64>(0)).transpose() {
+        Ok(None) => {
+            tx.tx.batch_execute(TABLES).await.map_err(|e| super::db::failed(tx.store, "CREATE TABLE ...", &e))?;
+            // `outbox_seq`: the last outbox sequence number handed out (see `jobs::apply_local`).
+            tx.exec(
+                "INSERT INTO oncebox_meta (name, value) VALUES ('schema_version', $1), ('outbox_seq', 0)",
+                &[&int(SCHEMA_VERSION)],
+            )
+            .await?;
+            leases(tx).await
+        }
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => leases(tx).await,
+        Ok(Some(other)) => Err(LedgerError::Corrupt {
+            what: format!("{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}", tx.store),
+        }),
+        Err(e) => Err(LedgerError::Corrupt { what: format!("{}: unreadable schema version: {e}", tx.store) }),
+    }
+}
+
+/// Leases of what hosts do one at a time (`jobs::lease`: a topic's outbox relay, the reconciling
+/// of an operation), one row per name. Added after schema 1 without a new version: created where
+/// missing, so a database made before has it too, and a host that does not know it ignores it.
+async fn leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let sql = "CREATE TABLE IF NOT EXISTS oncebox_leases (name text COLLATE \"C\" PRIMARY KEY, \
+               owner text NOT NULL, until_ms bigint NOT NULL)";
+    tx.exec(sql, &[]).await.map(drop)
+}

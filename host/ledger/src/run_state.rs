@@ -1,0 +1,348 @@
+//! What keeps a run open (DESIGN section 7): one rule, asked by the saga (what blocks compensation),
+//! retention (gc keeps every record of an open run), recovery's report, the API's run view and
+//! the console. Pure: it is given a run's operations, its claims in flight (claimed and not yet
+//! recorded: `Store::in_flight`), its requests for approval and the time, and answers the reasons,
+//! each typed, so that every reader words them its own way but none decides them again.
+//!
+//! A run is open while any of these holds:
+//!
+//! - an operation is unknown (a person or a reconcile must settle it);
+//! - an operation is claimed, recorded or still in flight: with a live lease its owner is running
+//!   it (it may be about to charge), with an expired one its owner is gone (abandoned: the next
+//!   call of its step, or `compensate`, takes it over);
+//! - a request for approval has no operation yet: pending, or approved and not used (an expired
+//!   approval too: it lets nothing through until a person decides again);
+//! - its compensation started (some compensation operation exists) and a completed compensatable
+//!   step has no completed compensation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::{ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus};
+use oncebox_core::keys::COMPENSATION_PREFIX;
+use oncebox_core::policy::ReplayClass;
+
+/// The step id of the compensation of `op`.
+pub fn compensation_step(op: &OperationRecord) -> String {
+    format!("{COMPENSATION_PREFIX}{}", op.key)
+}
+
+/// Whether `op` is itself a compensation.
+pub fn is_compensation(op: &OperationRecord) -> bool {
+    op.step_id.starts_with(COMPENSATION_PREFIX)
+}
+
+/// Whether `op` is a step a compensation would undo: completed, compensatable, not itself a
+/// compensation.
+pub fn undoable(op: &OperationRecord) -> bool {
+    !is_compensation(op) && op.status == OperationStatus::Completed && op.class == ReplayClass::Compensatable
+}
+
+/// Whether `op` is undone: some operation of its compensation's step completed, whatever tool ran
+/// it (a compensation is bound to the operation it undoes, not to the undo tool).
+pub fn compensated(ops: &[&OperationRecord], op: &OperationRecord) -> bool {
+    let step = compensation_step(op);
+    ops.iter().any(|c| c.step_id == step && c.status == OperationStatus::Completed)
+}
+
+/// One thing that keeps a run open: the step it is about, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Open {
+    pub step_id: String,
+    pub tool: String,
+    pub operation_key: String,
+    #[serde(flatten)]
+    pub why: Why,
+}
+
+/// Why a step keeps its run open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "kebab-case")]
+pub enum Why {
+    /// Its outcome is unknown: reconcile it or settle it by hand.
+    Unknown,
+    /// Claimed by an owner whose lease is live: it is running, and may be about to take effect.
+    /// `recorded: false`: nothing of it is on record yet (a claim in flight).
+    InFlight { owner: String, lease_until_ms: u64, recorded: bool },
+    /// Claimed by an owner whose lease ran out (a killed process, a restart, a settlement that
+    /// reopened it): the next call of its step, or `compensate`, takes it over.
+    Abandoned { owner: String, lease_until_ms: u64, recorded: bool },
+    /// A request for approval no operation answers yet: pending, or approved and not used
+    /// (`standing`; an expired approval awaits a new decision).
+    AwaitingApproval { standing: ApprovalStanding },
+    /// A completed compensatable step whose run's compensation started and that is not undone.
+    CompensationOutstanding,
+}
+
+impl Why {
+    /// The reason's name, as it is serialized (`in-flight`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Why::Unknown => "unknown",
+            Why::InFlight { .. } => "in-flight",
+            Why::Abandoned { .. } => "abandoned",
+            Why::AwaitingApproval { .. } => "awaiting-approval",
+            Why::CompensationOutstanding => "compensation-outstanding",
+        }
+    }
+}
+
+impl Open {
+    /// Whether the step is one of the run's compensations (the saga's own business).
+    pub fn is_compensation(&self) -> bool {
+        self.step_id.starts_with(COMPENSATION_PREFIX)
+    }
+
+    fn of(op: &OperationRecord, why: Why) -> Open {
+        Open { step_id: op.step_id.clone(), tool: op.tool.clone(), operation_key: op.key.clone(), why }
+    }
+}
+
+/// What keeps one run open at `now_ms`, given its recorded operations, its claims in flight and
+/// its requests for approval (every one of them the run's). Empty: the run is closed. In order:
+/// the operations' reasons in key order, then the requests', then the compensation's.
+pub fn open_reasons(
+    operations: &[OperationRecord],
+    in_flight: &[OperationRecord],
+    approvals: &[ApprovalRecord],
+    now_ms: u64,
+) -> Vec<Open> {
+    // A claim that became recorded between the two reads is the recorded operation.
+    let recorded: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
+    let flying = in_flight.iter().filter(|op| !recorded.contains(op.key.as_str()));
+    let mut ops: Vec<(&OperationRecord, bool)> =
+        operations.iter().map(|op| (op, true)).chain(flying.map(|op| (op, false))).collect();
+    ops.sort_by(|(a, _), (b, _)| a.key.cmp(&b.key));
+    let mut open = Vec::new();
+    for (op, recorded) in &ops {
+        let (owner, lease_until_ms, recorded) = (op.owner.clone(), op.lease_until_ms, *recorded);
+        match op.status {
+            OperationStatus::Unknown => open.push(Open::of(op, Why::Unknown)),
+            OperationStatus::Claimed if op.lease_until_ms > now_ms => {
+                open.push(Open::of(op, Why::InFlight { owner, lease_until_ms, recorded }))
+            }
+            OperationStatus::Claimed => open.push(Open::of(op, Why::Abandoned { owner, lease_until_ms, recorded })),
+            OperationStatus::Completed | OperationStatus::Failed => {}
+        }
+    }
+    let used: BTreeSet<&str> = ops.iter().map(|(op, _)| op.key.as_str()).collect();
+    for approval in approvals.iter().filter(|a| !used.contains(a.operation_key.as_str())) {
+        if approval.state == ApprovalState::Rejected {
+            continue;
+        }
+        open.push(Open {
+            step_id: approval.step_id.clone(),
+            tool: approval.tool.clone(),
+            operation_key: approval.operation_key.clone(),
+            why: Why::AwaitingApproval { standing: approval.standing(now_ms) },
+        });
+    }
+    let all: Vec<&OperationRecord> = ops.iter().map(|(op, _)| *op).collect();
+    if all.iter().any(|op| is_compensation(op)) {
+        for op in all.iter().filter(|op| undoable(op) && !compensated(&all, op)) {
+            open.push(Open::of(op, Why::CompensationOutstanding));
+        }
+    }
+    open
+}
+
+/// [`open_reasons`] for every run the records name, each run's own records given to it: the runs
+/// that are open, with their reasons (a closed run is absent).
+pub fn open_runs(
+    operations: &[OperationRecord],
+    in_flight: &[OperationRecord],
+    approvals: &[ApprovalRecord],
+    now_ms: u64,
+) -> BTreeMap<String, Vec<Open>> {
+    let runs: BTreeSet<&str> = operations
+        .iter()
+        .chain(in_flight)
+        .map(|op| op.run_id.as_str())
+        .chain(approvals.iter().map(|a| a.run_id.as_str()))
+        .collect();
+    let mut open = BTreeMap::new();
+    for run in runs {
+        let of_run = |ops: &[OperationRecord]| -> Vec<OperationRecord> {
+            ops.iter().filter(|op| op.run_id == run).cloned().collect()
+        };
+        let asked: Vec<ApprovalRecord> = approvals.iter().filter(|a| a.run_id == run).cloned().collect();
+        let reasons = open_reasons(&of_run(operations), &of_run(in_flight), &asked, now_ms);
+        if !reasons.is_empty() {
+            open.insert(run.to_string(), reasons);
+        }
+    }
+    open
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(key: &str, step: &str, status: OperationStatus, class: ReplayClass, lease_until_ms: u64) -> OperationRecord {
+        OperationRecord {
+            key: key.into(),
+            run_id: "r".into(),
+            step_id: step.into(),
+            tool: "charge".into(),
+            class,
+            fingerprint: "f".into(),
+            args: serde_json::Value::Null,
+            status,
+            owner: "host-a".into(),
+            lease_until_ms,
+            fence: 1,
+            attempts: 1,
+            output: None,
+            error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            reconciled: None,
+        }
+    }
+
+    fn charged(key: &str) -> OperationRecord {
+        op(key, key, OperationStatus::Completed, ReplayClass::Compensatable, 0)
+    }
+
+    fn undoing(of: &OperationRecord, status: OperationStatus) -> OperationRecord {
+        op(&format!("undo-{}", of.key), &compensation_step(of), status, ReplayClass::IdempotentWrite, 0)
+    }
+
+    fn request(key: &str, state: ApprovalState, expires_ms: Option<u64>) -> ApprovalRecord {
+        ApprovalRecord {
+            operation_key: key.into(),
+            fingerprint: "f".into(),
+            component: Some("sha256:aa".into()),
+            run_id: "r".into(),
+            step_id: key.into(),
+            tool: "fulfill".into(),
+            description: String::new(),
+            consequence: None,
+            args: serde_json::Value::Null,
+            sealed: None,
+            requested_ms: 0,
+            state,
+            decided_by: None,
+            decided_ms: None,
+            note: None,
+            expires_ms,
+            revision: 1,
+        }
+    }
+
+    fn whys(open: &[Open]) -> Vec<(&str, &Why)> {
+        open.iter().map(|o| (o.operation_key.as_str(), &o.why)).collect()
+    }
+
+    #[test]
+    fn a_run_whose_steps_all_ended_is_closed() {
+        let failed = op("b", "b", OperationStatus::Failed, ReplayClass::Compensatable, 0);
+        assert!(
+            open_reasons(&[charged("a"), failed], &[], &[request("c", ApprovalState::Rejected, None)], 10).is_empty()
+        );
+    }
+
+    #[test]
+    fn an_unknown_step_keeps_its_run_open() {
+        let unknown = op("a", "a", OperationStatus::Unknown, ReplayClass::Compensatable, 0);
+        assert_eq!(whys(&open_reasons(&[unknown], &[], &[], 10)), [("a", &Why::Unknown)]);
+    }
+
+    #[test]
+    fn a_claim_in_flight_keeps_its_run_open_and_a_claim_past_its_lease_is_abandoned() {
+        let live = op("a", "a", OperationStatus::Claimed, ReplayClass::Compensatable, 100);
+        let gone = op("b", "b", OperationStatus::Claimed, ReplayClass::Compensatable, 0);
+        let open = open_reasons(&[charged("c")], &[live, gone], &[], 50);
+        let owner = "host-a".to_string();
+        assert_eq!(
+            whys(&open),
+            [
+                ("a", &Why::InFlight { owner: owner.clone(), lease_until_ms: 100, recorded: false }),
+                ("b", &Why::Abandoned { owner, lease_until_ms: 0, recorded: false }),
+            ]
+        );
+        // At its lease's end the owner is gone.
+        assert!(matches!(
+            open_reasons(&[], &[op("a", "a", OperationStatus::Claimed, ReplayClass::ReadOnly, 100)], &[], 100)[0].why,
+            Why::Abandoned { .. }
+        ));
+    }
+
+    #[test]
+    fn a_claim_read_both_in_flight_and_recorded_is_the_recorded_operation() {
+        let flying = op("a", "a", OperationStatus::Claimed, ReplayClass::Compensatable, 100);
+        assert!(open_reasons(&[charged("a")], std::slice::from_ref(&flying), &[], 50).is_empty());
+        let recorded = op("a", "a", OperationStatus::Claimed, ReplayClass::Compensatable, 100);
+        let open = open_reasons(&[recorded], &[flying], &[], 50);
+        assert_eq!(open.len(), 1);
+        assert!(matches!(open[0].why, Why::InFlight { recorded: true, .. }), "{open:?}");
+    }
+
+    #[test]
+    fn a_request_awaits_until_an_operation_answers_it_and_an_expired_approval_awaits_a_new_decision() {
+        let asked = [
+            request("p", ApprovalState::Pending, None),
+            request("a", ApprovalState::Approved, None),
+            request("e", ApprovalState::Approved, Some(5)),
+            request("x", ApprovalState::Rejected, None),
+            request("used", ApprovalState::Approved, None),
+        ];
+        let used = op("used", "used", OperationStatus::Completed, ReplayClass::Irreversible, 0);
+        let open = open_reasons(&[used], &[], &asked, 10);
+        let standing = |s| Why::AwaitingApproval { standing: s };
+        assert_eq!(
+            whys(&open),
+            [
+                ("p", &standing(ApprovalStanding::Pending)),
+                ("a", &standing(ApprovalStanding::Approved)),
+                ("e", &standing(ApprovalStanding::Expired)),
+            ]
+        );
+        // A claim in flight uses its approval: the claim keeps the run open, not the request.
+        let flying = op("p", "p", OperationStatus::Claimed, ReplayClass::Irreversible, 100);
+        let open = open_reasons(&[], &[flying], &asked[..1], 10);
+        assert!(matches!(whys(&open)[..], [("p", Why::InFlight { .. })]), "{open:?}");
+    }
+
+    #[test]
+    fn compensation_is_outstanding_once_started_until_every_undoable_step_is_undone_by_any_tool() {
+        let (a, b) = (charged("a"), charged("b"));
+        let kept = op("k", "k", OperationStatus::Completed, ReplayClass::Irreversible, 0);
+        assert!(open_reasons(&[a.clone(), b.clone(), kept.clone()], &[], &[], 10).is_empty(), "not started");
+        let mut undone = undoing(&b, OperationStatus::Completed);
+        undone.tool = "refund-v2".into();
+        let ops = [a.clone(), b.clone(), kept, undone];
+        assert_eq!(whys(&open_reasons(&ops, &[], &[], 10)), [("a", &Why::CompensationOutstanding)]);
+        // A compensation in flight has started it too, and keeps the run open itself.
+        let flying = op("undo-a", &compensation_step(&a), OperationStatus::Claimed, ReplayClass::IdempotentWrite, 99);
+        let open = open_reasons(&[a, b], &[flying], &[], 10);
+        assert_eq!(open.len(), 3, "{open:?}");
+        assert!(open[0].is_compensation() && matches!(open[0].why, Why::InFlight { .. }), "{open:?}");
+    }
+
+    #[test]
+    fn a_reason_s_name_is_the_one_it_is_serialized_with() {
+        let (owner, standing) = (String::new(), ApprovalStanding::Pending);
+        for why in [
+            Why::Unknown,
+            Why::InFlight { owner: owner.clone(), lease_until_ms: 0, recorded: false },
+            Why::Abandoned { owner, lease_until_ms: 0, recorded: true },
+            Why::AwaitingApproval { standing },
+            Why::CompensationOutstanding,
+        ] {
+            let open = Open { step_id: "s".into(), tool: "t".into(), operation_key: "k".into(), why: why.clone() };
+            let json = serde_json::to_value(&open).expect("serialize");
+            assert_eq!(json["reason"], why.as_str(), "{json}");
+            assert_eq!(json["step_id"], "s", "{json}");
+        }
+    }
+
+    #[test]
+    fn runs_are_judged_each_on_its_own_records() {
+        let mut other = op("o", "o", OperationStatus::Unknown, ReplayClass::Compensatable, 0);
+        other.run_id = "other".into();
+        let runs = open_runs(&[charged("a"), other], &[], &[], 10);
+        assert_eq!(runs.keys().collect::<Vec<_>>(), ["other"]);
+    }
+}

@@ -1,0 +1,339 @@
+//! The background reconciler (DESIGN section 7): a server keeps asking, with backoff, about every
+//! operation whose outcome is unknown and whose tool is loaded and exports `reconcile`, so that an
+//! unknown whose proof exists settles without a person.
+//!
+//! Each try is [`Host::reconcile_operation`]: the rule of evidence (`failure::reconciled`: the
+//! settle window, the key's retention) is applied there and only there. What this module adds is
+//! when to ask: [`Schedule`] and [`next_try`] (`oncebox_core::reconcile_schedule`) are pure and tested alone; [`Reconciler`] reads the
+//! unknown operations from the ledger every `every`, sleeps until the next try is due (a timer,
+//! never a poll loop), and reports each try to its observers (the server's `/metrics`, the CLI's
+//! `reconcile --watch`) and to the log.
+//!
+//! On a ledger several hosts share, each host's reconciler may ask about the same operation. The
+//! lookup is a read; what records its proof is the ledger's `resolve`, a compare-and-set on the
+//! operation's state and on the effect's dispatches as the try read them, so at most one host's
+//! settlement is recorded. The other is refused (`NotInDoubt`, `EffectChanged`), which here means
+//! "someone else settled it": the operation leaves the schedule, and the next reading of the
+//! ledger puts it back only if it is still unknown.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde::Serialize;
+
+use crate::clock::millis;
+use crate::error::{CallError, LedgerError};
+use crate::host::Host;
+use crate::ledger::{OperationStatus, ReconcileNote};
+use crate::reconcile::Reconciliation;
+
+pub use oncebox_core::reconcile_schedule::{MAX_SCHEDULED, MAX_TRIES_PER_PASS, MIN_GAP, Schedule, Settings, next_try};
+/// How long one host's try of an operation holds it on a shared ledger: longer than a try takes
+/// (the tool's `reconcile` runs under its attempt deadline, 30 s by default).
+const TRY_LEASE: Duration = Duration::from_secs(120);
+
+/// What one try found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TryResult {
+    /// The effect took place: the operation is completed.
+    Committed,
+    /// Proven not taken: the operation reopened for its next call (an irreversible one failed).
+    NotCommitted,
+    /// Nothing proven: asked again later.
+    StillUnknown,
+    /// It was no longer unknown when asked, or another host's settlement won the ledger's
+    /// compare-and-set: someone else settled it.
+    SettledElsewhere,
+    /// Another host sharing the ledger is asking about it now (it holds the operation's
+    /// `reconcile/KEY` lease): asked again later, if still unknown.
+    HeldElsewhere,
+    /// The try could not be made (the ledger failed): asked again later.
+    Error,
+}
+
+impl TryResult {
+    /// As `/metrics` labels it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TryResult::Committed => "committed",
+            TryResult::NotCommitted => "not-committed",
+            TryResult::StillUnknown => "still-unknown",
+            TryResult::SettledElsewhere => "settled-elsewhere",
+            TryResult::HeldElsewhere => "held-elsewhere",
+            TryResult::Error => "error",
+        }
+    }
+}
+
+/// One try of one operation, as the observers and the log see it. It holds no args and no
+/// output: what was proven is in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Try {
+    pub operation_key: String,
+    pub tool: String,
+    pub result: TryResult,
+    /// The operation's tries so far, this one included.
+    pub tries: u32,
+    /// When it is asked again (ms since the epoch), if it is still unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_try_ms: Option<u64>,
+    /// Why nothing was proven, or what failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+type Observer = Box<dyn Fn(&Try) + Send + Sync>;
+
+/// Asks again about every unknown operation of a host whose tool can reconcile, with backoff
+/// ([`Host::reconciler`]). [`Reconciler::run`] until stopped; [`Reconciler::pass`] once.
+pub struct Reconciler {
+    host: Host,
+    settings: Settings,
+    schedule: Schedule,
+    /// When the ledger was last read for unknown operations.
+    refreshed_ms: Option<u64>,
+    /// Keeps this reconciler's jitter apart from another host's.
+    jitter_domain: String,
+    observers: Vec<Observer>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("settings", &self.settings)
+            .field("scheduled", &self.schedule.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Host {
+    /// A reconciler for this host's unknown operations: run it beside the calls
+    /// (`Reconciler::run`), or one pass at a time (`Reconciler::pass`).
+    pub fn reconciler(&self, settings: Settings) -> Reconciler {
+        Reconciler::new(self.clone(), settings)
+    }
+}
+
+impl Reconciler {
+    pub(crate) fn new(host: Host, settings: Settings) -> Self {
+        // Jitter is derived, not drawn (`retry::jitter`); the process and its start keep two
+        // hosts' draws for the same operation apart.
+        // It also names this reconciler in the leases of a shared ledger: with random bytes, since
+        // two machines' processes may share a pid and a start.
+        let mut nonce = [0u8; 8];
+        let nonce = getrandom::fill(&mut nonce).map(|()| hex::encode(nonce)).unwrap_or_default();
+        let jitter_domain = format!("oncebox/reconciler/{}-{}-{nonce}", std::process::id(), crate::clock::now_ms());
+        Reconciler {
+            host,
+            settings,
+            schedule: Schedule::default(),
+            refreshed_ms: None,
+            jitter_domain,
+            observers: vec![],
+        }
+    }
+
+    /// Calls `observer` after every try (counting them, printing them). It runs on the
+    /// reconciler's task: keep it short.
+    pub fn on_try(mut self, observer: impl Fn(&Try) + Send + Sync + 'static) -> Self {
+        self.observers.push(Box::new(observer));
+        self
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// How many operations are scheduled now.
+    pub fn scheduled(&self) -> usize {
+        self.schedule.len()
+    }
+
+    /// One pass: reads the unknown operations from the ledger, then asks about those due now (at
+    /// most [`MAX_TRIES_PER_PASS`]). With `first = 0` everything found is due at once. An error
+    /// reading the ledger is returned; a try's error is in its [`Try`].
+    pub async fn pass(&mut self) -> Result<Vec<Try>, LedgerError> {
+        self.refresh().await?;
+        let stop = std::pin::pin!(std::future::pending::<()>());
+        Ok(self.try_due(stop).await)
+    }
+
+    /// Keeps asking until `stop` resolves: reads the ledger every `every`, sleeps until the next
+    /// try or reading is due. A try under way when `stop` resolves is finished (a lookup and at
+    /// most one ledger write, within the tool's attempt deadline); no other starts after it. An
+    /// error reading the ledger is logged and the reading tried again after `every`.
+    pub async fn run(mut self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let every = millis(self.settings.every.max(MIN_GAP));
+        tracing::info!(
+            first = ?self.settings.first, max = ?self.settings.max, every = ?self.settings.every,
+            "the reconciler runs"
+        );
+        loop {
+            let now = self.host.ledger().now_ms();
+            let read_at = self.refreshed_ms.map_or(now, |at| at.saturating_add(every));
+            let wake = self.schedule.next_due().map_or(read_at, |due| due.min(read_at));
+            let wait = Duration::from_millis(wake.saturating_sub(now));
+            if wait.is_zero() {
+                if stop.as_mut().now_or_never().is_some() {
+                    return;
+                }
+            } else {
+                tokio::select! {
+                    () = stop.as_mut() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            if self.refreshed_ms.is_none_or(|at| self.host.ledger().now_ms() >= at.saturating_add(every))
+                && let Err(e) = self.refresh().await
+            {
+                tracing::warn!(error = %e, "the reconciler could not read the ledger; it reads again shortly");
+            }
+            self.try_due(stop.as_mut()).await;
+        }
+    }
+
+    /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule.
+    async fn refresh(&mut self) -> Result<(), LedgerError> {
+        let now = self.host.ledger().now_ms();
+        // Marked read even when it fails, so that a failing ledger is read again after `every`,
+        // not at once.
+        self.refreshed_ms = Some(now);
+        let unknown: Vec<(String, String)> = self
+            .host
+            .ledger()
+            .operations(None)
+            .await?
+            .into_iter()
+            .filter(|op| op.status == OperationStatus::Unknown && self.host.reconciles(&op.tool))
+            .map(|op| (op.key, op.tool))
+            .collect();
+        let left_out = self.schedule.refresh(&self.settings, unknown, now);
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                scheduled = self.schedule.len(),
+                "more unknown operations than the reconciler schedules at once; the rest wait for these to settle"
+            );
+        }
+        Ok(())
+    }
+
+    /// Asks about what is due, soonest first, until `stop` resolves between two tries.
+    async fn try_due(&mut self, mut stop: std::pin::Pin<&mut impl Future<Output = ()>>) -> Vec<Try> {
+        let mut tries = Vec::new();
+        for (key, tool) in self.schedule.due(self.host.ledger().now_ms(), MAX_TRIES_PER_PASS) {
+            if stop.as_mut().now_or_never().is_some() {
+                break;
+            }
+            let attempt = self.try_one(key, tool).await;
+            for observer in &self.observers {
+                observer(&attempt);
+            }
+            tries.push(attempt);
+        }
+        tries
+    }
+
+    async fn try_one(&mut self, key: String, tool: String) -> Try {
+        // On a shared ledger one host at a time asks about an operation: the others see its lease
+        // and look again later. (Two asking would both be safe, the settlement being a
+        // compare-and-set, but the downstream would be asked twice.)
+        let ledger = self.host.ledger().clone();
+        let lease = format!("reconcile/{key}");
+        let held =
+            if ledger.is_shared() { ledger.lease(&lease, &self.jitter_domain, TRY_LEASE).await } else { Ok(true) };
+        let answer = match held {
+            Ok(true) => {
+                let answer = self.host.reconcile_operation(&key).await;
+                if ledger.is_shared()
+                    && let Err(e) = ledger.release(&lease, &self.jitter_domain).await
+                {
+                    tracing::warn!(operation_key = %key, error = %e, "could not give up the reconcile lease; it runs out");
+                }
+                Some(answer)
+            }
+            Ok(false) => None,
+            Err(e) => Some(Err(CallError::Ledger(e))),
+        };
+        let (result, counts_from_ms, reason) = match answer {
+            None => (TryResult::HeldElsewhere, None, None),
+            Some(answer) => match answer {
+                Ok(Some(answer)) => match answer.answer {
+                    Reconciliation::Committed { .. } => (TryResult::Committed, None, None),
+                    Reconciliation::NotCommitted { .. } => (TryResult::NotCommitted, None, None),
+                    Reconciliation::StillUnknown { reason, counts_from_ms, .. } => {
+                        (TryResult::StillUnknown, counts_from_ms, Some(reason))
+                    }
+                    Reconciliation::NotUnknown { .. } => (TryResult::SettledElsewhere, None, None),
+                },
+                // No longer unknown (a call, a person or another host settled it), or gone.
+                Ok(None) => (TryResult::SettledElsewhere, None, None),
+                // The ledger's compare-and-set refused this settlement: another host's (or a
+                // person's) came first, or the effect was sent again since this try read it. Either
+                // way not this loop's failure; the next reading of the ledger says what is left.
+                Err(CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::EffectChanged { .. })) => {
+                    (TryResult::SettledElsewhere, None, None)
+                }
+                Err(e) => (TryResult::Error, None, Some(e.to_string())),
+            },
+        };
+        let now = self.host.ledger().now_ms();
+        let (next_try_ms, tries) = match result {
+            TryResult::StillUnknown | TryResult::Error | TryResult::HeldElsewhere => {
+                let tries = self.schedule.tries(&key);
+                let jitter = crate::retry::jitter(&key, &self.jitter_domain, tries);
+                match self.schedule.tried(&key, &self.settings, now, counts_from_ms, jitter) {
+                    Some((due, tries)) => (Some(due), tries),
+                    None => (None, tries.saturating_add(1)),
+                }
+            }
+            _ => (None, self.schedule.settled(&key).unwrap_or(0).saturating_add(1)),
+        };
+        // Each try that left it unknown is recorded on the operation, for the run's timeline (one
+        // that settled it is the operation's settlement). Not being able to write it stops nothing.
+        if matches!(result, TryResult::StillUnknown | TryResult::Error) {
+            let note = ReconcileNote { tries, last_ms: now, result: result.as_str().into(), reason: reason.clone() };
+            if let Err(e) = ledger.note_reconcile(&key, &note).await {
+                tracing::warn!(operation_key = %key, error = %e, "could not record the reconciler's try");
+            }
+        }
+        let attempt = Try { operation_key: key, tool, result, tries, next_try_ms, reason };
+        let next_in = next_try_ms.map(|at| Duration::from_millis(at.saturating_sub(now)));
+        match attempt.result {
+            TryResult::Error => tracing::warn!(
+                operation_key = %attempt.operation_key, tool = %attempt.tool, tries, ?next_in,
+                error = attempt.reason.as_deref().unwrap_or_default(), "reconciler: the try failed"
+            ),
+            result => tracing::info!(
+                operation_key = %attempt.operation_key, tool = %attempt.tool, result = result.as_str(), tries,
+                ?next_in, "reconciler: tried"
+            ),
+        }
+        attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_labelled_for_metrics() {
+        let labels: Vec<&str> = [
+            TryResult::Committed,
+            TryResult::NotCommitted,
+            TryResult::StillUnknown,
+            TryResult::SettledElsewhere,
+            TryResult::Error,
+        ]
+        .into_iter()
+        .map(TryResult::as_str)
+        .collect();
+        assert_eq!(labels, ["committed", "not-committed", "still-unknown", "settled-elsewhere", "error"]);
+        let json = serde_json::to_value(TryResult::SettledElsewhere).expect("json");
+        assert_eq!(json, "settled-elsewhere");
+    }
+}

@@ -1,0 +1,214 @@
+//! The console's POST forms. Each passes `decider` (not cross-site, the operator, the CSRF
+//! token) before it reads its fields, decides through the API's helper, and answers 303 back to
+//! the page with a flash message; a refusal is an error page with its status.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Form, Path, State};
+use axum::http::header::SET_COOKIE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use oncebox_runtime::Reconciliation;
+use serde::Deserialize;
+
+use super::{HasCsrf, Refusal, decider, local_path, see_other, with_flash};
+use crate::api::{self, DecideBody, ResolveBody};
+use crate::app::App;
+use crate::auth::SESSION_COOKIE;
+
+/// A form field left empty is a field not given.
+fn given(text: &str) -> Option<String> {
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DecideForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    fingerprint: String,
+    /// The component digest the page showed: the decision binds it too.
+    #[serde(default)]
+    component: String,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    note: String,
+    #[serde(default)]
+    expires_in: String,
+    #[serde(default)]
+    back: String,
+}
+
+impl HasCsrf for DecideForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl DecideForm {
+    fn body(&self) -> Result<DecideBody, Refusal> {
+        let expires_in = match given(&self.expires_in) {
+            Some(text) => Some(text.parse::<f64>().map_err(|_| {
+                Refusal::Error(StatusCode::BAD_REQUEST, format!("`expires in` {text:?}: give a number of seconds"))
+            })?),
+            None => None,
+        };
+        Ok(DecideBody {
+            fingerprint: self.fingerprint.clone(),
+            component: given(&self.component),
+            by: self.by.clone(),
+            note: given(&self.note),
+            expires_in,
+        })
+    }
+}
+
+pub async fn approve(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    form: Result<Form<DecideForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    decide(&app, &headers, &key, form, true).await
+}
+
+pub async fn reject(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    form: Result<Form<DecideForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    decide(&app, &headers, &key, form, false).await
+}
+
+async fn decide(
+    app: &App,
+    headers: &HeaderMap,
+    key: &str,
+    form: Result<Form<DecideForm>, FormRejection>,
+    approve: bool,
+) -> Result<Response, Refusal> {
+    let form = decider(app, headers, form)?;
+    let view = api::decide(app, key, form.body()?, approve).await?;
+    let step = view["step_id"].as_str().unwrap_or_default();
+    let message = if approve {
+        format!("Approved by {}: the next call of step {step} with exactly these params runs, once.", form.by.trim())
+    } else {
+        format!("Rejected by {}: step {step} will not run; a rejection is final.", form.by.trim())
+    };
+    Ok(with_flash(local_path(&form.back), &message))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SettleForm {
+    #[serde(default)]
+    csrf: String,
+    /// `committed` or `not-committed`.
+    #[serde(default)]
+    verdict: String,
+    /// With `committed`: the operation's output, JSON.
+    #[serde(default)]
+    output: String,
+    #[serde(default)]
+    effect: String,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    note: String,
+}
+
+impl HasCsrf for SettleForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl SettleForm {
+    fn body(&self) -> Result<ResolveBody, Refusal> {
+        let bad = |message: String| Refusal::Error(StatusCode::BAD_REQUEST, message);
+        let committed = match self.verdict.as_str() {
+            "committed" => {
+                let text =
+                    given(&self.output).ok_or_else(|| bad("committed: give the output it produced, as JSON".into()))?;
+                Some(serde_json::from_str(&text).map_err(|e| bad(format!("the output is not JSON: {e}")))?)
+            }
+            "not-committed" => None,
+            other => return Err(bad(format!("choose committed or not committed (got {other:?})"))),
+        };
+        Ok(ResolveBody {
+            not_committed: committed.is_none(),
+            committed,
+            effect: given(&self.effect),
+            by: self.by.clone(),
+            note: given(&self.note),
+        })
+    }
+}
+
+pub async fn settle(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    form: Result<Form<SettleForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    let form = decider(&app, &headers, form)?;
+    let outcome = api::settle(&app, &key, form.body()?).await?;
+    let status = outcome["status"].as_str().unwrap_or("settled");
+    let message = format!("Settled {key} by {}'s word: the operation is now {status}.", form.by.trim());
+    Ok(with_flash("/unknowns", &message))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    back: String,
+}
+
+impl HasCsrf for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+pub async fn reconcile(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    let form = decider(&app, &headers, form)?;
+    let answers = app
+        .host
+        .reconcile_run(&run_id)
+        .await
+        .map_err(|e| Refusal::from(crate::error::ApiError::from_call(e, "reconcile")))?;
+    let count = |f: fn(&Reconciliation) -> bool| answers.iter().filter(|a| f(&a.answer)).count();
+    let message = format!(
+        "Reconciled run {run_id}: {} committed, {} not committed, {} still unknown (settle those by hand), {} not unknown.",
+        count(|a| matches!(a, Reconciliation::Committed { .. })),
+        count(|a| matches!(a, Reconciliation::NotCommitted { .. })),
+        count(|a| matches!(a, Reconciliation::StillUnknown { .. })),
+        count(|a| matches!(a, Reconciliation::NotUnknown { .. })),
+    );
+    Ok(with_flash(local_path(&form.back), &message))
+}
+
+/// Signs out: the cookie is cleared (the session value itself stays valid while the token does).
+pub async fn logout(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    decider(&app, &headers, form)?;
+    let mut response = see_other("/login");
+    let cookie = format!("{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(SET_COOKIE, value);
+    }
+    Ok(response)
+}

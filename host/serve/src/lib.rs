@@ -1,0 +1,99 @@
+//! The parts of `oncebox serve`: one long-running host for agents (MCP over streamable HTTP at
+//! `/mcp`, or over stdio), orchestrators (the HTTP API at `/v1`, described at `/openapi.json`) and
+//! operators (the console at `/`). The `oncebox serve` subcommand (the binary's `cli/serve.rs`)
+//! reads its arguments and puts these together.
+//!
+//! # Layout
+//!
+//! - `app`: what the front doors share, and the one way they call a tool.
+//! - `api`, `openapi`: the HTTP API and its description. `mcp`: the MCP server. `console/`: the
+//!   operator's pages. `metrics`: `/metrics`. `error`: refusals as JSON.
+//! - `auth`: who may do what, from where (the operator's token, the one host/origin allow-list);
+//!   `guard`: the middleware every front door passes.
+//! - `reload`: the tools directory, watched. `reconciling`: the background reconciler.
+
+mod api;
+mod app;
+mod auth;
+mod console;
+mod error;
+mod guard;
+mod mcp;
+mod metrics;
+mod openapi;
+mod reconciling;
+mod reload;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use app::{App, MAX_CALLS};
+pub use auth::{Auth, generate as generate_token};
+pub use mcp::serve_stdio;
+pub use reconciling::spawn as spawn_reconciler;
+pub use reload::Loaded;
+
+/// The HTTP front doors on one router: the API, the console and MCP, behind the one guard of
+/// hosts and origins, with request bodies limited to `max_body` bytes.
+pub fn router(app: &Arc<App>, max_body: usize) -> axum::Router {
+    api::routes()
+        .merge(console::routes())
+        .merge(mcp::routes(app.clone()))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard::same_site))
+        .with_state(app.clone())
+}
+
+/// Stops taking calls and lets the running ones finish within `grace`; whether they all did.
+pub async fn finish(app: &Arc<App>, grace: Duration) -> bool {
+    app.stop_taking_calls();
+    if app.drained(grace).await {
+        return true;
+    }
+    eprintln!(
+        "oncebox serve: {} calls still running after the grace period; their steps are left to the next start's recovery",
+        app.in_flight()
+    );
+    false
+}
+
+/// Delivers the outbox beside the calls until the server stops: a server holds its ledger file,
+/// so no `oncebox outbox deliver` could open it meanwhile. A send under way at the stop is
+/// completed and recorded first (`Relay::run`).
+pub fn relay(app: &Arc<App>) -> Result<(), oncebox_runtime::outbox::RelayError> {
+    let relay = app.host.outbox_relay()?;
+    let stop = app.shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = relay.run(stop.cancelled_owned()).await {
+            tracing::error!(error = %e, "the outbox relay stopped; messages wait in the ledger for the next one");
+        }
+    });
+    Ok(())
+}
+
+/// Keeps the tools directory loaded: every `SCAN_EVERY`, and at once on SIGHUP.
+pub async fn watch(app: Arc<App>) {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        {
+            let hup = async {
+                match hangup.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let hung_up = tokio::select! {
+                _ = hup => true,
+                () = tokio::time::sleep(reload::SCAN_EVERY) => false,
+            };
+            app.loaded.scan(&app.host, hung_up).await;
+        }
+        #[cfg(not(unix))]
+        {
+            tokio::time::sleep(reload::SCAN_EVERY).await;
+            app.loaded.scan(&app.host, false).await;
+        }
+    }
+}
