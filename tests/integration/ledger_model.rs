@@ -3,7 +3,7 @@
 //! (`ledger::reference`), driven with the same random sequences of claims, write-aheads, answers,
 //! attempt records and finishes, renewals, lease expiries, reopenings, resolutions and crashes
 //! from three workers, must give the same answer to every step and hold the same records after
-//! it. Every worker behaves as the executor does, or as a stale one would: it writes with the
+//! it. Every worker behaves as the pipeline does, or as a stale one would: it writes with the
 //! last fence it was given and the last state it read, however old.
 
 use std::collections::HashMap;
@@ -159,7 +159,7 @@ fn effect(op: usize, effect: usize, status: EffectStatus, dispatches: u32, now_m
     }
 }
 
-/// A KV write staged by `op`'s attempt, as the executor stages one.
+/// A KV write staged by `op`'s attempt, as the pipeline stages one.
 fn kv_write(op: usize, n: u32, expected: Option<u64>, now_ms: u64) -> (EffectRecord, LocalWrite) {
     let mut record = effect(op, 8 + n as usize, EffectStatus::Completed, 1, now_ms);
     record.kind = "kv-set".into();

@@ -1,4 +1,4 @@
-//! The attempt log: every attempt is one ledger record (written by the executor) and one
+//! The attempt log: every attempt is one ledger record (written by the pipeline) and one
 //! `tracing` event, emitted here with the same fields. Nothing secret reaches either: args are never
 //! logged, keys are hashes, and messages are scrubbed of the manifest's sensitive values.
 

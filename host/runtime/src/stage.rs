@@ -2,7 +2,7 @@
 //! they run in, and nothing more: the engine, the state every effect shares (the ledger, the key,
 //! the HTTP client, the downstreams), the lease a claim holds and the name its claims carry. And
 //! one [`Entry`] per loaded tool, resolved once at load, which a call reads without a lock. The
-//! executor takes these, never the host, so nothing of the pipeline reaches back into it.
+//! pipeline takes these, never the host, so nothing of the pipeline reaches back into it.
 
 use std::collections::HashMap;
 use std::sync::Arc;

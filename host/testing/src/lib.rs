@@ -1,6 +1,6 @@
 //! A harness for tool authors: "what happens if the host dies right after my effect was sent?"
 //!
-//! [`Harness`] loads a component and runs calls through the real pipeline (the executor, the
+//! [`Harness`] loads a component and runs calls through the real pipeline (its stages, the
 //! guarded effect path, the retry matrix of the tool's class and policy) on a real redb ledger in
 //! a temporary directory. Only the downstream is replaced: a [`Script`] answers every HTTP effect
 //! by label and occurrence (a response, a fault, a delay) and every read, and records each request
@@ -32,8 +32,16 @@
 //!
 //! It drives the real pipeline through the hooks the host exposes for it
 //! (`oncebox_runtime::hooks`: the crash points and the scripted downstream inside the effect path
-//! and the executor). A host built without the harness has no hooks, and each point costs it one
+//! and the pipeline). A host built without the harness has no hooks, and each point costs it one
 //! branch on `None`. The `oncebox` crate re-exports this crate as `oncebox::testing`.
+//!
+//! # Layout
+//!
+//! - `harness`: [`Harness`], one scenario through the real host on a fresh ledger file.
+//! - `script`: [`Script`], the downstream that answers by label and occurrence and records what
+//!   reached it.
+//! - `explore`: every effect, every crash point and fault, on a fresh ledger each.
+//! - `report`: what exploration found ([`Report`], a [`Row`] each, the [`Violation`]s).
 
 mod explore;
 mod harness;

@@ -22,7 +22,7 @@
 //! once: a host connecting cannot tell a dead host's claim from a live one's, and marking a live
 //! host's in-flight effects unknown, or dropping its lease, would hand its operation to a second
 //! runner while the first is still sending. So connecting changes nothing. A dead host's claims
-//! are taken over when their leases expire (their owners stop renewing them), and the executor's
+//! are taken over when their leases expire (their owners stop renewing them), and the pipeline's
 //! effect guard already treats an inherited `dispatched` record as in doubt, as it does an
 //! `unknown` one: the new owner reconciles or resends with the same key, never sends blind.
 

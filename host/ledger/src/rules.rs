@@ -1,0 +1,226 @@
+//! The rules every backend applies, written once: who gets an operation, when a finish is
+//! refused, when an approval stands or lapses, what settling an unknown makes of its records.
+
+use crate::{
+    ApprovalRecord, ApprovalState, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError,
+    OperationRecord, OperationStatus, Resolution, Settlement, StaleApproval,
+};
+
+/// What an operation's record (or its absence) means for a caller that wants to run it.
+/// `None`: the caller takes it (new, or its lease expired).
+pub fn verdict(existing: Option<&OperationRecord>, req: &ClaimRequest) -> Option<Claim> {
+    let op = existing?;
+    if !req.matches(&op.fingerprint) {
+        Some(Claim::Conflict(op.clone()))
+    } else if op.status != OperationStatus::Claimed {
+        Some(Claim::Recorded(op.clone()))
+    } else if op.lease_until_ms > req.now_ms {
+        Some(Claim::InProgress(op.clone()))
+    } else {
+        None
+    }
+}
+
+/// The rule of evidence for an operation's end, whoever asks: an operation with an effect in
+/// doubt is neither completed nor failed, and one with an effect that took place is not failed.
+/// `effects` are every effect of the operation the finish would leave recorded.
+pub fn refused_finish<'e>(
+    operation_key: &str,
+    status: OperationStatus,
+    effects: impl IntoIterator<Item = &'e EffectRecord>,
+) -> Option<LedgerError> {
+    if !matches!(status, OperationStatus::Completed | OperationStatus::Failed) {
+        return None;
+    }
+    let failing = status == OperationStatus::Failed;
+    let effect = effects.into_iter().find(|e| e.status.in_doubt() || (failing && e.status.taken()))?;
+    let (operation_key, effect_key) = (operation_key.to_string(), effect.key.clone());
+    Some(if effect.status.in_doubt() {
+        LedgerError::InDoubt { operation_key, effect_key }
+    } else {
+        LedgerError::EffectTaken { operation_key, effect_key }
+    })
+}
+
+/// Whether an approval write may replace `stored`: its revision follows the stored one.
+pub fn approval_follows(stored: Option<&ApprovalRecord>, record: &ApprovalRecord) -> Result<(), LedgerError> {
+    if record.revision == stored.map_or(0, |s| s.revision) + 1 {
+        Ok(())
+    } else {
+        Err(LedgerError::ApprovalChanged { operation_key: record.operation_key.clone() })
+    }
+}
+
+/// Whether a new operation for `req` may be claimed, given its approval as stored: only while the
+/// approval the caller saw still approves these params, run by the caller's component, at
+/// `req.now_ms`. An approval bound to another component (the tool was replaced since the request,
+/// or the request predates components: bound to none) lets nothing through.
+pub fn approval_stands(req: &ClaimRequest, stored: Option<&ApprovalRecord>) -> bool {
+    match &req.approval {
+        None => true,
+        Some(seen) => stored.is_some_and(|a| {
+            a.revision == seen.revision
+                && req.matches(&a.fingerprint)
+                && a.binds(&seen.component)
+                && a.state == ApprovalState::Approved
+                && !a.expired(req.now_ms)
+        }),
+    }
+}
+
+/// Whether retention may remove the request for approval `stored` it read as `stale`: still at
+/// that revision, and its operation (`claimed`: claimed or recorded, in memory included) not
+/// started meanwhile.
+pub fn approval_lapses(stale: &StaleApproval, stored: Option<&ApprovalRecord>, claimed: bool) -> bool {
+    !claimed && stored.is_some_and(|a| a.revision == stale.revision)
+}
+
+/// Refuses to expire an operation that is not over: only completed and failed ones expire.
+pub fn expirable(op: &OperationRecord) -> Result<(), LedgerError> {
+    match op.status {
+        OperationStatus::Completed | OperationStatus::Failed => Ok(()),
+        status => Err(LedgerError::NotExpirable { operation_key: op.key.clone(), status: status.as_str() }),
+    }
+}
+
+/// The operation for `req`'s caller: an expired claim taken over with `fence`, or a new one
+/// (whose fence is 1: no claim of it existed, so no token of it was ever handed out).
+pub fn take_over(expired: Option<OperationRecord>, req: &ClaimRequest, fence: u64) -> OperationRecord {
+    match expired {
+        Some(mut op) => {
+            op.fence = fence;
+            op.owner.clone_from(&req.owner);
+            op.lease_until_ms = req.now_ms + req.lease_ms;
+            op.updated_ms = req.now_ms;
+            op
+        }
+        None => new_operation(req),
+    }
+}
+
+fn new_operation(req: &ClaimRequest) -> OperationRecord {
+    OperationRecord {
+        key: req.key.clone(),
+        run_id: req.run_id.clone(),
+        step_id: req.step_id.clone(),
+        tool: req.tool.clone(),
+        class: req.class,
+        fingerprint: req.fingerprint.clone(),
+        args: req.args.clone(),
+        status: OperationStatus::Claimed,
+        owner: req.owner.clone(),
+        lease_until_ms: req.now_ms + req.lease_ms,
+        fence: 1,
+        attempts: 0,
+        output: None,
+        error: None,
+        created_ms: req.now_ms,
+        updated_ms: req.now_ms,
+        reconciled: None,
+    }
+}
+
+/// What settling an unknown operation makes of its records: the operation and the effects it
+/// settles. `committed` is said of the whole operation (its output is the operation's): every
+/// effect of it still in doubt is settled as taken and the operation completes, so that nothing
+/// is left in doubt under a completed operation. `not-committed` is said of one effect in doubt
+/// (`effect_key`, or the only one): it may be sent again, and once nothing else of the operation is
+/// in doubt the operation reopens for the next call, which sends what was not taken (an
+/// irreversible one fails instead: it is not sent again on anyone's word). `effects` are all of
+/// the operation's effects.
+pub fn settled(
+    operation_key: &str,
+    op: Option<OperationRecord>,
+    effects: &[EffectRecord],
+    effect_key: Option<&str>,
+    seen: Option<u32>,
+    resolution: &Resolution,
+    settlement: &Settlement,
+) -> Result<(OperationRecord, Vec<EffectRecord>), LedgerError> {
+    let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
+    let mut op = op.ok_or_else(not_in_doubt)?;
+    if op.status != OperationStatus::Unknown {
+        return Err(not_in_doubt());
+    }
+    let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
+    let any_taken = effects.iter().any(|e| e.status.taken());
+    if let Some(wanted) = effect_key {
+        let Some(effect) = in_doubt.iter().find(|e| e.key == wanted) else {
+            return Err(LedgerError::NotInDoubt { operation_key: format!("{operation_key} (effect {wanted})") });
+        };
+        // What was asked about was one send; a later one may have committed since.
+        if seen.is_some_and(|seen| seen != effect.dispatches) {
+            let (operation_key, effect_key) = (operation_key.to_string(), wanted.to_string());
+            return Err(LedgerError::EffectChanged { operation_key, effect_key });
+        }
+    }
+    // The effects this settles. None in doubt: the tool itself reported the unknown outcome, and
+    // the settlement is the operation's alone.
+    let settled: Vec<&EffectRecord> = match (resolution, effect_key) {
+        (Resolution::Committed { .. }, _) => in_doubt.clone(),
+        (Resolution::NotCommitted, Some(wanted)) => in_doubt.iter().copied().filter(|e| e.key == wanted).collect(),
+        (Resolution::NotCommitted, None) if in_doubt.len() > 1 => {
+            let keys: Vec<&str> = in_doubt.iter().map(|e| e.key.as_str()).collect();
+            return Err(LedgerError::Ambiguous { operation_key: operation_key.to_string(), effects: keys.join(", ") });
+        }
+        (Resolution::NotCommitted, None) => in_doubt.clone(),
+    };
+    let still_in_doubt = in_doubt.len() - settled.len();
+    let now_ms = settlement.at_ms;
+    op.updated_ms = now_ms;
+    let effects = settled
+        .into_iter()
+        .cloned()
+        .map(|mut effect| {
+            effect.updated_ms = now_ms;
+            effect.status = match resolution {
+                Resolution::Committed { .. } => EffectStatus::Completed,
+                Resolution::NotCommitted => EffectStatus::Retryable,
+            };
+            effect.resolution = Some(settlement.clone());
+            effect
+        })
+        .collect();
+    // Another effect still in doubt keeps the operation unknown: settle that one too.
+    if still_in_doubt == 0 {
+        op.lease_until_ms = 0;
+        op.error = None;
+        match resolution {
+            Resolution::Committed { output } => {
+                op.status = OperationStatus::Completed;
+                op.output = Some(output.clone());
+            }
+            // An irreversible operation is not run again on anyone's word: its approval was for one
+            // dispatch. Proven not taken, and nothing else of it taken, it failed: nothing of it
+            // took effect. A new attempt is a new intent (a new step id, a new approval).
+            Resolution::NotCommitted if op.class == oncebox_core::policy::ReplayClass::Irreversible => {
+                if any_taken {
+                    op.error = Some(ErrorRecord {
+                        class: "unknown-outcome".into(),
+                        message: "another effect of it took place: a person settles what it amounts to".into(),
+                    });
+                } else {
+                    op.status = OperationStatus::Failed;
+                    op.error = Some(ErrorRecord {
+                        class: "not-committed".into(),
+                        message: format!(
+                            "proven not to have taken effect ({}); an irreversible step is not run again: a new \
+                             intent needs a new step id and its own approval",
+                            settlement.by
+                        ),
+                    });
+                }
+            }
+            // Claimed with an expired lease: the next call takes it over and runs it again.
+            Resolution::NotCommitted => op.status = OperationStatus::Claimed,
+        }
+    }
+    Ok((op, effects))
+}
+
+/// The version a write stamps on its key: taken from its effect key, which no other write ever
+/// has, so versions never repeat (and never come back after a delete). Never 0, which means absent.
+pub fn stamp(effect_key: &str) -> u64 {
+    let n = effect_key.get(..16).and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(1);
+    n.max(1)
+}
