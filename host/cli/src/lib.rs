@@ -21,11 +21,12 @@
 //! - `oncebox-core` (`host/core`): the pure rules: keys and fingerprints, the rule of evidence,
 //!   replay classes and the retry matrix, redaction, limits, capabilities, the policy file.
 //! - `oncebox-ledger` (`host/ledger`): the `Store` trait, records, the redb and PostgreSQL
-//!   backends, the reference model and the conformance suite. No wasmtime.
+//!   backends and the reference model. No wasmtime. (The conformance suite that holds every
+//!   backend to the reference model is `tests/integration/conformance.rs`.)
 //! - `oncebox-runtime` (`host/runtime`): the engine, loading, effects, the call pipeline,
 //!   approvals, reconciliation, saga, recovery, retention, the outbox relay and [`Host`];
-//!   re-exported here whole, so `oncebox::Host`, `oncebox::keys` and `oncebox::ledger` name its
-//!   items and the rules it re-exports.
+//!   re-exported here, so `oncebox::Host`, `oncebox::keys` and `oncebox::ledger` name its items
+//!   and the rules it re-exports.
 //! - `oncebox-testing` (`host/testing`): the harness for tool authors, as [`testing`].
 //! - `oncebox-serve` (`host/serve`): `oncebox serve`'s API, MCP, console and metrics; used by the
 //!   binary only.
@@ -36,5 +37,16 @@
 //! rolled into [`Error`]. A tool that fails is not an error: it is an [`Outcome`] with a status.
 //! `anyhow` appears only in the binary.
 
-pub use oncebox_runtime::*;
+// The API embedders and tool authors write against, named one by one (not a glob): the runtime's
+// harness hooks are not part of it.
+pub use oncebox_runtime::{Call, CallError, Ledger, LedgerAt, LedgerError};
+pub use oncebox_runtime::{
+    DEFAULT_LEASE, DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, Decision, EffectProvider, Error, Grant, Grants, Host,
+    HostBuilder, HttpTarget, Limits, LoadError, MAX_COMPONENT_BYTES, Outcome, ProviderOutcome, REDACTED, Reconciler,
+    Reconciliation, Relay, ReplayClass, RetryPolicy, RunReconciliation, Sandbox, Status, ToolManifest, redact, settle,
+};
+pub use oncebox_runtime::{
+    approvals, capabilities, failure, keys, ledger, limits, outbox, policy, policy_file, reconciler, recovery,
+    retention, retry, saga, seal, secret,
+};
 pub use oncebox_testing as testing;

@@ -15,7 +15,8 @@
 //! - `delivery`: the outbox relay's rules: what an endpoint's answer means, how long to wait.
 //! - `reconcile_schedule`: when to ask again about an unknown operation.
 //! - `policy_file/`: the operator's `oncebox.toml`, checked with file:line errors.
-//! - `clock`: this host's wall clock in ms.
+//! - `clock`: ms stamps: this host's wall clock (the one read of the system here; records are
+//!   judged by their ledger's clock) and how they are shown.
 
 pub mod capabilities;
 pub mod clock;

@@ -43,7 +43,7 @@ pub struct HostBuilder {
     /// The fingerprint key's file, when it is not beside a ledger file.
     key_file: Option<PathBuf>,
     send_by: Duration,
-    /// The test harness's hooks (`crate::testing`); `None` for every other host.
+    /// The test harness's hooks (`oncebox-testing`); `None` for every other host.
     hooks: Option<Arc<dyn crate::effects::hooks::Hooks>>,
 }
 
@@ -86,7 +86,10 @@ impl HostBuilder {
     }
 
     /// Runs the host under the test harness (`oncebox::testing`): its crash points and its
-    /// scripted downstream. For the harness only: a hook sees every request a tool makes.
+    /// scripted downstream. For the harness only: a hook sees and answers every request a tool
+    /// makes, in place of the downstream.
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
     pub fn hooks(mut self, hooks: Arc<dyn crate::effects::hooks::Hooks>) -> Self {
         self.hooks = Some(hooks);
         self

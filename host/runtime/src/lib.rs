@@ -8,20 +8,23 @@
 //! here under their old names (`keys`, `policy`, `failure`, `retry`, `capabilities`, `limits`,
 //! `policy_file`, `ledger`, `secret`, `seal`), so that one path names each rule.
 //!
-//! - `call`: [`Call`] and [`Outcome`].
+//! - `call`: [`Call`], [`Outcome`], and a call's args validated with its keys (`Prepared`);
+//!   `approval_view`: what a person is shown of a request for approval.
+//! - `stage`: what the pipeline and its rooms need of the host, and nothing more, so that none of
+//!   them reaches back into [`Host`]; one entry per loaded tool.
 //! - `runtime/`: the engine (pooling allocator, epochs), the one `bindgen!`, the compile cache,
 //!   loading and verifying components, the sandboxed store, one attempt.
 //! - `effects/`: the guarded path, then one file per kind of effect; `effects::hooks`: where the
-//!   harness (`oncebox-testing`) reaches into the pipeline.
-//! - `pipeline/`: the call pipeline as named stages (prepare, admit, attempts); `lease`: the owner's lease kept live while it
-//!   works; `attempt_log`: its tracing events.
+//!   harness (`oncebox-testing`) reaches into the pipeline. `http_client`: the one HTTP client.
+//! - `pipeline/`: the call pipeline as named stages (prepare, admit, attempts); `lease`: the
+//!   owner's lease kept live while it works; `attempt_log`: its tracing events.
 //! - `approvals`: asking a person, and binding the answer to the params and the component.
 //! - `reconcile`: asking the authority about an unknown outcome, and a person settling one;
 //!   `reconciler`: asking again in the background, with backoff, until the proof arrives.
 //! - `saga`, `recovery`, `retention`: undoing a run, what a restart left, what may be forgotten.
 //! - `outbox/`: the relay that delivers outbox messages to their topics' endpoints, in order, at
 //!   least once and keyed (its rules are `oncebox_core::delivery`; `send.rs`: one send).
-//! - `host`: [`Host`] and [`HostBuilder`].
+//! - `host`: [`Host`] and [`HostBuilder`]. `error`: the error enums below.
 //!
 //! # Errors
 //!
@@ -57,8 +60,12 @@ pub use approvals::Decision;
 pub use call::{Call, Outcome, Status};
 pub use capabilities::{Grant, Grants, Sandbox};
 /// Where the harness for tool authors (`oncebox-testing`, re-exported as `oncebox::testing`)
-/// reaches into the pipeline: its crash points and its scripted downstream. A host built without
-/// hooks ([`HostBuilder::hooks`]) has none, and each point costs it one branch on `None`.
+/// reaches into the pipeline: its crash points and its scripted downstream. For the harness only,
+/// behind the `harness` feature that it enables: a hook stands in for every downstream, so a host
+/// running one keeps none of its promises about the real world. A host built without hooks has
+/// none, and each point costs it one branch on `None`.
+#[cfg(feature = "harness")]
+#[doc(hidden)]
 pub use effects::hooks;
 pub use effects::{DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, DIVERGED, EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};

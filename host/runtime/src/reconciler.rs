@@ -4,7 +4,8 @@
 //!
 //! Each try is [`Host::reconcile_operation`]: the rule of evidence (`failure::reconciled`: the
 //! settle window, the key's retention) is applied there and only there. What this module adds is
-//! when to ask: [`Schedule`] and [`next_try`] (`oncebox_core::reconcile_schedule`) are pure and tested alone; [`Reconciler`] reads the
+//! when to ask: [`Schedule`] and [`next_try`] (`oncebox_core::reconcile_schedule`) are pure and
+//! tested alone; [`Reconciler`] reads the
 //! unknown operations from the ledger every `every`, sleeps until the next try is due (a timer,
 //! never a poll loop), and reports each try to its observers (the server's `/metrics`, the CLI's
 //! `reconcile --watch`) and to the log.

@@ -34,17 +34,17 @@ type SharedAnswer = Shared<BoxFuture<'static, Answer>>;
 pub const MAX_CALLS: usize = 256;
 
 pub struct App {
-    pub host: Host,
-    pub auth: Auth,
-    pub metrics: Metrics,
+    pub(crate) host: Host,
+    pub(crate) auth: Auth,
+    pub(crate) metrics: Metrics,
     /// What the tools directory holds, and what failed to load.
-    pub loaded: Loaded,
+    pub(crate) loaded: Loaded,
     /// Where the console is reached, for links in answers (`http://127.0.0.1:7420`).
-    pub base_url: String,
+    pub(crate) base_url: String,
     stopping: AtomicBool,
     /// Cancelled when the server stops taking calls: the HTTP server stops accepting and closes
     /// its connections once their requests are answered; MCP sessions end.
-    pub shutdown: tokio_util::sync::CancellationToken,
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
     in_flight: AtomicUsize,
     idle: Notify,
     /// The calls running now, by their identity and exact args: a second request for the same
@@ -54,7 +54,27 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(host: Host, auth: Auth, loaded: Loaded, base_url: String, max_calls: usize) -> Arc<App> {
+    /// The server for an agent that started it over stdio: no HTTP request ever reaches it.
+    pub fn for_stdio(host: Host, token: String, loaded: Loaded, max_calls: usize) -> Arc<App> {
+        App::new(host, Auth::new(token, None, None), loaded, String::new(), max_calls)
+    }
+
+    /// The server for HTTP at `addr`, the address it listens on, reached at `public_url` when
+    /// given. Who may do what is judged from these two (`auth.rs`), so that nothing else can tell
+    /// it that a server listening beyond loopback is on loopback.
+    pub fn for_http(
+        host: Host,
+        token: String,
+        addr: std::net::SocketAddr,
+        public_url: Option<&url::Url>,
+        loaded: Loaded,
+        max_calls: usize,
+    ) -> Arc<App> {
+        let base_url = public_url.map_or_else(|| format!("http://{addr}"), |url| url.origin().ascii_serialization());
+        App::new(host, Auth::new(token, Some(addr), public_url), loaded, base_url, max_calls)
+    }
+
+    fn new(host: Host, auth: Auth, loaded: Loaded, base_url: String, max_calls: usize) -> Arc<App> {
         Arc::new(App {
             host,
             auth,
@@ -156,6 +176,16 @@ impl App {
     }
 
     /// Stops taking calls; those running may finish.
+    /// Where the console is reached (`http://127.0.0.1:7420`, or the public URL's origin).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Cancelled when the server stops taking calls.
+    pub fn shutdown(&self) -> tokio_util::sync::CancellationToken {
+        self.shutdown.clone()
+    }
+
     pub fn stop_taking_calls(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.shutdown.cancel();

@@ -52,7 +52,7 @@ impl std::fmt::Debug for Auth {
 impl Auth {
     /// The server's credential; `listening` is where it serves HTTP (`None` on stdio), `public` the
     /// URL it is reached at if not `http://LISTEN` (a proxy's name).
-    pub fn new(token: String, listening: Option<std::net::SocketAddr>, public: Option<&url::Url>) -> Auth {
+    pub(crate) fn new(token: String, listening: Option<std::net::SocketAddr>, public: Option<&url::Url>) -> Auth {
         let Some(addr) = listening else {
             // stdio: no HTTP request ever reaches this server.
             return Auth { token, everywhere: false, hosts: Hosts::Listed { hosts: Vec::new(), origins: Vec::new() } };

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use app::{App, MAX_CALLS};
-pub use auth::{Auth, generate as generate_token};
+pub use auth::generate as generate_token;
 pub use mcp::serve_stdio;
 pub use reconciling::spawn as spawn_reconciler;
 pub use reload::Loaded;
@@ -44,17 +44,14 @@ pub fn router(app: &Arc<App>, max_body: usize) -> axum::Router {
         .with_state(app.clone())
 }
 
-/// Stops taking calls and lets the running ones finish within `grace`; whether they all did.
-pub async fn finish(app: &Arc<App>, grace: Duration) -> bool {
+/// Stops taking calls and lets the running ones finish within `grace`; how many still run then
+/// (0: they all finished).
+pub async fn finish(app: &Arc<App>, grace: Duration) -> usize {
     app.stop_taking_calls();
     if app.drained(grace).await {
-        return true;
+        return 0;
     }
-    eprintln!(
-        "oncebox serve: {} calls still running after the grace period; their steps are left to the next start's recovery",
-        app.in_flight()
-    );
-    false
+    app.in_flight().max(1)
 }
 
 /// Delivers the outbox beside the calls until the server stops: a server holds its ledger file,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use oncebox::policy_file::PolicyFile;
-use oncebox_serve::{App, Auth, Loaded};
+use oncebox_serve::{App, Loaded};
 
 use crate::cli::{Exit, Usage};
 
@@ -82,8 +82,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     loaded.scan(&host, false).await;
     let tools = host.tools().len();
     if args.stdio {
-        let app =
-            App::new(host, Auth::new(token, None, args.public_url.as_ref()), loaded, String::new(), args.max_calls);
+        let app = App::for_stdio(host, token, loaded, args.max_calls);
         tokio::spawn(oncebox_serve::watch(app.clone()));
         relay(&app, topics, args.no_relay)?;
         oncebox_serve::spawn_reconciler(&app);
@@ -95,10 +94,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .await
         .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr().context("the listening address")?;
-    let public = args.public_url.as_ref().map(|url| url.origin().ascii_serialization());
-    let base_url = public.clone().unwrap_or_else(|| format!("http://{addr}"));
-    let auth = Auth::new(token, Some(addr), args.public_url.as_ref());
-    let app = App::new(host, auth, loaded, base_url.clone(), args.max_calls);
+    let app = App::for_http(host, token, addr, args.public_url.as_ref(), loaded, args.max_calls);
+    let base_url = app.base_url().to_string();
     tokio::spawn(oncebox_serve::watch(app.clone()));
     relay(&app, topics, args.no_relay)?;
     oncebox_serve::spawn_reconciler(&app);
@@ -109,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         "tools": tools,
     }))?;
     eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
-    let shutdown = app.shutdown.clone();
+    let shutdown = app.shutdown();
     let mut server =
         tokio::spawn(
             async move { axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await },
@@ -162,7 +159,15 @@ fn token(args: &Args) -> anyhow::Result<String> {
 /// Stops taking calls and lets the running ones finish within `grace`: what still runs then is
 /// left to the next start's recovery, and the exit says so.
 async fn finish(app: &Arc<App>, grace: Duration) -> Exit {
-    if oncebox_serve::finish(app, grace).await { Exit::Ok } else { Exit::ToolFailed }
+    match oncebox_serve::finish(app, grace).await {
+        0 => Exit::Ok,
+        running => {
+            eprintln!(
+                "oncebox serve: {running} calls still running after the grace period; their steps are left to the next start's recovery"
+            );
+            Exit::ToolFailed
+        }
+    }
 }
 
 /// Delivers the outbox beside the calls until the server stops, unless told not to or no topic

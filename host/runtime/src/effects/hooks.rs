@@ -1,4 +1,4 @@
-//! Where the test harness (`crate::testing`) reaches into the real pipeline: the points of an
+//! Where the test harness (`oncebox-testing`) reaches into the real pipeline: the points of an
 //! effect's life at which it can crash the host, and the downstream it answers instead of the
 //! network. A production host has no hooks (`Shared::hooks` is `None`), and each point costs it
 //! one branch; nothing else in the pipeline knows whether it runs under the harness.

@@ -5,6 +5,8 @@
 //! the few methods the guarded path needs.
 
 mod guard;
+// Without the harness, nothing outside the pipeline constructs what only a harness answers.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))]
 pub mod hooks;
 mod http;
 mod local;
@@ -34,7 +36,7 @@ pub struct Shared {
     pub http: reqwest::Client,
     pub targets: Targets,
     pub providers: HashMap<String, Arc<dyn EffectProvider>>,
-    /// The test harness's hooks (`crate::testing`); `None` outside it.
+    /// The test harness's hooks (`oncebox-testing`); `None` outside it.
     pub hooks: Option<Arc<dyn hooks::Hooks>>,
     /// How soon after its write-ahead's stamp an effect leaves, or is not sent at all
     /// ([`guard::late`]; [`DEFAULT_SEND_BY`]).
