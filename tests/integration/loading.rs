@@ -19,16 +19,48 @@ async fn a_read_only_tool_that_imports_effects_is_refused() {
     }
 }
 
+/// wasi:sockets is linked so that language runtimes' default builds load, and refuses every use:
+/// the tool's connect fails, and the listener it aimed at never sees a connection.
 #[tokio::test]
-async fn a_component_importing_sockets_is_refused_by_name() {
-    let err = host().await.load(oncebox_artifacts::SOCKET_USER).await.expect_err("must refuse");
+async fn a_component_importing_sockets_loads_and_reaches_nothing() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let host = host().await;
+    host.load(oncebox_artifacts::SOCKET_USER).await.expect("loads");
+    let (imports, _) = host.interface("socket-user").expect("interface");
+    assert!(imports.iter().any(|i| i.starts_with("wasi:sockets/")), "{imports:?}");
+    let args = serde_json::json!({"addr": addr.to_string()}).to_string();
+    let outcome = host.call(oncebox::Call::unrecorded("socket-user", args)).await.expect("call");
+    assert_eq!(outcome.status, oncebox::Status::Failed, "{outcome:?}");
+    assert!(listener.accept().is_err(), "the listener saw no connection");
+    // Name lookup is refused too: `localhost` resolves to nothing.
+    let args = serde_json::json!({"addr": format!("localhost:{}", addr.port())}).to_string();
+    let outcome = host.call(oncebox::Call::unrecorded("socket-user", args)).await.expect("call");
+    assert_eq!(outcome.status, oncebox::Status::Failed, "{outcome:?}");
+    assert!(listener.accept().is_err(), "the listener saw no connection");
+}
+
+/// Imports are checked from the component's outer sections before anything is compiled.
+#[tokio::test]
+async fn a_forbidden_import_is_refused_by_name_before_compiling() {
+    let dir = tempfile::tempdir().expect("dir");
+    let wasm = dir.path().join("http-user.wasm");
+    // A component that imports wasi:http and nothing else; its body would not even compile.
+    let wat = r#"(component (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#;
+    std::fs::write(&wasm, wat::parse_str(wat).expect("wat")).expect("write");
+    let cache = dir.path().join("cache");
+    let host = Host::builder_in_memory().compile_cache(&cache).build().await.expect("host");
+    let err = host.load(&wasm).await.expect_err("must refuse");
     match &err {
         Error::Load(LoadError::ForbiddenImport { import, .. }) => {
-            assert!(import.starts_with("wasi:sockets/"), "{import}")
+            assert_eq!(import, "wasi:http/outgoing-handler@0.2.0")
         }
         other => panic!("expected a forbidden import, got {other:?}"),
     }
-    assert!(err.to_string().contains("wasi:sockets/"), "{err}");
+    assert!(err.to_string().contains("no wasi:http"), "{err}");
+    let compiled = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(compiled, 0, "nothing was compiled");
 }
 
 #[tokio::test]

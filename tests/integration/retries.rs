@@ -46,6 +46,12 @@ async fn a_trap_leaves_the_host_serving_the_next_call() {
     let error = trapped.error.expect("error");
     assert_eq!(error.class, "trap");
     assert!(error.message.contains("trapped"), "{}", error.message);
+    // The author sees their bug: the end of the guest's stderr, where the panic's message is.
+    assert!(
+        error.message.contains("its stderr ended with") && error.message.contains("asked to trap"),
+        "{}",
+        error.message
+    );
 
     let next = f.call("run-1", "fine", "panicky", &json!({"mode": "ok", "echo": "still here"})).await;
     assert_eq!(next.status, Status::Completed, "{next:?}");

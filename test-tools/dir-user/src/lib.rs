@@ -1,5 +1,5 @@
-//! Reads and writes files through std, so the component imports `wasi:filesystem`: loaded only
-//! with a directory grant, and then it sees that directory and nothing else.
+//! Reads and writes files through std, so the component imports `wasi:filesystem`: without a
+//! directory grant it sees no directory at all; with one, that directory and nothing else.
 
 use oncebox_sdk::{Tool, ToolError};
 use schemars::JsonSchema;

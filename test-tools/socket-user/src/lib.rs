@@ -1,4 +1,5 @@
-//! Opens a TCP socket through std, so the component imports `wasi:sockets`: refused at load.
+//! Opens a TCP socket through std, so the component imports `wasi:sockets`: it loads, and every
+//! socket call is refused (no connection, no name lookup).
 
 use oncebox_sdk::{Tool, ToolError};
 use schemars::JsonSchema;

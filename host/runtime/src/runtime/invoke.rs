@@ -54,6 +54,7 @@ impl Runtime {
             guest.call_invoke(&mut store, args).await
         };
         // The epoch deadline stops guests that spin; this timeout stops ones waiting on the host.
+        let mut cause = String::new();
         let outcome = match tokio::time::timeout(deadline, run).await {
             Err(_) => Invocation::DeadlineExceeded,
             Ok(Ok(Ok(output))) if output.len() > limits.output_bytes => Invocation::LimitExceeded(
@@ -62,9 +63,16 @@ impl Runtime {
             ),
             Ok(Ok(Ok(output))) => Invocation::Returned(output),
             Ok(Ok(Err(error))) => Invocation::Failed(kept(error, secrets)),
-            Ok(Err(trap)) => trapped(&trap),
+            Ok(Err(trap)) => {
+                cause = trap.root_cause().to_string();
+                trapped(&trap)
+            }
         };
         let state = store.into_data();
+        let outcome = match outcome {
+            Invocation::Trapped(trap) => Invocation::Trapped(with_stderr(trap, &cause, &state, secrets)),
+            outcome => outcome,
+        };
         log_stdio(&tool.manifest.name, &state, secrets);
         // A flood of effect calls or of output fails the attempt even if the guest swallowed the
         // refusals (a Rust guest panics when stdout is closed on it, a trap like any other).
@@ -147,6 +155,20 @@ fn trapped(trap: &wasmtime::Error) -> Invocation {
     }
     // The backtrace names the guest's functions, which the guest chose: bounded like its messages.
     Invocation::Trapped(cut_message(&format!("{trap:#}"), MAX_ERROR_MESSAGE_BYTES))
+}
+
+/// A trap's message with the end of what the guest wrote to stderr, where a language runtime
+/// puts what went wrong (a Python traceback, a JS exception, a Rust panic's message): scrubbed of
+/// the args' sensitive values before it is cut, then bounded. The wasm backtrace, which names
+/// the runtime's functions rather than the author's, is kept only when stderr is empty.
+fn with_stderr(trap: String, cause: &str, state: &StoreState, secrets: &[String]) -> String {
+    let stderr = crate::redact::scrub(&String::from_utf8_lossy(&state.stderr.contents()), secrets);
+    let stderr = stderr.trim_end();
+    if stderr.is_empty() {
+        return trap;
+    }
+    let tail = crate::limits::tail_message(stderr, crate::limits::STDERR_TAIL_BYTES);
+    cut_message(&format!("{cause}; its stderr ended with:\n{tail}"), MAX_ERROR_MESSAGE_BYTES)
 }
 
 /// A guest's error as the host keeps it (ledger, logs, CLI): its message scrubbed of the args'

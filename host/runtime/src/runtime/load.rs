@@ -28,9 +28,11 @@ pub const EFFECTS_IMPORT: &str = "oncebox:tool/effects@0.1.0";
 const CONTRACT: &str = "oncebox:tool/";
 const CONTRACT_VERSION: &str = "@0.1.";
 
-/// Import prefixes a tool may use; anything else is refused at load, by name. wasi:filesystem is
-/// further refused unless the tool is granted a directory (`check_grants`).
-const ALLOWED_IMPORTS: [&str; 9] = [
+/// Import prefixes a tool may use; anything else (wasi:http, another package) is refused at load,
+/// by name. wasi:filesystem sees only the directories granted to the tool, and wasi:sockets
+/// refuses every use (`state.rs`): both are allowed so that the default builds of language
+/// runtimes (componentize-py, componentize-js) load.
+const ALLOWED_IMPORTS: [&str; 10] = [
     "oncebox:tool/types@0.1.",
     "oncebox:tool/reads@0.1.",
     "oncebox:tool/config@0.1.",
@@ -39,10 +41,9 @@ const ALLOWED_IMPORTS: [&str; 9] = [
     "wasi:io/",
     "wasi:clocks/",
     "wasi:random/",
-    FILESYSTEM,
+    "wasi:filesystem/",
+    "wasi:sockets/",
 ];
-
-const FILESYSTEM: &str = "wasi:filesystem/";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -52,7 +53,7 @@ pub enum LoadError {
     #[error("{path} is not a WebAssembly component: {reason}")]
     NotAComponent { path: PathBuf, reason: String },
     #[error(
-        "{path} imports `{import}`, which oncebox does not grant (tools get oncebox:tool, wasi:cli, wasi:io, wasi:clocks and wasi:random)"
+        "{path} imports `{import}`, which oncebox does not grant (tools get oncebox:tool and wasi:cli, io, clocks, random, filesystem and sockets; no wasi:http: a tool's requests go through oncebox:tool)"
     )]
     ForbiddenImport { path: PathBuf, import: String },
     #[error("{path} is not an oncebox tool: {reason}")]
@@ -136,13 +137,11 @@ impl Runtime {
         if is_core_module(&bytes) {
             return Err(not_component("it is a core module; build the tool for wasm32-wasip2".into()));
         }
-        let digest = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
-        let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
-            .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
-
-        let ty = component.component_type();
-        let imports: Vec<String> = ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect();
-        let exports: Vec<String> = ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        // What the component imports and exports is read from its outer sections before it is
+        // compiled: a refused import costs milliseconds, not the tens of seconds a language
+        // runtime's component takes to compile.
+        let (imports, exports) =
+            interface(&bytes).map_err(|e| not_component(one_line(&format!("failed to parse it: {e}"))))?;
         let other_version = |name: &&String| name.starts_with(CONTRACT) && !name.contains(CONTRACT_VERSION);
         if let Some(found) = imports.iter().chain(&exports).find(other_version) {
             return Err(LoadError::ContractVersion { path, found: found.clone() });
@@ -158,6 +157,9 @@ impl Runtime {
             });
         }
 
+        let digest = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
+        let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
+            .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
         let tool =
             ToolIndices::new(&pre).map_err(|e| LoadError::NotATool { path: path.clone(), reason: format!("{e:#}") })?;
@@ -211,19 +213,11 @@ impl Runtime {
     }
 }
 
-/// Refuses a tool whose grants do not cover what it imports, or name a directory that is not there.
+/// Refuses grants that name a directory that is not there. (A tool that imports wasi:filesystem
+/// without a grant loads: it sees no directory at all.)
 pub fn check_grants(tool: &LoadedTool, grants: &Grants) -> Result<(), LoadError> {
     let ungranted =
         |reason: String| LoadError::Ungranted { path: tool.path.clone(), tool: tool.manifest.name.clone(), reason };
-    if grants.dirs.is_empty()
-        && let Some(import) = tool.imports.iter().find(|i| i.starts_with(FILESYSTEM))
-    {
-        return Err(ungranted(format!(
-            "imports `{import}`, and no directory is granted to it; an operator grants one with \
-             `dirs = [\"HOST_DIR:/GUEST_DIR:ro\"]` under [tools.{}.grants]",
-            tool.manifest.name
-        )));
-    }
     for dir in &grants.dirs {
         if !dir.host.is_dir() {
             return Err(ungranted(format!("is granted {}, which is not a directory", dir.host.display())));
@@ -384,6 +378,32 @@ fn not_wasm(bytes: &[u8]) -> Option<String> {
 fn one_line(message: &str) -> String {
     const MAX_DETAIL_BYTES: usize = 300;
     cut_message(&message.split_whitespace().collect::<Vec<_>>().join(" "), MAX_DETAIL_BYTES)
+}
+
+/// The names a component imports and exports, from its outermost sections (the components and
+/// modules nested inside it import from each other, not from the host). Reads without
+/// validating: the compile that follows validates everything.
+fn interface(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
+    use wasmtime::wasmparser::{Parser, Payload};
+    let (mut imports, mut exports, mut depth) = (Vec::new(), Vec::new(), 0usize);
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| e.to_string())? {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) if depth > 0 => depth -= 1,
+            Payload::ComponentImportSection(section) if depth == 0 => {
+                for import in section {
+                    imports.push(import.map_err(|e| e.to_string())?.name.name.to_string());
+                }
+            }
+            Payload::ComponentExportSection(section) if depth == 0 => {
+                for export in section {
+                    exports.push(export.map_err(|e| e.to_string())?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((imports, exports))
 }
 
 /// A core module starts with the wasm magic and version 1; a component with layer 1.

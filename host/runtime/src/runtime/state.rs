@@ -1,7 +1,10 @@
 //! One store's data, and the linker that gives a tool exactly the allowed imports: the oncebox
-//! interfaces plus the WASI a Rust `std` guest needs to print, read clocks and panic (cli, io,
-//! clocks, random), and wasi:filesystem, which reaches nothing but the directories granted to the
-//! tool. No sockets, no wasi:http: deny by default.
+//! interfaces plus the WASI a language runtime links by default (what componentize-py's and
+//! componentize-js's default builds import, and a Rust `std` guest's print, clocks and panic):
+//! cli, io, clocks, random; wasi:filesystem, which reaches nothing but the directories granted to
+//! the tool (none by default); and wasi:sockets, linked so those builds load, with every use
+//! refused (no TCP, no UDP, no name lookup, no address allowed). No wasi:http: a tool's only way
+//! out is the effects and reads the host records.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::{HasData, Linker, ResourceTable};
@@ -28,13 +31,15 @@ impl StoreState {
         let stdout = MemoryOutputPipe::new(sandbox.limits.stdio_bytes);
         let stderr = MemoryOutputPipe::new(sandbox.limits.stdio_bytes);
         // Empty environment and arguments, empty stdin, captured output, no network, and no
-        // directory but the granted ones.
+        // directory but the granted ones. The network is shut twice: each kind of socket is
+        // refused, and so is every address (an explicit check that allows none).
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false);
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }));
         for dir in &sandbox.grants.dirs {
             let perms = if dir.writable { FsPerms::ReadWrite } else { FsPerms::ReadOnly };
             if let Err(e) = wasi.preopened_dir(&dir.host, &dir.guest, perms) {
@@ -102,8 +107,9 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
     use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
     use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView as _};
-    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
+    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random, sockets};
     use wasmtime_wasi::random::WasiRandom;
+    use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView as _};
     use wasmtime_wasi_io::bindings::wasi::io;
 
     let l = linker;
@@ -125,10 +131,20 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     cli::terminal_stdin::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
     cli::terminal_stdout::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
     cli::terminal_stderr::add_to_linker::<StoreState, WasiCli>(l, StoreState::cli)?;
-    // Linked for every tool, but a tool that imports it is loaded only with a directory grant, and
-    // its store preopens nothing else: without a grant there is no directory to name.
+    // Linked for every tool; its store preopens the granted directories and nothing else: without
+    // a grant there is no directory to name.
     filesystem::types::add_to_linker::<StoreState, WasiFilesystem>(l, StoreState::filesystem)?;
     filesystem::preopens::add_to_linker::<StoreState, WasiFilesystem>(l, StoreState::filesystem)?;
+    // Linked so that a language runtime's default build loads; every call is refused by the
+    // store's context (see `StoreState::new`), so a socket call gets an error, never a connection.
+    let network = sockets::network::LinkOptions::default();
+    sockets::network::add_to_linker::<StoreState, WasiSockets>(l, &network, StoreState::sockets)?;
+    sockets::instance_network::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
+    sockets::ip_name_lookup::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
+    sockets::tcp::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
+    sockets::tcp_create_socket::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
+    sockets::udp::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
+    sockets::udp_create_socket::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
 
     tool::types::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
     tool::reads::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
