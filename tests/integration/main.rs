@@ -15,6 +15,7 @@ mod effects;
 mod guarantee;
 mod harness;
 mod kill;
+mod languages;
 mod ledger_model;
 mod loading;
 mod multihost;
