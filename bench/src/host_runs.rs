@@ -63,7 +63,7 @@ async fn completed(host: &Host, call: Call) -> anyhow::Result<()> {
 }
 
 /// Times `n` runs of `f`, one after another, failing on the first error.
-async fn timed<F: std::future::Future<Output = anyhow::Result<()>>>(
+pub async fn timed<F: std::future::Future<Output = anyhow::Result<()>>>(
     n: usize,
     mut f: impl FnMut(usize) -> F,
 ) -> anyhow::Result<Latency> {

@@ -6,6 +6,7 @@
 mod alternatives;
 mod baselines;
 mod host_runs;
+mod languages;
 mod report;
 mod stats;
 
@@ -30,15 +31,27 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64, or
-    /// on PostgreSQL pg_fresh_kv_us or pg_throughput_64), for a profiler:
+    /// on PostgreSQL pg_fresh_kv_us or pg_throughput_64, or `languages`), for a profiler:
     /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
     only: Option<String>,
+    /// Skip the tools in Python and JavaScript (their toolchains come from PyPI and npm).
+    #[arg(long)]
+    no_languages: bool,
+    /// Internal: load this component in this process and exit (a first or warm load, timed by
+    /// the parent).
+    #[arg(long, hide = true, requires = "load_cache")]
+    load_once: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    load_cache: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let (Some(component), Some(cache)) = (&args.load_once, &args.load_cache) {
+        return languages::load_once(component, cache).await;
+    }
     // The workspace's reqwest has no built-in TLS provider; the host installs ring's when it builds
     // its client, but the provider's own client may come first.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -48,6 +61,11 @@ async fn main() -> anyhow::Result<()> {
     let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, 25) };
 
     let cache = args.dir.join("compile-cache");
+    if args.only.as_deref() == Some("languages") {
+        let results = languages::measure(&dir, fast / 10).await?;
+        report::print_languages(&results);
+        return Ok(());
+    }
     if let Some(only) = &args.only {
         const MEASURES: [&str; 7] = [
             "instantiate_us",
@@ -112,6 +130,8 @@ async fn main() -> anyhow::Result<()> {
             Some(report::Postgres { settings: settings.into(), fresh_kv_us, throughput_64, commits_per_call_64 });
     }
 
+    let languages = if args.no_languages { Vec::new() } else { languages::measure(&dir, fast / 10).await? };
+
     eprintln!("measuring the alternatives...");
     let naive_redb_64 = alternatives::naive_redb(&dir, 64, (each / 2).max(2))?;
     let sqlite_64 = alternatives::sqlite(&dir, 64, (each / 2).max(2))?;
@@ -134,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
         pg_throughput_64: postgres.as_ref().map(|p| p.throughput_64),
         pg_commits_per_call_64: postgres.as_ref().map(|p| p.commits_per_call_64),
         pg_settings: postgres.map(|p| p.settings),
+        languages,
         targets: Vec::new(),
         machine: report::Machine::here(&dir),
     };

@@ -29,6 +29,8 @@ pub struct Results {
     pub pg_commits_per_call_64: Option<f64>,
     /// What the PostgreSQL server said it runs with (`SHOW`).
     pub pg_settings: Option<PgSettings>,
+    /// The same read-only tool in Rust, Python and JavaScript: size, loads, instantiation, a call.
+    pub languages: Vec<crate::languages::LangLoad>,
     pub targets: Vec<Target>,
     pub machine: Machine,
 }
@@ -95,7 +97,7 @@ impl Machine {
 pub fn targets(r: &Results) -> Vec<Target> {
     let t = |target: &str, met: bool, measured: String| Target { target: target.into(), met, measured };
     let kv_bound = 3.0 * r.fsync_us.p50 + 100.0;
-    vec![
+    let mut targets = vec![
         t("replay_us p50 <= 10", r.replay_us.p50 <= 10.0, format!("{:.1}", r.replay_us.p50)),
         t("instantiate_us p50 <= 10", r.instantiate_us.p50 <= 10.0, format!("{:.1}", r.instantiate_us.p50)),
         t(
@@ -114,7 +116,25 @@ pub fn targets(r: &Results) -> Vec<Target> {
             r.throughput_64 >= 3.0 * r.sqlite_64,
             format!("{:.1}x", r.throughput_64 / r.sqlite_64),
         ),
-    ]
+    ];
+    // Issue 20: a language runtime's component (about 20 MB) compiles once per version, within 10 s.
+    for l in r.languages.iter().filter(|l| l.lang != "rust") {
+        let target = format!("{}_first_load_ms <= 10,000 ({:.1} MB)", l.lang, l.component_mb);
+        targets.push(t(&target, l.first_load_ms <= 10_000.0, format!("{:.0}", l.first_load_ms)));
+    }
+    targets
+}
+
+/// The same tool in each language: its component, its loads, an instantiation and a call.
+pub fn print_languages(languages: &[crate::languages::LangLoad]) {
+    println!("| stock in | component MB | first load ms | warm load ms | instantiate_us p50 | call_us p50 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for l in languages {
+        println!(
+            "| {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} |",
+            l.lang, l.component_mb, l.first_load_ms, l.warm_load_ms, l.instantiate_us.p50, l.call_us.p50
+        );
+    }
 }
 
 pub fn print_table(r: &Results) {
@@ -144,6 +164,10 @@ pub fn print_table(r: &Results) {
         println!("| {name} | {rate:.0} |");
     }
     println!("\nledger commits per call at 64 callers: {:.3}", r.commits_per_call_64);
+    if !r.languages.is_empty() {
+        println!();
+        print_languages(&r.languages);
+    }
     match (&r.pg_settings, r.pg_fresh_kv_us, r.pg_throughput_64, r.pg_commits_per_call_64) {
         (Some(s), Some(kv), Some(rate), Some(commits)) => {
             println!("\n| ledger | fresh_kv_us p50 | fresh_kv_us p99 | throughput_64 calls/s |");

@@ -5,8 +5,9 @@
 //! - `text`: a sample of output, a synopsis with placeholders, or a sketch. Nothing runs it.
 //! - `sh`: commands, run as written. The README's two are the project's own: `cargo test
 //!   --workspace` is what runs this file, and `cargo run -- demo` is `oncebox demo`, run below with
-//!   its last line compared with the README's. docs/writing-tools.md's scaffold is run below.
-//! - any other tag (`rust`, `toml`, `json`, `python`): a verbatim quote of a file, whole or a
+//!   its last line compared with the README's. docs/writing-tools.md's scaffolds, in Rust, Python
+//!   and JavaScript, are run below.
+//! - any other tag (`rust`, `python`, `js`, `toml`, `json`): a verbatim quote of a file, whole or a
 //!   contiguous run of its lines, that a test builds, parses or runs. [`QUOTES`] lists, per doc,
 //!   the files its blocks may quote and what runs each. A block found in none of its doc's files,
 //!   or a listed file that no block quotes any more, fails here: a doc cannot drift from the code
@@ -37,6 +38,10 @@ const QUOTES: &[(&str, &str, &str)] = &[
     ("docs/writing-tools.md", SCAFFOLD, "a_tool_crate_made_as_the_guide_says_builds_and_survives_every_crash_point"),
     ("docs/writing-tools.md", "example-tools/charge/src/lib.rs", "built by oncebox-artifacts; tool-charge's tests"),
     ("docs/writing-tools.md", "example-tools/reserve/src/lib.rs", "built by oncebox-artifacts; tool-reserve's tests"),
+    ("docs/writing-tools.md", "example-tools/python/charge/app.py", LANGUAGES),
+    ("docs/writing-tools.md", "example-tools/python/charge/pyproject.toml", LANGUAGES),
+    ("docs/writing-tools.md", "example-tools/js/charge/tool.js", LANGUAGES),
+    ("docs/writing-tools.md", "example-tools/js/charge/package.json", LANGUAGES),
     ("docs/writing-tools.md", "example-tools/refund/tests/harness.rs", "tool-refund's test"),
     ("docs/writing-tools.md", "tests/integration/docs.rs", "a_tool_tested_in_isolation_is_charged_once"),
     (
@@ -56,6 +61,10 @@ const QUOTES: &[(&str, &str, &str)] = &[
 /// The tool `oncebox new put-item --class idempotent-write` writes, as docs/writing-tools.md shows it.
 const SCAFFOLD: &str = "put-item/src/lib.rs, written by oncebox new";
 
+/// What builds and runs the Python and JavaScript twins of `charge` (with oncebox-guest-langs, as
+/// their authors would): loaded beside the Rust tools, charged once, compensated, explored.
+const LANGUAGES: &str = "tests/integration/languages.rs";
+
 /// The README's two commands, its first block.
 const COMMANDS: &str = "\
 cargo run -- demo            # a naive retry loop charges twice; oncebox charges once
@@ -63,10 +72,17 @@ cargo test --workspace       # every test: unit, the example provider's, and the
 ";
 
 /// The `sh` blocks besides the README's: (doc, its first line), each run by a test here.
-const RUN: &[(&str, &str)] = &[(
-    "docs/writing-tools.md",
-    "oncebox new put-item --class idempotent-write      # or read-only, compensatable, irreversible",
-)];
+const RUN: &[(&str, &str)] =
+    &[("docs/writing-tools.md", NEW_RUST), ("docs/writing-tools.md", NEW_PYTHON), ("docs/writing-tools.md", NEW_JS)];
+
+/// The first lines of docs/writing-tools.md's three scaffolds: `oncebox new`, in each language.
+const NEW_RUST: &str = "oncebox new put-item --class idempotent-write      # or read-only, compensatable, irreversible";
+const NEW_PYTHON: &str = "oncebox new put-item --class idempotent-write --lang python";
+const NEW_JS: &str = "oncebox new put-item --class idempotent-write --lang js";
+
+/// In the Python scaffold, where the reader puts the path of their checkout (`oncebox new` prints
+/// the SDK's whole path); the test puts this repository's.
+const CHECKOUT: &str = "path/to/oncebox";
 
 struct Block {
     tag: String,
@@ -212,49 +228,101 @@ fn the_readme_shows_the_line_the_demo_ends_with() {
     assert_eq!(sample.body, format!("{last}\n"));
 }
 
-/// docs/writing-tools.md's commands, as written: `oncebox new`, `cargo build --release` in the crate
-/// (offline: the workspace's build has fetched what the SDK needs), and the harness test with every
-/// crash point. The crate's target directory is kept in the suite's, so a second run builds nothing.
-#[test]
-fn a_tool_crate_made_as_the_guide_says_builds_and_survives_every_crash_point() {
+/// The `sh` block of docs/writing-tools.md that starts with `first`.
+fn guide_commands(first: &str) -> String {
     let guide = read("docs/writing-tools.md");
-    let commands = blocks(&guide).into_iter().find(|b| b.tag == "sh").expect("the commands").body;
-    let (new, rest) = commands.split_once('\n').expect("more than one line");
+    let block = blocks(&guide).into_iter().find(|b| b.tag == "sh" && b.body.lines().next() == Some(first));
+    block.unwrap_or_else(|| panic!("docs/writing-tools.md has no `sh` block starting with {first:?}")).body
+}
+
+/// Runs `script` with bash in `dir`, with the `oncebox` this suite built first on the PATH and the
+/// suite's compile cache; its stdout. What the outer build passes to its own rustc does not reach
+/// a build the script makes.
+fn sh(dir: &Path, script: &str, env: &[(&str, &str)]) -> String {
     let bin = Path::new(env!("CARGO_BIN_EXE_oncebox")).parent().expect("bin dir");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    let mut command = Command::new("bash");
+    command
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", &path)
+        .env("ONCEBOX_CACHE", Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"))
+        .envs(env.iter().copied());
+    for var in
+        ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER"]
+    {
+        command.env_remove(var);
+    }
+    let output = command.output().expect("bash");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{script}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    stdout.to_string()
+}
+
+/// Every step `oncebox new` printed after `next:` (but `cd`) is in the guide's commands, whose
+/// continued lines are read as one: the guide shows what the binary says.
+fn the_guide_shows_the_printed_steps(commands: &str, printed: &str) {
+    let commands = commands.replace(" \\\n    ", " ");
+    let steps = printed.lines().skip_while(|line| *line != "next:").skip(1).map(str::trim);
+    let steps: Vec<&str> = steps.filter(|step| !step.starts_with("cd ")).collect();
+    assert!(steps.len() >= 2 && steps.iter().any(|step| step.ends_with("--explore")), "{printed}");
+    for step in steps {
+        assert!(commands.contains(step), "the guide does not show the printed step `{step}`:\n{commands}");
+    }
+}
+
+/// docs/writing-tools.md's Rust commands, as written: `oncebox new`, `cargo build --release` in the
+/// crate (offline: the workspace's build has fetched what the SDK needs), and the harness test with
+/// every crash point. The crate's target directory is kept in the suite's, so a second run builds
+/// nothing.
+#[test]
+fn a_tool_crate_made_as_the_guide_says_builds_and_survives_every_crash_point() {
+    let commands = guide_commands(NEW_RUST);
+    let (new, rest) = commands.split_once('\n').expect("more than one line");
     let scratch = tempfile::tempdir().expect("dir");
-    let run = |script: &str| {
-        let mut command = Command::new("bash");
-        command
-            .args(["-euo", "pipefail", "-c", script])
-            .current_dir(scratch.path())
-            .env("PATH", &path)
-            .env("ONCEBOX_CACHE", &cache)
-            .env("CARGO_NET_OFFLINE", "true");
-        // What the outer build passes to its own rustc must not reach the tool's build.
-        for var in [
-            "CARGO_TARGET_DIR",
-            "CARGO_BUILD_TARGET",
-            "RUSTFLAGS",
-            "CARGO_ENCODED_RUSTFLAGS",
-            "RUSTC_WORKSPACE_WRAPPER",
-        ] {
-            command.env_remove(var);
-        }
-        let output = command.output().expect("bash");
-        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-        assert!(output.status.success(), "{script}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-        stdout.to_string()
-    };
-    let printed = run(new);
-    assert!(printed.contains("cd ") && printed.contains("--explore"), "{printed}");
+    let offline = [("CARGO_NET_OFFLINE", "true")];
+    let printed = sh(scratch.path(), new, &offline);
+    the_guide_shows_the_printed_steps(&commands, &printed);
     let tool = std::fs::read_to_string(scratch.path().join("put-item/src/lib.rs")).expect("lib.rs");
+    let guide = read("docs/writing-tools.md");
     assert!(blocks(&guide).iter().any(|b| b.tag == "rust" && b.body == tool), "the guide shows the tool it writes");
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("docs-put-item-target");
     std::fs::create_dir_all(&target).expect("target dir");
     std::os::unix::fs::symlink(&target, scratch.path().join("put-item/target")).expect("symlink");
-    run(rest);
+    sh(scratch.path(), rest, &offline);
+}
+
+/// docs/writing-tools.md's Python commands, as written but for the checkout's path: a venv, the
+/// SDK installed in it (componentize-py from PyPI, or pip's cache), the build, and the harness
+/// test with every crash point. (tests/integration/languages.rs runs the steps `oncebox new`
+/// prints for a compensatable tool; this runs the guide's.)
+#[test]
+fn a_python_tool_made_as_the_guide_says_builds_and_survives_every_crash_point() {
+    let commands = guide_commands(NEW_PYTHON);
+    assert!(commands.contains(CHECKOUT), "{commands}");
+    let commands = commands.replace(CHECKOUT, root().canonicalize().expect("root").to_str().expect("utf8"));
+    a_tool_made_as_the_guide_says(&commands);
+}
+
+/// docs/writing-tools.md's JavaScript commands, as written: `npm install` (the SDK copied in, with
+/// componentize-js and esbuild, from npm or its cache), `npm run build`, and the harness test with
+/// every crash point.
+#[test]
+fn a_js_tool_made_as_the_guide_says_builds_and_survives_every_crash_point() {
+    a_tool_made_as_the_guide_says(&guide_commands(NEW_JS));
+}
+
+/// A Python or JavaScript scaffold's commands, run in a fresh directory: `oncebox new` first (what
+/// it prints is in the guide), then the rest, which writes `put-item.wasm` and explores it.
+fn a_tool_made_as_the_guide_says(commands: &str) {
+    let (new, rest) = commands.split_once('\n').expect("more than one line");
+    let scratch = tempfile::tempdir().expect("dir");
+    the_guide_shows_the_printed_steps(commands, &sh(scratch.path(), new, &[]));
+    let report = sh(scratch.path(), rest, &[]);
+    assert!(scratch.path().join("put-item/put-item.wasm").is_file(), "{report}");
+    // The exploration's verdict, as `oncebox test --explore` prints it: one effect's four crash
+    // points and six faults, plus the attempt's record, as for a Rust tool.
+    assert!(report.contains("11 scenarios, 0 invariant(s) broken"), "{report}");
 }
 
 /// docs/writing-tools.md quotes this test from `let provider` to the count: a host with an

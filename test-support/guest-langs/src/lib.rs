@@ -43,6 +43,8 @@ pub fn root() -> PathBuf {
 pub fn build(lang: Lang, dir: &str, work: &Path) -> anyhow::Result<PathBuf> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // The builds run in the project's directory: a relative `work` would mean something else there.
+    let work = &std::path::absolute(work).with_context(|| format!("{}", work.display()))?;
     let project = root().join(dir);
     let sdk = fingerprint(&lang.sdk())?;
     let name = dir.rsplit('/').next().unwrap_or(dir);

@@ -143,7 +143,6 @@ fn files(name: &str, class: Class, lang: Lang, sdk: &Path) -> Vec<(&'static str,
         template
             .replace("{{name}}", name)
             .replace("{{crate}}", &name.replace('-', "_"))
-            .replace("{{module}}", &name.replace('-', "_"))
             .replace("{{class}}", class_name(class))
             .replace("{{sdk}}", &sdk.display().to_string())
             .replace("{{args}}", args_of(class))
