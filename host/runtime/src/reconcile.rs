@@ -127,7 +127,11 @@ async fn reconcile_recorded(
     let tool = &entry.tool;
     let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), None);
     let deadline = entry.policy.attempt_deadline;
-    let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline).await {
+    // The caller's args carry the sensitive values (a run's reconciliation gets the record's,
+    // redacted already): a trap's message must not.
+    let args = serde_json::from_str(canonical_args).unwrap_or_default();
+    let secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
+    let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline, &secrets).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
         Some(Ok(answer)) => answer,

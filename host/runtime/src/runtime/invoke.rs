@@ -94,7 +94,8 @@ impl Runtime {
         tool.pre.instantiate_async(&mut store).await.map(drop).map_err(|e| format!("{e:#}"))
     }
 
-    /// Asks a tool's `reconcile` export about an effect. `None` when the tool has none.
+    /// Asks a tool's `reconcile` export about an effect. `None` when the tool has none. `secrets`
+    /// (the args' sensitive values) are scrubbed from what the guest wrote when it traps.
     pub async fn reconcile(
         &self,
         tool: &LoadedTool,
@@ -102,6 +103,7 @@ impl Runtime {
         effect_key: &str,
         args: &str,
         deadline: Duration,
+        secrets: &[String],
     ) -> Option<Result<Reconciliation, String>> {
         let indices = tool.reconcile.as_ref()?;
         let mut store = match self.store(effects, deadline) {
@@ -114,13 +116,19 @@ impl Runtime {
             guest.call_reconcile(&mut store, effect_key, args).await
         };
         let max = tool.sandbox.limits.output_bytes;
-        Some(match tokio::time::timeout(deadline, run).await {
+        let answer = match tokio::time::timeout(deadline, run).await {
             Err(_) => Err("reconcile ran out of time".into()),
             Ok(Ok(Reconciliation::Committed(output))) if output.len() > max => {
                 Err(format!("its committed output is {} bytes, over the limit of {max}", output.len()))
             }
-            Ok(result) => result.map_err(|e| cut_message(&format!("{e:#}"), MAX_ERROR_MESSAGE_BYTES)),
-        })
+            Ok(Ok(answer)) => Ok(answer),
+            // The tool's own bug: what it wrote to stderr says which.
+            Ok(Err(trap)) => {
+                let message = cut_message(&format!("{trap:#}"), MAX_ERROR_MESSAGE_BYTES);
+                Err(with_stderr(message, &trap.root_cause().to_string(), store.data(), secrets))
+            }
+        };
+        Some(answer)
     }
 
     /// A store under the tool's limits and `deadline`. On failure the context comes back, so the
