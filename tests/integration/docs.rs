@@ -294,8 +294,8 @@ fn a_tool_crate_made_as_the_guide_says_builds_and_survives_every_crash_point() {
 
 /// docs/writing-tools.md's Python commands, as written but for the checkout's path: a venv, the
 /// SDK installed in it (componentize-py from PyPI, or pip's cache), the build, and the harness
-/// test with every crash point. (tests/integration/languages.rs runs the steps `oncebox new`
-/// prints for a compensatable tool; this runs the guide's.)
+/// test with every crash point. (The steps `oncebox new` prints appear in the guide: checked
+/// below.)
 #[test]
 fn a_python_tool_made_as_the_guide_says_builds_and_survives_every_crash_point() {
     let commands = guide_commands(NEW_PYTHON);

@@ -162,6 +162,30 @@ fn oncebox_new_writes_a_crate_of_every_class_and_prints_the_next_three_commands(
         oncebox::testing::Script::load(&crate_dir.join("harness.toml")).expect("the harness script parses");
         oncebox::policy_file::PolicyFile::load(&crate_dir.join("oncebox.toml")).expect("the policy file parses");
     }
+    // Python and JavaScript: the project of every class, its class where the build reads it, a
+    // reconcile exactly where the class exports one, and the shared policy file and script.
+    for (lang, tool_file, settings, reconcile) in
+        [("python", "app.py", "pyproject.toml", "def reconcile("), ("js", "tool.js", "package.json", "reconcile(")]
+    {
+        for (class, reconciles) in
+            [("read-only", false), ("idempotent-write", false), ("compensatable", true), ("irreversible", true)]
+        {
+            let name = format!("{lang}-{class}");
+            let (code, _, stderr) =
+                crate::support::oncebox(&["new", &name, "--class", class, "--lang", lang, "--path", path]);
+            assert_eq!(code, 0, "{stderr}");
+            let project = dir.path().join(&name);
+            let tool = std::fs::read_to_string(project.join(tool_file)).expect("the tool");
+            let settings = std::fs::read_to_string(project.join(settings)).expect("the build's settings");
+            assert!(tool.contains(&name) && settings.contains(&format!("\"{class}\"")), "{lang} {class}: {settings}");
+            assert_eq!(tool.contains(reconcile), reconciles, "{lang} {class}: {tool}");
+            for placeholder in ["{{name}}", "{{class}}", "{{sdk}}", "{{args}}", "{{crate}}"] {
+                assert!(!tool.contains(placeholder) && !settings.contains(placeholder), "{placeholder}: {tool}");
+            }
+            oncebox::testing::Script::load(&project.join("harness.toml")).expect("the harness script parses");
+            oncebox::policy_file::PolicyFile::load(&project.join("oncebox.toml")).expect("the policy file parses");
+        }
+    }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
         .args(["new", "printed", "--class", "compensatable", "--path", path])
         .output()

@@ -14,7 +14,7 @@ use oncebox_example_provider::Provider;
 use oncebox_guest_langs::Lang;
 use serde_json::json;
 
-use crate::support::{charge, configure, http_grant};
+use crate::support::{charge, configure, fast, http_grant};
 
 /// Where the toolchains and the built components stay between runs.
 fn work() -> PathBuf {
@@ -133,8 +133,16 @@ async fn a_python_tool_reaches_no_socket_and_no_file_and_its_own_bug_shows_its_t
     let addr = listener.local_addr().expect("addr");
     let outside = tempfile::tempdir().expect("dir");
     std::fs::write(outside.path().join("secret.txt"), "host file").expect("write");
-    let host = Host::builder_in_memory().build().await.expect("host");
-    host.load(built(Lang::Python, "test-tools/python/hostile")).await.expect("loads with no grant");
+    let provider = Provider::start().await.expect("provider");
+    let ledger = outside.path().join("ledger.redb");
+    let host = configure(Host::builder(&ledger), &provider, true)
+        .tool_config("hostile-py", "base_url", provider.base_url())
+        .grant("hostile-py", http_grant(&provider))
+        .retry_policy("hostile-py", fast(ReplayClass::IdempotentWrite))
+        .build()
+        .await
+        .expect("host");
+    host.load(built(Lang::Python, "test-tools/python/hostile")).await.expect("loads with no directory granted");
 
     let file = outside.path().join("secret.txt").display().to_string();
     let written = outside.path().join("written.txt").display().to_string();
@@ -145,8 +153,9 @@ async fn a_python_tool_reaches_no_socket_and_no_file_and_its_own_bug_shows_its_t
         json!({"mode": "listdir", "target": "/"}),
         json!({"mode": "write", "target": written}),
     ];
-    for args in attempts {
-        let outcome = host.call(Call::unrecorded("hostile-py", args.to_string())).await.expect("call");
+    for (i, args) in attempts.into_iter().enumerate() {
+        let outcome =
+            host.call(Call::step("r", format!("reach-{i}"), "hostile-py", args.to_string())).await.expect("call");
         let output = outcome.output.clone().unwrap_or_else(|| panic!("{args}: {outcome:?}"));
         assert_eq!(output["reached"], false, "{args}: {output}");
         assert!(output["error"].as_str().is_some_and(|e| !e.is_empty()), "{args}: {output}");
@@ -157,7 +166,7 @@ async fn a_python_tool_reaches_no_socket_and_no_file_and_its_own_bug_shows_its_t
     // Its own bug: an uncaught exception is a trap, like a Rust panic, and the author reads the
     // traceback, with the sensitive arg scrubbed.
     let args = json!({"mode": "raise", "secret": "s3cr3t-value"}).to_string();
-    let outcome = host.call(Call::unrecorded("hostile-py", args)).await.expect("call");
+    let outcome = host.call(Call::step("r", "raise", "hostile-py", args)).await.expect("call");
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
     let error = outcome.error.expect("error");
     assert_eq!(error.class, "trap");
@@ -165,4 +174,14 @@ async fn a_python_tool_reaches_no_socket_and_no_file_and_its_own_bug_shows_its_t
         assert!(error.message.contains(shown), "{shown}: {}", error.message);
     }
     assert!(!error.message.contains("s3cr3t-value"), "{}", error.message);
+
+    // The same bug after a charge went out and was answered: every retry answers the charge from
+    // its record, and the operation ends unknown (an effect was taken), never failed.
+    let args = json!({"mode": "charge-then-raise", "target": "o-bug"}).to_string();
+    let outcome = host.call(Call::step("r", "bug", "hostile-py", args)).await.expect("call");
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    let error = outcome.error.expect("error");
+    assert_eq!(error.class, "failed-after-effect", "{}", error.message);
+    assert!(error.message.contains("KeyError"), "{}", error.message);
+    assert_eq!(provider.counts("o-bug").payments, 1, "charged once over every attempt");
 }

@@ -34,11 +34,34 @@ async fn a_component_importing_sockets_loads_and_reaches_nothing() {
     let outcome = host.call(oncebox::Call::unrecorded("socket-user", args)).await.expect("call");
     assert_eq!(outcome.status, oncebox::Status::Failed, "{outcome:?}");
     assert!(listener.accept().is_err(), "the listener saw no connection");
-    // Name lookup is refused too: `localhost` resolves to nothing.
+    // Name lookup is refused too: `localhost` resolves to nothing, before any connect.
     let args = serde_json::json!({"addr": format!("localhost:{}", addr.port())}).to_string();
     let outcome = host.call(oncebox::Call::unrecorded("socket-user", args)).await.expect("call");
     assert_eq!(outcome.status, oncebox::Status::Failed, "{outcome:?}");
+    let message = outcome.error.map(|e| e.message).unwrap_or_default();
+    assert!(message.contains("lookup") || message.contains("resolve"), "{message}");
     assert!(listener.accept().is_err(), "the listener saw no connection");
+}
+
+/// Only the component's own imports are the host's business: one of a component nested inside it
+/// is satisfied inside, and is not refused; one of its own after a nested module still is.
+#[tokio::test]
+async fn the_imports_checked_are_the_component_s_own() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cases = [
+        (r#"(component (component (import "wasi:http/outgoing-handler@0.2.0" (instance))))"#, false),
+        (r#"(component (core module) (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#, true),
+    ];
+    for (i, (wat, refused)) in cases.into_iter().enumerate() {
+        let wasm = dir.path().join(format!("{i}.wasm"));
+        std::fs::write(&wasm, wat::parse_str(wat).expect("wat")).expect("write");
+        let err = host().await.load(&wasm).await.expect_err("neither is a tool");
+        let forbidden = matches!(&err, Error::Load(LoadError::ForbiddenImport { .. }));
+        assert_eq!(forbidden, refused, "{wat}: {err}");
+        if !refused {
+            assert!(matches!(&err, Error::Load(LoadError::NotATool { .. })), "{wat}: {err}");
+        }
+    }
 }
 
 /// Imports are checked from the component's outer sections before anything is compiled.
@@ -46,7 +69,7 @@ async fn a_component_importing_sockets_loads_and_reaches_nothing() {
 async fn a_forbidden_import_is_refused_by_name_before_compiling() {
     let dir = tempfile::tempdir().expect("dir");
     let wasm = dir.path().join("http-user.wasm");
-    // A component that imports wasi:http and nothing else; its body would not even compile.
+    // A component that imports wasi:http and nothing else.
     let wat = r#"(component (import "wasi:http/outgoing-handler@0.2.0" (instance)))"#;
     std::fs::write(&wasm, wat::parse_str(wat).expect("wat")).expect("write");
     let cache = dir.path().join("cache");
@@ -58,7 +81,7 @@ async fn a_forbidden_import_is_refused_by_name_before_compiling() {
         }
         other => panic!("expected a forbidden import, got {other:?}"),
     }
-    assert!(err.to_string().contains("no wasi:http"), "{err}");
+    assert!(err.to_string().contains("does not link"), "{err}");
     let compiled = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
     assert_eq!(compiled, 0, "nothing was compiled");
 }

@@ -287,10 +287,11 @@ async fn a_directory_is_reachable_only_when_granted_and_read_only_unless_written
         let outcome = host.call(Call::unrecorded("dir-user", json!({"path": path}).to_string())).await.expect("call");
         assert_eq!(outcome.status, Status::Failed, "{path}: {outcome:?}");
     }
-    let write = json!({"path": "/tmp/oncebox-ungranted.txt", "write": "x"}).to_string();
+    let target = data.path().join("ungranted.txt");
+    let write = json!({"path": target.display().to_string(), "write": "x"}).to_string();
     let outcome = host.call(Call::unrecorded("dir-user", write)).await.expect("call");
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
-    assert!(!std::path::Path::new("/tmp/oncebox-ungranted.txt").exists(), "nothing was written");
+    assert!(!target.exists(), "nothing was written");
 
     let read_only = Host::builder_in_memory().grant("dir-user", dir("ro")).build().await.expect("host");
     read_only.load(oncebox_artifacts::DIR_USER).await.expect("load");

@@ -112,12 +112,13 @@ export const Reconciliation = Object.freeze({ committed, NOT_COMMITTED, STILL_UN
 // An exception that is not a ToolError is a bug, not an answer: it must fail the attempt (a trap,
 // which the host reports with the guest's stderr), never become a `permanent` error that would
 // promise nothing took effect. componentize-js traps on an `Error` thrown from an export but
-// turns any other thrown value into the result's `err`, and does not print either: print it, then
-// throw an Error.
+// turns any other thrown value into the result's `err` (an Error carrying its own `payload`, such
+// as a raw ComponentError, too), and does not print either: print it, then throw a new Error that
+// has no payload.
 function bug(where, e) {
   const text = e instanceof Error ? (e.stack ? `${e}\n${e.stack}` : String(e)) : `uncaught ${typeof e}: ${safeString(e)}`;
   console.error(`oncebox: ${where} threw: ${text}`);
-  return e instanceof Error ? e : new Error(`${where} threw ${safeString(e)}`);
+  return new Error(`${where} threw ${e instanceof Error ? String(e) : safeString(e)}`, { cause: e });
 }
 
 function safeString(v) {

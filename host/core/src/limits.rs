@@ -86,19 +86,6 @@ pub fn cut_message(text: &str, max: usize) -> String {
 /// frames and its exception, a JS exception, a Rust panic's message).
 pub const STDERR_TAIL_BYTES: usize = 2 << 10;
 
-/// `text` if it has at most `max` bytes; else a marker that says it was cut, followed by its last
-/// `max` bytes (cut forward to a char boundary): the end of a log is where its error is.
-pub fn tail_message(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("(the last {max} of {} bytes) …{}", text.len(), &text[start..])
-}
-
 /// One tool's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Limits {
@@ -205,18 +192,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_tail_keeps_the_end_and_says_it_was_cut() {
-        assert_eq!(tail_message("short", 10), "short");
-        let text = format!("{}Error: boom", "x".repeat(100));
-        let tail = tail_message(&text, 11);
-        assert!(tail.ends_with("…Error: boom"), "{tail}");
-        assert!(tail.starts_with("(the last 11 of 111 bytes)"), "{tail}");
-        // A cut inside a character moves forward to the next boundary.
-        let tail = tail_message("ééééé", 3);
-        assert!(tail.ends_with("…é"), "{tail}");
-    }
 
     #[test]
     fn sizes_parse_in_binary_units() {

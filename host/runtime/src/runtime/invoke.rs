@@ -70,7 +70,9 @@ impl Runtime {
         };
         let state = store.into_data();
         let outcome = match outcome {
-            Invocation::Trapped(trap) => Invocation::Trapped(with_stderr(trap, &cause, &state, secrets)),
+            Invocation::Trapped(trap) => {
+                Invocation::Trapped(with_stderr(trap, &cause, &state.stderr.contents(), secrets))
+            }
             outcome => outcome,
         };
         log_stdio(&tool.manifest.name, &state, secrets);
@@ -125,7 +127,7 @@ impl Runtime {
             // The tool's own bug: what it wrote to stderr says which.
             Ok(Err(trap)) => {
                 let message = cut_message(&format!("{trap:#}"), MAX_ERROR_MESSAGE_BYTES);
-                Err(with_stderr(message, &trap.root_cause().to_string(), store.data(), secrets))
+                Err(with_stderr(message, &trap.root_cause().to_string(), &store.data().stderr.contents(), secrets))
             }
         };
         Some(answer)
@@ -169,13 +171,11 @@ fn trapped(trap: &wasmtime::Error) -> Invocation {
 /// puts what went wrong (a Python traceback, a JS exception, a Rust panic's message): scrubbed of
 /// the args' sensitive values before it is cut, then bounded. The wasm backtrace, which names
 /// the runtime's functions rather than the author's, is kept only when stderr is empty.
-fn with_stderr(trap: String, cause: &str, state: &StoreState, secrets: &[String]) -> String {
-    let stderr = crate::redact::scrub(&String::from_utf8_lossy(&state.stderr.contents()), secrets);
-    let stderr = stderr.trim_end();
-    if stderr.is_empty() {
+fn with_stderr(trap: String, cause: &str, stderr: &[u8], secrets: &[String]) -> String {
+    let tail = crate::redact::scrubbed_tail(stderr, secrets, crate::limits::STDERR_TAIL_BYTES);
+    if tail.is_empty() {
         return trap;
     }
-    let tail = crate::limits::tail_message(stderr, crate::limits::STDERR_TAIL_BYTES);
     cut_message(&format!("{cause}; its stderr ended with:\n{tail}"), MAX_ERROR_MESSAGE_BYTES)
 }
 

@@ -53,7 +53,7 @@ pub enum LoadError {
     #[error("{path} is not a WebAssembly component: {reason}")]
     NotAComponent { path: PathBuf, reason: String },
     #[error(
-        "{path} imports `{import}`, which oncebox does not grant (tools get oncebox:tool and wasi:cli, io, clocks, random, filesystem and sockets; no wasi:http: a tool's requests go through oncebox:tool)"
+        "{path} imports `{import}`, which oncebox does not link (tools get oncebox:tool, wasi:cli, io, clocks and random, and wasi:filesystem and sockets linked denied; a tool's HTTP goes through oncebox:tool)"
     )]
     ForbiddenImport { path: PathBuf, import: String },
     #[error("{path} is not an oncebox tool: {reason}")]
@@ -160,6 +160,20 @@ impl Runtime {
         let digest = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
         let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
             .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
+        // The checks that follow (a read-only tool links no effect) rest on the imports read
+        // before compiling: the compiled component must name the same ones.
+        let mut compiled: Vec<String> =
+            component.component_type().imports(&self.engine).map(|(name, _)| name.to_string()).collect();
+        let mut read = imports.clone();
+        compiled.sort();
+        read.sort();
+        if compiled != read {
+            return Err(not_component(format!(
+                "its import section names {} imports, the compiled component {}",
+                read.len(),
+                compiled.len()
+            )));
+        }
         let pre = self.linker.instantiate_pre(&component).map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
         let tool =
             ToolIndices::new(&pre).map_err(|e| LoadError::NotATool { path: path.clone(), reason: format!("{e:#}") })?;
@@ -382,7 +396,8 @@ fn one_line(message: &str) -> String {
 
 /// The names a component imports and exports, from its outermost sections (the components and
 /// modules nested inside it import from each other, not from the host). Reads without
-/// validating: the compile that follows validates everything.
+/// validating: the compile that follows validates the bytes (or did, when the cache's entry was
+/// written), and `load` checks that the compiled component imports the same names.
 fn interface(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
     use wasmtime::wasmparser::{Parser, Payload};
     let (mut imports, mut exports, mut depth) = (Vec::new(), Vec::new(), 0usize);

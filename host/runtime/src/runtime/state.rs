@@ -3,8 +3,8 @@
 //! componentize-js's default builds import, and a Rust `std` guest's print, clocks and panic):
 //! cli, io, clocks, random; wasi:filesystem, which reaches nothing but the directories granted to
 //! the tool (none by default); and wasi:sockets, linked so those builds load, with every use
-//! refused (no TCP, no UDP, no name lookup, no address allowed). No wasi:http: a tool's only way
-//! out is the effects and reads the host records.
+//! refused (no TCP, no UDP, no name lookup, no address allowed). No wasi:http: a tool reaches out
+//! only through the host's effects (recorded) and reads (granted), and a directory it is granted.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::{HasData, Linker, ResourceTable};
