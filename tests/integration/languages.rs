@@ -185,3 +185,26 @@ async fn a_python_tool_reaches_no_socket_and_no_file_and_its_own_bug_shows_its_t
     assert!(error.message.contains("KeyError"), "{}", error.message);
     assert_eq!(provider.counts("o-bug").payments, 1, "charged once over every attempt");
 }
+
+/// A JavaScript tool's own bug, whatever it throws (an error, a string, an object shaped like a
+/// tool-error, an error carrying its own payload), fails the attempt as a trap with what was
+/// thrown in its message: never an answer such as `permanent`, which would promise nothing ran.
+#[tokio::test]
+async fn whatever_a_js_tool_throws_is_a_trap_that_shows_it() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let host = Host::builder_in_memory().build().await.expect("host");
+    host.load(built(Lang::Js, "test-tools/js/thrower")).await.expect("load");
+    for (thrown, shown) in [
+        ("type-error", "TypeError"),
+        ("string", "a thrown string"),
+        ("object", "a plain object"),
+        ("payload", "an error carrying a payload"),
+    ] {
+        let outcome = host.call(Call::unrecorded("thrower-js", json!({"throw": thrown}).to_string())).await;
+        let outcome = outcome.expect("call");
+        assert_eq!(outcome.status, Status::Failed, "{thrown}: {outcome:?}");
+        let error = outcome.error.expect("error");
+        assert_eq!(error.class, "trap", "{thrown}: {}", error.message);
+        assert!(error.message.contains(shown), "{thrown}: {}", error.message);
+    }
+}
