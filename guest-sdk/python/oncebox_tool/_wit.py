@@ -51,7 +51,10 @@ def effects(what: str):
     """The `effects` bindings, or a clear error for a tool whose world cannot make effects."""
     found = module("effects")
     if found is None:
-        raise RuntimeError(
+        # Nothing can have taken effect, and no retry can change that: permanent, as in the JS SDK.
+        from .errors import Permanent
+
+        raise Permanent(
             f"{what} is an effect, and this tool's world (read-only-tool) cannot make effects: "
             "declare class = \"idempotent-write\" (or compensatable, irreversible) under "
             "[tool.oncebox] in pyproject.toml, or use a read (http.get, kv.get)"

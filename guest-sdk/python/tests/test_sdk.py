@@ -209,8 +209,11 @@ class Glue(unittest.TestCase):
             "def reconcile", "def _reconcile"
         )
         ex, _, _, _ = export(source, replay_class="read-only", effects=False)
-        with self.assertRaisesRegex(RuntimeError, "cannot make effects"):
+        # A permanent tool-error (nothing took effect, no retry helps), as in the JS SDK.
+        with self.assertRaises(Exception) as caught:
             ex.invoke('{"order_id": "o-1"}')
+        self.assertEqual(type(caught.exception.value).__name__, "ToolError_Permanent")
+        self.assertIn("cannot make effects", caught.exception.value.value)
 
 
 if __name__ == "__main__":
