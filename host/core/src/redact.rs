@@ -15,18 +15,33 @@ pub fn redact(value: &Value, pointers: &[String]) -> Value {
     out
 }
 
-/// The string values at the sensitive pointers, to scrub from free text (a guest's error message
-/// may echo a card number). Very short values are left alone: scrubbing "1" would garble text.
+/// The values at the sensitive pointers, to scrub from free text (a guest's error message or a
+/// traceback may echo a card number). A value that is not a string is scrubbed as its compact
+/// JSON and by each of its leaves too (strings and numbers), so that it is caught however the guest
+/// printed it (Python's repr of a dict, a JS object, one field of it). Longest first, so that a
+/// value is replaced before a leaf inside it; very short values are left alone: scrubbing "1"
+/// would garble text.
 pub fn sensitive_values(value: &Value, pointers: &[String]) -> Vec<String> {
-    pointers
-        .iter()
-        .filter_map(|p| value.pointer(p))
-        .map(|v| match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-        .filter(|s| s.len() >= 4)
-        .collect()
+    fn leaves(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) => out.push(s.clone()),
+            Value::Number(n) => out.push(n.to_string()),
+            Value::Array(items) => items.iter().for_each(|v| leaves(v, out)),
+            Value::Object(fields) => fields.values().for_each(|v| leaves(v, out)),
+            Value::Bool(_) | Value::Null => {}
+        }
+    }
+    let mut values = Vec::new();
+    for found in pointers.iter().filter_map(|p| value.pointer(p)) {
+        if !found.is_string() {
+            values.push(found.to_string());
+        }
+        leaves(found, &mut values);
+    }
+    values.retain(|s| s.len() >= 4);
+    values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    values.dedup();
+    values
 }
 
 /// Replaces every occurrence of a secret in `text`.
@@ -58,6 +73,20 @@ pub fn scrubbed_tail(output: &[u8], secrets: &[String], max: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_sensitive_object_is_scrubbed_whole_and_by_each_of_its_leaves() {
+        let args = json!({"card": {"number": "4242424242424242", "cvc": 123, "exp": [12, 2030]}, "memo": "ok"});
+        let secrets = sensitive_values(&args, &["/card".to_string()]);
+        assert_eq!(secrets[0], r#"{"cvc":123,"exp":[12,2030],"number":"4242424242424242"}"#);
+        assert!(secrets.contains(&"4242424242424242".to_string()) && secrets.contains(&"2030".to_string()));
+        assert!(!secrets.iter().any(|s| s == "123" || s == "12"), "short leaves are left: {secrets:?}");
+        // As Python prints the dict, and as JSON: neither leaves the number behind.
+        let python = "KeyError: {'number': '4242424242424242', 'cvc': 123}";
+        assert_eq!(scrub(python, &secrets), "KeyError: {'number': '[redacted]', 'cvc': 123}");
+        let json = args["card"].to_string();
+        assert_eq!(scrub(&json, &secrets), REDACTED);
+    }
 
     #[test]
     fn a_tail_is_scrubbed_before_it_is_cut_and_keeps_the_end() {
