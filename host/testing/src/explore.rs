@@ -59,8 +59,11 @@ pub(crate) fn check(baseline: &Run, run: &Run, injection: &Injection, honours_ke
     violations
 }
 
-/// No effect lands more often than in the fault-free run: a second commit of the same request,
-/// under its key where the downstream does not honour keys, or under another key anywhere.
+/// No effect lands more often than in the fault-free run, and none twice: a second commit of the
+/// same request, under its key where the downstream does not honour keys, or under another key
+/// anywhere. Once is never a duplicate, even where the fault-free run landed nothing: a fault that
+/// commits (a lost response) makes a downstream that refused in the fault-free run take the
+/// request once.
 fn duplicates(baseline: &Run, run: &Run) -> Vec<Violation> {
     let landed = |dispatches: &[Dispatch], of: &Dispatch| -> usize {
         dispatches.iter().filter(|d| d.landed && d.same_request(of)).count()
@@ -73,6 +76,7 @@ fn duplicates(baseline: &Run, run: &Run) -> Vec<Violation> {
         }
         seen.push(dispatch);
         let (now, before) = (landed(&run.dispatches, dispatch), landed(&baseline.dispatches, dispatch));
+        let before = before.max(1);
         if now > before {
             let copies: Vec<&Dispatch> =
                 run.dispatches.iter().filter(|d| d.landed && d.same_request(dispatch)).collect();
@@ -213,6 +217,16 @@ mod tests {
             matches!(&violations[0], Violation::Duplicate { landed: 2, expected: 1, detail, .. } if detail.contains("same key"))
         );
         assert!(matches!(&violations[1], Violation::SilentResend { key, .. } if key == "k1"), "{violations:?}");
+    }
+
+    #[test]
+    fn a_request_the_fault_free_run_saw_refused_may_land_once_under_a_fault_that_commits() {
+        let refused = run(Status::Failed, vec![dispatch("k1", false, false)]);
+        let committed = run(Status::Unknown, vec![dispatch("k1", true, true), dispatch("k1", false, false)]);
+        assert_eq!(duplicates(&refused, &committed), Vec::new());
+        let twice = run(Status::Unknown, vec![dispatch("k1", true, true), dispatch("k2", true, false)]);
+        let violations = duplicates(&refused, &twice);
+        assert!(matches!(&violations[0], Violation::Duplicate { landed: 2, expected: 1, .. }), "{violations:?}");
     }
 
     #[test]
