@@ -1,11 +1,28 @@
 //! This host's wall clock, in ms since the epoch. Records, leases and settle windows are stamped
 //! and judged by their ledger's clock (`Ledger::now_ms`), which is this one for a ledger file and
 //! the database's for a ledger that hosts share.
+//!
+//! A process may replace it once, before anything reads it ([`simulate`]): the whole-system
+//! simulator (`sim/`) runs the host on a paused clock, so that its stamps, leases and settle
+//! windows follow the same simulated time as its timers. No host ever calls it.
 
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The clock that replaces the system's, when one does.
+static SIMULATED: OnceLock<fn() -> u64> = OnceLock::new();
+
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis)
+    match SIMULATED.get() {
+        Some(clock) => clock(),
+        None => SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis),
+    }
+}
+
+/// Makes `clock` this process's wall clock, for every later [`now_ms`]. Refused (`false`) once a
+/// clock was set: two simulators in one process would each move the other's time.
+pub fn simulate(clock: fn() -> u64) -> bool {
+    SIMULATED.set(clock).is_ok()
 }
 
 /// A duration in whole ms, saturating: stamps and deadlines are u64 ms.

@@ -1,0 +1,590 @@
+//! The checker: what must hold of every seed's history, judged by the downstream's own record of
+//! what reached it and what it committed, not by what the host believes. Pure over [`Facts`]
+//! (gathered once the seed is over), so that each invariant is tested on a history made by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use oncebox_runtime::Host;
+use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, OperationRecord, OperationStatus, OutboxMessage};
+use oncebox_runtime::{LedgerError, Status};
+
+use crate::drive::route_of;
+use crate::history::{Entry, Event, History};
+use crate::plan::{Job, Plan, SKUS};
+use crate::world::{Commit, Request, World};
+
+/// What a seed left: the downstream's record, the history, and the ledger as a last reader sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub requests: Vec<Request>,
+    pub commits: Vec<Commit>,
+    pub history: Vec<Entry>,
+    pub operations: Vec<OperationRecord>,
+    pub approvals: Vec<ApprovalRecord>,
+    /// Operation keys every open run names (run_state's one rule).
+    pub named_open: BTreeSet<String>,
+    /// Operation keys whose records `gc` removed (a tombstone stands for them).
+    pub collected: BTreeSet<String>,
+    pub outbox: Vec<OutboxMessage>,
+    /// Per order: the reservation's (sku, quantity), where one is held.
+    pub reservations: BTreeMap<String, (String, u64)>,
+    /// Per SKU: the units the reservations counter says are held.
+    pub reserved: BTreeMap<String, u64>,
+    /// The digest of the `fulfill` component loaded.
+    pub fulfill_digest: Option<String>,
+    /// Orders of the order workflow (their refunds are compensations).
+    pub workflow_orders: BTreeSet<String>,
+}
+
+/// An invariant that did not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    /// The run and order it concerns (what the printed history is cut to).
+    pub run: String,
+    pub order: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} / {}): {}", self.invariant, self.run, self.order, self.detail)
+    }
+}
+
+impl Facts {
+    pub async fn gather(plan: &Plan, world: &World, history: &History, host: &Host) -> Result<Facts, LedgerError> {
+        let ledger = host.ledger();
+        let history = history.entries();
+        let mut collected = BTreeSet::new();
+        for entry in &history {
+            if let Event::Called { operation_key: Some(key), .. } = &entry.event
+                && ledger.tombstone(key).await?.is_some()
+            {
+                collected.insert(key.clone());
+            }
+        }
+        let named_open = ledger
+            .open_runs(None, ledger.now_ms())
+            .await?
+            .into_values()
+            .flatten()
+            .map(|open| open.operation_key)
+            .collect();
+        let mut reservations = BTreeMap::new();
+        for order in plan.order_ids() {
+            if let Some(bytes) = ledger.kv_get("reservations", &format!("reservation/{order}")).await?
+                && let Ok(held) = serde_json::from_slice::<Value>(&bytes)
+            {
+                let sku = held.get("sku").and_then(Value::as_str).unwrap_or_default().to_string();
+                reservations.insert(order, (sku, held.get("quantity").and_then(Value::as_u64).unwrap_or(0)));
+            }
+        }
+        let mut reserved = BTreeMap::new();
+        for sku in SKUS {
+            let count = ledger.kv_get("reservations", &format!("reserved/{sku}")).await?;
+            let count = count.and_then(|bytes| serde_json::from_slice::<u64>(&bytes).ok()).unwrap_or(0);
+            reserved.insert(sku.to_string(), count);
+        }
+        let workflow_orders = plan
+            .jobs
+            .iter()
+            .filter_map(|job| match job {
+                Job::Order { order, .. } => Some(order.clone()),
+                Job::Call { .. } => None,
+            })
+            .collect();
+        Ok(Facts {
+            requests: world.requests(),
+            commits: world.commits(),
+            history,
+            operations: ledger.operations(None).await?,
+            approvals: ledger.approvals(None).await?,
+            named_open,
+            collected,
+            outbox: ledger.outbox().await?,
+            reservations,
+            reserved,
+            fulfill_digest: host.digest("fulfill"),
+            workflow_orders,
+        })
+    }
+}
+
+/// Every invariant over `facts`; empty when the seed kept every promise.
+pub fn check(facts: &Facts) -> Vec<Violation> {
+    let mut found = Vec::new();
+    once_per_operation(facts, &mut found);
+    failed_took_nothing(facts, &mut found);
+    rejected_sent_nothing(facts, &mut found);
+    irreversible_only_approved(facts, &mut found);
+    compensations(facts, &mut found);
+    acknowledged_survive(facts, &mut found);
+    completed_took_effect(facts, &mut found);
+    outbox_once(facts, &mut found);
+    reservations_counted(facts, &mut found);
+    nothing_stuck_silently(facts, &mut found);
+    found
+}
+
+fn order_of(op: &OperationRecord) -> String {
+    op.args.get("order_id").and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+fn commits<'a>(facts: &'a Facts, route: &str, order: &str) -> Vec<&'a Commit> {
+    facts.commits.iter().filter(|c| c.route == route && c.order == order).collect()
+}
+
+fn violation(invariant: &'static str, run: &str, order: &str, detail: String) -> Violation {
+    Violation { invariant, run: run.to_string(), order: order.to_string(), detail }
+}
+
+/// Every route and order belongs to one operation (the workload keeps them apart), so two commits
+/// for one route and order are one effect committed twice.
+fn once_per_operation(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut counts: BTreeMap<(&str, &str), Vec<&Commit>> = BTreeMap::new();
+    for commit in &facts.commits {
+        counts.entry((&commit.route, &commit.order)).or_default().push(commit);
+    }
+    for ((route, order), commits) in counts {
+        if commits.len() > 1 {
+            let keys: Vec<&str> = commits.iter().map(|c| c.key.get(..12).unwrap_or(&c.key)).collect();
+            let detail = format!("{route} committed {} times for {order} (keys {keys:?})", commits.len());
+            found.push(violation("committed-twice", "", order, detail));
+        }
+    }
+}
+
+/// `failed` means nothing of the operation took effect.
+fn failed_took_nothing(facts: &Facts, found: &mut Vec<Violation>) {
+    for op in facts.operations.iter().filter(|op| op.status == OperationStatus::Failed) {
+        let Some(route) = route_of(&op.tool) else { continue };
+        let order = order_of(op);
+        let landed = commits(facts, route, &order);
+        if !landed.is_empty() {
+            let detail =
+                format!("{} {} is failed, yet {route} committed it ({} time(s))", op.tool, op.step_id, landed.len());
+            found.push(violation("failed-but-committed", &op.run_id, &order, detail));
+        }
+    }
+}
+
+/// `rejected` means nothing was sent, ever, for that step.
+fn rejected_sent_nothing(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut rejected: BTreeSet<(String, String)> = facts
+        .approvals
+        .iter()
+        .filter(|a| a.state == ApprovalState::Rejected)
+        .map(|a| (a.run_id.clone(), a.step_id.clone()))
+        .collect();
+    for entry in &facts.history {
+        match &entry.event {
+            Event::Decided { run, step, approve: false, result, .. } if result == "rejected" => {
+                rejected.insert((run.clone(), step.clone()));
+            }
+            Event::Called { run, step, status: Status::Rejected, .. } => {
+                rejected.insert((run.clone(), step.clone()));
+            }
+            _ => {}
+        }
+    }
+    for (run, step) in rejected {
+        let Some(order) = order_of_step(facts, &run, &step) else { continue };
+        let sent: Vec<&Request> =
+            facts.requests.iter().filter(|r| r.route == "fulfillments" && r.order == order).collect();
+        if !sent.is_empty() {
+            let detail = format!("{step} was rejected, yet {} request(s) reached fulfillments", sent.len());
+            found.push(violation("rejected-but-dispatched", &run, &order, detail));
+        }
+    }
+}
+
+/// The order a run's step is about, from what callers were told.
+fn order_of_step(facts: &Facts, run: &str, step: &str) -> Option<String> {
+    facts.history.iter().find_map(|entry| match &entry.event {
+        Event::Called { run: r, step: s, order, .. } if r == run && s == step => order.clone(),
+        Event::Decided { run: r, step: s, params, .. } if r == run && s == step => {
+            params.get("order_id").and_then(Value::as_str).map(str::to_string)
+        }
+        _ => None,
+    })
+}
+
+/// An irreversible request leaves only with a person's approval of its exact params, for the
+/// component that sends it.
+fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
+    for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
+        let approved = facts.history.iter().any(|entry| match &entry.event {
+            Event::Decided { approve: true, params, component, result, .. } => {
+                result == "approved" && *params == request.body && *component == facts.fulfill_digest
+            }
+            _ => false,
+        });
+        if !approved {
+            let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
+            found.push(violation("irreversible-without-approval", "", &request.order, detail));
+        }
+    }
+}
+
+/// Every compensation at most once, and only of what took effect.
+fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
+    for order in &facts.workflow_orders {
+        let (refunds, payments) = (commits(facts, "refunds", order).len(), commits(facts, "payments", order).len());
+        if refunds > payments {
+            let detail = format!("{refunds} refund(s) for {payments} payment(s)");
+            found.push(violation("compensation-without-effect", "", order, detail));
+        }
+    }
+    let mut releases: BTreeMap<String, u32> = BTreeMap::new();
+    for op in &facts.operations {
+        let released = op.output.as_deref().and_then(|o| serde_json::from_str::<Value>(o).ok());
+        let released = released.and_then(|o| o.get("released").and_then(Value::as_u64)).unwrap_or(0);
+        if op.tool == "release" && op.status == OperationStatus::Completed && released > 0 {
+            *releases.entry(order_of(op)).or_default() += 1;
+        }
+    }
+    for (order, n) in releases.into_iter().filter(|(_, n)| *n > 1) {
+        found.push(violation("compensated-twice", "", &order, format!("the reservation was released {n} times")));
+    }
+}
+
+/// What a caller was told is final stays so: the same answer on every ask, and the ledger's
+/// record after every crash (unless `gc` removed it, leaving its tombstone).
+fn acknowledged_survive(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut first: BTreeMap<&str, (Status, &Option<Value>, &Entry)> = BTreeMap::new();
+    let ops: BTreeMap<&str, &OperationRecord> = facts.operations.iter().map(|op| (op.key.as_str(), op)).collect();
+    for entry in &facts.history {
+        let Event::Called { run, order, status, operation_key: Some(key), output, .. } = &entry.event else {
+            continue;
+        };
+        let order = order.clone().unwrap_or_default();
+        if !matches!(status, Status::Completed | Status::Failed | Status::Rejected) {
+            continue;
+        }
+        match first.get(key.as_str()) {
+            Some((was, was_output, when)) if (*was, *was_output) != (*status, output) => {
+                let detail = format!(
+                    "answered {} {} at {} ms, then {} {}",
+                    was.as_str(),
+                    show(was_output),
+                    when.at_ms,
+                    status.as_str(),
+                    show(output)
+                );
+                found.push(violation("acknowledged-changed", run, &order, detail));
+            }
+            Some(_) => {}
+            None => {
+                first.insert(key, (*status, output, entry));
+            }
+        }
+        if facts.collected.contains(key) || *status == Status::Rejected {
+            continue;
+        }
+        let kept = ops
+            .get(key.as_str())
+            .map(|op| (op.status, op.output.as_deref().and_then(|o| serde_json::from_str::<Value>(o).ok())));
+        let expected = if *status == Status::Completed { OperationStatus::Completed } else { OperationStatus::Failed };
+        let holds = match &kept {
+            Some((kept, kept_output)) => *kept == expected && (*status != Status::Completed || kept_output == output),
+            None => false,
+        };
+        if !holds {
+            let now = kept.map_or("no record".to_string(), |(s, o)| format!("{} {}", s.as_str(), show(&o)));
+            let detail = format!("a caller was told {} {}; the ledger now holds {now}", status.as_str(), show(output));
+            found.push(violation("acknowledged-lost", run, &order, detail));
+        }
+    }
+}
+
+fn show(value: &Option<Value>) -> String {
+    value.as_ref().map_or(String::new(), Value::to_string)
+}
+
+/// `completed` means it took effect, and the result recorded is the downstream's.
+fn completed_took_effect(facts: &Facts, found: &mut Vec<Violation>) {
+    for op in facts.operations.iter().filter(|op| op.status == OperationStatus::Completed) {
+        let Some(route) = route_of(&op.tool) else { continue };
+        let order = order_of(op);
+        let output = op.output.as_deref().and_then(|o| serde_json::from_str::<Value>(o).ok());
+        let id = output.as_ref().and_then(|o| o.get("id")).cloned();
+        let landed = commits(facts, route, &order);
+        if !landed.iter().any(|c| c.response.get("id") == id.as_ref()) {
+            let detail = format!(
+                "{} {} is completed with {}, which {route} never committed",
+                op.tool,
+                op.step_id,
+                show(&output)
+            );
+            found.push(violation("completed-without-effect", &op.run_id, &order, detail));
+        }
+    }
+}
+
+/// Each completed `notify` enqueued its message once; nothing else enqueued one.
+fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut enqueued: BTreeMap<String, u32> = BTreeMap::new();
+    for message in &facts.outbox {
+        let order = serde_json::from_str::<Value>(&message.payload).ok();
+        let order = order.and_then(|p| p.get("order_id").and_then(Value::as_str).map(str::to_string));
+        *enqueued.entry(order.unwrap_or_default()).or_default() += 1;
+    }
+    let completed: BTreeSet<String> = facts
+        .operations
+        .iter()
+        .filter(|op| op.tool == "notify" && op.status == OperationStatus::Completed)
+        .map(order_of)
+        .collect();
+    for order in &completed {
+        let n = enqueued.get(order).copied().unwrap_or(0);
+        if n != 1 {
+            found.push(violation("outbox", "", order, format!("a completed notify enqueued {n} message(s)")));
+        }
+    }
+    for (order, n) in enqueued.iter().filter(|(order, _)| !completed.contains(*order)) {
+        found.push(violation("outbox", "", order, format!("{n} message(s) enqueued by no completed notify")));
+    }
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for message in &facts.outbox {
+        if last.get(message.topic.as_str()).is_some_and(|seq| *seq >= message.seq) {
+            found.push(violation(
+                "outbox",
+                "",
+                "",
+                format!("topic {} is out of order at {}", message.topic, message.seq),
+            ));
+        }
+        last.insert(&message.topic, message.seq);
+    }
+}
+
+/// Local effects are exactly once: the per-SKU counter holds what the reservations hold.
+fn reservations_counted(facts: &Facts, found: &mut Vec<Violation>) {
+    for (sku, counted) in &facts.reserved {
+        let held: u64 = facts.reservations.values().filter(|(s, _)| s == sku).map(|(_, q)| q).sum();
+        if held != *counted {
+            let detail =
+                format!("the counter of {sku} says {counted} units are reserved; the reservations hold {held}");
+            found.push(violation("kv-exactly-once", "", "", detail));
+        }
+    }
+}
+
+/// Every operation that is not over is named by its run's open reasons (what to do next).
+fn nothing_stuck_silently(facts: &Facts, found: &mut Vec<Violation>) {
+    for op in &facts.operations {
+        let over = matches!(op.status, OperationStatus::Completed | OperationStatus::Failed);
+        if !over && !facts.named_open.contains(&op.key) {
+            let detail = format!(
+                "{} {} is {} and its run names nothing to do about it",
+                op.tool,
+                op.step_id,
+                op.status.as_str()
+            );
+            found.push(violation("stuck-silently", &op.run_id, &order_of(op), detail));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Entry;
+    use serde_json::json;
+
+    fn op(tool: &str, order: &str, status: &str, output: Option<Value>) -> OperationRecord {
+        let record = json!({
+            "key": format!("key-{tool}-{order}"), "run_id": "run-1", "step_id": format!("s-{tool}"), "tool": tool,
+            "class": "compensatable", "fingerprint": "f", "args": {"order_id": order}, "status": status,
+            "owner": "o", "lease_until_ms": 0, "fence": 1, "attempts": 1,
+            "output": output.map(|o| o.to_string()), "error": null, "created_ms": 0, "updated_ms": 0,
+        });
+        serde_json::from_value(record).expect("an operation record")
+    }
+
+    fn commit(route: &str, order: &str, id: &str) -> Commit {
+        Commit {
+            route: route.into(),
+            order: order.into(),
+            key: format!("k-{id}"),
+            response: json!({"id": id}),
+            at_ms: 0,
+        }
+    }
+
+    fn request(route: &str, order: &str, body: Value) -> Request {
+        Request { route: route.into(), order: order.into(), key: "k".into(), body, nth: 1, answer: None, at_ms: 0 }
+    }
+
+    fn entry(event: Event) -> Entry {
+        Entry { at_ms: 0, life: 0, event }
+    }
+
+    fn called(status: Status, key: &str, output: Option<Value>) -> Event {
+        Event::Called {
+            caller: "caller 0".into(),
+            run: "run-1".into(),
+            step: "s-charge".into(),
+            tool: "charge".into(),
+            order: Some("o-1".into()),
+            status,
+            replayed: false,
+            operation_key: Some(key.into()),
+            output,
+            error: None,
+        }
+    }
+
+    fn names(facts: &Facts) -> Vec<&'static str> {
+        check(facts).into_iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_completed_charge_committed_once_and_acknowledged_is_clean() {
+        let output = json!({"id": "pay_1"});
+        let facts = Facts {
+            commits: vec![commit("payments", "o-1", "pay_1")],
+            operations: vec![op("charge", "o-1", "completed", Some(output.clone()))],
+            history: vec![entry(called(Status::Completed, "key-charge-o-1", Some(output)))],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_second_commit_for_one_operation_is_found() {
+        let facts = Facts {
+            commits: vec![commit("payments", "o-1", "pay_1"), commit("payments", "o-1", "pay_2")],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["committed-twice"]);
+    }
+
+    #[test]
+    fn failed_with_a_commit_at_the_downstream_is_found() {
+        let facts = Facts {
+            commits: vec![commit("payments", "o-1", "pay_1")],
+            operations: vec![op("charge", "o-1", "failed", None)],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["failed-but-committed"]);
+    }
+
+    #[test]
+    fn completed_without_the_downstream_s_commit_is_found() {
+        let facts = Facts {
+            operations: vec![op("charge", "o-1", "completed", Some(json!({"id": "pay_9"})))],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["completed-without-effect"]);
+    }
+
+    #[test]
+    fn a_fulfillment_needs_an_approval_of_its_exact_params_and_component() {
+        let body = json!({"order_id": "o-1", "address": "a"});
+        let approved = |params: Value, component: &str| {
+            entry(Event::Decided {
+                run: "run-1".into(),
+                step: "s-fulfill".into(),
+                approve: true,
+                params,
+                component: Some(component.into()),
+                result: "approved".into(),
+            })
+        };
+        let mut facts = Facts {
+            requests: vec![request("fulfillments", "o-1", body.clone())],
+            fulfill_digest: Some("sha256:1".into()),
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["irreversible-without-approval"]);
+        facts.history = vec![approved(json!({"order_id": "o-1", "address": "b"}), "sha256:1")];
+        assert_eq!(names(&facts), ["irreversible-without-approval"], "other params");
+        facts.history = vec![approved(body.clone(), "sha256:2")];
+        assert_eq!(names(&facts), ["irreversible-without-approval"], "another component");
+        facts.history = vec![approved(body, "sha256:1")];
+        assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_rejection_that_won_beside_a_dispatch_is_found() {
+        let body = json!({"order_id": "o-1"});
+        let decided = |approve: bool, result: &str| {
+            entry(Event::Decided {
+                run: "run-1".into(),
+                step: "s-fulfill".into(),
+                approve,
+                params: body.clone(),
+                component: Some("sha256:1".into()),
+                result: result.into(),
+            })
+        };
+        let mut facts = Facts {
+            requests: vec![request("fulfillments", "o-1", body.clone())],
+            fulfill_digest: Some("sha256:1".into()),
+            history: vec![decided(true, "approved"), decided(false, "refused: the approval was used")],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), Vec::<&str>::new(), "the rejection lost the race");
+        facts.history.push(decided(false, "rejected"));
+        assert_eq!(names(&facts), ["rejected-but-dispatched"]);
+    }
+
+    #[test]
+    fn an_acknowledged_answer_that_changed_or_left_the_ledger_is_found() {
+        let output = json!({"id": "pay_1"});
+        let mut facts = Facts {
+            commits: vec![commit("payments", "o-1", "pay_1")],
+            history: vec![entry(called(Status::Completed, "key-charge-o-1", Some(output.clone())))],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["acknowledged-lost"], "no record after the crash");
+        facts.collected.insert("key-charge-o-1".into());
+        assert_eq!(names(&facts), Vec::<&str>::new(), "gc removed it, leaving a tombstone");
+        facts.collected.clear();
+        facts.operations = vec![op("charge", "o-1", "completed", Some(output.clone()))];
+        facts.history.push(entry(called(Status::Failed, "key-charge-o-1", None)));
+        assert_eq!(names(&facts), ["acknowledged-changed", "acknowledged-lost"]);
+    }
+
+    #[test]
+    fn a_refund_without_a_charge_and_a_double_release_are_found() {
+        let released = Some(json!({"order_id": "o-1", "released": 2}));
+        let mut second = op("release", "o-1", "completed", released.clone());
+        second.key = "another".into();
+        let facts = Facts {
+            commits: vec![commit("refunds", "o-1", "ref_1")],
+            workflow_orders: ["o-1".to_string()].into(),
+            operations: vec![op("release", "o-1", "completed", released), second],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["compensation-without-effect", "compensated-twice"]);
+    }
+
+    #[test]
+    fn a_counter_that_disagrees_with_the_reservations_is_found() {
+        let facts = Facts {
+            reservations: [("o-1".to_string(), ("sku-a".to_string(), 2))].into(),
+            reserved: [("sku-a".to_string(), 4)].into(),
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["kv-exactly-once"]);
+    }
+
+    #[test]
+    fn an_open_operation_its_run_does_not_name_is_stuck() {
+        let mut facts = Facts { operations: vec![op("charge", "o-1", "claimed", None)], ..Facts::default() };
+        assert_eq!(names(&facts), ["stuck-silently"]);
+        facts.named_open.insert("key-charge-o-1".into());
+        assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_completed_notify_enqueues_exactly_one_message() {
+        let facts = Facts { operations: vec![op("notify", "o-1", "completed", None)], ..Facts::default() };
+        assert_eq!(names(&facts), ["outbox"]);
+    }
+}

@@ -1,0 +1,116 @@
+//! `oncebox-sim --seeds N` runs seeds 1..=N (`--from` moves the start), `--seed S` runs one; each
+//! prints its digest and what it found. A violation prints the history of what it concerns and the
+//! command that replays it. The last line is `sim: N seeds, M operations, F faults, V violations`;
+//! the exit status is 1 if any seed broke an invariant, 2 if the simulation itself failed.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use oncebox_sim::{LedgerKind, SeedReport, run_seed};
+
+#[derive(Debug, Parser)]
+#[command(name = "oncebox-sim", about = "Seeded whole-system simulation of oncebox, every history checked")]
+struct Args {
+    /// How many seeds to run (from `--from`).
+    #[arg(long, default_value_t = 30)]
+    seeds: u64,
+    /// The first seed of `--seeds`.
+    #[arg(long, default_value_t = 1)]
+    from: u64,
+    /// Run this one seed (and print its whole history).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The ledger the host runs on.
+    #[arg(long, value_enum, default_value_t = LedgerKind::Redb)]
+    ledger: LedgerKind,
+    /// Stop at the first seed that breaks an invariant.
+    #[arg(long)]
+    stop: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.ledger == LedgerKind::Redb && !oncebox_sim::clock::install() {
+        eprintln!("sim: the simulated clock could not be installed");
+        return ExitCode::from(2);
+    }
+    let cache = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("sim: cannot make a compile cache directory: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let seeds: Vec<u64> = match args.seed {
+        Some(seed) => vec![seed],
+        None => (args.from..args.from + args.seeds).collect(),
+    };
+    let (mut operations, mut faults, mut violations, mut ran) = (0, 0, 0, 0);
+    for seed in seeds {
+        let report = match run_seed(seed, args.ledger, cache.path()) {
+            Ok(report) => report,
+            Err(e) => {
+                eprintln!("sim: seed {seed}: the simulation failed: {e:#}");
+                return ExitCode::from(2);
+            }
+        };
+        ran += 1;
+        operations += report.operations;
+        faults += report.faults;
+        violations += report.violations.len();
+        print(&report, args.seed.is_some(), args.ledger);
+        if args.stop && !report.violations.is_empty() {
+            break;
+        }
+    }
+    println!("sim: {ran} seeds, {operations} operations, {faults} faults, {violations} violations");
+    if violations > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}
+
+fn print(report: &SeedReport, whole: bool, ledger: LedgerKind) {
+    println!(
+        "seed {}: digest: {}, history: {}, {} operations, {} faults, {} violations",
+        report.seed,
+        report.digest,
+        &report.history_digest()[..16],
+        report.operations,
+        report.faults,
+        report.violations.len()
+    );
+    if whole {
+        show(report.history.iter(), "  ");
+    }
+    for violation in &report.violations {
+        println!("  VIOLATION {violation}");
+        println!("  what it concerns, in order:");
+        show(report.history.iter().filter(|e| e.event.concerns(&violation.run, &violation.order)), "    ");
+        let ledger = match ledger {
+            LedgerKind::Redb => "",
+            LedgerKind::Postgres => " --ledger postgres",
+        };
+        println!("  replay: cargo run --release -p oncebox-sim -- --seed {}{ledger}", report.seed);
+    }
+}
+
+/// Prints entries, a run of the same event (a caller asking again and again) as its first line
+/// and a count.
+fn show<'a>(entries: impl Iterator<Item = &'a oncebox_sim::Entry>, indent: &str) {
+    let mut last: Option<(String, u32)> = None;
+    for entry in entries {
+        let event = entry.event.to_string();
+        match &mut last {
+            Some((was, n)) if *was == event => *n += 1,
+            _ => {
+                if let Some((_, n)) = last.take().filter(|(_, n)| *n > 0) {
+                    println!("{indent}  ... and {n} more like it");
+                }
+                println!("{indent}{entry}");
+                last = Some((event, 0));
+            }
+        }
+    }
+    if let Some((_, n)) = last.filter(|(_, n)| *n > 0) {
+        println!("{indent}  ... and {n} more like it");
+    }
+}

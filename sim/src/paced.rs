@@ -1,0 +1,213 @@
+//! A ledger store whose calls finish before anything else runs.
+//!
+//! redb commits on a writer thread of its own. Awaited the usual way, a commit would let the
+//! simulation's one runtime thread run other tasks meanwhile, and which of them ran (and, with the
+//! clock paused and nothing else to run, how far the clock jumped) would depend on how long the
+//! disk took: the same seed would interleave differently from run to run. Here each call blocks
+//! the runtime thread until the store answers, so the tasks interleave the same way on every run
+//! and simulated time stands still during a commit. `changed` is a wait on a timer, left as it is.
+//!
+//! Only for a store whose calls need nothing else of the runtime to finish (redb's: its writer
+//! thread answers on a channel); a PostgreSQL store talks over sockets the runtime drives.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use oncebox_runtime::LedgerError;
+use oncebox_runtime::ledger::{
+    ApprovalRecord, AttemptRecord, BoxFuture, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish,
+    KvEntry, OperationRecord, OutboxMessage, ReconcileNote, Removed, Resolution, Settlement, Staged, StaleApproval,
+    Store, Tombstone,
+};
+
+/// `S`, each call finished before anything else runs.
+pub struct Paced<S>(pub S);
+
+/// Wakes the thread that blocks on a store call.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// `call`, run to its end on this thread when first polled. Unconstrained by tokio's cooperative
+/// budget: a spent budget would answer `Pending` to every poll of this loop.
+fn paced<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+    Box::pin(async move {
+        let mut call = std::pin::pin!(tokio::task::unconstrained(call));
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(out) = call.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
+    })
+}
+
+impl<S: Store> Store for Paced<S> {
+    fn name(&self) -> &Path {
+        self.0.name()
+    }
+
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        paced(self.0.claim(req))
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+        resendable: Vec<String>,
+    ) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        paced(self.0.reopen(req, resendable))
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.renew(key, fence, until_ms))
+    }
+
+    fn put_effect<'a>(
+        &'a self,
+        fence: u64,
+        effect: &'a EffectRecord,
+        expected: Option<(EffectStatus, u32)>,
+        staged: Staged,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.put_effect(fence, effect, expected, staged))
+    }
+
+    fn record_attempt<'a>(
+        &'a self,
+        fence: u64,
+        attempt: &'a AttemptRecord,
+        finish: Option<Finish>,
+        now_ms: u64,
+        staged: Staged,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.record_attempt(fence, attempt, finish, now_ms, staged))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        operation_key: &'a str,
+        effect_key: Option<&'a str>,
+        seen: Option<u32>,
+        resolution: &'a Resolution,
+        settlement: &'a Settlement,
+    ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>> {
+        paced(self.0.resolve(operation_key, effect_key, seen, resolution, settlement))
+    }
+
+    fn operation<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<OperationRecord>, LedgerError>> {
+        paced(self.0.operation(key))
+    }
+
+    fn operations<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        paced(self.0.operations(run_id))
+    }
+
+    fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        paced(self.0.in_flight(run_id))
+    }
+
+    fn effect<'a>(
+        &'a self,
+        operation_key: &'a str,
+        effect_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EffectRecord>, LedgerError>> {
+        paced(self.0.effect(operation_key, effect_key))
+    }
+
+    fn effects<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<EffectRecord>, LedgerError>> {
+        paced(self.0.effects(operation_key))
+    }
+
+    fn attempts<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<AttemptRecord>, LedgerError>> {
+        paced(self.0.attempts(operation_key))
+    }
+
+    fn kv_entry<'a>(&'a self, namespace: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<KvEntry>, LedgerError>> {
+        paced(self.0.kv_entry(namespace, key))
+    }
+
+    fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>> {
+        paced(self.0.outbox())
+    }
+
+    fn approval<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>, LedgerError>> {
+        paced(self.0.approval(operation_key))
+    }
+
+    fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        paced(self.0.approvals(run_id))
+    }
+
+    fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.put_approval(record))
+    }
+
+    fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
+        paced(self.0.tombstone(operation_key))
+    }
+
+    fn expire<'a>(
+        &'a self,
+        tombstones: &'a [Tombstone],
+        approvals: &'a [StaleApproval],
+    ) -> BoxFuture<'a, Result<Removed, LedgerError>> {
+        paced(self.0.expire(tombstones, approvals))
+    }
+
+    fn is_shared(&self) -> bool {
+        self.0.is_shared()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+
+    fn bind_key<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.bind_key(ids))
+    }
+
+    fn commits(&self) -> u64 {
+        self.0.commits()
+    }
+
+    fn changed<'a>(&'a self, key: &'a str, timeout: std::time::Duration) -> BoxFuture<'a, ()> {
+        self.0.changed(key, timeout)
+    }
+
+    fn outbox_pending<'a>(
+        &'a self,
+        topic: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        paced(self.0.outbox_pending(topic, limit))
+    }
+
+    fn record_delivery<'a>(
+        &'a self,
+        seq: u64,
+        answer: &'a DeliveryAnswer,
+    ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
+        paced(self.0.record_delivery(seq, answer))
+    }
+
+    fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        paced(self.0.note_reconcile(key, note))
+    }
+
+    fn lease<'a>(&'a self, name: &'a str, owner: &'a str, lease_ms: u64) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        paced(self.0.lease(name, owner, lease_ms))
+    }
+
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
+        paced(self.0.release(name, owner))
+    }
+}
