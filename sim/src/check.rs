@@ -13,7 +13,7 @@ use oncebox_runtime::{LedgerError, Status};
 use crate::drive::route_of;
 use crate::history::{Entry, Event, History};
 use crate::plan::{Job, Plan, SKUS};
-use crate::world::{Commit, Request, World};
+use crate::world::{Commit, Delivery, Request, World};
 
 /// What a seed left: the downstream's record, the history, and the ledger as a last reader sees it.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +28,8 @@ pub struct Facts {
     /// Operation keys whose records `gc` removed (a tombstone stands for them).
     pub collected: BTreeSet<String>,
     pub outbox: Vec<OutboxMessage>,
+    /// What the outbox topic's endpoint took, in order.
+    pub deliveries: Vec<Delivery>,
     /// Per order: the reservation's (sku, quantity), where one is held.
     pub reservations: BTreeMap<String, (String, u64)>,
     /// Per SKU: the units the reservations counter says are held.
@@ -105,6 +107,7 @@ impl Facts {
             named_open,
             collected,
             outbox: ledger.outbox().await?,
+            deliveries: world.deliveries(),
             reservations,
             reserved,
             fulfill_digest: host.digest("fulfill"),
@@ -124,6 +127,7 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     acknowledged_survive(facts, &mut found);
     completed_took_effect(facts, &mut found);
     outbox_once(facts, &mut found);
+    outbox_delivered_in_order(facts, &mut found);
     reservations_counted(facts, &mut found);
     nothing_stuck_silently(facts, &mut found);
     found
@@ -328,9 +332,7 @@ fn completed_took_effect(facts: &Facts, found: &mut Vec<Violation>) {
 fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
     let mut enqueued: BTreeMap<String, u32> = BTreeMap::new();
     for message in &facts.outbox {
-        let order = serde_json::from_str::<Value>(&message.payload).ok();
-        let order = order.and_then(|p| p.get("order_id").and_then(Value::as_str).map(str::to_string));
-        *enqueued.entry(order.unwrap_or_default()).or_default() += 1;
+        *enqueued.entry(order_of_message(message)).or_default() += 1;
     }
     let completed: BTreeSet<String> = facts
         .operations
@@ -359,6 +361,37 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
         }
         last.insert(&message.topic, message.seq);
     }
+}
+
+/// Every message enqueued reached its endpoint, and the endpoint took them in the order they
+/// were enqueued (the latest may come again, after a lost answer; an earlier one never follows a
+/// later one).
+fn outbox_delivered_in_order(facts: &Facts, found: &mut Vec<Violation>) {
+    let seq_of: BTreeMap<&str, &OutboxMessage> = facts.outbox.iter().map(|m| (m.effect_key.as_str(), m)).collect();
+    for message in &facts.outbox {
+        if !facts.deliveries.iter().any(|d| d.key == message.effect_key) {
+            let detail = format!("message {} of topic {} never reached its endpoint", message.seq, message.topic);
+            found.push(violation("outbox-lost", "", &order_of_message(message), detail));
+        }
+    }
+    let mut latest: BTreeMap<&str, u64> = BTreeMap::new();
+    for delivery in &facts.deliveries {
+        let Some(message) = seq_of.get(delivery.key.as_str()) else { continue };
+        let topic = message.topic.as_str();
+        if let Some(&seen) = latest.get(topic)
+            && message.seq < seen
+        {
+            let detail = format!("message {} of topic {topic} reached its endpoint after message {seen}", message.seq);
+            found.push(violation("outbox-out-of-order", "", &delivery.order, detail));
+        }
+        let seen = latest.entry(topic).or_insert(message.seq);
+        *seen = (*seen).max(message.seq);
+    }
+}
+
+fn order_of_message(message: &OutboxMessage) -> String {
+    let payload = serde_json::from_str::<Value>(&message.payload).ok();
+    payload.and_then(|p| p.get("order_id").and_then(Value::as_str).map(str::to_string)).unwrap_or_default()
 }
 
 /// Local effects are exactly once: the per-SKU counter holds what the reservations hold.
@@ -580,6 +613,37 @@ mod tests {
         assert_eq!(names(&facts), ["stuck-silently"]);
         facts.named_open.insert("key-charge-o-1".into());
         assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    fn message(seq: u64, order: &str) -> OutboxMessage {
+        let record = json!({
+            "seq": seq, "effect_key": format!("e-{seq}"), "topic": "email",
+            "payload": json!({"order_id": order}).to_string(), "enqueued_ms": 0,
+        });
+        serde_json::from_value(record).expect("an outbox message")
+    }
+
+    fn delivery(seq: u64) -> Delivery {
+        Delivery { key: format!("e-{seq}"), order: String::new(), at_ms: 0 }
+    }
+
+    #[test]
+    fn outbox_messages_reach_their_endpoint_in_order_and_none_is_lost() {
+        let mut notified = op("notify", "o-1", "completed", None);
+        notified.key = "n1".into();
+        let mut other = op("notify", "o-2", "completed", None);
+        other.key = "n2".into();
+        let mut facts = Facts {
+            operations: vec![notified, other],
+            outbox: vec![message(1, "o-1"), message(2, "o-2")],
+            deliveries: vec![delivery(1), delivery(1), delivery(2), delivery(2)],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), Vec::<&str>::new(), "the latest again after a lost answer is fine");
+        facts.deliveries = vec![delivery(2), delivery(1)];
+        assert_eq!(names(&facts), ["outbox-out-of-order"]);
+        facts.deliveries = vec![delivery(1)];
+        assert_eq!(names(&facts), ["outbox-lost"]);
     }
 
     #[test]

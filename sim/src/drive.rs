@@ -16,7 +16,10 @@ use tokio::sync::Notify;
 
 use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Site};
 use oncebox_runtime::ledger::{ApprovalState, OperationRecord, OperationStatus, Resolution};
-use oncebox_runtime::{Call, Decision, Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass, RetryPolicy, Status};
+use oncebox_runtime::policy_file::PolicyFile;
+use oncebox_runtime::{
+    Call, Decision, Grant, Host, HostBuilder, HttpTarget, Ledger, Relay, ReplayClass, RetryPolicy, Status,
+};
 
 use crate::check::Facts;
 use crate::history::{Event, History};
@@ -195,12 +198,12 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
         let builder = match &ctx.ledger {
             LedgerAt::File(path) => match oncebox_runtime::ledger::redb::RedbStore::open(path) {
                 Ok(store) => HostBuilder::on_ledger(Ledger::on(Paced(store))),
-                Err(e) if tries < 200 => {
-                    // A redb file stays locked until the last handle of the dead host is gone.
+                Err(_) if tries < 200 => {
+                    // A redb file stays locked until the last handle of the dead host is gone
+                    // (a task of the dead host still finishing, such as a second person's
+                    // rejection on its way): simulated time passes, and they end.
                     tries += 1;
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(5));
-                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
                 Err(e) => return Err(e).context("reopen the ledger after a crash"),
@@ -210,7 +213,7 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
                 HostBuilder::on_ledger(ledger).key_file(&ctx.key_file)
             }
         };
-        break configure(builder, hooks.clone(), ctx.cache.clone())?.build().await.context("start the host")?;
+        break configure(builder, hooks.clone(), ctx)?.build().await.context("start the host")?;
     };
     for path in oncebox_artifacts::EXAMPLE_TOOLS {
         host.load(path).await.with_context(|| format!("load {path}"))?;
@@ -218,7 +221,7 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
     Ok(host)
 }
 
-fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, cache: PathBuf) -> anyhow::Result<HostBuilder> {
+fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyhow::Result<HostBuilder> {
     let origin: oncebox_runtime::capabilities::HttpGrant =
         ORIGIN.parse().map_err(|e: String| anyhow::anyhow!("the downstream's origin: {e}"))?;
     for tool in ["stock", "charge", "refund", "fulfill"] {
@@ -244,7 +247,16 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, cache: PathBuf) ->
         };
         builder = builder.retry_policy(tool, policy);
     }
-    Ok(builder.hooks(hooks).compile_cache(cache))
+    // The outbox topic's endpoint, in the downstream (through the hooks), as an operator
+    // configures it.
+    let policy = format!(
+        "[outbox.email]\nendpoint = \"{ORIGIN}/email\"\nhonours_keys = {}\ntimeout = \"{}ms\"\n\
+         initial_backoff = \"10ms\"\nmax_backoff = \"200ms\"\nattempts_per_pass = 3\n",
+        ctx.plan.downstream.honours_keys, ctx.plan.downstream.timeout_ms
+    );
+    let policy =
+        PolicyFile::parse(&policy, std::path::Path::new("sim.toml")).context("the simulation's policy file")?;
+    Ok(builder.policy_file(policy).hooks(hooks).compile_cache(ctx.cache.clone()))
 }
 
 /// The hooks of one life: the world as the network, and the plan's crash.
@@ -299,6 +311,10 @@ impl Hooks for LifeHooks {
 
     fn target(&self) -> HttpTarget {
         self.world.target()
+    }
+
+    fn deliver(&self, key: String, request: Outgoing) -> HookFuture<'_, Exchange> {
+        Box::pin(self.world.deliver(key, request))
     }
 }
 
@@ -440,11 +456,13 @@ async fn operator(ctx: Ctx, host: Host) {
     let mut looked = 0u64;
     let mut reloads = ctx.plan.operator.reloads.clone();
     let mut gcs = ctx.plan.operator.gcs.clone();
+    let relay = host.outbox_relay();
     loop {
         tokio::time::sleep(Duration::from_millis(ctx.plan.operator.every_ms)).await;
         looked += 1;
         let into_life = looked * ctx.plan.operator.every_ms;
         look(&ctx, &host, false).await;
+        relay_pass(&ctx, relay.as_ref().ok()).await;
         for (at, tool) in std::mem::take(&mut reloads) {
             if at > into_life {
                 reloads.push((at, tool));
@@ -606,16 +624,40 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
     });
 }
 
+/// One pass of the outbox relay; whether every message is delivered.
+async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
+    let Some(relay) = relay else {
+        ctx.history.push(Event::Relayed { result: "no relay".into() });
+        return false;
+    };
+    match relay.deliver_pending().await {
+        Ok(summary) => {
+            let sends: u64 = summary.topics.iter().map(|t| t.sends).sum();
+            if sends > 0 {
+                let result = format!("{} delivered in {sends} sends", summary.delivered());
+                ctx.history.push(Event::Relayed { result });
+            }
+            summary.all_delivered()
+        }
+        Err(e) => {
+            ctx.history.push(Event::Relayed { result: format!("error: {e}") });
+            false
+        }
+    }
+}
+
 /// After the callers are done: the operator settles and compensates until no run is open (or
 /// [`LAST_PASS`] is over), and what is still on its way at the downstream lands.
 async fn last_pass(ctx: &Ctx, host: &Host) -> anyhow::Result<()> {
     let step = Duration::from_millis(ctx.plan.downstream.settle_window_ms.max(ctx.plan.operator.every_ms));
     let rounds = (LAST_PASS.as_millis() / step.as_millis().max(1)) as u32;
+    let relay = host.outbox_relay();
     for _ in 0..rounds.max(1) {
         look(ctx, host, true).await;
+        let delivered = relay_pass(ctx, relay.as_ref().ok()).await;
         // Steps a caller left (unknown, awaiting): called again, as the orchestrator would.
         let open = host.ledger().open_runs(None, host.ledger().now_ms()).await?;
-        if open.is_empty() && !ctx.world.any_pending() && ctx.shared().to_compensate.is_empty() {
+        if open.is_empty() && delivered && !ctx.world.any_pending() && ctx.shared().to_compensate.is_empty() {
             return Ok(());
         }
         for (run, steps) in &open {

@@ -82,6 +82,17 @@ pub enum Event {
         route: String,
         order: String,
     },
+    /// A send of an outbox message reached the endpoint (`taken`: the endpoint has it).
+    Delivered {
+        order: String,
+        nth: u32,
+        answer: String,
+        taken: bool,
+    },
+    /// The operator's relay made a pass.
+    Relayed {
+        result: String,
+    },
 }
 
 impl Event {
@@ -94,9 +105,11 @@ impl Event {
             | Event::Reconciled { run: r, .. }
             | Event::Settled { run: r, .. }
             | Event::Compensated { run: r, .. } => r == run,
-            Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } => o == order,
+            Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } | Event::Delivered { order: o, .. } => {
+                o == order
+            }
             Event::Crashed { .. } | Event::Restarted => true,
-            Event::Reloaded { .. } | Event::Collected { .. } => false,
+            Event::Reloaded { .. } | Event::Collected { .. } | Event::Relayed { .. } => false,
         }
     }
 }
@@ -138,6 +151,11 @@ impl fmt::Display for Event {
                 write!(f, "downstream: request #{nth} to {route} for {order} meets {answer}")
             }
             Event::Commit { route, order } => write!(f, "downstream: COMMITS {route} for {order}"),
+            Event::Delivered { order, nth, answer, taken } => {
+                let taken = if *taken { ", TAKEN" } else { "" };
+                write!(f, "endpoint: send #{nth} of {order}'s message meets {answer}{taken}")
+            }
+            Event::Relayed { result } => write!(f, "operator's relay: {result}"),
         }
     }
 }

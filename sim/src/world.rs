@@ -50,6 +50,16 @@ pub struct Commit {
     pub at_ms: u64,
 }
 
+/// One outbox message that reached the topic's endpoint (and was taken by it: a 2xx, or an
+/// answer lost after it took the message).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Its `Idempotency-Key` (the message's effect key).
+    pub key: String,
+    pub order: String,
+    pub at_ms: u64,
+}
+
 #[derive(Debug, Default)]
 struct KeyState {
     /// When it committed, and its answer.
@@ -68,6 +78,9 @@ struct State {
     reads: u32,
     /// Answers that were not a prompt success: faulted requests, failed lookups and reads.
     faults: u64,
+    deliveries: Vec<Delivery>,
+    /// Per message (key): sends that reached the endpoint.
+    sends: HashMap<String, u32>,
 }
 
 /// The downstream. Cheap to clone.
@@ -109,6 +122,11 @@ impl World {
     /// Every commit, in order.
     pub fn commits(&self) -> Vec<Commit> {
         self.state().commits.clone()
+    }
+
+    /// Every outbox message the endpoint took, in the order it took them.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.state().deliveries.clone()
     }
 
     /// Every request that reached it, in order.
@@ -231,6 +249,45 @@ impl World {
             },
             Answer::Refused if route == "payments" => answered(402, json!({"error": "card declined"})),
             Answer::Refused => answered(400, json!({"error": "refused"})),
+            Answer::NotConnected => Exchange::NotConnected,
+        }
+    }
+
+    /// The outbox topic's endpoint (`POST /email`): it takes a message, or fails as the seed says
+    /// (a refusal is a 503 here: a 4xx stops a topic until a person restarts the relay).
+    pub async fn deliver(&self, key: String, request: Outgoing) -> Exchange {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let order = body.get("order_id").and_then(Value::as_str).unwrap_or_default().to_string();
+        let now = self.now();
+        let answer = {
+            let mut state = self.state();
+            let nth = {
+                let n = state.sends.entry(key.clone()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            let answer = self.settings.answer(self.seed, "outbox", &order, nth);
+            state.faults += u64::from(answer.is_fault());
+            if answer.commits() {
+                state.deliveries.push(Delivery { key: key.clone(), order: order.clone(), at_ms: now });
+            }
+            self.history.push(Event::Delivered { order, nth, answer: format!("{answer:?}"), taken: answer.commits() });
+            answer
+        };
+        let timeout = Duration::from_millis(self.settings.timeout_ms);
+        match answer {
+            Answer::Ok | Answer::Slow => answered(200, json!({"ok": true})),
+            Answer::CommitThen502 => answered(502, json!({"error": "bad gateway"})),
+            Answer::LostResponse | Answer::CommitLate => {
+                tokio::time::sleep(timeout).await;
+                Exchange::SentNoAnswer("the response was lost".into())
+            }
+            Answer::Fail503 | Answer::Refused => answered(503, json!({"error": "unavailable"})),
+            Answer::RateLimited => Exchange::Answered {
+                status: 429,
+                headers: vec![("retry-after-ms".into(), "20".into())],
+                body: br#"{"error":"slow down"}"#.to_vec(),
+            },
             Answer::NotConnected => Exchange::NotConnected,
         }
     }

@@ -553,7 +553,8 @@ impl Host {
     /// every message they enqueue.
     pub fn outbox_relay(&self) -> Result<crate::Relay, crate::outbox::RelayError> {
         let shared = &self.inner.stage.shared;
-        crate::Relay::with_client(shared.ledger.clone(), shared.http.clone(), self.inner.policy_file.outbox_endpoints())
+        let topics = self.inner.policy_file.outbox_endpoints();
+        crate::Relay::hooked(shared.ledger.clone(), shared.http.clone(), topics, shared.hooks.clone())
     }
 
     /// The policy file's `[reconciler]`, or the defaults when it has none.

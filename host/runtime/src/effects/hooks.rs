@@ -106,4 +106,12 @@ pub trait Hooks: Send + Sync + 'static {
 
     /// The settings of every downstream (the script stands for all of them).
     fn target(&self) -> HttpTarget;
+
+    /// Answers the outbox relay's delivery of a message (a POST to its topic's endpoint, carrying
+    /// `key`, its effect key, as `Idempotency-Key`) instead of the network. Unless a harness says
+    /// otherwise, no endpoint can be reached.
+    fn deliver(&self, key: String, request: Outgoing) -> HookFuture<'_, Exchange> {
+        let _ = (key, request);
+        Box::pin(async { Exchange::NotConnected })
+    }
 }

@@ -240,7 +240,7 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Durati
 }
 
 /// [`retry_after`] over any header lookup (by lowercase name).
-fn retry_after_in<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<Duration> {
+pub(crate) fn retry_after_in<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<Duration> {
     let get = |name: &str| header(name).and_then(|v| v.trim().parse::<u64>().ok());
     get("retry-after-ms").map(Duration::from_millis).or_else(|| get("retry-after").map(Duration::from_secs))
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 pub use guard::{DEFAULT_SEND_BY, DIVERGED};
 pub use provider::{EffectProvider, ProviderOutcome};
 
-pub(crate) use http::retry_after;
+pub(crate) use http::{retry_after, retry_after_in};
 pub use oncebox_core::targets::{DEFAULT_SETTLE_WINDOW, HttpTarget, Targets};
 
 use crate::capabilities::{Denied, Sandbox};

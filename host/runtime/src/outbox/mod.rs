@@ -28,6 +28,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::effects::hooks::Hooks;
 use crate::ledger::{Ledger, LedgerError, OutboxMessage};
 
 pub use oncebox_core::delivery::{Endpoint, MAX_ATTEMPTS_PER_PASS, Verdict, jitter, judge, wait};
@@ -64,6 +65,9 @@ struct Inner {
     topics: BTreeMap<String, Endpoint>,
     /// This relay's name in the topics' leases: random, so no two relays share one.
     owner: String,
+    /// The harness's hooks (`oncebox-testing`, the simulator), which answer in the endpoints'
+    /// place; `None` for every other relay.
+    hooks: Option<Arc<dyn Hooks>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -172,6 +176,17 @@ impl Relay {
         client: reqwest::Client,
         topics: impl IntoIterator<Item = (String, Endpoint)>,
     ) -> Result<Relay, RelayError> {
+        Relay::hooked(ledger, client, topics, None)
+    }
+
+    /// Like [`Relay::with_client`], its sends answered by `hooks` (a host's, under the harness)
+    /// when there are some.
+    pub(crate) fn hooked(
+        ledger: Ledger,
+        client: reqwest::Client,
+        topics: impl IntoIterator<Item = (String, Endpoint)>,
+        hooks: Option<Arc<dyn Hooks>>,
+    ) -> Result<Relay, RelayError> {
         let topics: BTreeMap<String, Endpoint> = topics.into_iter().collect();
         for (topic, endpoint) in &topics {
             for (name, value) in &endpoint.headers {
@@ -186,7 +201,7 @@ impl Relay {
         let mut name = [0u8; 12];
         getrandom::fill(&mut name)
             .map_err(|e| RelayError::Client(format!("no randomness for the relay's name: {e}")))?;
-        Ok(Relay { inner: Arc::new(Inner { ledger, client, topics, owner: hex::encode(name) }) })
+        Ok(Relay { inner: Arc::new(Inner { ledger, client, topics, owner: hex::encode(name), hooks }) })
     }
 
     /// The topics this relay delivers, with their endpoints.
@@ -387,7 +402,10 @@ impl Relay {
             if ledger.is_shared() && !still_head(ledger, message).await? {
                 return Ok(Ended::Moved);
             }
-            let sent = send::post(&self.inner.client, endpoint, message).await;
+            let sent = match &self.inner.hooks {
+                Some(hooks) => send::through(hooks.as_ref(), endpoint, message).await,
+                None => send::post(&self.inner.client, endpoint, message).await,
+            };
             report.sends += 1;
             let now = ledger.now_ms();
             match judge(&sent.observation) {

@@ -1,6 +1,7 @@
 //! One send of one message to its endpoint, and what the relay observed of it. The meaning of the
 //! observation is `oncebox_core::delivery::judge`'s.
 
+use crate::effects::hooks::{Exchange, Hooks, Outgoing};
 use crate::failure::HttpObservation;
 use crate::ledger::OutboxMessage;
 
@@ -47,6 +48,31 @@ pub(super) async fn post(client: &reqwest::Client, endpoint: &Endpoint, message:
                 description = format!("{description}: {body}");
             }
             Sent { observation: HttpObservation::Answered { status, retry_after }, description }
+        }
+    }
+}
+
+/// Like [`post`], answered by the harness's hooks in the endpoint's place.
+pub(super) async fn through(hooks: &dyn Hooks, endpoint: &Endpoint, message: &OutboxMessage) -> Sent {
+    let target = endpoint.host_port();
+    let request =
+        Outgoing { method: "POST".into(), url: endpoint.url.to_string(), body: message.payload.clone().into_bytes() };
+    match hooks.deliver(message.effect_key.clone(), request).await {
+        Exchange::NotConnected => {
+            Sent { observation: HttpObservation::NotConnected, description: format!("could not connect to {target}") }
+        }
+        Exchange::SentNoAnswer(why) => Sent {
+            observation: HttpObservation::SentNoAnswer,
+            description: format!("sent to {target}, no answer: {why}"),
+        },
+        Exchange::Answered { status, headers, .. } => {
+            let retry_after = crate::effects::retry_after_in(|name| {
+                headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+            });
+            Sent {
+                observation: HttpObservation::Answered { status, retry_after },
+                description: format!("{target} answered {status}"),
+            }
         }
     }
 }
