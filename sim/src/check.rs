@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use oncebox_runtime::Host;
-use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, OperationRecord, OperationStatus, OutboxMessage};
+use oncebox_runtime::ledger::run_state::{compensated, undoable};
+use oncebox_runtime::ledger::{
+    ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Why,
+};
 use oncebox_runtime::{LedgerError, Status};
 
 use crate::drive::route_of;
@@ -25,6 +28,10 @@ pub struct Facts {
     pub approvals: Vec<ApprovalRecord>,
     /// Operation keys every open run names (run_state's one rule).
     pub named_open: BTreeSet<String>,
+    /// What keeps each open run open.
+    pub open: BTreeMap<String, Vec<Open>>,
+    /// Runs whose compensation was asked for and had not finished when the seed ended.
+    pub compensating: BTreeSet<String>,
     /// Operation keys whose records `gc` removed (a tombstone stands for them).
     pub collected: BTreeSet<String>,
     pub outbox: Vec<OutboxMessage>,
@@ -57,7 +64,13 @@ impl std::fmt::Display for Violation {
 }
 
 impl Facts {
-    pub async fn gather(plan: &Plan, world: &World, history: &History, host: &Host) -> Result<Facts, LedgerError> {
+    pub async fn gather(
+        plan: &Plan,
+        world: &World,
+        history: &History,
+        host: &Host,
+        compensating: BTreeSet<String>,
+    ) -> Result<Facts, LedgerError> {
         let ledger = host.ledger();
         let history = history.entries();
         let mut collected = BTreeSet::new();
@@ -68,13 +81,8 @@ impl Facts {
                 collected.insert(key.clone());
             }
         }
-        let named_open = ledger
-            .open_runs(None, ledger.now_ms())
-            .await?
-            .into_values()
-            .flatten()
-            .map(|open| open.operation_key)
-            .collect();
+        let open = ledger.open_runs(None, ledger.now_ms()).await?;
+        let named_open = open.values().flatten().map(|open| open.operation_key.clone()).collect();
         let mut reservations = BTreeMap::new();
         for order in plan.order_ids() {
             if let Some(bytes) = ledger.kv_get("reservations", &format!("reservation/{order}")).await?
@@ -105,6 +113,8 @@ impl Facts {
             operations: ledger.operations(None).await?,
             approvals: ledger.approvals(None).await?,
             named_open,
+            open,
+            compensating,
             collected,
             outbox: ledger.outbox().await?,
             deliveries: world.deliveries(),
@@ -124,6 +134,9 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     rejected_sent_nothing(facts, &mut found);
     irreversible_only_approved(facts, &mut found);
     compensations(facts, &mut found);
+    undone_stays_undone(facts, &mut found);
+    compensation_finishes(facts, &mut found);
+    irreversible_sent_once(facts, &mut found);
     acknowledged_survive(facts, &mut found);
     completed_took_effect(facts, &mut found);
     outbox_once(facts, &mut found);
@@ -252,6 +265,73 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
     }
     for (order, n) in releases.into_iter().filter(|(_, n)| *n > 1) {
         found.push(violation("compensated-twice", "", &order, format!("the reservation was released {n} times")));
+    }
+}
+
+/// A run whose compensation reported done has every completed compensatable step compensated at
+/// the end (its orchestrators call none of its steps after the report, so a step that completed
+/// later was in flight when compensation said it was done).
+fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
+    let done: BTreeSet<&str> = facts
+        .history
+        .iter()
+        .filter_map(|entry| match &entry.event {
+            Event::Compensated { run, result, .. } if result.starts_with("Done") => Some(run.as_str()),
+            _ => None,
+        })
+        .collect();
+    for run in done {
+        let ops: Vec<&OperationRecord> = facts.operations.iter().filter(|op| op.run_id == run).collect();
+        for op in ops.iter().filter(|op| undoable(op)) {
+            if !compensated(&ops, op) {
+                let detail =
+                    format!("compensation said done, yet {} {} completed and is not undone", op.tool, op.step_id);
+                found.push(violation("compensation-incomplete", run, &order_of(op), detail));
+            }
+        }
+    }
+}
+
+/// A compensation asked for finishes unless something needs a person or an answer: a claim whose
+/// owner is gone is taken over, never waited on for ever.
+fn compensation_finishes(facts: &Facts, found: &mut Vec<Violation>) {
+    for run in &facts.compensating {
+        let Some(reasons) = facts.open.get(run) else { continue };
+        if !reasons.is_empty() && reasons.iter().all(|open| matches!(open.why, Why::Abandoned { .. })) {
+            let steps: Vec<&str> = reasons.iter().map(|open| open.step_id.as_str()).collect();
+            let detail = format!("compensation waited to the end on abandoned claims only: {steps:?}");
+            found.push(violation("compensation-stalled", run, "", detail));
+        }
+    }
+}
+
+/// An irreversible request leaves once per approval: never resent, and sent again only after a
+/// person settled the first as not committed.
+fn irreversible_sent_once(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut sent: BTreeMap<&str, u32> = BTreeMap::new();
+    for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
+        *sent.entry(request.order.as_str()).or_default() += 1;
+    }
+    for (order, n) in sent {
+        let settled = facts
+            .history
+            .iter()
+            .filter(|entry| match &entry.event {
+                Event::Settled { committed: false, result, operation_key, .. } => {
+                    !result.starts_with("refused")
+                        && facts
+                            .operations
+                            .iter()
+                            .any(|op| op.key == *operation_key && op.tool == "fulfill" && order_of(op) == order)
+                }
+                _ => false,
+            })
+            .count() as u32;
+        if n > 1 + settled {
+            let detail =
+                format!("an irreversible fulfillment was sent {n} times ({settled} settled not-committed by a person)");
+            found.push(violation("irreversible-sent-twice", "", order, detail));
+        }
     }
 }
 
@@ -644,6 +724,68 @@ mod tests {
         assert_eq!(names(&facts), ["outbox-out-of-order"]);
         facts.deliveries = vec![delivery(1)];
         assert_eq!(names(&facts), ["outbox-lost"]);
+    }
+
+    #[test]
+    fn a_compensation_that_said_done_while_a_step_was_running_is_found() {
+        let done = entry(Event::Compensated { run: "run-1".into(), by: "operator".into(), result: "Done []".into() });
+        let charged = op("charge", "o-1", "completed", Some(json!({"id": "pay_1"})));
+        let mut facts = Facts {
+            commits: vec![commit("payments", "o-1", "pay_1")],
+            operations: vec![charged.clone()],
+            history: vec![done],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["compensation-incomplete"]);
+        let mut refund = op("refund", "o-1", "completed", Some(json!({"id": "ref_1"})));
+        refund.step_id = format!("compensate/{}", charged.key);
+        facts.operations.push(refund);
+        facts.commits.push(commit("refunds", "o-1", "ref_1"));
+        facts.workflow_orders.insert("o-1".into());
+        assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_compensation_left_waiting_on_abandoned_claims_is_found() {
+        let open =
+            |why: Why| Open { step_id: "3-charge".into(), tool: "charge".into(), operation_key: "k".into(), why };
+        let abandoned = Why::Abandoned { owner: "gone".into(), lease_until_ms: 0, recorded: true };
+        let mut facts = Facts {
+            compensating: ["run-1".to_string()].into(),
+            open: [("run-1".to_string(), vec![open(abandoned)])].into(),
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["compensation-stalled"]);
+        facts.open = [("run-1".to_string(), vec![open(Why::Unknown)])].into();
+        assert_eq!(names(&facts), Vec::<&str>::new(), "an unknown step waits for an answer, rightly");
+    }
+
+    #[test]
+    fn an_irreversible_request_sent_twice_is_found_unless_a_person_settled_the_first() {
+        let body = json!({"order_id": "o-1"});
+        let approved = entry(Event::Decided {
+            run: "run-1".into(),
+            step: "s-fulfill".into(),
+            approve: true,
+            params: body.clone(),
+            component: Some("sha256:1".into()),
+            result: "approved".into(),
+        });
+        let mut facts = Facts {
+            requests: vec![request("fulfillments", "o-1", body.clone()), request("fulfillments", "o-1", body)],
+            fulfill_digest: Some("sha256:1".into()),
+            operations: vec![op("fulfill", "o-1", "failed", None)],
+            history: vec![approved],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["irreversible-sent-twice"]);
+        facts.history.push(entry(Event::Settled {
+            run: "run-1".into(),
+            operation_key: "key-fulfill-o-1".into(),
+            committed: false,
+            result: "claimed".into(),
+        }));
+        assert_eq!(names(&facts), Vec::<&str>::new());
     }
 
     #[test]

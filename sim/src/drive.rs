@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Site};
+use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Point, Site};
 use oncebox_runtime::ledger::{ApprovalState, OperationRecord, OperationStatus, Resolution};
 use oncebox_runtime::policy_file::PolicyFile;
 use oncebox_runtime::{
@@ -38,8 +38,10 @@ pub enum LedgerKind {
 
 /// How many times a caller asks for one step before it leaves it to the operator.
 const MAX_ASKS: u32 = 60;
-/// How long the last pass may take, on the simulated clock, before what is open is reported.
+/// How long the last pass may take before what is open is reported: on the simulated clock (redb),
+/// and on the database's real one (PostgreSQL).
 const LAST_PASS: Duration = Duration::from_secs(3_600);
+const LAST_PASS_REAL: Duration = Duration::from_secs(60);
 /// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
 const GC_RETENTION: Duration = Duration::from_secs(600);
 
@@ -59,8 +61,13 @@ struct Shared {
     next_job: Vec<usize>,
     /// Runs someone decided to compensate, until compensation is done.
     to_compensate: BTreeSet<String>,
-    /// Per operation: reconciles the operator made.
-    reconciles: BTreeMap<String, u32>,
+    /// Runs whose compensation reported done: their orchestrators call none of their steps again.
+    undone: BTreeSet<String>,
+    /// Per operation: reconciles the operator made, and when the first was.
+    reconciles: BTreeMap<String, (u32, u64)>,
+    /// Rejections a second person makes the moment the approved call is about to send (by
+    /// operation key).
+    armed: BTreeMap<String, oncebox_runtime::ledger::ApprovalRecord>,
     calls: u64,
 }
 
@@ -127,13 +134,15 @@ pub async fn run(
     let mut life = 0usize;
     let host = loop {
         let crash = ctx.plan.crashes.get(life).copied();
-        let hooks = Arc::new(LifeHooks::new(ctx.world.clone(), crash));
+        let (racer, rejections) = tokio::sync::mpsc::unbounded_channel();
+        let hooks = Arc::new(LifeHooks::new(&ctx, crash, racer));
         let host = build(&ctx, hooks.clone()).await?;
         let mut callers = tokio::task::JoinSet::new();
         for c in 0..ctx.plan.callers {
             callers.spawn(caller(ctx.clone(), host.clone(), c));
         }
         let operator = tokio::spawn(operator(ctx.clone(), host.clone()));
+        let second_person = tokio::spawn(second_person(ctx.clone(), host.clone(), rejections));
         let timer = async {
             match crash {
                 Some(Crash::AtTime { after_ms }) => tokio::time::sleep(Duration::from_millis(after_ms)).await,
@@ -157,6 +166,8 @@ pub async fn run(
         // The process dies (or the orchestrators are done): no task of this life goes on.
         callers.abort_all();
         operator.abort();
+        second_person.abort();
+        let _ = second_person.await;
         while let Some(joined) = callers.join_next().await {
             if let Err(e) = joined
                 && e.is_panic()
@@ -185,7 +196,8 @@ pub async fn run(
         }
     };
     last_pass(&ctx, &host).await?;
-    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host).await?;
+    let compensating = ctx.shared().to_compensate.clone();
+    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host, compensating).await?;
     let shared = ctx.shared();
     let faults = ctx.world.faults() + life as u64;
     Ok(Ran { facts, history: ctx.history.clone(), operations: shared.calls, faults })
@@ -262,6 +274,9 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
 /// The hooks of one life: the world as the network, and the plan's crash.
 struct LifeHooks {
     world: World,
+    shared: Arc<Mutex<Shared>>,
+    /// Where an armed rejection goes when its call reaches the point before its write-ahead.
+    racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
     crash: Option<Crash>,
     visits: AtomicU32,
     fired: AtomicBool,
@@ -270,9 +285,15 @@ struct LifeHooks {
 }
 
 impl LifeHooks {
-    fn new(world: World, crash: Option<Crash>) -> LifeHooks {
+    fn new(
+        ctx: &Ctx,
+        crash: Option<Crash>,
+        racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
+    ) -> LifeHooks {
         LifeHooks {
-            world,
+            world: ctx.world.clone(),
+            shared: ctx.shared.clone(),
+            racer,
             crash,
             visits: AtomicU32::new(0),
             fired: AtomicBool::new(false),
@@ -289,6 +310,17 @@ impl LifeHooks {
 impl Hooks for LifeHooks {
     fn at(&self, site: Site) -> HookFuture<'_, ()> {
         Box::pin(async move {
+            if site.point == Point::BeforeWriteAhead {
+                let armed = self.shared.lock().unwrap_or_else(|p| p.into_inner()).armed.remove(&site.operation_key);
+                if let Some(record) = armed {
+                    let _ = self.racer.send(record);
+                }
+            }
+            // An await point, as a write to disk is in a host: whatever is ready runs here (the
+            // racing rejection among them).
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
             let visit = self.visits.fetch_add(1, Ordering::SeqCst) + 1;
             let due = matches!(self.crash, Some(Crash::AtPoint { visit: at }) if at == visit);
             if !due || self.fired.swap(true, Ordering::SeqCst) {
@@ -350,6 +382,9 @@ async fn order(ctx: &Ctx, host: &Host, c: usize, job: &Job) {
         ("5-notify", "notify", notify_args(order)),
     ];
     for (step, tool, args) in steps {
+        if ctx.shared().undone.contains(run) {
+            return;
+        }
         if *cancel && tool == "fulfill" {
             compensate(ctx, host, run, &format!("caller {c}")).await;
             return;
@@ -441,7 +476,9 @@ async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
             // Done, or waiting for a person to undo a step by hand (which nobody here does).
             let by_hand = report.steps.iter().any(|s| s.action == "undo-by-hand");
             if report.state == oncebox_runtime::saga::SagaState::Done || by_hand {
-                ctx.shared().to_compensate.remove(run);
+                let mut shared = ctx.shared();
+                shared.to_compensate.remove(run);
+                shared.undone.insert(run.to_string());
             }
             let steps: Vec<String> = report.steps.iter().map(|s| format!("{} {}", s.step_id, s.action)).collect();
             format!("{:?} [{}]", report.state, steps.join(", "))
@@ -536,7 +573,12 @@ async fn decide(ctx: &Ctx, host: &Host, record: &oncebox_runtime::ledger::Approv
         result: decided.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
     });
     if approve && percent(seed, &["race", &record.run_id, &record.step_id]) < ctx.plan.operator.racing_reject_pct {
-        // The second person acts while the caller may be using the approval.
+        if percent(seed, &["race-when", &record.run_id, &record.step_id]) < 50 {
+            // The second person rejects the moment the approved call is about to send.
+            ctx.shared().armed.insert(record.operation_key.clone(), record.clone());
+            return;
+        }
+        // The second person acts a few ms after the approval, before or while the caller uses it.
         let (ctx, host, record) = (ctx.clone(), host.clone(), record.clone());
         tokio::spawn(async move {
             let delay = percent(ctx.plan.seed, &["race-at", &record.run_id]) % 7;
@@ -559,6 +601,35 @@ async fn decide(ctx: &Ctx, host: &Host, record: &oncebox_runtime::ledger::Approv
                 component: record.component.clone(),
                 result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
             });
+        });
+    }
+}
+
+/// The second person: rejects each armed request the moment its call reaches the point before its
+/// write-ahead (the hooks send it here, then yield so that this runs first).
+async fn second_person(
+    ctx: Ctx,
+    host: Host,
+    mut rejections: tokio::sync::mpsc::UnboundedReceiver<oncebox_runtime::ledger::ApprovalRecord>,
+) {
+    while let Some(record) = rejections.recv().await {
+        let rejected = host
+            .decide_on(
+                &record.operation_key,
+                &record.fingerprint,
+                record.component.as_deref(),
+                Decision::Reject,
+                "second-person",
+                None,
+            )
+            .await;
+        ctx.history.push(Event::Decided {
+            run: record.run_id.clone(),
+            step: record.step_id.clone(),
+            approve: false,
+            params: host.reveal(&record).unwrap_or(Value::Null),
+            component: record.component.clone(),
+            result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
         });
     }
 }
@@ -588,17 +659,20 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
         Err(e) => format!("error: {e}"),
     };
     ctx.history.push(Event::Reconciled { run: op.run_id.clone(), operation_key: op.key.clone(), answer });
-    let tries = {
+    let now = host.ledger().now_ms();
+    let (tries, since) = {
         let mut shared = ctx.shared();
-        let tries = shared.reconciles.entry(op.key.clone()).or_insert(0);
-        *tries += 1;
-        *tries
+        let tries = shared.reconciles.entry(op.key.clone()).or_insert((0, now));
+        tries.0 += 1;
+        (tries.0, now.saturating_sub(tries.1))
     };
     let Some(route) = route_of(&op.tool) else {
         return;
     };
     let order = op.args.get("order_id").and_then(Value::as_str).unwrap_or_default();
-    if tries < 6 || ctx.world.pending(route, order) {
+    // A person settles by hand only what reconciling could not, given time to (two settle
+    // windows), and once nothing of it is still on its way.
+    if tries < 6 || since < 2 * ctx.plan.downstream.settle_window_ms || ctx.world.pending(route, order) {
         return;
     }
     let Ok(Some(now)) = host.ledger().operation(&op.key).await else {
@@ -650,7 +724,11 @@ async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
 /// [`LAST_PASS`] is over), and what is still on its way at the downstream lands.
 async fn last_pass(ctx: &Ctx, host: &Host) -> anyhow::Result<()> {
     let step = Duration::from_millis(ctx.plan.downstream.settle_window_ms.max(ctx.plan.operator.every_ms));
-    let rounds = (LAST_PASS.as_millis() / step.as_millis().max(1)) as u32;
+    let budget = match ctx.ledger {
+        LedgerAt::File(_) => LAST_PASS,
+        LedgerAt::Database(_) => LAST_PASS_REAL,
+    };
+    let rounds = (budget.as_millis() / step.as_millis().max(1)) as u32;
     let relay = host.outbox_relay();
     for _ in 0..rounds.max(1) {
         look(ctx, host, true).await;
@@ -661,6 +739,13 @@ async fn last_pass(ctx: &Ctx, host: &Host) -> anyhow::Result<()> {
             return Ok(());
         }
         for (run, steps) in &open {
+            let undoing = {
+                let shared = ctx.shared();
+                shared.to_compensate.contains(run) || shared.undone.contains(run)
+            };
+            if undoing {
+                continue;
+            }
             for open in steps {
                 if let Some(op) = host.ledger().operation(&open.operation_key).await?
                     && matches!(op.status, OperationStatus::Claimed)

@@ -47,6 +47,9 @@ pub struct Downstream {
     pub lookup_fail_pct: u64,
     /// Percent of reads (the inventory) that fail with a 503.
     pub read_fail_pct: u64,
+    /// Percent of resends of a committed key answered with a refusal ("already processed")
+    /// instead of the commit's answer: a refusal after a commit, which proves nothing.
+    pub resend_refused_pct: u64,
 }
 
 /// What one request meets at the downstream.
@@ -277,6 +280,7 @@ impl Downstream {
             answers,
             lookup_fail_pct: rng.u64(0..=20),
             read_fail_pct: rng.u64(0..=20),
+            resend_refused_pct: rng.u64(0..=30),
         }
     }
 

@@ -200,6 +200,12 @@ impl World {
                 answer: answer.map_or("replayed for its key".into(), |a| format!("{a:?}")),
             });
             match replay {
+                Some(Ok(_))
+                    if percent(self.seed, &["resend-refused", &route, &order, &nth.to_string()])
+                        < self.settings.resend_refused_pct =>
+                {
+                    return answered(400, json!({"error": "already processed"}));
+                }
                 Some(Ok(response)) => return answered(200, response),
                 Some(Err(())) => return answered(409, json!({"error": "a request with this key is in flight"})),
                 None => {}
