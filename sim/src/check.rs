@@ -158,6 +158,12 @@ fn violation(invariant: &'static str, run: &str, order: &str, detail: String) ->
     Violation { invariant, run: run.to_string(), order: order.to_string(), detail }
 }
 
+/// The run an order's operations belong to (the workload gives each order one run).
+fn run_of(facts: &Facts, order: &str) -> String {
+    let op = facts.operations.iter().find(|op| order_of(op) == order);
+    op.map(|op| op.run_id.clone()).unwrap_or_default()
+}
+
 /// Every route and order belongs to one operation (the workload keeps them apart), so two commits
 /// for one route and order are one effect committed twice.
 fn once_per_operation(facts: &Facts, found: &mut Vec<Violation>) {
@@ -169,7 +175,7 @@ fn once_per_operation(facts: &Facts, found: &mut Vec<Violation>) {
         if commits.len() > 1 {
             let keys: Vec<&str> = commits.iter().map(|c| c.key.get(..12).unwrap_or(&c.key)).collect();
             let detail = format!("{route} committed {} times for {order} (keys {keys:?})", commits.len());
-            found.push(violation("committed-twice", "", order, detail));
+            found.push(violation("committed-twice", &run_of(facts, order), order, detail));
         }
     }
 }
@@ -241,7 +247,12 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
         });
         if !approved {
             let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
-            found.push(violation("irreversible-without-approval", "", &request.order, detail));
+            found.push(violation(
+                "irreversible-without-approval",
+                &run_of(facts, &request.order),
+                &request.order,
+                detail,
+            ));
         }
     }
 }
@@ -252,7 +263,7 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
         let (refunds, payments) = (commits(facts, "refunds", order).len(), commits(facts, "payments", order).len());
         if refunds > payments {
             let detail = format!("{refunds} refund(s) for {payments} payment(s)");
-            found.push(violation("compensation-without-effect", "", order, detail));
+            found.push(violation("compensation-without-effect", &run_of(facts, order), order, detail));
         }
     }
     let mut releases: BTreeMap<String, u32> = BTreeMap::new();
@@ -264,7 +275,12 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
         }
     }
     for (order, n) in releases.into_iter().filter(|(_, n)| *n > 1) {
-        found.push(violation("compensated-twice", "", &order, format!("the reservation was released {n} times")));
+        found.push(violation(
+            "compensated-twice",
+            &run_of(facts, &order),
+            &order,
+            format!("the reservation was released {n} times"),
+        ));
     }
 }
 
@@ -305,33 +321,16 @@ fn compensation_finishes(facts: &Facts, found: &mut Vec<Violation>) {
     }
 }
 
-/// An irreversible request leaves once per approval: never resent, and sent again only after a
-/// person settled the first as not committed.
+/// An irreversible request leaves once: never resent, and never sent again on anyone's word
+/// (its approval was for one dispatch; a new intent is a new step and a new approval).
 fn irreversible_sent_once(facts: &Facts, found: &mut Vec<Violation>) {
     let mut sent: BTreeMap<&str, u32> = BTreeMap::new();
     for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
         *sent.entry(request.order.as_str()).or_default() += 1;
     }
-    for (order, n) in sent {
-        let settled = facts
-            .history
-            .iter()
-            .filter(|entry| match &entry.event {
-                Event::Settled { committed: false, result, operation_key, .. } => {
-                    !result.starts_with("refused")
-                        && facts
-                            .operations
-                            .iter()
-                            .any(|op| op.key == *operation_key && op.tool == "fulfill" && order_of(op) == order)
-                }
-                _ => false,
-            })
-            .count() as u32;
-        if n > 1 + settled {
-            let detail =
-                format!("an irreversible fulfillment was sent {n} times ({settled} settled not-committed by a person)");
-            found.push(violation("irreversible-sent-twice", "", order, detail));
-        }
+    for (order, n) in sent.into_iter().filter(|(_, n)| *n > 1) {
+        let detail = format!("an irreversible fulfillment was sent {n} times");
+        found.push(violation("irreversible-sent-twice", &run_of(facts, order), order, detail));
     }
 }
 
@@ -761,7 +760,7 @@ mod tests {
     }
 
     #[test]
-    fn an_irreversible_request_sent_twice_is_found_unless_a_person_settled_the_first() {
+    fn an_irreversible_request_sent_twice_is_found() {
         let body = json!({"order_id": "o-1"});
         let approved = entry(Event::Decided {
             run: "run-1".into(),
@@ -772,20 +771,15 @@ mod tests {
             result: "approved".into(),
         });
         let mut facts = Facts {
-            requests: vec![request("fulfillments", "o-1", body.clone()), request("fulfillments", "o-1", body)],
+            requests: vec![request("fulfillments", "o-1", body.clone())],
             fulfill_digest: Some("sha256:1".into()),
             operations: vec![op("fulfill", "o-1", "failed", None)],
             history: vec![approved],
             ..Facts::default()
         };
-        assert_eq!(names(&facts), ["irreversible-sent-twice"]);
-        facts.history.push(entry(Event::Settled {
-            run: "run-1".into(),
-            operation_key: "key-fulfill-o-1".into(),
-            committed: false,
-            result: "claimed".into(),
-        }));
         assert_eq!(names(&facts), Vec::<&str>::new());
+        facts.requests.push(request("fulfillments", "o-1", body));
+        assert_eq!(names(&facts), ["irreversible-sent-twice"]);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use std::path::Path;
 pub use check::{Violation, check};
 pub use drive::LedgerKind;
 pub use history::Entry;
-pub use plan::Plan;
+pub use plan::{Cut, Plan};
 
 /// What one seed came to.
 #[derive(Debug)]
@@ -67,10 +67,10 @@ impl SeedReport {
     }
 }
 
-/// Runs seed `seed` on a runtime of its own (one thread; the clock paused on redb), with
-/// components compiled into `cache`.
-pub fn run_seed(seed: u64, kind: LedgerKind, cache: &Path) -> anyhow::Result<SeedReport> {
-    let plan = Plan::new(seed);
+/// Runs seed `seed`, less `cut`, on a runtime of its own (one thread; the clock paused on redb),
+/// with components compiled into `cache`.
+pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow::Result<SeedReport> {
+    let plan = Plan::new(seed).without(cut);
     let digest = plan.digest();
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().start_paused(kind == LedgerKind::Redb).build()?;
@@ -93,4 +93,38 @@ pub fn run_seed(seed: u64, kind: LedgerKind, cache: &Path) -> anyhow::Result<See
         violations,
         history: ran.history.entries(),
     })
+}
+
+/// The smallest cut of seed `seed` found that still breaks `invariant`: jobs and crashes are left
+/// out one at a time, each kept out while the violation stays, until none can go (a greedy
+/// shrink, as property testers do; the runs are deterministic, so a cut replays). `None` if the
+/// whole plan is the smallest.
+pub fn shrink(seed: u64, invariant: &str, kind: LedgerKind, cache: &Path) -> anyhow::Result<Option<(Cut, SeedReport)>> {
+    let plan = Plan::new(seed);
+    let mut cut = Cut::default();
+    let mut best = None;
+    loop {
+        let mut smaller = false;
+        let candidates = (0..plan.jobs.len())
+            .filter(|n| !cut.jobs.contains(n))
+            .map(|n| (n, true))
+            .chain((0..plan.crashes.len()).filter(|n| !cut.crashes.contains(n)).map(|n| (n, false)));
+        for (n, job) in candidates.collect::<Vec<_>>() {
+            let mut tried = cut.clone();
+            if job {
+                tried.jobs.insert(n);
+            } else {
+                tried.crashes.insert(n);
+            }
+            let report = run_seed(seed, &tried, kind, cache)?;
+            if report.violations.iter().any(|v| v.invariant == invariant) {
+                cut = tried;
+                best = Some(report);
+                smaller = true;
+            }
+        }
+        if !smaller {
+            return Ok(best.map(|report| (cut, report)));
+        }
+    }
 }

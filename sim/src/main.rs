@@ -1,13 +1,15 @@
 //! `oncebox-sim --seeds N` runs seeds 1..=N (`--from` moves the start), `--seed S` runs one; each
-//! prints its digest and what it found. A violation prints the history of what it concerns and the
-//! command that replays it. The last line is `sim: N seeds, M operations, F faults, V violations`;
-//! the exit status is 1 if any seed broke an invariant, 2 if the simulation itself failed.
+//! prints its digest and what it found. A violation is shrunk (jobs and crashes left out while it
+//! stays), then printed with the history of what it concerns and the command that replays it. The
+//! last line is `sim: N seeds, M operations, F faults, V violations`; the exit status is 1 if any
+//! seed broke an invariant, 2 if the simulation itself failed.
 
+use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use oncebox_sim::{LedgerKind, SeedReport, run_seed};
+use oncebox_sim::{Cut, Entry, LedgerKind, SeedReport, Violation, run_seed, shrink};
 
 #[derive(Debug, Parser)]
 #[command(name = "oncebox-sim", about = "Seeded whole-system simulation of oncebox, every history checked")]
@@ -27,6 +29,15 @@ struct Args {
     /// Stop at the first seed that breaks an invariant.
     #[arg(long)]
     stop: bool,
+    /// Leave these jobs of the plan out (by index, comma-separated): a shrunk seed's replay.
+    #[arg(long, value_delimiter = ',')]
+    drop_jobs: Vec<usize>,
+    /// Leave these crashes of the plan out (by index, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    drop_crashes: Vec<usize>,
+    /// Print a violation as found, without shrinking it first.
+    #[arg(long)]
+    no_shrink: bool,
 }
 
 fn main() -> ExitCode {
@@ -42,13 +53,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let cut = Cut {
+        jobs: args.drop_jobs.iter().copied().collect::<BTreeSet<_>>(),
+        crashes: args.drop_crashes.iter().copied().collect::<BTreeSet<_>>(),
+    };
     let seeds: Vec<u64> = match args.seed {
         Some(seed) => vec![seed],
         None => (args.from..args.from + args.seeds).collect(),
     };
     let (mut operations, mut faults, mut violations, mut ran) = (0, 0, 0, 0);
     for seed in seeds {
-        let report = match run_seed(seed, args.ledger, cache.path()) {
+        let report = match run_seed(seed, &cut, args.ledger, cache.path()) {
             Ok(report) => report,
             Err(e) => {
                 eprintln!("sim: seed {seed}: the simulation failed: {e:#}");
@@ -59,7 +74,37 @@ fn main() -> ExitCode {
         operations += report.operations;
         faults += report.faults;
         violations += report.violations.len();
-        print(&report, args.seed.is_some(), args.ledger);
+        println!(
+            "seed {}: digest: {}, history: {}, {} operations, {} faults, {} violations",
+            report.seed,
+            report.digest,
+            &report.history_digest()[..16],
+            report.operations,
+            report.faults,
+            report.violations.len()
+        );
+        if args.seed.is_some() {
+            show(report.history.iter(), "  ");
+        }
+        if let Some(first) = report.violations.first() {
+            for violation in &report.violations {
+                println!("  VIOLATION {violation}");
+            }
+            let shrunk =
+                match (args.no_shrink || !cut.is_empty(), shrink(seed, first.invariant, args.ledger, cache.path())) {
+                    (true, _) => None,
+                    (false, Ok(shrunk)) => shrunk,
+                    (false, Err(e)) => {
+                        eprintln!("sim: seed {seed}: shrinking failed: {e:#}");
+                        None
+                    }
+                };
+            let (cut, report) = match &shrunk {
+                Some((smaller, report)) => (smaller.clone(), report),
+                None => (cut.clone(), &report),
+            };
+            explain(report, first.invariant, &cut, args.ledger);
+        }
         if args.stop && !report.violations.is_empty() {
             break;
         }
@@ -68,34 +113,36 @@ fn main() -> ExitCode {
     if violations > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
 }
 
-fn print(report: &SeedReport, whole: bool, ledger: LedgerKind) {
-    println!(
-        "seed {}: digest: {}, history: {}, {} operations, {} faults, {} violations",
-        report.seed,
-        report.digest,
-        &report.history_digest()[..16],
-        report.operations,
-        report.faults,
-        report.violations.len()
-    );
-    if whole {
-        show(report.history.iter(), "  ");
+/// Prints the (shrunk) violation: what it concerns in the history, and how to replay it.
+fn explain(report: &SeedReport, invariant: &str, cut: &Cut, ledger: LedgerKind) {
+    let Some(violation) = report.violations.iter().find(|v| v.invariant == invariant) else {
+        return;
+    };
+    if !cut.is_empty() {
+        println!(
+            "  shrunk: {} of the plan's jobs and crashes left out, it still breaks {invariant}",
+            cut.jobs.len() + cut.crashes.len()
+        );
     }
-    for violation in &report.violations {
-        println!("  VIOLATION {violation}");
-        println!("  what it concerns, in order:");
-        show(report.history.iter().filter(|e| e.event.concerns(&violation.run, &violation.order)), "    ");
-        let ledger = match ledger {
-            LedgerKind::Redb => "",
-            LedgerKind::Postgres => " --ledger postgres",
-        };
-        println!("  replay: cargo run --release -p oncebox-sim -- --seed {}{ledger}", report.seed);
-    }
+    println!("  {violation}");
+    println!("  what it concerns, in order:");
+    show(report.history.iter().filter(|e| concerns(violation, e)), "    ");
+    let ledger = match ledger {
+        LedgerKind::Redb => "",
+        LedgerKind::Postgres => " --ledger postgres",
+    };
+    println!("  replay: cargo run --release -p oncebox-sim -- --seed {}{}{ledger}", report.seed, cut.flags());
+}
+
+/// Whether `entry` belongs to the history of `violation` (all of it, when the violation names no
+/// run and no order).
+fn concerns(violation: &Violation, entry: &Entry) -> bool {
+    (violation.run.is_empty() && violation.order.is_empty()) || entry.event.concerns(&violation.run, &violation.order)
 }
 
 /// Prints entries, a run of the same event (a caller asking again and again) as its first line
 /// and a count.
-fn show<'a>(entries: impl Iterator<Item = &'a oncebox_sim::Entry>, indent: &str) {
+fn show<'a>(entries: impl Iterator<Item = &'a Entry>, indent: &str) {
     let mut last: Option<(String, u32)> = None;
     for entry in entries {
         let event = entry.event.to_string();

@@ -6,6 +6,8 @@
 //! of one request) are drawn by [`choice`] from the seed and the names of what they concern (the
 //! route, the order, the dispatch's number), never from the order in which tasks happened to run.
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -159,6 +161,32 @@ pub struct Operator {
     pub gcs: Vec<u64>,
 }
 
+/// What a shrunk run leaves out of its seed's plan: jobs and crashes, by their index in the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub jobs: BTreeSet<usize>,
+    pub crashes: BTreeSet<usize>,
+}
+
+impl Cut {
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.crashes.is_empty()
+    }
+
+    /// The command-line flags that make the same cut.
+    pub fn flags(&self) -> String {
+        let list = |set: &BTreeSet<usize>| set.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let mut flags = String::new();
+        if !self.jobs.is_empty() {
+            flags.push_str(&format!(" --drop-jobs {}", list(&self.jobs)));
+        }
+        if !self.crashes.is_empty() {
+            flags.push_str(&format!(" --drop-crashes {}", list(&self.crashes)));
+        }
+        flags
+    }
+}
+
 /// A number drawn from the seed and `parts`, the same whenever they are.
 pub fn choice(seed: u64, parts: &[&str]) -> u64 {
     let mut hash = Sha256::new();
@@ -228,6 +256,17 @@ impl Plan {
             gcs,
         };
         Plan { seed, callers, downstream, jobs, crashes, operator }
+    }
+
+    /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:
+    /// they are drawn by name, not by position).
+    pub fn without(&self, cut: &Cut) -> Plan {
+        let mut plan = self.clone();
+        plan.jobs =
+            self.jobs.iter().enumerate().filter(|(n, _)| !cut.jobs.contains(n)).map(|(_, j)| j.clone()).collect();
+        plan.crashes =
+            self.crashes.iter().enumerate().filter(|(n, _)| !cut.crashes.contains(n)).map(|(_, c)| *c).collect();
+        plan
     }
 
     /// SHA-256 of the plan as JSON: equal digests, equal workloads and fault schedules.
