@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use oncebox_runtime::Host;
-use oncebox_runtime::ledger::run_state::{compensated, undoable};
 use oncebox_runtime::ledger::{
     ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Why,
 };
@@ -183,8 +182,12 @@ fn once_per_operation(facts: &Facts, found: &mut Vec<Violation>) {
 /// `failed` means nothing of the operation took effect.
 fn failed_took_nothing(facts: &Facts, found: &mut Vec<Violation>) {
     for op in facts.operations.iter().filter(|op| op.status == OperationStatus::Failed) {
-        let Some(route) = route_of(&op.tool) else { continue };
         let order = order_of(op);
+        if op.tool == "reserve" && facts.reservations.contains_key(&order) {
+            let detail = format!("reserve {} is failed, yet the order's reservation is held", op.step_id);
+            found.push(violation("failed-but-committed", &op.run_id, &order, detail));
+        }
+        let Some(route) = route_of(&op.tool) else { continue };
         let landed = commits(facts, route, &order);
         if !landed.is_empty() {
             let detail =
@@ -239,7 +242,13 @@ fn order_of_step(facts: &Facts, run: &str, step: &str) -> Option<String> {
 /// component that sends it.
 fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
     for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
-        let approved = facts.history.iter().any(|entry| match &entry.event {
+        // Only a decision made before the request left counts.
+        let sent_at = facts.history.iter().position(|entry| {
+            matches!(&entry.event, Event::Dispatch { route, order, nth, .. }
+                if route == "fulfillments" && *order == request.order && *nth == request.nth)
+        });
+        let before = sent_at.map_or(&facts.history[..], |at| &facts.history[..at]);
+        let approved = before.iter().any(|entry| match &entry.event {
             Event::Decided { approve: true, params, component, result, .. } => {
                 result == "approved" && *params == request.body && *component == facts.fulfill_digest
             }
@@ -284,9 +293,10 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
     }
 }
 
-/// A run whose compensation reported done has every completed compensatable step compensated at
-/// the end (its orchestrators call none of its steps after the report, so a step that completed
-/// later was in flight when compensation said it was done).
+/// A run whose compensation reported done is undone at the end, by the downstream's record and
+/// the reservations held: every payment refunded, no reservation left. (Its orchestrators start no
+/// step once compensation is asked for, so a step that took effect later was in flight when
+/// compensation said it was done.)
 fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
     let done: BTreeSet<&str> = facts
         .history
@@ -297,13 +307,20 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         })
         .collect();
     for run in done {
-        let ops: Vec<&OperationRecord> = facts.operations.iter().filter(|op| op.run_id == run).collect();
-        for op in ops.iter().filter(|op| undoable(op)) {
-            if !compensated(&ops, op) {
-                let detail =
-                    format!("compensation said done, yet {} {} completed and is not undone", op.tool, op.step_id);
-                found.push(violation("compensation-incomplete", run, &order_of(op), detail));
-            }
+        let Some(order) = facts.history.iter().find_map(|entry| match &entry.event {
+            Event::Called { run: r, order: Some(order), .. } if r == run => Some(order.clone()),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
+        if payments > refunds {
+            let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
+            found.push(violation("compensation-incomplete", run, &order, detail));
+        }
+        if facts.reservations.contains_key(&order) {
+            let detail = "compensation said done, yet the order's reservation is still held".to_string();
+            found.push(violation("compensation-incomplete", run, &order, detail));
         }
     }
 }
@@ -427,18 +444,6 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
     }
     for (order, n) in enqueued.iter().filter(|(order, _)| !completed.contains(*order)) {
         found.push(violation("outbox", "", order, format!("{n} message(s) enqueued by no completed notify")));
-    }
-    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    for message in &facts.outbox {
-        if last.get(message.topic.as_str()).is_some_and(|seq| *seq >= message.seq) {
-            found.push(violation(
-                "outbox",
-                "",
-                "",
-                format!("topic {} is out of order at {}", message.topic, message.seq),
-            ));
-        }
-        last.insert(&message.topic, message.seq);
     }
 }
 
@@ -727,21 +732,56 @@ mod tests {
 
     #[test]
     fn a_compensation_that_said_done_while_a_step_was_running_is_found() {
+        let output = json!({"id": "pay_1"});
         let done = entry(Event::Compensated { run: "run-1".into(), by: "operator".into(), result: "Done []".into() });
-        let charged = op("charge", "o-1", "completed", Some(json!({"id": "pay_1"})));
         let mut facts = Facts {
             commits: vec![commit("payments", "o-1", "pay_1")],
-            operations: vec![charged.clone()],
-            history: vec![done],
+            operations: vec![op("charge", "o-1", "completed", Some(output.clone()))],
+            history: vec![entry(called(Status::Completed, "key-charge-o-1", Some(output))), done],
+            workflow_orders: ["o-1".to_string()].into(),
             ..Facts::default()
         };
-        assert_eq!(names(&facts), ["compensation-incomplete"]);
-        let mut refund = op("refund", "o-1", "completed", Some(json!({"id": "ref_1"})));
-        refund.step_id = format!("compensate/{}", charged.key);
-        facts.operations.push(refund);
+        assert_eq!(names(&facts), ["compensation-incomplete"], "a payment stands");
         facts.commits.push(commit("refunds", "o-1", "ref_1"));
-        facts.workflow_orders.insert("o-1".into());
         assert_eq!(names(&facts), Vec::<&str>::new());
+        facts.reservations.insert("o-1".into(), ("sku-a".into(), 1));
+        facts.reserved.insert("sku-a".into(), 1);
+        assert_eq!(names(&facts), ["compensation-incomplete"], "a reservation is held");
+    }
+
+    #[test]
+    fn an_approval_made_after_the_request_left_does_not_count() {
+        let body = json!({"order_id": "o-1"});
+        let approved = entry(Event::Decided {
+            run: "run-1".into(),
+            step: "s-fulfill".into(),
+            approve: true,
+            params: body.clone(),
+            component: Some("sha256:1".into()),
+            result: "approved".into(),
+        });
+        let sent =
+            entry(Event::Dispatch { route: "fulfillments".into(), order: "o-1".into(), nth: 1, answer: "Ok".into() });
+        let mut facts = Facts {
+            requests: vec![request("fulfillments", "o-1", body)],
+            fulfill_digest: Some("sha256:1".into()),
+            history: vec![sent.clone(), approved.clone()],
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["irreversible-without-approval"]);
+        facts.history = vec![approved, sent];
+        assert_eq!(names(&facts), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_failed_reserve_that_left_its_reservation_is_found() {
+        let facts = Facts {
+            operations: vec![op("reserve", "o-1", "failed", None)],
+            reservations: [("o-1".to_string(), ("sku-a".to_string(), 1))].into(),
+            reserved: [("sku-a".to_string(), 1)].into(),
+            ..Facts::default()
+        };
+        assert_eq!(names(&facts), ["failed-but-committed"]);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub enum LedgerKind {
     Postgres,
 }
 
+/// The caller that, in the last pass, calls again the steps callers left.
+const LAST_PASS_CALLER: usize = 99;
 /// How many times a caller asks for one step before it leaves it to the operator.
 const MAX_ASKS: u32 = 60;
 /// How long the last pass may take before what is open is reported: on the simulated clock (redb),
@@ -44,6 +46,9 @@ const LAST_PASS: Duration = Duration::from_secs(3_600);
 const LAST_PASS_REAL: Duration = Duration::from_secs(60);
 /// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
 const GC_RETENTION: Duration = Duration::from_secs(600);
+/// How long after its write-ahead a request may still leave (the host's send deadline): short, so
+/// that an empty lookup can count as proof within a seed's lives.
+const SEND_BY: Duration = Duration::from_secs(1);
 
 /// What one seed's run hands the checker.
 pub struct Ran {
@@ -65,6 +70,8 @@ struct Shared {
     undone: BTreeSet<String>,
     /// Per operation: reconciles the operator made, and when the first was.
     reconciles: BTreeMap<String, (u32, u64)>,
+    /// When the operator last reconciled (ledger ms).
+    reconciled_ms: u64,
     /// Rejections a second person makes the moment the approved call is about to send (by
     /// operation key).
     armed: BTreeMap<String, oncebox_runtime::ledger::ApprovalRecord>,
@@ -209,7 +216,7 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
     let host = loop {
         let builder = match &ctx.ledger {
             LedgerAt::File(path) => match oncebox_runtime::ledger::redb::RedbStore::open(path) {
-                Ok(store) => HostBuilder::on_ledger(Ledger::on(Paced(store))),
+                Ok(store) => HostBuilder::on_ledger(Ledger::on(Paced { inner: store, free: ctx.plan.free })),
                 Err(_) if tries < 200 => {
                     // A redb file stays locked until the last handle of the dead host is gone
                     // (a task of the dead host still finishing, such as a second person's
@@ -268,7 +275,7 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
     );
     let policy =
         PolicyFile::parse(&policy, std::path::Path::new("sim.toml")).context("the simulation's policy file")?;
-    Ok(builder.policy_file(policy).hooks(hooks).compile_cache(ctx.cache.clone()))
+    Ok(builder.policy_file(policy).hooks(hooks).send_deadline(SEND_BY).compile_cache(ctx.cache.clone()))
 }
 
 /// The hooks of one life: the world as the network, and the plan's crash.
@@ -382,7 +389,8 @@ async fn order(ctx: &Ctx, host: &Host, c: usize, job: &Job) {
         ("5-notify", "notify", notify_args(order)),
     ];
     for (step, tool, args) in steps {
-        if ctx.shared().undone.contains(run) {
+        // Once someone asked to undo the run, its orchestrators start none of its steps.
+        if ctx.shared().to_compensate.contains(run) || ctx.shared().undone.contains(run) {
             return;
         }
         if *cancel && tool == "fulfill" {
@@ -411,6 +419,13 @@ async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<Status> {
     let (run, step) = (call.run_id.clone().unwrap_or_default(), call.step_id.clone().unwrap_or_default());
     let mut last = None;
     for _ in 0..MAX_ASKS {
+        let undoing = {
+            let shared = ctx.shared();
+            shared.to_compensate.contains(&run) || shared.undone.contains(&run)
+        };
+        if undoing && c != LAST_PASS_CALLER {
+            return last;
+        }
         ctx.shared().calls += 1;
         let answered = host.call(call.clone()).await;
         let wait = match answered {
@@ -540,7 +555,16 @@ async fn look(ctx: &Ctx, host: &Host, last: bool) {
     let Ok(operations) = ledger.operations(None).await else {
         return;
     };
-    for op in operations.iter().filter(|op| op.status == OperationStatus::Unknown) {
+    let now = ledger.now_ms();
+    let due = {
+        let mut shared = ctx.shared();
+        let due = last || now >= shared.reconciled_ms.saturating_add(ctx.plan.operator.reconcile_every_ms);
+        if due {
+            shared.reconciled_ms = now;
+        }
+        due
+    };
+    for op in operations.iter().filter(|op| due && op.status == OperationStatus::Unknown) {
         reconcile(ctx, host, op).await;
     }
     if last {
@@ -670,9 +694,12 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
         return;
     };
     let order = op.args.get("order_id").and_then(Value::as_str).unwrap_or_default();
-    // A person settles by hand only what reconciling could not, given time to (two settle
-    // windows), and once nothing of it is still on its way.
-    if tries < 6 || since < 2 * ctx.plan.downstream.settle_window_ms || ctx.world.pending(route, order) {
+    // A person settles by hand only what reconciling could not, given time to (past the point an
+    // empty lookup counts as proof: the send deadline, the timeout and the settle window, twice
+    // over), and once nothing of it is still on its way.
+    let provable =
+        oncebox_runtime::clock::millis(SEND_BY) + ctx.plan.downstream.timeout_ms + ctx.plan.downstream.settle_window_ms;
+    if tries < 6 || since < 2 * provable || ctx.world.pending(route, order) {
         return;
     }
     let Ok(Some(now)) = host.ledger().operation(&op.key).await else {
@@ -753,7 +780,7 @@ async fn last_pass(ctx: &Ctx, host: &Host) -> anyhow::Result<()> {
                     let call =
                         Call::step(run, &op.step_id, &op.tool, args_of(ctx, run, &op.step_id).unwrap_or_default());
                     if !call.args.is_empty() {
-                        ask(ctx, host, 99, call).await;
+                        ask(ctx, host, LAST_PASS_CALLER, call).await;
                     }
                 }
             }

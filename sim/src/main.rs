@@ -75,10 +75,11 @@ fn main() -> ExitCode {
         faults += report.faults;
         violations += report.violations.len();
         println!(
-            "seed {}: digest: {}, history: {}, {} operations, {} faults, {} violations",
+            "seed {}: digest: {}, history: {}{}, {} operations, {} faults, {} violations",
             report.seed,
             report.digest,
             &report.history_digest()[..16],
+            if report.free { " (free)" } else { "" },
             report.operations,
             report.faults,
             report.violations.len()

@@ -1,18 +1,23 @@
-//! A ledger store whose calls finish before anything else runs.
+//! A ledger store whose calls hold the simulation still.
 //!
-//! redb commits on a writer thread of its own. Awaited the usual way, a commit would let the
-//! simulation's one runtime thread run other tasks meanwhile, and which of them ran (and, with the
-//! clock paused and nothing else to run, how far the clock jumped) would depend on how long the
-//! disk took: the same seed would interleave differently from run to run. Here each call blocks
-//! the runtime thread until the store answers, so the tasks interleave the same way on every run
-//! and simulated time stands still during a commit. `changed` is a wait on a timer, left as it is.
+//! redb commits on a writer thread of its own. Awaited the usual way, a commit lets the
+//! simulation's one runtime thread run other tasks meanwhile, and which of them ran (and, with
+//! the clock paused and nothing else to run, how far the clock jumped) would depend on how long
+//! the disk took: the same seed would interleave differently from run to run. So by default each
+//! call blocks the runtime thread until the store answers: the tasks interleave the same way on
+//! every run, and simulated time stands still during a commit.
+//!
+//! A seed that runs `free` awaits the calls as a host does, so that other tasks run during a
+//! commit and races inside the store can happen (a decision being written while a claim is
+//! taken); the clock is still held (a blocking task, which tokio counts as work, lives as long as
+//! the call), but the interleaving is the disk's. `changed` is a wait on a timer, left as it is.
 //!
 //! Only for a store whose calls need nothing else of the runtime to finish (redb's: its writer
 //! thread answers on a channel); a PostgreSQL store talks over sockets the runtime drives.
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
 
 use oncebox_runtime::LedgerError;
@@ -22,8 +27,11 @@ use oncebox_runtime::ledger::{
     Store, Tombstone,
 };
 
-/// `S`, each call finished before anything else runs.
-pub struct Paced<S>(pub S);
+/// `inner`, each call finished before anything else runs (or, `free`, awaited with the clock held).
+pub struct Paced<S> {
+    pub inner: S,
+    pub free: bool,
+}
 
 /// Wakes the thread that blocks on a store call.
 struct Unpark(std::thread::Thread);
@@ -34,9 +42,15 @@ impl Wake for Unpark {
     }
 }
 
+impl<S> Paced<S> {
+    fn paced<'a, T: Send + 'a>(&self, call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+        if self.free { held(call) } else { blocking(call) }
+    }
+}
+
 /// `call`, run to its end on this thread when first polled. Unconstrained by tokio's cooperative
 /// budget: a spent budget would answer `Pending` to every poll of this loop.
-fn paced<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+fn blocking<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
     Box::pin(async move {
         let mut call = std::pin::pin!(tokio::task::unconstrained(call));
         let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -50,13 +64,28 @@ fn paced<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
     })
 }
 
+/// `call`, awaited, with a blocking task alive until it ends (the paused clock does not move while
+/// one runs).
+fn held<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+    Box::pin(async move {
+        let (hold, held) = mpsc::channel::<()>();
+        // Ends when `hold` is dropped: `recv` then fails.
+        drop(tokio::task::spawn_blocking(move || {
+            let _ = held.recv();
+        }));
+        let out = call.await;
+        drop(hold);
+        out
+    })
+}
+
 impl<S: Store> Store for Paced<S> {
     fn name(&self) -> &Path {
-        self.0.name()
+        self.inner.name()
     }
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        paced(self.0.claim(req))
+        self.paced(self.inner.claim(req))
     }
 
     fn reopen<'a>(
@@ -64,11 +93,11 @@ impl<S: Store> Store for Paced<S> {
         req: &'a ClaimRequest,
         resendable: Vec<String>,
     ) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        paced(self.0.reopen(req, resendable))
+        self.paced(self.inner.reopen(req, resendable))
     }
 
     fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.renew(key, fence, until_ms))
+        self.paced(self.inner.renew(key, fence, until_ms))
     }
 
     fn put_effect<'a>(
@@ -78,7 +107,7 @@ impl<S: Store> Store for Paced<S> {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.put_effect(fence, effect, expected, staged))
+        self.paced(self.inner.put_effect(fence, effect, expected, staged))
     }
 
     fn record_attempt<'a>(
@@ -89,7 +118,7 @@ impl<S: Store> Store for Paced<S> {
         now_ms: u64,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.record_attempt(fence, attempt, finish, now_ms, staged))
+        self.paced(self.inner.record_attempt(fence, attempt, finish, now_ms, staged))
     }
 
     fn resolve<'a>(
@@ -100,19 +129,19 @@ impl<S: Store> Store for Paced<S> {
         resolution: &'a Resolution,
         settlement: &'a Settlement,
     ) -> BoxFuture<'a, Result<OperationRecord, LedgerError>> {
-        paced(self.0.resolve(operation_key, effect_key, seen, resolution, settlement))
+        self.paced(self.inner.resolve(operation_key, effect_key, seen, resolution, settlement))
     }
 
     fn operation<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<OperationRecord>, LedgerError>> {
-        paced(self.0.operation(key))
+        self.paced(self.inner.operation(key))
     }
 
     fn operations<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
-        paced(self.0.operations(run_id))
+        self.paced(self.inner.operations(run_id))
     }
 
     fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
-        paced(self.0.in_flight(run_id))
+        self.paced(self.inner.in_flight(run_id))
     }
 
     fn effect<'a>(
@@ -120,39 +149,39 @@ impl<S: Store> Store for Paced<S> {
         operation_key: &'a str,
         effect_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<EffectRecord>, LedgerError>> {
-        paced(self.0.effect(operation_key, effect_key))
+        self.paced(self.inner.effect(operation_key, effect_key))
     }
 
     fn effects<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<EffectRecord>, LedgerError>> {
-        paced(self.0.effects(operation_key))
+        self.paced(self.inner.effects(operation_key))
     }
 
     fn attempts<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Vec<AttemptRecord>, LedgerError>> {
-        paced(self.0.attempts(operation_key))
+        self.paced(self.inner.attempts(operation_key))
     }
 
     fn kv_entry<'a>(&'a self, namespace: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<KvEntry>, LedgerError>> {
-        paced(self.0.kv_entry(namespace, key))
+        self.paced(self.inner.kv_entry(namespace, key))
     }
 
     fn outbox(&self) -> BoxFuture<'_, Result<Vec<OutboxMessage>, LedgerError>> {
-        paced(self.0.outbox())
+        self.paced(self.inner.outbox())
     }
 
     fn approval<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>, LedgerError>> {
-        paced(self.0.approval(operation_key))
+        self.paced(self.inner.approval(operation_key))
     }
 
     fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
-        paced(self.0.approvals(run_id))
+        self.paced(self.inner.approvals(run_id))
     }
 
     fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.put_approval(record))
+        self.paced(self.inner.put_approval(record))
     }
 
     fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
-        paced(self.0.tombstone(operation_key))
+        self.paced(self.inner.tombstone(operation_key))
     }
 
     fn expire<'a>(
@@ -160,27 +189,27 @@ impl<S: Store> Store for Paced<S> {
         tombstones: &'a [Tombstone],
         approvals: &'a [StaleApproval],
     ) -> BoxFuture<'a, Result<Removed, LedgerError>> {
-        paced(self.0.expire(tombstones, approvals))
+        self.paced(self.inner.expire(tombstones, approvals))
     }
 
     fn is_shared(&self) -> bool {
-        self.0.is_shared()
+        self.inner.is_shared()
     }
 
     fn now_ms(&self) -> u64 {
-        self.0.now_ms()
+        self.inner.now_ms()
     }
 
     fn bind_key<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.bind_key(ids))
+        self.paced(self.inner.bind_key(ids))
     }
 
     fn commits(&self) -> u64 {
-        self.0.commits()
+        self.inner.commits()
     }
 
     fn changed<'a>(&'a self, key: &'a str, timeout: std::time::Duration) -> BoxFuture<'a, ()> {
-        self.0.changed(key, timeout)
+        self.inner.changed(key, timeout)
     }
 
     fn outbox_pending<'a>(
@@ -188,7 +217,7 @@ impl<S: Store> Store for Paced<S> {
         topic: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
-        paced(self.0.outbox_pending(topic, limit))
+        self.paced(self.inner.outbox_pending(topic, limit))
     }
 
     fn record_delivery<'a>(
@@ -196,18 +225,18 @@ impl<S: Store> Store for Paced<S> {
         seq: u64,
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
-        paced(self.0.record_delivery(seq, answer))
+        self.paced(self.inner.record_delivery(seq, answer))
     }
 
     fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
-        paced(self.0.note_reconcile(key, note))
+        self.paced(self.inner.note_reconcile(key, note))
     }
 
     fn lease<'a>(&'a self, name: &'a str, owner: &'a str, lease_ms: u64) -> BoxFuture<'a, Result<bool, LedgerError>> {
-        paced(self.0.lease(name, owner, lease_ms))
+        self.paced(self.inner.lease(name, owner, lease_ms))
     }
 
     fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<(), LedgerError>> {
-        paced(self.0.release(name, owner))
+        self.paced(self.inner.release(name, owner))
     }
 }

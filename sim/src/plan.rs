@@ -27,6 +27,10 @@ pub struct Plan {
     /// lives after the last crash run to the end.
     pub crashes: Vec<Crash>,
     pub operator: Operator,
+    /// The ledger's calls awaited as a host awaits them, other tasks running meanwhile: races
+    /// inside the store (a decision being written while a claim is taken) become possible, and
+    /// the run is no longer deterministic (see `paced.rs`). A quarter of the seeds.
+    pub free: bool,
 }
 
 /// What the downstream is like, and how it answers.
@@ -149,6 +153,9 @@ pub enum Crash {
 pub struct Operator {
     /// How often the operator looks (simulated ms).
     pub every_ms: u64,
+    /// How long the operator leaves between two rounds of reconciling (0: every look): an
+    /// operator who is away lets proofs age, as a key's retention runs out.
+    pub reconcile_every_ms: u64,
     /// Percent of requests for approval rejected.
     pub reject_pct: u64,
     /// Percent of approvals followed at once by a second person's rejection, racing the call.
@@ -249,13 +256,15 @@ impl Plan {
         let gcs = (0..rng.usize(0..=2)).map(|_| rng.u64(0..3_000)).collect();
         let operator = Operator {
             every_ms: rng.u64(20..=200),
+            reconcile_every_ms: [0, 1_500, 4_000][rng.usize(0..3)],
             reject_pct: rng.u64(0..=30),
             racing_reject_pct: rng.u64(0..=40),
             compensate_pct: rng.u64(0..=5),
             reloads,
             gcs,
         };
-        Plan { seed, callers, downstream, jobs, crashes, operator }
+        let free = rng.u64(0..100) < 25;
+        Plan { seed, callers, downstream, jobs, crashes, operator, free }
     }
 
     /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:
@@ -312,7 +321,7 @@ impl Downstream {
         Downstream {
             honours_keys: rng.u64(0..100) < 75,
             // Short enough, on the simulated clock, that some keys are forgotten within a seed.
-            key_retention_ms: [2_000, 30_000, 86_400_000][rng.usize(0..3)],
+            key_retention_ms: [1_000, 2_000, 30_000, 86_400_000][rng.usize(0..4)],
             timeout_ms: 200,
             settle_window_ms,
             lookup_lag_ms: rng.u64(0..=settle_window_ms / 2),

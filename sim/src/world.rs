@@ -351,11 +351,12 @@ impl World {
                 }
                 let seen =
                     state.keys.get(&((*route).to_string(), (*key).to_string())).and_then(|k| k.committed.clone());
+                // It forgets a key (in lookups too) only where it is said to honour keys: the
+                // host is told of a retention only for such a downstream.
+                let remembered =
+                    |at: u64| !self.settings.honours_keys || now < at.saturating_add(self.settings.key_retention_ms);
                 match seen {
-                    Some((at, response))
-                        if now >= at + self.settings.lookup_lag_ms
-                            && now < at.saturating_add(self.settings.key_retention_ms) =>
-                    {
+                    Some((at, response)) if now >= at + self.settings.lookup_lag_ms && remembered(at) => {
                         answered(200, response)
                     }
                     _ => answered(404, json!({"error": "no such key"})),

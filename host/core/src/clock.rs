@@ -2,25 +2,31 @@
 //! and judged by their ledger's clock (`Ledger::now_ms`), which is this one for a ledger file and
 //! the database's for a ledger that hosts share.
 //!
-//! A process may replace it once, before anything reads it ([`simulate`]): the whole-system
-//! simulator (`sim/`) runs the host on a paused clock, so that its stamps, leases and settle
-//! windows follow the same simulated time as its timers. No host ever calls it.
+//! Built with the `simulate` feature (the runtime's `harness` turns it on; no host is built with
+//! it), a process may replace it once ([`simulate`]): the whole-system simulator (`sim/`) runs the
+//! host on a paused clock, so that its stamps, leases and settle windows follow the same simulated
+//! time as its timers.
 
+#[cfg(feature = "simulate")]
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The clock that replaces the system's, when one does.
+#[cfg(feature = "simulate")]
 static SIMULATED: OnceLock<fn() -> u64> = OnceLock::new();
 
 pub fn now_ms() -> u64 {
-    match SIMULATED.get() {
-        Some(clock) => clock(),
-        None => SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis),
+    #[cfg(feature = "simulate")]
+    if let Some(clock) = SIMULATED.get() {
+        return clock();
     }
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, millis)
 }
 
 /// Makes `clock` this process's wall clock, for every later [`now_ms`]. Refused (`false`) once a
 /// clock was set: two simulators in one process would each move the other's time.
+#[cfg(feature = "simulate")]
+#[doc(hidden)]
 pub fn simulate(clock: fn() -> u64) -> bool {
     SIMULATED.set(clock).is_ok()
 }

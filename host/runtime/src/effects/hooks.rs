@@ -84,6 +84,23 @@ pub enum Exchange {
     Answered { status: u16, headers: Vec<(String, String)>, body: Vec<u8> },
 }
 
+impl Exchange {
+    /// What the rule of evidence is given to judge of this exchange (`failure::HttpObservation`).
+    pub(crate) fn observation(&self) -> crate::failure::HttpObservation {
+        use crate::failure::HttpObservation;
+        match self {
+            Exchange::NotConnected => HttpObservation::NotConnected,
+            Exchange::SentNoAnswer(_) => HttpObservation::SentNoAnswer,
+            Exchange::Answered { status, headers, .. } => {
+                let retry_after = crate::effects::retry_after_in(|name| {
+                    headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+                });
+                HttpObservation::Answered { status: *status, retry_after }
+            }
+        }
+    }
+}
+
 /// An HTTP request as it would leave the host (with its `Idempotency-Key` when it is an effect).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {

@@ -210,17 +210,11 @@ fn recorded(mut answer: HttpResponse, target: &str, taken: bool) -> Dispatched {
 
 /// What a scripted exchange means, by the same rule as a real one ([`conclude`]).
 fn judge(exchange: Exchange, target: &str) -> Dispatched {
-    let (observation, lost, answer) = match exchange {
-        Exchange::NotConnected => (HttpObservation::NotConnected, Some(format!("could not connect to {target}")), None),
-        Exchange::SentNoAnswer(why) => {
-            (HttpObservation::SentNoAnswer, Some(format!("sent to {target}, no answer: {why}")), None)
-        }
-        Exchange::Answered { status, headers, body } => {
-            let retry_after = retry_after_in(|name| {
-                headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-            });
-            (HttpObservation::Answered { status, retry_after }, None, Some(HttpResponse { status, headers, body }))
-        }
+    let observation = exchange.observation();
+    let (lost, answer) = match exchange {
+        Exchange::NotConnected => (Some(format!("could not connect to {target}")), None),
+        Exchange::SentNoAnswer(why) => (Some(format!("sent to {target}, no answer: {why}")), None),
+        Exchange::Answered { status, headers, body } => (None, Some(HttpResponse { status, headers, body })),
     };
     match (conclude(&observation, target, lost), answer) {
         (Conclusion::Done(dispatched), _) => dispatched,

@@ -52,29 +52,21 @@ pub(super) async fn post(client: &reqwest::Client, endpoint: &Endpoint, message:
     }
 }
 
-/// Like [`post`], answered by the harness's hooks in the endpoint's place.
+/// Like [`post`], answered by the harness's hooks in the endpoint's place, within the endpoint's
+/// timeout as a real send is. (The hooks are not given the headers `post` adds.)
 pub(super) async fn through(hooks: &dyn Hooks, endpoint: &Endpoint, message: &OutboxMessage) -> Sent {
     let target = endpoint.host_port();
     let request =
         Outgoing { method: "POST".into(), url: endpoint.url.to_string(), body: message.payload.clone().into_bytes() };
-    match hooks.deliver(message.effect_key.clone(), request).await {
-        Exchange::NotConnected => {
-            Sent { observation: HttpObservation::NotConnected, description: format!("could not connect to {target}") }
-        }
-        Exchange::SentNoAnswer(why) => Sent {
-            observation: HttpObservation::SentNoAnswer,
-            description: format!("sent to {target}, no answer: {why}"),
-        },
-        Exchange::Answered { status, headers, .. } => {
-            let retry_after = crate::effects::retry_after_in(|name| {
-                headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-            });
-            Sent {
-                observation: HttpObservation::Answered { status, retry_after },
-                description: format!("{target} answered {status}"),
-            }
-        }
-    }
+    let exchange = tokio::time::timeout(endpoint.timeout, hooks.deliver(message.effect_key.clone(), request))
+        .await
+        .unwrap_or_else(|_| Exchange::SentNoAnswer("timed out".into()));
+    let description = match &exchange {
+        Exchange::NotConnected => format!("could not connect to {target}"),
+        Exchange::SentNoAnswer(why) => format!("sent to {target}, no answer: {why}"),
+        Exchange::Answered { status, .. } => format!("{target} answered {status}"),
+    };
+    Sent { observation: exchange.observation(), description }
 }
 
 fn request(
