@@ -23,9 +23,11 @@
 //!
 //! - `plan`: the seed's workload, downstream, crashes and operator; its digest.
 //! - `world`: the downstream (through the host's hooks), and its record of what it committed.
-//! - `drive`: the host's lives, the callers, the operator, the last pass.
+//! - `drive/`: the host's lives and their hooks; `caller`: the orchestrators; `operator`: the
+//!   people, and the last pass.
 //! - `history`: what happened, in order.
-//! - `check`: the invariants, over the facts a seed left.
+//! - `check`: the invariants, over the facts a seed left (`check/tests.rs`: each on a history made
+//!   by hand).
 //! - `clock`: the simulated wall clock; `paced`: the ledger store whose calls finish before any
 //!   other task runs.
 

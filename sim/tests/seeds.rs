@@ -20,11 +20,8 @@ fn thirty_seeds_keep_every_promise_and_run_the_same_way_twice() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "oncebox-sim failed ({:?}):\n{stdout}\n{stderr}", out.status);
     let last = stdout.lines().last().unwrap_or_default();
-    let numbers: Vec<u64> = last
-        .trim_start_matches("sim: ")
-        .split(", ")
-        .filter_map(|part| part.split(' ').next()?.parse().ok())
-        .collect();
+    let numbers: Vec<u64> =
+        last.trim_start_matches("sim: ").split(", ").filter_map(|part| part.split(' ').next()?.parse().ok()).collect();
     let [seeds, operations, faults, violations] = numbers[..] else {
         panic!("the last line is not the summary: {last:?}");
     };

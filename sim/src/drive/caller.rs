@@ -1,0 +1,160 @@
+//! The orchestrators: each works through its jobs, calling a step until it has an answer it can
+//! act on, and compensating a run whose step failed; they start no step of a run once someone asked
+//! to undo it.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use oncebox_runtime::{Call, Host, Status};
+
+use super::operator::compensate;
+use super::{Ctx, LAST_PASS_CALLER, MAX_ASKS, same_everywhere};
+use crate::history::Event;
+use crate::plan::{Job, charge_args, fulfill_args, notify_args};
+
+/// One caller: its jobs, from the first it has not finished (after a crash it starts that one
+/// again: its steps that completed are answered from the ledger).
+pub(super) async fn caller(ctx: Ctx, host: Host, c: usize) {
+    let jobs: Vec<Job> = ctx.plan.jobs.iter().filter(|j| j.callers().contains(&c)).cloned().collect();
+    let first = ctx.shared().next_job[c];
+    for job in jobs.into_iter().skip(first) {
+        match &job {
+            Job::Order { .. } => order(&ctx, &host, c, &job).await,
+            Job::Call { run, step, tool, args, repeats, conflicting, .. } => {
+                for n in 0..*repeats {
+                    let args = if *conflicting && n + 1 == *repeats { conflict(args) } else { args.clone() };
+                    ask(&ctx, &host, c, Call::step(run, step, tool, args.to_string())).await;
+                }
+            }
+        }
+        ctx.shared().next_job[c] += 1;
+    }
+}
+
+/// The order workflow, as an orchestrator runs it.
+async fn order(ctx: &Ctx, host: &Host, c: usize, job: &Job) {
+    let Job::Order { run, order, sku, quantity, amount_cents, cancel, .. } = job else {
+        return;
+    };
+    let steps: Vec<(&str, &str, Value)> = vec![
+        ("1-stock", "stock", json!({"sku": sku})),
+        ("2-reserve", "reserve", json!({"order_id": order, "sku": sku, "quantity": quantity})),
+        ("3-charge", "charge", charge_args(order, *amount_cents)),
+        ("4-fulfill", "fulfill", fulfill_args(order, sku, *quantity)),
+        ("5-notify", "notify", notify_args(order)),
+    ];
+    for (step, tool, args) in steps {
+        // Once someone asked to undo the run, its orchestrators start none of its steps.
+        if ctx.shared().to_compensate.contains(run) || ctx.shared().undone.contains(run) {
+            return;
+        }
+        if *cancel && tool == "fulfill" {
+            compensate(ctx, host, run, &format!("caller {c}")).await;
+            return;
+        }
+        let status = ask(ctx, host, c, Call::step(run, step, tool, args.to_string())).await;
+        match status {
+            Some(Status::Completed) => {}
+            // Nothing to undo before the first write.
+            _ if tool == "stock" => return,
+            _ => {
+                compensate(ctx, host, run, &format!("caller {c}")).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Calls a step until it has an answer a caller can act on: completed, failed, rejected, a
+/// conflict, expired; or leaves it (unknown, awaiting, in progress) after [`MAX_ASKS`].
+pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<Status> {
+    let order = serde_json::from_str::<Value>(&call.args)
+        .ok()
+        .and_then(|a| a.get("order_id").and_then(Value::as_str).map(str::to_string));
+    let (run, step) = (call.run_id.clone().unwrap_or_default(), call.step_id.clone().unwrap_or_default());
+    let mut last = None;
+    for _ in 0..MAX_ASKS {
+        let undoing = {
+            let shared = ctx.shared();
+            shared.to_compensate.contains(&run) || shared.undone.contains(&run)
+        };
+        if undoing && c != LAST_PASS_CALLER {
+            return last;
+        }
+        ctx.shared().calls += 1;
+        let answered = host.call(call.clone()).await;
+        let wait = match answered {
+            Ok(outcome) => {
+                ctx.history.push(Event::Called {
+                    caller: format!("caller {c}"),
+                    run: run.clone(),
+                    step: step.clone(),
+                    tool: call.tool.clone(),
+                    order: order.clone(),
+                    status: outcome.status,
+                    replayed: outcome.replayed,
+                    operation_key: outcome.operation_key.clone(),
+                    output: outcome.output.clone(),
+                    error: outcome.error.as_ref().map(|e| same_everywhere(ctx, &e.message)),
+                });
+                last = Some(outcome.status);
+                match outcome.status {
+                    Status::AwaitingApproval | Status::InProgress => {
+                        Duration::from_millis(ctx.plan.operator.every_ms * 2)
+                    }
+                    Status::Unknown => Duration::from_millis(ctx.plan.downstream.settle_window_ms / 2),
+                    _ => return last,
+                }
+            }
+            Err(e) => {
+                ctx.history.push(Event::CallError {
+                    caller: format!("caller {c}"),
+                    run: run.clone(),
+                    step: step.clone(),
+                    tool: call.tool.clone(),
+                    error: same_everywhere(ctx, &e.to_string()),
+                });
+                Duration::from_millis(100)
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+    last
+}
+
+/// The same step with other args: a caller that re-plans under an old step id.
+fn conflict(args: &Value) -> Value {
+    let mut other = args.clone();
+    if let Some(fields) = other.as_object_mut() {
+        for (name, value) in fields.iter_mut() {
+            match name.as_str() {
+                "amount_cents" | "quantity" => *value = json!(value.as_u64().unwrap_or(0) + 1),
+                "template" => *value = json!("cancelled"),
+                "sku" => *value = json!(format!("{}-other", value.as_str().unwrap_or_default())),
+                "address" => *value = json!("elsewhere"),
+                _ => {}
+            }
+        }
+    }
+    other
+}
+
+/// The args a run's step was called with, from the plan (the ledger keeps them redacted).
+pub(super) fn args_of(ctx: &Ctx, run_id: &str, step_id: &str) -> Option<String> {
+    ctx.plan.jobs.iter().find_map(|job| match job {
+        Job::Call { run, step, args, .. } if run == run_id && step == step_id => Some(args.to_string()),
+        Job::Order { run, order, sku, quantity, amount_cents, .. } if run == run_id => {
+            let args = match step_id {
+                "1-stock" => json!({"sku": sku}),
+                "2-reserve" => json!({"order_id": order, "sku": sku, "quantity": quantity}),
+                "3-charge" => charge_args(order, *amount_cents),
+                "4-fulfill" => fulfill_args(order, sku, *quantity),
+                "5-notify" => notify_args(order),
+                _ => return None,
+            };
+            Some(args.to_string())
+        }
+        _ => None,
+    })
+}

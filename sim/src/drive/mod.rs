@@ -1,0 +1,371 @@
+//! One seed, run: the host's lives (each crashed where the plan says, the ledger reopened for the
+//! next), the callers working through their jobs as orchestrators would (a step called again until
+//! it has an answer; a run compensated when a step fails), the operator beside them, then a last
+//! pass in which the operator settles what is left, and the facts the checker reads.
+//!
+//! Here: the lives, the host each one builds and the hooks it runs under; `caller`: the
+//! orchestrators; `operator`: the people, and the last pass.
+
+mod caller;
+mod operator;
+
+use caller::caller;
+pub use operator::route_of;
+use operator::{last_pass, operator, second_person};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+
+use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Point, Site};
+use oncebox_runtime::policy_file::PolicyFile;
+use oncebox_runtime::{Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass, RetryPolicy};
+
+use crate::check::Facts;
+use crate::history::{Event, History};
+use crate::paced::Paced;
+use crate::plan::{Crash, Plan};
+use crate::world::{ORIGIN, World};
+
+/// Which ledger the host runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LedgerKind {
+    /// A redb file, on the simulated clock.
+    Redb,
+    /// A database of the throwaway PostgreSQL cluster, on the database's (real) clock.
+    Postgres,
+}
+
+/// The caller that, in the last pass, calls again the steps callers left.
+const LAST_PASS_CALLER: usize = 99;
+/// How many times a caller asks for one step before it leaves it to the operator.
+const MAX_ASKS: u32 = 60;
+/// How long the last pass may take before what is open is reported: on the simulated clock (redb),
+/// and on the database's real one (PostgreSQL).
+const LAST_PASS: Duration = Duration::from_secs(3_600);
+const LAST_PASS_REAL: Duration = Duration::from_secs(60);
+/// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
+const GC_RETENTION: Duration = Duration::from_secs(600);
+/// How long after its write-ahead a request may still leave (the host's send deadline): short, so
+/// that an empty lookup can count as proof within a seed's lives.
+const SEND_BY: Duration = Duration::from_secs(1);
+
+/// What one seed's run hands the checker.
+pub struct Ran {
+    pub facts: Facts,
+    pub history: History,
+    pub operations: u64,
+    pub faults: u64,
+}
+
+/// The state callers and the operator share, which outlives each life of the host (the
+/// orchestrators' own durable state).
+#[derive(Default)]
+struct Shared {
+    /// Per caller: the index (in its job list) of the first job not finished.
+    next_job: Vec<usize>,
+    /// Runs someone decided to compensate, until compensation is done.
+    to_compensate: BTreeSet<String>,
+    /// Runs whose compensation reported done: their orchestrators call none of their steps again.
+    undone: BTreeSet<String>,
+    /// Per operation: reconciles the operator made, and when the first was.
+    reconciles: BTreeMap<String, (u32, u64)>,
+    /// When the operator last reconciled (ledger ms).
+    reconciled_ms: u64,
+    /// Rejections a second person makes the moment the approved call is about to send (by
+    /// operation key).
+    armed: BTreeMap<String, oncebox_runtime::ledger::ApprovalRecord>,
+    calls: u64,
+}
+
+/// The world, the plan, the history and where the ledger lives: what every life shares.
+#[derive(Clone)]
+struct Ctx {
+    plan: Arc<Plan>,
+    world: World,
+    history: History,
+    shared: Arc<Mutex<Shared>>,
+    ledger: LedgerAt,
+    cache: PathBuf,
+    key_file: PathBuf,
+    /// The seed's directory, as messages that name the ledger's path spell it.
+    dir: String,
+}
+
+#[derive(Clone)]
+enum LedgerAt {
+    File(PathBuf),
+    Database(String),
+}
+
+impl Ctx {
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Runs `plan` against a fresh ledger in `dir`.
+pub async fn run(
+    plan: Plan,
+    kind: LedgerKind,
+    dir: &std::path::Path,
+    cache: PathBuf,
+    start_ms: u64,
+) -> anyhow::Result<Ran> {
+    let history = History::new(start_ms);
+    let world = World::new(plan.seed, plan.downstream.clone(), history.clone());
+    let ledger = match kind {
+        LedgerKind::Redb => LedgerAt::File(dir.join("ledger.redb")),
+        LedgerKind::Postgres => LedgerAt::Database(oncebox_pg_cluster::fresh_database().await),
+    };
+    let shared = Shared { next_job: vec![0; plan.callers], ..Shared::default() };
+    // The fingerprint key, from the seed: fingerprints (and the messages that name them) are the
+    // same on every run of the seed.
+    let key_file = match &ledger {
+        LedgerAt::File(path) => oncebox_runtime::secret::beside(path),
+        LedgerAt::Database(_) => dir.join("hosts.key"),
+    };
+    let secret: [u8; 32] = Sha256::digest(format!("oncebox-sim key {}", plan.seed)).into();
+    let key = oncebox_runtime::keys::FingerprintKey::new(vec![secret]).context("a fingerprint key")?;
+    std::fs::write(&key_file, key.to_text()).context("write the fingerprint key")?;
+    let ctx = Ctx {
+        plan: Arc::new(plan),
+        world,
+        history,
+        shared: Arc::new(Mutex::new(shared)),
+        ledger,
+        cache,
+        key_file,
+        dir: dir.display().to_string(),
+    };
+    let mut life = 0usize;
+    let host = loop {
+        let crash = ctx.plan.crashes.get(life).copied();
+        let (racer, rejections) = tokio::sync::mpsc::unbounded_channel();
+        let hooks = Arc::new(LifeHooks::new(&ctx, crash, racer));
+        let host = build(&ctx, hooks.clone()).await?;
+        let mut callers = tokio::task::JoinSet::new();
+        for c in 0..ctx.plan.callers {
+            callers.spawn(caller(ctx.clone(), host.clone(), c));
+        }
+        let operator = tokio::spawn(operator(ctx.clone(), host.clone()));
+        let second_person = tokio::spawn(second_person(ctx.clone(), host.clone(), rejections));
+        let timer = async {
+            match crash {
+                Some(Crash::AtTime { after_ms }) => tokio::time::sleep(Duration::from_millis(after_ms)).await,
+                _ => std::future::pending().await,
+            }
+        };
+        let done = async {
+            while let Some(joined) = callers.join_next().await {
+                joined?;
+            }
+            Ok::<(), tokio::task::JoinError>(())
+        };
+        let crashed = tokio::select! {
+            joined = done => {
+                joined.context("a caller of the simulation panicked")?;
+                None
+            }
+            () = hooks.crashed.notified() => Some("at a crash point".to_string()),
+            () = timer => Some("at a moment of the plan".to_string()),
+        };
+        // The process dies (or the orchestrators are done): no task of this life goes on.
+        callers.abort_all();
+        operator.abort();
+        second_person.abort();
+        let _ = second_person.await;
+        while let Some(joined) = callers.join_next().await {
+            if let Err(e) = joined
+                && e.is_panic()
+            {
+                anyhow::bail!("a caller of the simulation panicked: {e}");
+            }
+        }
+        if let Err(e) = operator.await
+            && e.is_panic()
+        {
+            anyhow::bail!("the simulated operator panicked: {e}");
+        }
+        match crashed {
+            None => break host,
+            Some(how) => {
+                let how = match hooks.site() {
+                    Some(site) => format!("{how}: {site}"),
+                    None => how,
+                };
+                ctx.history.push(Event::Crashed { how });
+                drop(host);
+                life += 1;
+                ctx.history.next_life();
+                ctx.history.push(Event::Restarted);
+            }
+        }
+    };
+    last_pass(&ctx, &host).await?;
+    let compensating = ctx.shared().to_compensate.clone();
+    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host, compensating).await?;
+    let shared = ctx.shared();
+    let faults = ctx.world.faults() + life as u64;
+    Ok(Ran { facts, history: ctx.history.clone(), operations: shared.calls, faults })
+}
+
+/// A host on the ledger, with every tool of the order workflow loaded, and `hooks` as its network.
+async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
+    let mut tries = 0;
+    let host = loop {
+        let builder = match &ctx.ledger {
+            LedgerAt::File(path) => match oncebox_runtime::ledger::redb::RedbStore::open(path) {
+                Ok(store) => HostBuilder::on_ledger(Ledger::on(Paced { inner: store, free: ctx.plan.free })),
+                Err(_) if tries < 200 => {
+                    // A redb file stays locked until the last handle of the dead host is gone
+                    // (a task of the dead host still finishing, such as a second person's
+                    // rejection on its way): simulated time passes, and they end.
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                Err(e) => return Err(e).context("reopen the ledger after a crash"),
+            },
+            LedgerAt::Database(url) => {
+                let ledger = Ledger::connect(url).await.context("connect to the simulation's database")?;
+                HostBuilder::on_ledger(ledger).key_file(&ctx.key_file)
+            }
+        };
+        break configure(builder, hooks.clone(), ctx)?.build().await.context("start the host")?;
+    };
+    for path in oncebox_artifacts::EXAMPLE_TOOLS {
+        host.load(path).await.with_context(|| format!("load {path}"))?;
+    }
+    Ok(host)
+}
+
+fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyhow::Result<HostBuilder> {
+    let origin: oncebox_runtime::capabilities::HttpGrant =
+        ORIGIN.parse().map_err(|e: String| anyhow::anyhow!("the downstream's origin: {e}"))?;
+    for tool in ["stock", "charge", "refund", "fulfill"] {
+        builder = builder.tool_config(tool, "base_url", ORIGIN).grant(tool, Grant::Http(origin.clone()));
+    }
+    for tool in ["reserve", "release"] {
+        builder = builder.grant(tool, Grant::Kv("reservations".into()));
+    }
+    builder = builder.grant("notify", Grant::Outbox("email".into()));
+    for (tool, class) in [
+        ("stock", ReplayClass::ReadOnly),
+        ("reserve", ReplayClass::Compensatable),
+        ("release", ReplayClass::IdempotentWrite),
+        ("charge", ReplayClass::Compensatable),
+        ("refund", ReplayClass::IdempotentWrite),
+        ("fulfill", ReplayClass::Irreversible),
+        ("notify", ReplayClass::IdempotentWrite),
+    ] {
+        let policy = RetryPolicy {
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(200),
+            ..RetryPolicy::for_class(class)
+        };
+        builder = builder.retry_policy(tool, policy);
+    }
+    // The outbox topic's endpoint, in the downstream (through the hooks), as an operator
+    // configures it.
+    let policy = format!(
+        "[outbox.email]\nendpoint = \"{ORIGIN}/email\"\nhonours_keys = {}\ntimeout = \"{}ms\"\n\
+         initial_backoff = \"10ms\"\nmax_backoff = \"200ms\"\nattempts_per_pass = 3\n",
+        ctx.plan.downstream.honours_keys, ctx.plan.downstream.timeout_ms
+    );
+    let policy =
+        PolicyFile::parse(&policy, std::path::Path::new("sim.toml")).context("the simulation's policy file")?;
+    Ok(builder.policy_file(policy).hooks(hooks).send_deadline(SEND_BY).compile_cache(ctx.cache.clone()))
+}
+
+/// The hooks of one life: the world as the network, and the plan's crash.
+struct LifeHooks {
+    world: World,
+    shared: Arc<Mutex<Shared>>,
+    /// Where an armed rejection goes when its call reaches the point before its write-ahead.
+    racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
+    crash: Option<Crash>,
+    visits: AtomicU32,
+    fired: AtomicBool,
+    site: Mutex<Option<String>>,
+    crashed: Notify,
+}
+
+impl LifeHooks {
+    fn new(
+        ctx: &Ctx,
+        crash: Option<Crash>,
+        racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
+    ) -> LifeHooks {
+        LifeHooks {
+            world: ctx.world.clone(),
+            shared: ctx.shared.clone(),
+            racer,
+            crash,
+            visits: AtomicU32::new(0),
+            fired: AtomicBool::new(false),
+            site: Mutex::new(None),
+            crashed: Notify::new(),
+        }
+    }
+
+    fn site(&self) -> Option<String> {
+        self.site.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Hooks for LifeHooks {
+    fn at(&self, site: Site) -> HookFuture<'_, ()> {
+        Box::pin(async move {
+            if site.point == Point::BeforeWriteAhead {
+                let armed = self.shared.lock().unwrap_or_else(|p| p.into_inner()).armed.remove(&site.operation_key);
+                if let Some(record) = armed {
+                    let _ = self.racer.send(record);
+                }
+            }
+            // An await point, as a write to disk is in a host: whatever is ready runs here (the
+            // racing rejection among them).
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            let visit = self.visits.fetch_add(1, Ordering::SeqCst) + 1;
+            let due = matches!(self.crash, Some(Crash::AtPoint { visit: at }) if at == visit);
+            if !due || self.fired.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let what = if site.label.is_empty() { format!("attempt {}", site.occurrence) } else { site.label.clone() };
+            *self.site.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{} of {what}", site.point.name()));
+            self.crashed.notify_one();
+            std::future::pending::<()>().await;
+        })
+    }
+
+    fn http(&self, site: Site, request: Outgoing) -> HookFuture<'_, Exchange> {
+        Box::pin(self.world.effect(site.key, request))
+    }
+
+    fn read(&self, request: Outgoing) -> HookFuture<'_, Exchange> {
+        Box::pin(async move { self.world.read(&request) })
+    }
+
+    fn target(&self) -> HttpTarget {
+        self.world.target()
+    }
+
+    fn deliver(&self, key: String, request: Outgoing) -> HookFuture<'_, Exchange> {
+        Box::pin(self.world.deliver(key, request))
+    }
+}
+
+/// A host's message with what differs between processes (the process id in an owner's name, the
+/// temporary directory in a ledger's path) taken out, so that a seed's history is the same on
+/// every run.
+fn same_everywhere(ctx: &Ctx, message: &str) -> String {
+    message.replace(&format!("{}-", std::process::id()), "host-").replace(&ctx.dir, "SEED-DIR")
+}

@@ -1,0 +1,322 @@
+//! The people: the operator who decides approvals, reconciles, settles by hand, compensates,
+//! reloads, runs `gc` and the outbox relay; the second person whose rejection races an approved
+//! call; and the last pass, in which the operator settles what the callers left.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use oncebox_runtime::ledger::{ApprovalState, OperationRecord, OperationStatus, Resolution};
+use oncebox_runtime::{Call, Decision, Host, Relay};
+
+use super::caller::{args_of, ask};
+use super::{Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY};
+use crate::history::Event;
+use crate::plan::{Job, percent};
+
+/// Compensates `run` (`by` a caller or the operator), and remembers whether it is done.
+pub(super) async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
+    ctx.shared().to_compensate.insert(run.to_string());
+    let result = match host.compensate(run).await {
+        Ok(report) => {
+            // Done, or waiting for a person to undo a step by hand (which nobody here does).
+            let by_hand = report.steps.iter().any(|s| s.action == "undo-by-hand");
+            if report.state == oncebox_runtime::saga::SagaState::Done || by_hand {
+                let mut shared = ctx.shared();
+                shared.to_compensate.remove(run);
+                shared.undone.insert(run.to_string());
+            }
+            let steps: Vec<String> = report.steps.iter().map(|s| format!("{} {}", s.step_id, s.action)).collect();
+            format!("{:?} [{}]", report.state, steps.join(", "))
+        }
+        Err(e) => format!("error: {e}"),
+    };
+    ctx.history.push(Event::Compensated { run: run.to_string(), by: by.to_string(), result });
+}
+
+/// The operator, while the callers work: looks every `every_ms`.
+pub(super) async fn operator(ctx: Ctx, host: Host) {
+    let mut looked = 0u64;
+    let mut reloads = ctx.plan.operator.reloads.clone();
+    let mut gcs = ctx.plan.operator.gcs.clone();
+    let relay = host.outbox_relay();
+    loop {
+        tokio::time::sleep(Duration::from_millis(ctx.plan.operator.every_ms)).await;
+        looked += 1;
+        let into_life = looked * ctx.plan.operator.every_ms;
+        look(&ctx, &host, false).await;
+        relay_pass(&ctx, relay.as_ref().ok()).await;
+        for (at, tool) in std::mem::take(&mut reloads) {
+            if at > into_life {
+                reloads.push((at, tool));
+                continue;
+            }
+            let path = oncebox_artifacts::EXAMPLE_TOOLS.iter().find(|p| p.ends_with(&format!("{tool}.wasm")));
+            let result = match path {
+                Some(path) => host.reload(path).await.map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
+                None => "no such tool".into(),
+            };
+            ctx.history.push(Event::Reloaded { tool, result });
+        }
+        if gcs.iter().any(|at| *at <= into_life) {
+            gcs.retain(|at| *at > into_life);
+            let result = host.gc(GC_RETENTION).await.map_or_else(|e| format!("error: {e}"), |r| format!("{r:?}"));
+            ctx.history.push(Event::Collected { result });
+        }
+        // A person undoing an order midway, racing its steps.
+        for job in &ctx.plan.jobs {
+            if let Job::Order { run, .. } = job
+                && percent(ctx.plan.seed, &["midway", run, &looked.to_string()]) < ctx.plan.operator.compensate_pct
+            {
+                compensate(&ctx, &host, run, "operator").await;
+            }
+        }
+    }
+}
+
+/// One look of the operator: decides requests for approval, reconciles what is unknown, settles
+/// by hand what stays unknown, and (`last`) compensates the runs waiting for it.
+async fn look(ctx: &Ctx, host: &Host, last: bool) {
+    let ledger = host.ledger().clone();
+    if let Ok(approvals) = ledger.approvals(None).await {
+        for record in approvals.into_iter().filter(|a| a.state == ApprovalState::Pending) {
+            decide(ctx, host, &record, last).await;
+        }
+    }
+    let Ok(operations) = ledger.operations(None).await else {
+        return;
+    };
+    let now = ledger.now_ms();
+    let due = {
+        let mut shared = ctx.shared();
+        let due = last || now >= shared.reconciled_ms.saturating_add(ctx.plan.operator.reconcile_every_ms);
+        if due {
+            shared.reconciled_ms = now;
+        }
+        due
+    };
+    for op in operations.iter().filter(|op| due && op.status == OperationStatus::Unknown) {
+        reconcile(ctx, host, op).await;
+    }
+    if last {
+        let runs: Vec<String> = ctx.shared().to_compensate.iter().cloned().collect();
+        for run in runs {
+            compensate(ctx, host, &run, "operator").await;
+        }
+    }
+}
+
+/// Decides one request for approval of the params the operator sees, now and then with a second
+/// person's rejection racing the approval's use.
+async fn decide(ctx: &Ctx, host: &Host, record: &oncebox_runtime::ledger::ApprovalRecord, last: bool) {
+    let seed = ctx.plan.seed;
+    // Once the callers are done, a run being undone gets no new shipment.
+    let ending = last && ctx.shared().to_compensate.contains(&record.run_id);
+    let approve =
+        !ending && percent(seed, &["reject", &record.run_id, &record.step_id]) >= ctx.plan.operator.reject_pct;
+    let params = host.reveal(record).unwrap_or(Value::Null);
+    let decision = if approve { Decision::Approve { expires_ms: None } } else { Decision::Reject };
+    let key = record.operation_key.clone();
+    let decided =
+        host.decide_on(&key, &record.fingerprint, record.component.as_deref(), decision, "sim-operator", None).await;
+    ctx.history.push(Event::Decided {
+        run: record.run_id.clone(),
+        step: record.step_id.clone(),
+        approve,
+        params: params.clone(),
+        component: record.component.clone(),
+        result: decided.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
+    });
+    if approve && percent(seed, &["race", &record.run_id, &record.step_id]) < ctx.plan.operator.racing_reject_pct {
+        if percent(seed, &["race-when", &record.run_id, &record.step_id]) < 50 {
+            // The second person rejects the moment the approved call is about to send.
+            ctx.shared().armed.insert(record.operation_key.clone(), record.clone());
+            return;
+        }
+        // The second person acts a few ms after the approval, before or while the caller uses it.
+        let (ctx, host, record) = (ctx.clone(), host.clone(), record.clone());
+        tokio::spawn(async move {
+            let delay = percent(ctx.plan.seed, &["race-at", &record.run_id]) % 7;
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let rejected = host
+                .decide_on(
+                    &record.operation_key,
+                    &record.fingerprint,
+                    record.component.as_deref(),
+                    Decision::Reject,
+                    "second-person",
+                    None,
+                )
+                .await;
+            ctx.history.push(Event::Decided {
+                run: record.run_id.clone(),
+                step: record.step_id.clone(),
+                approve: false,
+                params,
+                component: record.component.clone(),
+                result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
+            });
+        });
+    }
+}
+
+/// The second person: rejects each armed request the moment its call reaches the point before its
+/// write-ahead (the hooks send it here, then yield so that this runs first).
+pub(super) async fn second_person(
+    ctx: Ctx,
+    host: Host,
+    mut rejections: tokio::sync::mpsc::UnboundedReceiver<oncebox_runtime::ledger::ApprovalRecord>,
+) {
+    while let Some(record) = rejections.recv().await {
+        let rejected = host
+            .decide_on(
+                &record.operation_key,
+                &record.fingerprint,
+                record.component.as_deref(),
+                Decision::Reject,
+                "second-person",
+                None,
+            )
+            .await;
+        ctx.history.push(Event::Decided {
+            run: record.run_id.clone(),
+            step: record.step_id.clone(),
+            approve: false,
+            params: host.reveal(&record).unwrap_or(Value::Null),
+            component: record.component.clone(),
+            result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
+        });
+    }
+}
+
+/// The route of a tool's effect, where the downstream keeps the truth of it.
+pub fn route_of(tool: &str) -> Option<&'static str> {
+    match tool {
+        "charge" => Some("payments"),
+        "refund" => Some("refunds"),
+        "fulfill" => Some("fulfillments"),
+        _ => None,
+    }
+}
+
+/// Reconciles an unknown operation; after a few tries that settle nothing, settles it by hand
+/// from the downstream's own record (a person reading the provider's dashboard), once nothing of
+/// it is still on its way.
+async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
+    let answer = match host.reconcile_operation(&op.key).await {
+        Ok(Some(answer)) => match answer.answer {
+            oncebox_runtime::Reconciliation::Committed { outcome } => format!("committed: {}", outcome.status.as_str()),
+            oncebox_runtime::Reconciliation::NotCommitted { .. } => "not-committed".into(),
+            oncebox_runtime::Reconciliation::StillUnknown { reason, .. } => format!("still unknown: {reason}"),
+            other => format!("{other:?}"),
+        },
+        Ok(None) => "no such operation".into(),
+        Err(e) => format!("error: {e}"),
+    };
+    ctx.history.push(Event::Reconciled { run: op.run_id.clone(), operation_key: op.key.clone(), answer });
+    let now = host.ledger().now_ms();
+    let (tries, since) = {
+        let mut shared = ctx.shared();
+        let tries = shared.reconciles.entry(op.key.clone()).or_insert((0, now));
+        tries.0 += 1;
+        (tries.0, now.saturating_sub(tries.1))
+    };
+    let Some(route) = route_of(&op.tool) else {
+        return;
+    };
+    let order = op.args.get("order_id").and_then(Value::as_str).unwrap_or_default();
+    // A person settles by hand only what reconciling could not, given time to (past the point an
+    // empty lookup counts as proof: the send deadline, the timeout and the settle window, twice
+    // over), and once nothing of it is still on its way.
+    let provable =
+        oncebox_runtime::clock::millis(SEND_BY) + ctx.plan.downstream.timeout_ms + ctx.plan.downstream.settle_window_ms;
+    if tries < 6 || since < 2 * provable || ctx.world.pending(route, order) {
+        return;
+    }
+    let Ok(Some(now)) = host.ledger().operation(&op.key).await else {
+        return;
+    };
+    if now.status != OperationStatus::Unknown {
+        return;
+    }
+    let committed = ctx.world.commits().into_iter().find(|c| c.route == route && c.order == order);
+    let resolution = match &committed {
+        Some(commit) => Resolution::Committed { output: commit.response.to_string() },
+        None => Resolution::NotCommitted,
+    };
+    let result = host
+        .resolve(&op.key, None, &resolution, "sim-operator", Some("read the provider's own record"))
+        .await
+        .map_or_else(|e| format!("refused: {e}"), |o| o.status.as_str().to_string());
+    ctx.history.push(Event::Settled {
+        run: op.run_id.clone(),
+        operation_key: op.key.clone(),
+        committed: committed.is_some(),
+        result,
+    });
+}
+
+/// One pass of the outbox relay; whether every message is delivered.
+async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
+    let Some(relay) = relay else {
+        ctx.history.push(Event::Relayed { result: "no relay".into() });
+        return false;
+    };
+    match relay.deliver_pending().await {
+        Ok(summary) => {
+            let sends: u64 = summary.topics.iter().map(|t| t.sends).sum();
+            if sends > 0 {
+                let result = format!("{} delivered in {sends} sends", summary.delivered());
+                ctx.history.push(Event::Relayed { result });
+            }
+            summary.all_delivered()
+        }
+        Err(e) => {
+            ctx.history.push(Event::Relayed { result: format!("error: {e}") });
+            false
+        }
+    }
+}
+
+/// After the callers are done: the operator settles and compensates until no run is open (or
+/// [`LAST_PASS`] is over), and what is still on its way at the downstream lands.
+pub(super) async fn last_pass(ctx: &Ctx, host: &Host) -> anyhow::Result<()> {
+    let step = Duration::from_millis(ctx.plan.downstream.settle_window_ms.max(ctx.plan.operator.every_ms));
+    let budget = match ctx.ledger {
+        LedgerAt::File(_) => LAST_PASS,
+        LedgerAt::Database(_) => LAST_PASS_REAL,
+    };
+    let rounds = (budget.as_millis() / step.as_millis().max(1)) as u32;
+    let relay = host.outbox_relay();
+    for _ in 0..rounds.max(1) {
+        look(ctx, host, true).await;
+        let delivered = relay_pass(ctx, relay.as_ref().ok()).await;
+        // Steps a caller left (unknown, awaiting): called again, as the orchestrator would.
+        let open = host.ledger().open_runs(None, host.ledger().now_ms()).await?;
+        if open.is_empty() && delivered && !ctx.world.any_pending() && ctx.shared().to_compensate.is_empty() {
+            return Ok(());
+        }
+        for (run, steps) in &open {
+            let undoing = {
+                let shared = ctx.shared();
+                shared.to_compensate.contains(run) || shared.undone.contains(run)
+            };
+            if undoing {
+                continue;
+            }
+            for open in steps {
+                if let Some(op) = host.ledger().operation(&open.operation_key).await?
+                    && matches!(op.status, OperationStatus::Claimed)
+                {
+                    let call =
+                        Call::step(run, &op.step_id, &op.tool, args_of(ctx, run, &op.step_id).unwrap_or_default());
+                    if !call.args.is_empty() {
+                        ask(ctx, host, LAST_PASS_CALLER, call).await;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(step).await;
+    }
+    Ok(())
+}
