@@ -12,10 +12,9 @@ use oncebox_runtime::ledger::{
 };
 use oncebox_runtime::{LedgerError, Status};
 
-use crate::drive::route_of;
 use crate::history::{Entry, Event, History};
 use crate::plan::{Job, Plan, SKUS};
-use crate::world::{Commit, Delivery, Request, World};
+use crate::world::{Commit, Delivery, Request, World, route_of};
 
 /// What a seed left: the downstream's record, the history, and the ledger as a last reader sees it.
 #[derive(Debug, Clone, Default)]

@@ -164,7 +164,7 @@ impl World {
 
     /// Answers an effect (a POST with its key).
     pub async fn effect(&self, key: String, request: Outgoing) -> Exchange {
-        let Some(route) = route_of(&request.url) else {
+        let Some(route) = route_in(&request.url) else {
             return answered(404, json!({"error": "no such route"}));
         };
         let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
@@ -376,7 +376,17 @@ fn path_of(url: &str) -> &str {
 }
 
 /// The effect route a POST goes to.
-fn route_of(url: &str) -> Option<String> {
+fn route_in(url: &str) -> Option<String> {
     let path = path_of(url).trim_matches('/');
     ROUTES.contains(&path).then(|| path.to_string())
+}
+
+/// The route of a tool's effect, where the downstream keeps the truth of it.
+pub fn route_of(tool: &str) -> Option<&'static str> {
+    match tool {
+        "charge" => Some("payments"),
+        "refund" => Some("refunds"),
+        "fulfill" => Some("fulfillments"),
+        _ => None,
+    }
 }

@@ -8,8 +8,7 @@ use serde_json::{Value, json};
 
 use oncebox_runtime::{Call, Host, Status};
 
-use super::operator::compensate;
-use super::{Ctx, LAST_PASS_CALLER, MAX_ASKS, same_everywhere};
+use super::{Ctx, LAST_PASS_CALLER, MAX_ASKS, compensate, same_everywhere};
 use crate::history::Event;
 use crate::plan::{Job, charge_args, fulfill_args, notify_args};
 

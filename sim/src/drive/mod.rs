@@ -10,7 +10,6 @@ mod caller;
 mod operator;
 
 use caller::caller;
-pub use operator::route_of;
 use operator::{last_pass, operator, second_person};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -368,4 +367,24 @@ impl Hooks for LifeHooks {
 /// every run.
 fn same_everywhere(ctx: &Ctx, message: &str) -> String {
     message.replace(&format!("{}-", std::process::id()), "host-").replace(&ctx.dir, "SEED-DIR")
+}
+
+/// Compensates `run` (`by` a caller or the operator), and remembers whether it is done.
+async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
+    ctx.shared().to_compensate.insert(run.to_string());
+    let result = match host.compensate(run).await {
+        Ok(report) => {
+            // Done, or waiting for a person to undo a step by hand (which nobody here does).
+            let by_hand = report.steps.iter().any(|s| s.action == "undo-by-hand");
+            if report.state == oncebox_runtime::saga::SagaState::Done || by_hand {
+                let mut shared = ctx.shared();
+                shared.to_compensate.remove(run);
+                shared.undone.insert(run.to_string());
+            }
+            let steps: Vec<String> = report.steps.iter().map(|s| format!("{} {}", s.step_id, s.action)).collect();
+            format!("{:?} [{}]", report.state, steps.join(", "))
+        }
+        Err(e) => format!("error: {e}"),
+    };
+    ctx.history.push(Event::Compensated { run: run.to_string(), by: by.to_string(), result });
 }

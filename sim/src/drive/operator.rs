@@ -10,29 +10,10 @@ use oncebox_runtime::ledger::{ApprovalState, OperationRecord, OperationStatus, R
 use oncebox_runtime::{Call, Decision, Host, Relay};
 
 use super::caller::{args_of, ask};
-use super::{Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY};
+use super::{Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate};
 use crate::history::Event;
 use crate::plan::{Job, percent};
-
-/// Compensates `run` (`by` a caller or the operator), and remembers whether it is done.
-pub(super) async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
-    ctx.shared().to_compensate.insert(run.to_string());
-    let result = match host.compensate(run).await {
-        Ok(report) => {
-            // Done, or waiting for a person to undo a step by hand (which nobody here does).
-            let by_hand = report.steps.iter().any(|s| s.action == "undo-by-hand");
-            if report.state == oncebox_runtime::saga::SagaState::Done || by_hand {
-                let mut shared = ctx.shared();
-                shared.to_compensate.remove(run);
-                shared.undone.insert(run.to_string());
-            }
-            let steps: Vec<String> = report.steps.iter().map(|s| format!("{} {}", s.step_id, s.action)).collect();
-            format!("{:?} [{}]", report.state, steps.join(", "))
-        }
-        Err(e) => format!("error: {e}"),
-    };
-    ctx.history.push(Event::Compensated { run: run.to_string(), by: by.to_string(), result });
-}
+use crate::world::route_of;
 
 /// The operator, while the callers work: looks every `every_ms`.
 pub(super) async fn operator(ctx: Ctx, host: Host) {
@@ -186,16 +167,6 @@ pub(super) async fn second_person(
             component: record.component.clone(),
             result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
         });
-    }
-}
-
-/// The route of a tool's effect, where the downstream keeps the truth of it.
-pub fn route_of(tool: &str) -> Option<&'static str> {
-    match tool {
-        "charge" => Some("payments"),
-        "refund" => Some("refunds"),
-        "fulfill" => Some("fulfillments"),
-        _ => None,
     }
 }
 
