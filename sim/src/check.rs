@@ -354,12 +354,33 @@ fn irreversible_sent_once(facts: &Facts, found: &mut Vec<Violation>) {
 /// record after every crash (unless `gc` removed it, leaving its tombstone).
 fn acknowledged_survive(facts: &Facts, found: &mut Vec<Violation>) {
     let mut first: BTreeMap<&str, (Status, &Option<Value>, &Entry)> = BTreeMap::new();
+    let mut ran: BTreeMap<&str, (Status, u64)> = BTreeMap::new();
     let ops: BTreeMap<&str, &OperationRecord> = facts.operations.iter().map(|op| (op.key.as_str(), op)).collect();
     for entry in &facts.history {
-        let Event::Called { run, order, status, operation_key: Some(key), output, .. } = &entry.event else {
+        let Event::Called { run, order, tool, status, operation_key: Some(key), output, replayed, .. } = &entry.event
+        else {
             continue;
         };
         let order = order.clone().unwrap_or_default();
+        // An operation ends once: of all the answers that it completed or failed, one at most
+        // comes from running it (the others, from its record). A second means it ran again: its
+        // record was lost. (Two callers racing may hear the replay before the run's own answer.
+        // A read-only tool's step may read again.)
+        if matches!(status, Status::Completed | Status::Failed) && !*replayed && tool != "stock" {
+            if let Some(when) = ran.get(key.as_str())
+                && !facts.collected.contains(key)
+            {
+                let detail = format!(
+                    "ran to {} at {} ms, and ran again to {} at {} ms",
+                    when.0.as_str(),
+                    when.1,
+                    status.as_str(),
+                    entry.at_ms
+                );
+                found.push(violation("acknowledged-rerun", run, &order, detail));
+            }
+            ran.insert(key, (*status, entry.at_ms));
+        }
         if !matches!(status, Status::Completed | Status::Failed | Status::Rejected) {
             continue;
         }

@@ -148,7 +148,28 @@ fn an_acknowledged_answer_that_changed_or_left_the_ledger_is_found() {
     facts.collected.clear();
     facts.operations = vec![op("charge", "o-1", "completed", Some(output.clone()))];
     facts.history.push(entry(called(Status::Failed, "key-charge-o-1", None)));
-    assert_eq!(names(&facts), ["acknowledged-changed", "acknowledged-lost"]);
+    assert_eq!(names(&facts), ["acknowledged-rerun", "acknowledged-changed", "acknowledged-lost"]);
+}
+
+#[test]
+fn an_acknowledged_operation_run_again_is_found() {
+    let output = json!({"id": "pay_1"});
+    let again = |replayed: bool| {
+        let mut event = called(Status::Completed, "key-charge-o-1", Some(output.clone()));
+        if let Event::Called { replayed: r, .. } = &mut event {
+            *r = replayed;
+        }
+        entry(event)
+    };
+    let mut facts = Facts {
+        commits: vec![commit("payments", "o-1", "pay_1")],
+        operations: vec![op("charge", "o-1", "completed", Some(output.clone()))],
+        history: vec![again(false), again(true)],
+        ..Facts::default()
+    };
+    assert_eq!(names(&facts), Vec::<&str>::new());
+    facts.history.push(again(false));
+    assert_eq!(names(&facts), ["acknowledged-rerun"]);
 }
 
 #[test]
