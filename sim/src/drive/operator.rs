@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use oncebox_runtime::ledger::{ApprovalState, OperationRecord, OperationStatus, Resolution};
+use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, OperationRecord, OperationStatus, Resolution};
 use oncebox_runtime::{Call, Decision, Host, Relay};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::caller::{args_of, ask};
 use super::{Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate};
@@ -89,26 +90,45 @@ async fn look(ctx: &Ctx, host: &Host, last: bool) {
 
 /// Decides one request for approval of the params the operator sees, now and then with a second
 /// person's rejection racing the approval's use.
-async fn decide(ctx: &Ctx, host: &Host, record: &oncebox_runtime::ledger::ApprovalRecord, last: bool) {
+async fn decide(ctx: &Ctx, host: &Host, record: &ApprovalRecord, last: bool) {
     let seed = ctx.plan.seed;
     // Once the callers are done, a run being undone gets no new shipment.
     let ending = last && ctx.shared().to_compensate.contains(&record.run_id);
     let approve =
         !ending && percent(seed, &["reject", &record.run_id, &record.step_id]) >= ctx.plan.operator.reject_pct;
-    let params = host.reveal(record).unwrap_or(Value::Null);
-    let decision = if approve { Decision::Approve { expires_ms: None } } else { Decision::Reject };
-    let key = record.operation_key.clone();
-    let decided =
-        host.decide_on(&key, &record.fingerprint, record.component.as_deref(), decision, "sim-operator", None).await;
-    ctx.history.push(Event::Decided {
-        run: record.run_id.clone(),
-        step: record.step_id.clone(),
-        approve,
-        params: params.clone(),
-        component: record.component.clone(),
-        result: decided.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
-    });
-    if approve && percent(seed, &["race", &record.run_id, &record.step_id]) < ctx.plan.operator.racing_reject_pct {
+    let racing =
+        approve && percent(seed, &["race", &record.run_id, &record.step_id]) < ctx.plan.operator.racing_reject_pct;
+    if racing && !last && percent(seed, &["at-once", &record.run_id, &record.step_id]) < 34 {
+        // Two people decide at once, one each way, while the orchestrator calls the step again.
+        let call = args_of(ctx, &record.run_id, &record.step_id)
+            .map(|args| Call::step(&record.run_id, &record.step_id, &record.tool, args));
+        let calling = async {
+            let Some(call) = call else { return };
+            // An error is the host's refusal to run it now; what counts is what reached the downstream.
+            if let Ok(outcome) = host.call(call).await {
+                ctx.history.push(Event::Called {
+                    caller: "the orchestrator, again".into(),
+                    run: record.run_id.clone(),
+                    step: record.step_id.clone(),
+                    tool: record.tool.clone(),
+                    order: record.args.get("order_id").and_then(Value::as_str).map(str::to_string),
+                    status: outcome.status,
+                    replayed: outcome.replayed,
+                    operation_key: outcome.operation_key.clone(),
+                    output: outcome.output.clone(),
+                    error: outcome.error.as_ref().map(|e| e.message.clone()),
+                });
+            }
+        };
+        tokio::join!(
+            decide_as(ctx, host, record, true, "sim-operator"),
+            decide_as(ctx, host, record, false, "second-person"),
+            calling
+        );
+        return;
+    }
+    decide_as(ctx, host, record, approve, "sim-operator").await;
+    if racing {
         if percent(seed, &["race-when", &record.run_id, &record.step_id]) < 50 {
             // The second person rejects the moment the approved call is about to send.
             ctx.shared().armed.insert(record.operation_key.clone(), record.clone());
@@ -119,54 +139,32 @@ async fn decide(ctx: &Ctx, host: &Host, record: &oncebox_runtime::ledger::Approv
         tokio::spawn(async move {
             let delay = percent(ctx.plan.seed, &["race-at", &record.run_id]) % 7;
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            let rejected = host
-                .decide_on(
-                    &record.operation_key,
-                    &record.fingerprint,
-                    record.component.as_deref(),
-                    Decision::Reject,
-                    "second-person",
-                    None,
-                )
-                .await;
-            ctx.history.push(Event::Decided {
-                run: record.run_id.clone(),
-                step: record.step_id.clone(),
-                approve: false,
-                params,
-                component: record.component.clone(),
-                result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
-            });
+            decide_as(&ctx, &host, &record, false, "second-person").await;
         });
     }
 }
 
+/// One person's decision on `record`, of the params they see, recorded in the history.
+pub(super) async fn decide_as(ctx: &Ctx, host: &Host, record: &ApprovalRecord, approve: bool, by: &str) {
+    let decision = if approve { Decision::Approve { expires_ms: None } } else { Decision::Reject };
+    let decided = host
+        .decide_on(&record.operation_key, &record.fingerprint, record.component.as_deref(), decision, by, None)
+        .await;
+    ctx.history.push(Event::Decided {
+        run: record.run_id.clone(),
+        step: record.step_id.clone(),
+        approve,
+        params: host.reveal(record).unwrap_or(Value::Null),
+        component: record.component.clone(),
+        result: decided.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
+    });
+}
+
 /// The second person: rejects each armed request the moment its call reaches the point before its
 /// write-ahead (the hooks send it here, then yield so that this runs first).
-pub(super) async fn second_person(
-    ctx: Ctx,
-    host: Host,
-    mut rejections: tokio::sync::mpsc::UnboundedReceiver<oncebox_runtime::ledger::ApprovalRecord>,
-) {
+pub(super) async fn second_person(ctx: Ctx, host: Host, mut rejections: UnboundedReceiver<ApprovalRecord>) {
     while let Some(record) = rejections.recv().await {
-        let rejected = host
-            .decide_on(
-                &record.operation_key,
-                &record.fingerprint,
-                record.component.as_deref(),
-                Decision::Reject,
-                "second-person",
-                None,
-            )
-            .await;
-        ctx.history.push(Event::Decided {
-            run: record.run_id.clone(),
-            step: record.step_id.clone(),
-            approve: false,
-            params: host.reveal(&record).unwrap_or(Value::Null),
-            component: record.component.clone(),
-            result: rejected.as_ref().map_or_else(|e| format!("refused: {e}"), |r| r.state.as_str().to_string()),
-        });
+        decide_as(&ctx, &host, &record, false, "second-person").await;
     }
 }
 
