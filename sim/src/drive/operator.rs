@@ -11,7 +11,9 @@ use oncebox_runtime::{Call, Decision, Host, Relay};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::caller::{args_of, ask};
-use super::{Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate};
+use super::{
+    Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
+};
 use crate::history::Event;
 use crate::plan::{Job, percent};
 use crate::world::route_of;
@@ -116,15 +118,18 @@ async fn decide(ctx: &Ctx, host: &Host, record: &ApprovalRecord, last: bool) {
                     replayed: outcome.replayed,
                     operation_key: outcome.operation_key.clone(),
                     output: outcome.output.clone(),
-                    error: outcome.error.as_ref().map(|e| e.message.clone()),
+                    error: outcome.error.as_ref().map(|e| same_everywhere(ctx, &e.message)),
                 });
             }
         };
-        tokio::join!(
-            decide_as(ctx, host, record, true, "sim-operator"),
-            decide_as(ctx, host, record, false, "second-person"),
-            calling
-        );
+        let (approving, rejecting) =
+            (decide_as(ctx, host, record, true, "sim-operator"), decide_as(ctx, host, record, false, "second-person"));
+        // In the order they are first polled: the call between the two decisions, or after both.
+        if percent(seed, &["at-once-order", &record.run_id, &record.step_id]) < 50 {
+            tokio::join!(approving, calling, rejecting);
+        } else {
+            tokio::join!(approving, rejecting, calling);
+        }
         return;
     }
     decide_as(ctx, host, record, approve, "sim-operator").await;
