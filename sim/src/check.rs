@@ -218,7 +218,7 @@ fn rejected_sent_nothing(facts: &Facts, found: &mut Vec<Violation>) {
     for (run, step) in rejected {
         let Some(order) = order_of_step(facts, &run, &step) else { continue };
         let sent: Vec<&Request> =
-            facts.requests.iter().filter(|r| r.route == "fulfillments" && r.order == order).collect();
+            facts.requests.iter().filter(|r| r.route == "fulfillments" && r.order == order && r.reached()).collect();
         if !sent.is_empty() {
             let detail = format!("{step} was rejected, yet {} request(s) reached fulfillments", sent.len());
             found.push(violation("rejected-but-dispatched", &run, &order, detail));
@@ -341,7 +341,7 @@ fn compensation_finishes(facts: &Facts, found: &mut Vec<Violation>) {
 /// (its approval was for one dispatch; a new intent is a new step and a new approval).
 fn irreversible_sent_once(facts: &Facts, found: &mut Vec<Violation>) {
     let mut sent: BTreeMap<&str, u32> = BTreeMap::new();
-    for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
+    for request in facts.requests.iter().filter(|r| r.route == "fulfillments" && r.reached()) {
         *sent.entry(request.order.as_str()).or_default() += 1;
     }
     for (order, n) in sent.into_iter().filter(|(_, n)| *n > 1) {

@@ -190,7 +190,12 @@ impl History {
     pub fn push(&self, event: Event) {
         let at_ms = oncebox_runtime::clock::now_ms().saturating_sub(self.start_ms);
         let life = self.life.load(Ordering::SeqCst);
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).push(Entry { at_ms, life, event });
+        let entry = Entry { at_ms, life, event };
+        // For a seed that hangs (and so prints nothing): its history as it is made.
+        if std::env::var_os("ONCEBOX_SIM_TRACE").is_some() {
+            eprintln!("{entry}");
+        }
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
     }
 
     /// A new life of the host begins.

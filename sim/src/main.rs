@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use clap::Parser;
 
@@ -62,8 +64,12 @@ fn main() -> ExitCode {
         None => (args.from..args.from + args.seeds).collect(),
     };
     let (mut operations, mut faults, mut violations, mut ran) = (0, 0, 0, 0);
+    let beat = watchdog(args.ledger, cut.flags());
     for seed in seeds {
-        let report = match run_seed(seed, &cut, args.ledger, cache.path()) {
+        let _ = beat.send(Some(seed));
+        let report = run_seed(seed, &cut, args.ledger, cache.path());
+        let _ = beat.send(None);
+        let report = match report {
             Ok(report) => report,
             Err(e) => {
                 eprintln!("sim: seed {seed}: the simulation failed: {e:#}");
@@ -112,6 +118,34 @@ fn main() -> ExitCode {
     }
     println!("sim: {ran} seeds, {operations} operations, {faults} faults, {violations} violations");
     if violations > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}
+
+/// A seed that does not end is a hang: some task waits for what never comes (on redb, simulated
+/// time only stands still while every task waits on something other than a timer). The watchdog
+/// reports it as a violation and ends the run, rather than leave CI waiting.
+fn watchdog(ledger: LedgerKind, flags: String) -> mpsc::Sender<Option<u64>> {
+    let limit = match ledger {
+        LedgerKind::Redb => Duration::from_secs(300),
+        LedgerKind::Postgres => Duration::from_secs(1_200),
+    };
+    let (beat, beats) = mpsc::channel::<Option<u64>>();
+    std::thread::spawn(move || {
+        let mut running = None;
+        loop {
+            match beats.recv_timeout(limit) {
+                Ok(seed) => running = seed,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let Some(seed) = running else { continue };
+                    println!("seed {seed}: VIOLATION hang: the seed did not end within {} s", limit.as_secs());
+                    println!("  replay: cargo run --release -p oncebox-sim -- --seed {seed}{flags}");
+                    println!("sim: a seed hung, 1 violations");
+                    std::process::exit(1);
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    });
+    beat
 }
 
 /// Prints the (shrunk) violation: what it concerns in the history, and how to replay it.

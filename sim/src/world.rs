@@ -40,6 +40,14 @@ pub struct Request {
     pub at_ms: u64,
 }
 
+impl Request {
+    /// Whether any of it reached the downstream: a refused connection sent nothing (the host's
+    /// attempt is recorded all the same).
+    pub fn reached(&self) -> bool {
+        self.answer != Some(Answer::NotConnected)
+    }
+}
+
 /// One commit: the work done.
 #[derive(Debug, Clone)]
 pub struct Commit {

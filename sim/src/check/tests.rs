@@ -322,6 +322,10 @@ fn an_irreversible_request_sent_twice_is_found() {
         ..Facts::default()
     };
     assert_eq!(names(&facts), Vec::<&str>::new());
+    let mut refused = request("fulfillments", "o-1", body.clone());
+    refused.answer = Some(crate::plan::Answer::NotConnected);
+    facts.requests.insert(0, refused);
+    assert_eq!(names(&facts), Vec::<&str>::new(), "a refused connection sent nothing");
     facts.requests.push(request("fulfillments", "o-1", body));
     assert_eq!(names(&facts), ["irreversible-sent-twice"]);
 }

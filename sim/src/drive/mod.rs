@@ -193,7 +193,12 @@ pub async fn run(
             anyhow::bail!("the simulated operator panicked: {e}");
         }
         match crashed {
-            None => break host,
+            None => {
+                // The lives are over: a crash planned for this one that it did not reach is not
+                // for the last pass (nobody would restart the host).
+                hooks.fired.store(true, Ordering::SeqCst);
+                break host;
+            }
             Some(how) => {
                 let how = match hooks.site() {
                     Some(site) => format!("{how}: {site}"),
