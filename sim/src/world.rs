@@ -108,6 +108,11 @@ impl World {
         World { seed, settings: Arc::new(settings), state: Arc::default(), history }
     }
 
+    /// The seed this world's choices are drawn from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

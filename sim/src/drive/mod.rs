@@ -29,7 +29,7 @@ use oncebox_runtime::{Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass,
 use crate::check::Facts;
 use crate::history::{Event, History};
 use crate::paced::Paced;
-use crate::plan::{Crash, Plan};
+use crate::plan::{Crash, Plan, percent};
 use crate::world::{ORIGIN, World};
 
 /// Which ledger the host runs on.
@@ -288,12 +288,22 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
     Ok(builder.policy_file(policy).hooks(hooks).send_deadline(SEND_BY).compile_cache(ctx.cache.clone()))
 }
 
+/// What the hooks ask a second person to do, the moment a call reaches a point.
+enum Act {
+    /// Reject this request for approval (its approved call is about to write ahead).
+    Reject(Box<oncebox_runtime::ledger::ApprovalRecord>),
+    /// Compensate the run of this operation (one of its requests is about to leave).
+    Undo(String),
+}
+
 /// The hooks of one life: the world as the network, and the plan's crash.
 struct LifeHooks {
     world: World,
+    /// The operator's `compensate_pct`, for the undoing that races a request about to leave.
+    compensate_pct: u64,
     shared: Arc<Mutex<Shared>>,
     /// Where an armed rejection goes when its call reaches the point before its write-ahead.
-    racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
+    racer: tokio::sync::mpsc::UnboundedSender<Act>,
     crash: Option<Crash>,
     visits: AtomicU32,
     fired: AtomicBool,
@@ -302,13 +312,10 @@ struct LifeHooks {
 }
 
 impl LifeHooks {
-    fn new(
-        ctx: &Ctx,
-        crash: Option<Crash>,
-        racer: tokio::sync::mpsc::UnboundedSender<oncebox_runtime::ledger::ApprovalRecord>,
-    ) -> LifeHooks {
+    fn new(ctx: &Ctx, crash: Option<Crash>, racer: tokio::sync::mpsc::UnboundedSender<Act>) -> LifeHooks {
         LifeHooks {
             world: ctx.world.clone(),
+            compensate_pct: ctx.plan.operator.compensate_pct,
             shared: ctx.shared.clone(),
             racer,
             crash,
@@ -330,8 +337,13 @@ impl Hooks for LifeHooks {
             if site.point == Point::BeforeWriteAhead {
                 let armed = self.shared.lock().unwrap_or_else(|p| p.into_inner()).armed.remove(&site.operation_key);
                 if let Some(record) = armed {
-                    let _ = self.racer.send(record);
+                    let _ = self.racer.send(Act::Reject(Box::new(record)));
                 }
+            }
+            // Now and then a person undoes the run just as one of its requests is about to leave.
+            let undo = percent(self.world.seed(), &["undo-now", &site.operation_key, &site.key]);
+            if site.point == Point::AfterWriteAhead && undo < 3 * self.compensate_pct {
+                let _ = self.racer.send(Act::Undo(site.operation_key.clone()));
             }
             // An await point, as a write to disk is in a host: whatever is ready runs here (the
             // racing rejection among them).

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::caller::{args_of, ask};
 use super::{
-    Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
+    Act, Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
 };
 use crate::history::Event;
 use crate::plan::{Job, percent};
@@ -166,10 +166,20 @@ pub(super) async fn decide_as(ctx: &Ctx, host: &Host, record: &ApprovalRecord, a
 }
 
 /// The second person: rejects each armed request the moment its call reaches the point before its
-/// write-ahead (the hooks send it here, then yield so that this runs first).
-pub(super) async fn second_person(ctx: Ctx, host: Host, mut rejections: UnboundedReceiver<ApprovalRecord>) {
-    while let Some(record) = rejections.recv().await {
-        decide_as(&ctx, &host, &record, false, "second-person").await;
+/// write-ahead, or undoes a run as one of its requests is about to leave (the hooks send the act
+/// here, then yield so that this runs while the call waits).
+pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedReceiver<Act>) {
+    while let Some(act) = acts.recv().await {
+        match act {
+            Act::Reject(record) => decide_as(&ctx, &host, &record, false, "second-person").await,
+            Act::Undo(operation_key) => {
+                let run = host.ledger().operation(&operation_key).await.ok().flatten().map(|op| op.run_id);
+                // Orders only: a single call's run has nothing to undo.
+                if let Some(run) = run.filter(|run| run.starts_with("run-")) {
+                    compensate(&ctx, &host, &run, "a second person, as a request leaves").await;
+                }
+            }
+        }
     }
 }
 
