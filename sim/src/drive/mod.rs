@@ -340,9 +340,10 @@ impl Hooks for LifeHooks {
                     let _ = self.racer.send(Act::Reject(Box::new(record)));
                 }
             }
-            // Now and then a person undoes the run just as one of its requests is about to leave.
+            // Now and then a person undoes the run just as one of its requests is about to be
+            // written ahead (its claim may still be in memory only).
             let undo = percent(self.world.seed(), &["undo-now", &site.operation_key, &site.key]);
-            if site.point == Point::AfterWriteAhead && undo < 3 * self.compensate_pct {
+            if site.point == Point::BeforeWriteAhead && undo < 3 * self.compensate_pct {
                 let _ = self.racer.send(Act::Undo(site.operation_key.clone()));
             }
             // An await point, as a write to disk is in a host: whatever is ready runs here (the

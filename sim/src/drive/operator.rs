@@ -173,7 +173,13 @@ pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedRecei
         match act {
             Act::Reject(record) => decide_as(&ctx, &host, &record, false, "second-person").await,
             Act::Undo(operation_key) => {
-                let run = host.ledger().operation(&operation_key).await.ok().flatten().map(|op| op.run_id);
+                // Its claim may be in memory only (nothing of it durable yet): in flight.
+                let in_flight = host.ledger().in_flight(None).await.unwrap_or_default();
+                let run = in_flight.into_iter().find(|op| op.key == operation_key).map(|op| op.run_id);
+                let run = match run {
+                    Some(run) => Some(run),
+                    None => host.ledger().operation(&operation_key).await.ok().flatten().map(|op| op.run_id),
+                };
                 // Orders only: a single call's run has nothing to undo.
                 if let Some(run) = run.filter(|run| run.starts_with("run-")) {
                     compensate(&ctx, &host, &run, "a second person, as a request leaves").await;
