@@ -41,6 +41,18 @@ fn called(status: Status, key: &str, output: Option<Value>) -> Event {
     }
 }
 
+/// A person's decision on run-1's fulfill step, of `params`, for `component`.
+fn decided(approve: bool, params: Value, component: &str, result: &str) -> Entry {
+    entry(Event::Decided {
+        run: "run-1".into(),
+        step: "s-fulfill".into(),
+        approve,
+        params,
+        component: Some(component.into()),
+        result: result.into(),
+    })
+}
+
 fn names(facts: &Facts) -> Vec<&'static str> {
     check(facts).into_iter().map(|v| v.invariant).collect()
 }
@@ -86,16 +98,7 @@ fn completed_without_the_downstream_s_commit_is_found() {
 #[test]
 fn a_fulfillment_needs_an_approval_of_its_exact_params_and_component() {
     let body = json!({"order_id": "o-1", "address": "a"});
-    let approved = |params: Value, component: &str| {
-        entry(Event::Decided {
-            run: "run-1".into(),
-            step: "s-fulfill".into(),
-            approve: true,
-            params,
-            component: Some(component.into()),
-            result: "approved".into(),
-        })
-    };
+    let approved = |params: Value, component: &str| decided(true, params, component, "approved");
     let mut facts = Facts {
         requests: vec![request("fulfillments", "o-1", body.clone())],
         fulfill_digest: Some("sha256:1".into()),
@@ -113,24 +116,15 @@ fn a_fulfillment_needs_an_approval_of_its_exact_params_and_component() {
 #[test]
 fn a_rejection_that_won_beside_a_dispatch_is_found() {
     let body = json!({"order_id": "o-1"});
-    let decided = |approve: bool, result: &str| {
-        entry(Event::Decided {
-            run: "run-1".into(),
-            step: "s-fulfill".into(),
-            approve,
-            params: body.clone(),
-            component: Some("sha256:1".into()),
-            result: result.into(),
-        })
-    };
+    let decision = |approve: bool, result: &str| decided(approve, body.clone(), "sha256:1", result);
     let mut facts = Facts {
         requests: vec![request("fulfillments", "o-1", body.clone())],
         fulfill_digest: Some("sha256:1".into()),
-        history: vec![decided(true, "approved"), decided(false, "refused: the approval was used")],
+        history: vec![decision(true, "approved"), decision(false, "refused: the approval was used")],
         ..Facts::default()
     };
     assert_eq!(names(&facts), Vec::<&str>::new(), "the rejection lost the race");
-    facts.history.push(decided(false, "rejected"));
+    facts.history.push(decision(false, "rejected"));
     assert_eq!(names(&facts), ["rejected-but-dispatched"]);
 }
 
@@ -257,14 +251,7 @@ fn a_compensation_that_said_done_while_a_step_was_running_is_found() {
 #[test]
 fn an_approval_made_after_the_request_left_does_not_count() {
     let body = json!({"order_id": "o-1"});
-    let approved = entry(Event::Decided {
-        run: "run-1".into(),
-        step: "s-fulfill".into(),
-        approve: true,
-        params: body.clone(),
-        component: Some("sha256:1".into()),
-        result: "approved".into(),
-    });
+    let approved = decided(true, body.clone(), "sha256:1", "approved");
     let sent =
         entry(Event::Dispatch { route: "fulfillments".into(), order: "o-1".into(), nth: 1, answer: "Ok".into() });
     let mut facts = Facts {
@@ -306,14 +293,7 @@ fn a_compensation_left_waiting_on_abandoned_claims_is_found() {
 #[test]
 fn an_irreversible_request_sent_twice_is_found() {
     let body = json!({"order_id": "o-1"});
-    let approved = entry(Event::Decided {
-        run: "run-1".into(),
-        step: "s-fulfill".into(),
-        approve: true,
-        params: body.clone(),
-        component: Some("sha256:1".into()),
-        result: "approved".into(),
-    });
+    let approved = decided(true, body.clone(), "sha256:1", "approved");
     let mut facts = Facts {
         requests: vec![request("fulfillments", "o-1", body.clone())],
         fulfill_digest: Some("sha256:1".into()),
