@@ -1,5 +1,7 @@
-//! The write jobs: each runs in one transaction of its own (one Store call, one transaction) and
-//! answers what it decided and whether it wrote. Each mirrors its redb job (`redb/jobs.rs`) and
+//! The write jobs off the hot path: each runs in one transaction of its own (one Store call, one
+//! transaction) and answers what it decided and whether it wrote. The hot path's jobs (a claim, a
+//! write-ahead, an attempt) share transactions in groups (`grouped.rs`, `group.rs`), under the
+//! same locks. Each mirrors its redb job (`redb/jobs.rs`) and
 //! the reference model, decision for decision, through the shared rules of `ledger/mod.rs`.
 //!
 //! # Why READ COMMITTED is enough here
@@ -21,8 +23,10 @@
 //!   before message n (a sequence could: its numbers are taken before their transactions commit,
 //!   in any order).
 //!
-//! Locks are taken in one order (the operation, then the KV keys by id, then the outbox counter;
-//! an expiry takes several operations' locks by id), so transactions never deadlock each other.
+//! Advisory locks are taken in one order, ascending by id (a group takes all its jobs' operation
+//! and KV locks so; an expiry takes several operations' locks so; every other job takes one), and
+//! only then row locks of what they cover and, last, the outbox counter, so transactions never
+//! deadlock each other.
 //! SERIALIZABLE would also be correct, but would refuse work under contention (40001) and need
 //! retries whose bound someone must pick; these locks make a writer wait instead, never fail.
 //!
@@ -30,20 +34,21 @@
 //! effect's status and dispatches, an approval's revision) state the same condition once more to
 //! the database: were a lock ever missed, a write would still find no row, and be refused.
 
-use super::db::{Tx, encode, int, kv_lock, operation_lock, record, uint};
+use super::db::{Tx, encode, int, operation_lock, record, uint};
 use super::notify;
 use crate::ReconcileNote;
 use crate::{
-    ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
-    OperationRecord, OperationStatus, OutboxMessage, Removed, Resolution, Settlement, Staged, StaleApproval, Tombstone,
-    approval_follows, approval_lapses, approval_stands, expirable, refused_finish, settled, stamp, take_over, verdict,
+    ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, LedgerError, OperationRecord,
+    OperationStatus, OutboxMessage, Removed, Resolution, Settlement, StaleApproval, Tombstone, approval_follows,
+    approval_lapses, expirable, settled, take_over,
 };
 
 /// An answer, and whether the job wrote (a transaction that wrote nothing is rolled back and
 /// costs no commit).
 pub(super) type Done<T> = Result<(T, bool), LedgerError>;
 
-const OPERATION_FOR_UPDATE: &str = "SELECT record, recorded FROM oncebox_operations WHERE key = $1 FOR UPDATE";
+pub(super) const OPERATION_FOR_UPDATE: &str =
+    "SELECT record, recorded FROM oncebox_operations WHERE key = $1 FOR UPDATE";
 
 /// The operation's record and whether it was recorded, locked for this transaction.
 async fn operation_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<(OperationRecord, bool)>, LedgerError> {
@@ -53,25 +58,6 @@ async fn operation_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<(Operatio
         }
         None => Ok(None),
     }
-}
-
-/// Inserts a new operation's row (a claim).
-async fn insert_operation(tx: &Tx<'_>, op: &OperationRecord) -> Result<u64, LedgerError> {
-    tx.exec(
-        "INSERT INTO oncebox_operations (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8) ON CONFLICT (key) DO NOTHING",
-        &[
-            &op.key,
-            &op.run_id,
-            &op.step_id,
-            &op.tool,
-            &op.status.as_str(),
-            &int(op.fence),
-            &int(op.lease_until_ms),
-            &encode(op)?,
-        ],
-    )
-    .await
 }
 
 /// Writes `op` over the row that held `fence` with `status`; refused (`Fenced`) if the row
@@ -138,56 +124,6 @@ pub(super) async fn bind_key(tx: &Tx<'_>, ids: &[String]) -> Done<()> {
     Err(LedgerError::KeyMismatch { store: tx.store.to_string(), host_key: newest.clone(), store_key: kept })
 }
 
-/// Decides, in the database, who runs an operation ([`verdict`]), and writes the claim.
-pub(super) async fn claim(tx: &Tx<'_>, req: &ClaimRequest) -> Done<Claim> {
-    // A replay, a conflict or a live lease is answered from a plain read, without the operation's
-    // lock, so that replays and waiters do not queue behind the owner's writes: an operation
-    // never leaves completed or failed, its fingerprint never changes, an unknown one is reopened
-    // only under the lock (`reopen`), and a live lease read a moment late only makes the caller
-    // look again. Only a new claim or a take-over takes the lock, and decides again under it.
-    if let Some(row) = tx.opt("SELECT record FROM oncebox_operations WHERE key = $1", &[&req.key]).await? {
-        let op: OperationRecord = record(&row, 0, "oncebox_operations")?;
-        if let Some(answer) = verdict(Some(&op), req) {
-            return Ok((answer, false));
-        }
-    }
-    tx.lock(operation_lock(&req.key)).await?;
-    let existing = operation_for_update(tx, &req.key).await?;
-    if let Some(answer) = verdict(existing.as_ref().map(|(op, _)| op), req) {
-        return Ok((answer, false));
-    }
-    let Some((expired, recorded)) = existing else {
-        // A new operation: not one retention removed, and only under the approval its caller saw
-        // (read under the operation's lock, which a decision on the approval holds too).
-        if let Some(row) = tx.opt("SELECT record FROM oncebox_tombstones WHERE operation_key = $1", &[&req.key]).await?
-        {
-            return Ok((Claim::Expired(record(&row, 0, "oncebox_tombstones")?), false));
-        }
-        if req.approval.is_some() {
-            let stored = approval_for_update(tx, &req.key).await?;
-            if !approval_stands(req, stored.as_ref()) {
-                return Ok((Claim::ApprovalChanged, false));
-            }
-        }
-        let op = take_over(None, req, 1);
-        if insert_operation(tx, &op).await? == 0 {
-            return Err(LedgerError::Database {
-                store: tx.store.to_string(),
-                what: format!("operation {} was claimed by another writer that did not hold its lock", req.key),
-            });
-        }
-        return Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true));
-    };
-    // The lease expired: the previous owner stalled or died.
-    let held = expired.fence;
-    let fence = fresh_fence(tx).await?.max(held + 1);
-    let mut op = take_over(Some(expired), req, fence);
-    op.status = OperationStatus::Claimed;
-    update_operation(tx, &op, recorded, (held, OperationStatus::Claimed)).await?;
-    notify::changed(tx, &req.key).await?;
-    Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
-}
-
 /// Reopens an unknown operation for `req`'s caller with a new fence, when every effect it has in
 /// doubt may be resent with its key (`resendable`); anything else is answered as recorded.
 pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String]) -> Done<Claim> {
@@ -251,87 +187,10 @@ async fn owned(tx: &Tx<'_>, key: &str, fence: u64) -> Result<(OperationRecord, b
     }
 }
 
-/// An effect record and the local effects staged before it, as a compare-and-set on the effect's
-/// (status, dispatches).
-pub(super) async fn put_effect(
-    tx: &Tx<'_>,
-    fence: u64,
-    effect: &EffectRecord,
-    expected: Option<(EffectStatus, u32)>,
-    staged: &Staged,
-) -> Done<()> {
-    let key = effect.operation_key.as_str();
-    tx.lock(operation_lock(key)).await?;
-    let (op, recorded) = owned(tx, key, fence).await?;
-    let current = match tx
-        .opt(
-            "SELECT status, dispatches FROM oncebox_effects WHERE operation_key = $1 AND effect_key = $2",
-            &[&key, &effect.key],
-        )
-        .await?
-    {
-        Some(row) => {
-            let status: &str = super::db::column(&row, 0, "oncebox_effects")?;
-            let dispatches: i64 = super::db::column(&row, 1, "oncebox_effects")?;
-            Some((effect_status(status)?, dispatches))
-        }
-        None => None,
-    };
-    let changed = || LedgerError::EffectChanged { operation_key: key.to_string(), effect_key: effect.key.clone() };
-    if current != expected.map(|(status, dispatches)| (status, i64::from(dispatches))) {
-        return Err(changed());
-    }
-    let fresh = unapplied(tx, key, staged).await?;
-    // Decided; from here on only writes.
-    if !recorded {
-        update_operation(tx, &op, true, (fence, OperationStatus::Claimed)).await?;
-    }
-    apply_local(tx, key, fresh).await?;
-    let written = match expected {
-        None => insert_effect(tx, key, effect, true).await?,
-        Some((status, dispatches)) => {
-            tx.exec(
-                "UPDATE oncebox_effects SET status = $3, dispatches = $4, first_dispatched_ms = $5, label = $6, \
-                 record = $7 WHERE operation_key = $1 AND effect_key = $2 AND status = $8 AND dispatches = $9",
-                &[
-                    &key,
-                    &effect.key,
-                    &effect_status_str(effect.status),
-                    &i64::from(effect.dispatches),
-                    &int(effect.first_dispatched_ms),
-                    &effect.label,
-                    &encode(effect)?,
-                    &effect_status_str(status),
-                    &i64::from(dispatches),
-                ],
-            )
-            .await?
-        }
-    };
-    if written == 0 {
-        return Err(changed());
-    }
-    Ok(((), true))
-}
-
-/// Inserts an effect record (`or_nothing`: leaves one already there, and says so with 0 rows).
-async fn insert_effect(
-    tx: &Tx<'_>,
-    operation_key: &str,
-    effect: &EffectRecord,
-    or_nothing: bool,
-) -> Result<u64, LedgerError> {
-    let sql = if or_nothing {
-        "INSERT INTO oncebox_effects (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO NOTHING"
-    } else {
-        "INSERT INTO oncebox_effects (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
-         status = excluded.status, dispatches = excluded.dispatches, \
-         first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record"
-    };
+/// Writes an effect record, whatever was there.
+async fn upsert_effect(tx: &Tx<'_>, operation_key: &str, effect: &EffectRecord) -> Result<u64, LedgerError> {
     tx.exec(
-        sql,
+        super::grouped::EFFECT_UPSERT,
         &[
             &operation_key,
             &effect.key,
@@ -343,148 +202,6 @@ async fn insert_effect(
         ],
     )
     .await
-}
-
-/// One attempt, its staged local effects and, when it was the last, the operation's end.
-pub(super) async fn record_attempt(
-    tx: &Tx<'_>,
-    fence: u64,
-    attempt: &crate::AttemptRecord,
-    finish: Option<Finish>,
-    now_ms: u64,
-    staged: &Staged,
-) -> Done<()> {
-    let key = attempt.operation_key.as_str();
-    tx.lock(operation_lock(key)).await?;
-    let (mut op, _) = owned(tx, key, fence).await?;
-    let fresh = unapplied(tx, key, staged).await?;
-    // The rule of evidence, enforced whoever asks (`ledger::refused_finish`).
-    if let Some((status, _, _)) = &finish {
-        let on_record = effects_of(tx, key).await?;
-        let carried = fresh.iter().map(|(effect, _)| *effect);
-        if let Some(refusal) = refused_finish(key, *status, on_record.iter().chain(carried)) {
-            return Err(refusal);
-        }
-    }
-    // Decided; from here on only writes.
-    op.attempts = op.attempts.max(attempt.attempt);
-    op.updated_ms = now_ms;
-    let ends = finish.is_some();
-    if let Some((status, output, error)) = finish {
-        op.status = status;
-        op.output = output;
-        op.error = error;
-        op.lease_until_ms = 0;
-    }
-    update_operation(tx, &op, true, (fence, OperationStatus::Claimed)).await?;
-    if ends {
-        notify::changed(tx, key).await?;
-    }
-    apply_local(tx, key, fresh).await?;
-    tx.exec(
-        "INSERT INTO oncebox_attempts (operation_key, number, record) VALUES ($1, $2, $3) \
-         ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
-        &[&key, &i64::from(attempt.attempt), &encode(attempt)?],
-    )
-    .await?;
-    Ok(((), true))
-}
-
-/// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
-/// others); refuses them all if a key holds another request (the tool diverged), or if a
-/// versioned KV write finds its key at another version than it read. Takes the KV keys' locks
-/// first, so what it read of them holds until the commit. Writes nothing.
-async fn unapplied<'s>(
-    tx: &Tx<'_>,
-    key: &str,
-    staged: &'s Staged,
-) -> Result<Vec<(&'s EffectRecord, &'s LocalWrite)>, LedgerError> {
-    let kv_locks = staged
-        .iter()
-        .filter_map(|(_, write)| match write {
-            LocalWrite::KvSet { namespace, key, .. } | LocalWrite::KvDelete { namespace, key } => {
-                Some(kv_lock(namespace, key))
-            }
-            LocalWrite::Outbox { .. } => None,
-        })
-        .collect();
-    tx.lock_all(kv_locks).await?;
-    let mut fresh = Vec::with_capacity(staged.len());
-    for (effect, write) in staged {
-        let existing = tx
-            .opt(
-                "SELECT record FROM oncebox_effects WHERE operation_key = $1 AND effect_key = $2",
-                &[&key, &effect.key],
-            )
-            .await?;
-        match existing {
-            None => {
-                if let LocalWrite::KvSet { namespace, key: kv_key, expected: Some(expected), .. } = write {
-                    let found = tx
-                        .opt("SELECT version FROM oncebox_kv WHERE namespace = $1 AND key = $2", &[namespace, kv_key])
-                        .await?
-                        .map(|row| super::db::column::<i64>(&row, 0, "oncebox_kv"))
-                        .transpose()?
-                        .map_or(0, uint);
-                    if found != *expected {
-                        return Err(LedgerError::KvConflict { namespace: namespace.clone(), key: kv_key.clone() });
-                    }
-                }
-                fresh.push((effect, write));
-            }
-            Some(row) => {
-                let existing: EffectRecord = record(&row, 0, "oncebox_effects")?;
-                if existing.fingerprint != effect.fingerprint {
-                    let (operation_key, effect_key) = (key.to_string(), effect.key.clone());
-                    return Err(LedgerError::Diverged { operation_key, effect_key });
-                }
-            }
-        }
-    }
-    Ok(fresh)
-}
-
-/// Applies KV and outbox writes with their effect records, in the caller's transaction: exactly
-/// once.
-async fn apply_local(
-    tx: &Tx<'_>,
-    operation_key: &str,
-    writes: Vec<(&EffectRecord, &LocalWrite)>,
-) -> Result<(), LedgerError> {
-    for (effect, write) in writes {
-        match write {
-            LocalWrite::KvSet { namespace, key, value, .. } => {
-                tx.exec(
-                    "INSERT INTO oncebox_kv (namespace, key, value, version) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
-                    &[namespace, key, value, &int(stamp(&effect.key))],
-                )
-                .await?;
-            }
-            LocalWrite::KvDelete { namespace, key } => {
-                tx.exec("DELETE FROM oncebox_kv WHERE namespace = $1 AND key = $2", &[namespace, key]).await?;
-            }
-            LocalWrite::Outbox { topic, payload } => {
-                // The counter row: locked until the commit, so numbers are handed out in commit
-                // order and a rolled-back transaction leaves no gap.
-                let row = tx
-                    .opt("UPDATE oncebox_meta SET value = value + 1 WHERE name = 'outbox_seq' RETURNING value", &[])
-                    .await?
-                    .ok_or_else(|| LedgerError::Corrupt {
-                        what: format!("{}: no outbox_seq in oncebox_meta", tx.store),
-                    })?;
-                let seq = uint(super::db::column(&row, 0, "oncebox_meta")?);
-                let message = OutboxMessage::enqueued(seq, effect, topic, payload);
-                tx.exec(
-                    "INSERT INTO oncebox_outbox (seq, topic, delivered, record) VALUES ($1, $2, false, $3)",
-                    &[&int(seq), topic, &encode(&message)?],
-                )
-                .await?;
-            }
-        }
-        insert_effect(tx, operation_key, effect, false).await?;
-    }
-    Ok(())
 }
 
 /// Settles an unknown operation ([`settled`]).
@@ -509,7 +226,7 @@ pub(super) async fn resolve(
     };
     // Decided; from here on only writes.
     for effect in &effects {
-        insert_effect(tx, operation_key, effect, false).await?;
+        upsert_effect(tx, operation_key, effect).await?;
     }
     update_operation(tx, &op, true, held).await?;
     notify::changed(tx, operation_key).await?;
@@ -647,7 +364,7 @@ async fn effects_of(tx: &Tx<'_>, key: &str) -> Result<Vec<EffectRecord>, LedgerE
     tx.rows(EFFECTS_OF, &[&key]).await?.iter().map(|row| record(row, 0, "oncebox_effects")).collect()
 }
 
-fn effect_status_str(status: EffectStatus) -> &'static str {
+pub(super) fn effect_status_str(status: EffectStatus) -> &'static str {
     match status {
         EffectStatus::Dispatched => "dispatched",
         EffectStatus::Completed => "completed",
@@ -655,17 +372,6 @@ fn effect_status_str(status: EffectStatus) -> &'static str {
         EffectStatus::Retryable => "retryable",
         EffectStatus::Unknown => "unknown",
     }
-}
-
-fn effect_status(status: &str) -> Result<EffectStatus, LedgerError> {
-    Ok(match status {
-        "dispatched" => EffectStatus::Dispatched,
-        "completed" => EffectStatus::Completed,
-        "refused" => EffectStatus::Refused,
-        "retryable" => EffectStatus::Retryable,
-        "unknown" => EffectStatus::Unknown,
-        other => return Err(LedgerError::Corrupt { what: format!("table oncebox_effects: status {other:?}") }),
-    })
 }
 
 /// The database's clock in ms since the epoch, as SQL: leases of shared things are judged by the

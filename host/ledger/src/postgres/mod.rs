@@ -4,11 +4,13 @@
 //! that writes it: a claim, a take-over, every fence check, an approval's revision, a versioned
 //! KV write (see `jobs.rs` for the locks and why READ COMMITTED is enough). Nothing is claimed in
 //! one process's memory, as the redb backend does for speed: another host could not see it.
-//! Fences come from a database sequence, so no two hosts ever hand out the same token. One Store
-//! call is one transaction; its future resolves `Ok` only after the COMMIT answered (the sessions
-//! run with `synchronous_commit = on`), and a call that resolves `Err` rolled back, so nothing of
-//! it was recorded. The one exception is a connection lost during the COMMIT itself: that error
-//! says that whether the write was recorded is unknown, as the redb backend's failed batch does.
+//! Fences come from a database sequence, so no two hosts ever hand out the same token. A Store
+//! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
+//! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
+//! the COMMIT answered (the sessions run with `synchronous_commit = on`), and a call that resolves
+//! `Err` wrote nothing that was recorded. The one exception is a connection lost during the
+//! COMMIT itself: that error says that whether the write was recorded is unknown, as the redb
+//! backend's failed batch does.
 //!
 //! As in the redb backend, an operation claimed but not yet written to (no write-ahead, no
 //! attempt) is not shown by reads; here its row exists all the same (`recorded = false`), since
@@ -28,8 +30,11 @@
 
 mod clock;
 mod db;
+mod group;
+mod grouped;
 mod jobs;
 mod name;
+mod pipeline;
 
 pub use name::without_password;
 mod notify;
@@ -53,7 +58,10 @@ use super::{
 use db::{Tx, column, describe, record, uint};
 use jobs::Done;
 
-/// Connections per host: enough for the calls in flight to run their transactions side by side.
+/// Connections per host: the group runners' ([`group::RUNNERS`]), and the reads and the jobs off
+/// the hot path of the calls in flight, side by side. The hot path's writes do not grow with the
+/// callers (they wait in groups, not for connections), so more connections would only add
+/// backends competing for the server's cores.
 const POOL_SIZE: usize = 16;
 /// How long connecting may take when the URL does not say (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +72,9 @@ pub struct PostgresStore {
     /// The URL without its password, for messages.
     name: String,
     path: PathBuf,
-    commits: AtomicU64,
+    commits: Arc<AtomicU64>,
+    /// The hot path's calls, carried in groups (`group.rs`).
+    groups: group::Groups,
     /// Wakes this host's waiters when another host's operation changes (`LISTEN`).
     listener: notify::Listener,
     /// The database's clock less this host's, in ms, as last measured (`clock.rs`).
@@ -117,8 +127,9 @@ impl PostgresStore {
             .build()
             .map_err(|e| fail(format!("cannot make a connection pool: {e}")))?;
         let clock = Arc::new(clock::Offset::default());
-        let store =
-            PostgresStore { pool, path: PathBuf::from(&name), name, commits: AtomicU64::new(0), listener, clock };
+        let commits = Arc::new(AtomicU64::new(0));
+        let groups = group::Groups::start(pool.clone(), name.clone(), commits.clone());
+        let store = PostgresStore { pool, path: PathBuf::from(&name), name, commits, groups, listener, clock };
         let mut client = store.client().await?;
         let tx = store.begin(&mut client).await?;
         match schema::init(&tx).await {
@@ -247,7 +258,12 @@ impl Store for PostgresStore {
     }
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        Box::pin(async move { transaction!(self, |tx| jobs::claim(&tx, req)) })
+        Box::pin(async move {
+            match self.groups.submit(grouped::Job::Claim(req.clone()), &self.name).await? {
+                grouped::Answer::Claim(claim) => Ok(claim),
+                grouped::Answer::Written => Err(self.fail("a claim was answered as a write".into())),
+            }
+        })
     }
 
     fn reopen<'a>(
@@ -269,7 +285,8 @@ impl Store for PostgresStore {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async move { transaction!(self, |tx| jobs::put_effect(&tx, fence, effect, expected, &staged)) })
+        let job = grouped::Job::PutEffect { fence, effect: effect.clone(), expected, staged };
+        Box::pin(async move { self.groups.submit(job, &self.name).await.map(drop) })
     }
 
     fn record_attempt<'a>(
@@ -280,9 +297,8 @@ impl Store for PostgresStore {
         now_ms: u64,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(
-            async move { transaction!(self, |tx| jobs::record_attempt(&tx, fence, attempt, finish, now_ms, &staged)) },
-        )
+        let job = grouped::Job::RecordAttempt { fence, attempt: attempt.clone(), finish, now_ms, staged };
+        Box::pin(async move { self.groups.submit(job, &self.name).await.map(drop) })
     }
 
     fn resolve<'a>(

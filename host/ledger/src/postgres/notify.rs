@@ -27,6 +27,11 @@ pub(super) async fn changed(tx: &Tx<'_>, key: &str) -> Result<(), LedgerError> {
     tx.exec("SELECT pg_notify($1, $2)", &[&CHANNEL, &key]).await.map(|_| ())
 }
 
+/// The same announcement, as a statement of a group's writes (`group.rs`).
+pub(super) fn changed_sql(key: &str) -> super::pipeline::Sql {
+    super::pipeline::sql!("SELECT pg_notify($1, $2)", CHANNEL, key.to_string())
+}
+
 /// This host's listening connection, started on the first wait and again after it dropped.
 pub(super) struct Listener {
     config: Config,

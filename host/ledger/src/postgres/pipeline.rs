@@ -1,0 +1,79 @@
+//! Statements sent together: a round of statements goes to the server in one write, in order, and
+//! their answers come back in one read (the extended protocol lets a client send many statements
+//! before it reads an answer; tokio-postgres sends each request when its future is first polled).
+//! A group's transaction is two such rounds: BEGIN, the locks and the reads; then the writes and
+//! COMMIT (`group.rs`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use deadpool_postgres::tokio_postgres::types::ToSql;
+use deadpool_postgres::tokio_postgres::{Error, Row};
+use futures_util::future::{MaybeDone, maybe_done};
+
+/// A statement parameter, owned, so that a statement can wait in a round.
+pub(super) type Param = Box<dyn ToSql + Sync + Send>;
+
+/// One statement and its parameters.
+pub(super) struct Sql {
+    pub text: &'static str,
+    pub params: Vec<Param>,
+}
+
+/// `sql!(TEXT, a, b)`: a statement with its parameters, each moved into a box.
+macro_rules! sql {
+    ($text:expr $(, $param:expr)* $(,)?) => {
+        $crate::postgres::pipeline::Sql { text: $text, params: vec![$(Box::new($param) as $crate::postgres::pipeline::Param),*] }
+    };
+}
+pub(super) use sql;
+
+/// What one statement of a round answered.
+pub(super) type Answer = Result<Vec<Row>, Error>;
+
+/// Sends `statements` in order without waiting between them, and collects every answer, in order.
+/// The first use of a statement on a connection prepares it first (cached per connection; the
+/// preparations of one round are sent together too), so a connection's first rounds cost one more
+/// round trip. If a preparation fails, no statement of the round is sent: the error and the
+/// statement's index are answered instead (so that a COMMIT never follows a write that was not
+/// sent).
+pub(super) async fn round(
+    client: &deadpool_postgres::Client,
+    statements: &[Sql],
+) -> Result<Vec<Answer>, (usize, Error)> {
+    let prepared = in_order(statements.iter().map(|s| client.prepare_cached(s.text)).collect()).await;
+    let mut ready = Vec::with_capacity(prepared.len());
+    for (i, prepared) in prepared.into_iter().enumerate() {
+        ready.push(prepared.map_err(|e| (i, e))?);
+    }
+    let queries = statements.iter().zip(ready).map(|(statement, prepared)| async move {
+        let params: Vec<&(dyn ToSql + Sync)> =
+            statement.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+        client.query(&prepared, &params).await
+    });
+    Ok(in_order(queries.collect()).await)
+}
+
+/// Runs `futures` together, first polling each once in the order given (a query sends its request
+/// on its first poll, so the server receives them in that order), and answers their outputs in
+/// the same order.
+async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<MaybeDone<F>>>> = futures.into_iter().map(|f| Box::pin(maybe_done(f))).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for future in &mut futures {
+            all &= future.as_mut().poll(cx).is_ready();
+        }
+        if all { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    futures.iter_mut().filter_map(|future| future.as_mut().take_output()).collect()
+}
+
+/// The statement that takes the advisory locks `ids` in the order given (the function scan of
+/// `unnest` yields them in array order, and each row's lock is taken before the next row is
+/// read).
+pub(super) fn lock_all(ids: Vec<i64>) -> Sql {
+    sql!("SELECT pg_advisory_xact_lock(id) FROM unnest($1::bigint[]) AS id", ids)
+}
