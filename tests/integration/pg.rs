@@ -256,3 +256,141 @@ async fn a_dropped_connection_fails_one_call_at_most_and_is_replaced() {
         assert!(failure.contains(&url) && !failure.contains('\n'), "{failure}");
     }
 }
+
+/// An attempt that ends `op` with one KV write of `value` to `key` (`expected`: the version it read).
+fn kv_attempt(
+    op: &str,
+    fence: u64,
+    (namespace, key): (&str, &str),
+    expected: Option<u64>,
+) -> (oncebox::ledger::AttemptRecord, oncebox::ledger::Staged) {
+    use oncebox::ledger::{AttemptRecord, AttemptSource, EffectRecord, EffectStatus, LocalWrite};
+    let attempt = AttemptRecord {
+        operation_key: op.into(),
+        run_id: "run".into(),
+        step_id: op.into(),
+        tool: "fulfill".into(),
+        attempt: 1,
+        max_attempts: 1,
+        fence,
+        started_ms: 0,
+        duration_us: 0,
+        outcome: "ok".into(),
+        message: None,
+        source: AttemptSource::Fresh,
+        downstream_accepted: None,
+        effects: Vec::new(),
+    };
+    let effect = EffectRecord {
+        key: format!("{:016x}{op}", 0xe001),
+        operation_key: op.into(),
+        label: "set".into(),
+        occurrence: 0,
+        kind: "kv-set".into(),
+        target: namespace.into(),
+        fingerprint: "f".into(),
+        status: EffectStatus::Completed,
+        response: Some("{}".into()),
+        error: None,
+        dispatches: 1,
+        first_dispatched_ms: 1,
+        last_dispatched_ms: 1,
+        updated_ms: 1,
+        resolution: None,
+    };
+    let write = LocalWrite::KvSet { namespace: namespace.into(), key: key.into(), value: op.as_bytes().to_vec(), expected };
+    (attempt, vec![(effect, write)])
+}
+
+/// Claims `ops` one after another and answers their fences.
+async fn claimed(ledger: &Ledger, ops: &[String]) -> Vec<u64> {
+    let mut fences = Vec::new();
+    for op in ops {
+        match ledger.claim(&request(op, "a", 1_000)).await.expect("claim") {
+            Claim::Owned { fence, .. } => fences.push(fence),
+            other => panic!("{op}: {other:?}"),
+        }
+    }
+    fences
+}
+
+/// Ends each op of `ops` at once (one task each) with a KV write to the key `key_of` names, and
+/// answers every result in order.
+async fn end_at_once(
+    ledger: &Ledger,
+    ops: &[String],
+    fences: &[u64],
+    key_of: impl Fn(usize) -> (String, String, Option<u64>),
+) -> Vec<Result<(), LedgerError>> {
+    let tasks: Vec<_> = ops
+        .iter()
+        .zip(fences)
+        .enumerate()
+        .map(|(n, (op, fence))| {
+            let (ledger, op, fence, (namespace, key, expected)) = (ledger.clone(), op.clone(), *fence, key_of(n));
+            tokio::spawn(async move {
+                let (attempt, staged) = kv_attempt(&op, fence, (&namespace, &key), expected);
+                let finish = Some((oncebox::ledger::OperationStatus::Completed, Some("{}".into()), None));
+                ledger.record_attempt(fence, &attempt, finish, 1_001, staged).await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.expect("join"));
+    }
+    results
+}
+
+/// Many callers' writes share commits (group commit), yet each is decided alone: a write whose
+/// versioned KV write lost the race is refused, a stale owner is fenced, and a write the database
+/// cannot store fails, each without failing or undoing the others written beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_share_commits_and_one_refusal_fails_only_its_own() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+
+    // 64 independent writers at once: fewer commits than writes.
+    let ops: Vec<String> = (0..64).map(|n| format!("own-{n}")).collect();
+    let fences = claimed(&ledger, &ops).await;
+    let before = ledger.commits();
+    let results = end_at_once(&ledger, &ops, &fences, |n| ("ns".into(), format!("own-{n}"), Some(0))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let commits = ledger.commits() - before;
+    assert!(commits < 64, "64 writes in {commits} commits: no two shared one");
+    for n in 0..64 {
+        let entry = ledger.kv_entry("ns", &format!("own-{n}")).await.expect("read");
+        assert_eq!(entry.map(|(value, _)| value), Some(format!("own-{n}").into_bytes()));
+    }
+
+    // 16 writers of one key, each having read it absent, beside 16 of their own keys, a stale
+    // owner and a key the database cannot store (text cannot hold a NUL).
+    let ops: Vec<String> = (0..34).map(|n| format!("mixed-{n}")).collect();
+    let mut fences = claimed(&ledger, &ops).await;
+    fences[32] += 1000;
+    let results = end_at_once(&ledger, &ops, &fences, |n| match n {
+        0..16 => ("ns".into(), "shared".into(), Some(0)),
+        16..32 => ("ns".into(), format!("mine-{n}"), Some(0)),
+        32 => ("ns".into(), "stale".into(), Some(0)),
+        _ => ("ns".into(), "nul\0".into(), None),
+    })
+    .await;
+    let won: Vec<usize> = (0..16).filter(|n| results[*n].is_ok()).collect();
+    assert_eq!(won.len(), 1, "one writer of the shared key wins: {results:?}");
+    for (n, result) in results[..16].iter().enumerate().filter(|(n, _)| !won.contains(n)) {
+        assert!(matches!(result, Err(LedgerError::KvConflict { .. })), "mixed-{n}: {result:?}");
+    }
+    assert!(results[16..32].iter().all(Result::is_ok), "{:?}", &results[16..32]);
+    assert!(matches!(results[32], Err(LedgerError::Fenced { .. })), "{:?}", results[32]);
+    assert!(matches!(results[33], Err(LedgerError::Database { .. })), "{:?}", results[33]);
+    let winner = format!("mixed-{}", won[0]);
+    let shared = ledger.kv_entry("ns", "shared").await.expect("read").map(|(value, _)| value);
+    assert_eq!(shared, Some(winner.clone().into_bytes()), "the winner's value, once");
+    for n in 0..34 {
+        let op = format!("mixed-{n}");
+        let recorded = ledger.operation(&op).await.expect("read");
+        let ended = recorded.as_ref().map(|op| op.status) == Some(oncebox::ledger::OperationStatus::Completed);
+        assert_eq!(ended, op == winner || (16..32).contains(&n), "{op}: {recorded:?}");
+    }
+    assert_eq!(ledger.kv_entry("ns", "stale").await.expect("read"), None, "the stale owner wrote nothing");
+}
