@@ -93,18 +93,22 @@ async fn run(shared: Arc<Shared>) {
 }
 
 /// The next group: the jobs held back first, then every job waiting (at least one, waited for),
-/// leaving out any that shares a lock with one already in; `None` once the store is gone.
+/// leaving out any that shares a lock with one already in where either decides under it
+/// (`Job::exclusive`); `None` once the store is gone.
 async fn next_group(shared: &Shared) -> Option<Vec<(Job, Reply)>> {
     let mut group = Vec::new();
-    let mut locks = HashSet::new();
+    // Every lock of the group's jobs, and those that one of them decides under.
+    let (mut locks, mut exclusive) = (HashSet::new(), HashSet::new());
     let held_back = std::mem::take(&mut *shared.held_back.lock().unwrap_or_else(|e| e.into_inner()));
     let mut still_held = Vec::new();
     let mut admit = |entry: (Job, Reply), group: &mut Vec<(Job, Reply)>, still_held: &mut Vec<(Job, Reply)>| {
-        let ids = entry.0.locks();
-        if group.len() >= MOST || ids.iter().any(|id| locks.contains(id)) {
+        let (ids, own) = (entry.0.locks(), entry.0.exclusive());
+        if group.len() >= MOST || own.iter().any(|id| locks.contains(id)) || ids.iter().any(|id| exclusive.contains(id))
+        {
             still_held.push(entry);
         } else {
             locks.extend(ids);
+            exclusive.extend(own);
             group.push(entry);
         }
     };

@@ -8,8 +8,8 @@
 //! every transaction takes them in: `jobs.rs`), then reads. In READ COMMITTED each read takes its
 //! snapshot after the locks were granted, and nobody else may write what the locks cover until
 //! the group commits, so what the reads returned still holds when the writes run. Two jobs of one
-//! group never share a lock (`group.rs` keeps such a job for a later group), so no job's reads
-//! depend on another's writes. The outbox counter is read `FOR UPDATE` with the reads and handed
+//! group never share a lock that either decides under (`Job::exclusive`; `group.rs` keeps such a
+//! job for a later group), so no job's reads depend on another's writes. The outbox counter is read `FOR UPDATE` with the reads and handed
 //! out in job order.
 //!
 //! The conditional writes still state their conditions to the database ([`GUARDED_UPDATE`] and
@@ -99,6 +99,8 @@ const APPROVAL_FOR_UPDATE: &str = "SELECT record FROM oncebox_approvals WHERE op
 /// The SQLSTATE of a guarded write that changed no row (`1 / 0`).
 pub(super) const GUARD_FAILED: &str = "22012";
 
+static NOTHING_STAGED: Staged = Vec::new();
+
 impl Job {
     pub fn operation_key(&self) -> &str {
         match self {
@@ -108,9 +110,9 @@ impl Job {
         }
     }
 
-    fn staged(&self) -> &[(EffectRecord, LocalWrite)] {
+    fn staged(&self) -> &Staged {
         match self {
-            Job::Claim(_) => &[],
+            Job::Claim(_) => &NOTHING_STAGED,
             Job::PutEffect { staged, .. } | Job::RecordAttempt { staged, .. } => staged,
         }
     }
@@ -123,6 +125,15 @@ impl Job {
             }
             LocalWrite::Outbox { .. } => None,
         });
+        std::iter::once(operation_lock(self.operation_key())).chain(kv).collect()
+    }
+
+    /// The locks no other job of its group may take: its operation's, and the KV keys it writes
+    /// under a version it read (its decision reads them). Unversioned KV writes decide nothing
+    /// from the key, so jobs writing one key so may share a group: they apply in job order, as
+    /// one after the other.
+    pub fn exclusive(&self) -> Vec<i64> {
+        let kv = versioned(self.staged()).map(|(namespace, key, _)| kv_lock(namespace, key));
         std::iter::once(operation_lock(self.operation_key())).chain(kv).collect()
     }
 
