@@ -26,14 +26,15 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::db::{describe, uint};
-use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, OUTBOX_SEQ_FOR_UPDATE, OUTBOX_SEQ_SET, OutboxSeq};
+use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Writes};
 use super::pipeline::{self, Sql, sql};
 use crate::LedgerError;
 
-/// Groups in flight at once, each on its own connection. More let the database use more cores
-/// while one group waits for its WAL flush; a job of one group that needs a lock another group
-/// holds waits for that group's commit.
-pub(super) const RUNNERS: usize = 2;
+/// Groups in flight at once, each on its own connection. One: while a group commits, the next
+/// gathers every job that arrives meanwhile, and no group waits on another's locks (two groups
+/// often share one: a KV key every call writes, say; the bench's workload does). Measured against
+/// two and four at 64 callers (BENCHMARKS.md), one carried the most calls.
+pub(super) const RUNNERS: usize = 1;
 /// The most jobs in one group.
 const MOST: usize = 256;
 
@@ -175,29 +176,24 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut locks: Vec<i64> = jobs.iter().flat_map(Job::locks).collect();
     locks.sort_unstable();
     locks.dedup();
-    let mut first = vec![sql!("BEGIN ISOLATION LEVEL READ COMMITTED"), pipeline::lock_all(locks)];
-    let mut spans = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let reads = job.reads();
-        spans.push(first.len()..first.len() + reads.len());
-        first.extend(reads);
-    }
-    let enqueues = jobs.iter().any(Job::enqueues);
-    if enqueues {
-        first.push(sql!(OUTBOX_SEQ_FOR_UPDATE));
-    }
+    // A group's statements take arrays of any length, and their best plan does not depend on
+    // the values: planning them once per connection (a generic plan) instead of at every
+    // execution saves a good part of the server's time per group.
+    let mut first = vec![
+        sql!("BEGIN ISOLATION LEVEL READ COMMITTED"),
+        sql!("SET LOCAL plan_cache_mode = force_generic_plan"),
+        pipeline::lock_all(locks),
+    ];
+    first.extend(Read::statements(jobs));
     let answers = read_round(shared, client, &first).await?;
-    let mut seq: OutboxSeq = None;
-    if enqueues {
-        let row = answers.last().and_then(|rows| rows.first());
-        seq = row.map(|row| super::db::column::<i64>(row, 0, "oncebox_meta")).transpose().map_err(abort)?.map(uint);
-    }
+    let mut read = Read::of(&answers[3..]).map_err(Failed::RolledBack)?;
+    let before = read.outbox_seq;
 
     // The decisions, in job order (outbox numbers are handed out in it).
-    let mut decided: Vec<Option<Result<Decided, LedgerError>>> = Vec::with_capacity(jobs.len());
+    let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
-    for (i, (job, span)) in jobs.iter().zip(&spans).enumerate() {
-        match job.decide(&shared.store, &answers[span.clone()], None, &mut seq) {
+    for (i, job) in jobs.iter().enumerate() {
+        match job.decide(&shared.store, &mut read, None) {
             Decision::Made(result) => decided.push(Some(result)),
             Decision::NeedsFence => {
                 need_fence.push(i);
@@ -210,38 +206,40 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
         let fences = read_round(shared, client, &draws).await?;
         for (i, rows) in need_fence.into_iter().zip(fences) {
             let fence = rows.first().map(|row| super::db::column::<i64>(row, 0, "oncebox_fence"));
-            let fence = fence.transpose().map_err(abort)?.map(uint);
-            let Some(fence) = fence else { return Err(abort(fail("nextval returned no row".into()))) };
-            decided[i] = match jobs[i].decide(&shared.store, &answers[spans[i].clone()], Some(fence), &mut seq) {
+            let fence = fence.transpose().map_err(Failed::RolledBack)?.map(uint);
+            let Some(fence) = fence else { return Err(Failed::RolledBack(fail("nextval returned no row".into()))) };
+            decided[i] = match jobs[i].decide(&shared.store, &mut read, Some(fence)) {
                 Decision::Made(result) => Some(result),
                 Decision::NeedsFence => Some(Err(fail("a take-over asked for a fence twice".into()))),
             };
         }
     }
-    let before = seq;
 
     // Round 2: the writes and COMMIT.
-    let mut second = Vec::new();
+    let mut writes = Writes::default();
     let mut results = Vec::with_capacity(jobs.len());
     for decision in decided {
         match decision {
-            Some(Ok(Decided { answer, writes })) => {
-                second.extend(writes);
+            Some(Ok(Decided { answer, writes: own })) => {
+                writes.extend(own);
                 results.push(Ok(answer));
             }
             Some(Err(e)) => results.push(Err(e)),
             None => results.push(Err(fail("a job was not decided".into()))),
         }
     }
-    if second.is_empty() {
+    if writes.is_empty() {
         // Nothing to write: no commit to pay for (the locks go with the transaction).
         if read_round(shared, client, &[sql!("ROLLBACK")]).await.is_ok() {
             connection.clean = true;
         }
         return Ok(results);
     }
-    if enqueues && seq != before {
-        second.push(sql!(OUTBOX_SEQ_SET, seq.map_or(0, super::db::int)));
+    let mut second = writes.statements();
+    if let Some(seq) = read.outbox_seq
+        && Some(seq) != before
+    {
+        second.push(sql!(OUTBOX_SEQ_SET, super::db::int(seq)));
     }
     second.push(sql!("COMMIT"));
     let answers = match pipeline::round(client, &second).await {
@@ -274,6 +272,9 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     Ok(results)
 }
 
+/// Sets the last outbox sequence number handed out.
+const OUTBOX_SEQ_SET: &str = "UPDATE oncebox_meta SET value = $1 WHERE name = 'outbox_seq'";
+
 /// A round before anything was sent that could commit: any failure means nothing was recorded.
 async fn read_round(
     shared: &Shared,
@@ -292,10 +293,6 @@ async fn read_round(
         }
     }
     Ok(rows)
-}
-
-fn abort(e: LedgerError) -> Failed {
-    Failed::RolledBack(e)
 }
 
 /// A statement that failed, in one line; a guarded write that found its row changed says so.

@@ -1,7 +1,10 @@
 //! The jobs of a call's hot path (a claim, a write-ahead, an attempt), written so that many can
-//! share one transaction (`group.rs`): each names its locks and its reads up front, decides from
-//! what they returned, and answers the writes to send. Each mirrors its redb job (`redb/jobs.rs`)
-//! and the reference model, decision for decision, through the shared rules of `rules.rs`.
+//! share one transaction (`group.rs`): each names its locks up front, decides from what the group
+//! read for all its jobs at once ([`Read`]), and adds its writes to the group's ([`Writes`]), which
+//! go to the database as one statement per kind of row, whatever the number of jobs (the server's
+//! cost per statement, not per row, is what bounds a busy ledger). Each job mirrors its redb job
+//! (`redb/jobs.rs`) and the reference model, decision for decision, through the shared rules of
+//! `rules.rs`.
 //!
 //! Why deciding from reads sent before the decision is sound: a group takes every lock its jobs
 //! need first (the operations' and the KV keys' advisory locks, in one ascending order, the order
@@ -9,23 +12,26 @@
 //! snapshot after the locks were granted, and nobody else may write what the locks cover until
 //! the group commits, so what the reads returned still holds when the writes run. Two jobs of one
 //! group never share a lock that either decides under (`Job::exclusive`; `group.rs` keeps such a
-//! job for a later group), so no job's reads depend on another's writes. The outbox counter is read `FOR UPDATE` with the reads and handed
-//! out in job order.
+//! job for a later group), so no job's reads depend on another's writes. The outbox counter is
+//! read `FOR UPDATE` with the reads and handed out in job order.
 //!
-//! The conditional writes still state their conditions to the database ([`GUARDED_UPDATE`] and
-//! the others): were a lock ever missed, the write would find no row, fail, and take the whole
-//! group's transaction with it (the writes and COMMIT are sent together, and a COMMIT of a failed
-//! transaction rolls it back).
+//! The conditional writes still state their conditions to the database, and each such statement
+//! checks that it changed exactly the rows it was given: were a lock ever missed, the statement
+//! would fail and take the whole group's transaction with it (the writes and COMMIT are sent
+//! together, and a COMMIT of a failed transaction rolls it back).
+
+use std::collections::HashMap;
 
 use deadpool_postgres::tokio_postgres::Row;
 
 use super::db::{column, encode, int, kv_lock, operation_lock, record, uint};
-use super::jobs::{EFFECTS_OF, OPERATION_FOR_UPDATE, effect_status_str};
+use super::jobs::effect_status_str;
 use super::notify;
 use super::pipeline::{Sql, sql};
 use crate::{
-    AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite, OperationRecord,
-    OperationStatus, OutboxMessage, Staged, approval_stands, refused_finish, stamp, take_over, verdict,
+    ApprovalRecord, AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
+    OperationRecord, OperationStatus, OutboxMessage, Staged, Tombstone, approval_stands, refused_finish, stamp,
+    take_over, verdict,
 };
 
 /// One hot-path Store call, owned, waiting for its group.
@@ -42,10 +48,10 @@ pub(super) enum Answer {
     Written,
 }
 
-/// What a job decided: its answer and what to write for it (nothing: it wrote nothing).
+/// What a job decided: its answer and its writes (none: it wrote nothing).
 pub(super) struct Decided {
     pub answer: Answer,
-    pub writes: Vec<Sql>,
+    pub writes: Writes,
 }
 
 /// A decision, or a request for a fence first (a take-over needs one from the ledger's sequence,
@@ -55,48 +61,7 @@ pub(super) enum Decision {
     NeedsFence,
 }
 
-/// A row's value in the outbox counter, handed out to the group's messages in job order.
-pub(super) type OutboxSeq = Option<u64>;
-
-/// Reads the last outbox sequence number handed out, locked until the commit.
-pub(super) const OUTBOX_SEQ_FOR_UPDATE: &str = "SELECT value FROM oncebox_meta WHERE name = 'outbox_seq' FOR UPDATE";
-pub(super) const OUTBOX_SEQ_SET: &str = "UPDATE oncebox_meta SET value = $1 WHERE name = 'outbox_seq'";
-
-/// A new operation's row; fails unless inserted.
-const GUARDED_INSERT: &str = "WITH w AS (INSERT INTO oncebox_operations \
-     (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8) ON CONFLICT (key) DO NOTHING RETURNING 1) \
-     SELECT 1 / count(*)::int FROM w";
-
-/// An operation's row over the one that held a fence with a status; fails unless it did.
-const GUARDED_UPDATE: &str = "WITH w AS (UPDATE oncebox_operations SET status = $3, fence = $4, lease_until_ms = $5, \
-     recorded = $6, record = $7 WHERE key = $1 AND fence = $2 AND status = $8 RETURNING 1) \
-     SELECT 1 / count(*)::int FROM w";
-
-/// A new effect record; fails if one is there.
-const GUARDED_EFFECT_INSERT: &str = "WITH w AS (INSERT INTO oncebox_effects \
-     (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO NOTHING RETURNING 1) \
-     SELECT 1 / count(*)::int FROM w";
-
-/// An effect record over the one at a (status, dispatches); fails unless it was.
-const GUARDED_EFFECT_UPDATE: &str = "WITH w AS (UPDATE oncebox_effects SET status = $3, dispatches = $4, \
-     first_dispatched_ms = $5, label = $6, record = $7 \
-     WHERE operation_key = $1 AND effect_key = $2 AND status = $8 AND dispatches = $9 RETURNING 1) \
-     SELECT 1 / count(*)::int FROM w";
-
-/// An effect record, whatever was there (a local effect applied with its record).
-pub(super) const EFFECT_UPSERT: &str = "INSERT INTO oncebox_effects \
-     (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
-     status = excluded.status, dispatches = excluded.dispatches, \
-     first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record";
-
-const KV_VERSION: &str = "SELECT version FROM oncebox_kv WHERE namespace = $1 AND key = $2";
-const TOMBSTONE: &str = "SELECT record FROM oncebox_tombstones WHERE operation_key = $1";
-const APPROVAL_FOR_UPDATE: &str = "SELECT record FROM oncebox_approvals WHERE operation_key = $1 FOR UPDATE";
-
-/// The SQLSTATE of a guarded write that changed no row (`1 / 0`).
+/// The SQLSTATE of a checked write that did not change exactly the rows it was given (`1 / 0`).
 pub(super) const GUARD_FAILED: &str = "22012";
 
 static NOTHING_STAGED: Staged = Vec::new();
@@ -117,7 +82,7 @@ impl Job {
         }
     }
 
-    /// The advisory locks the job decides under: its operation's, and its KV keys'.
+    /// The advisory locks the job decides or writes under: its operation's, and its KV keys'.
     pub fn locks(&self) -> Vec<i64> {
         let kv = self.staged().iter().filter_map(|(_, write)| match write {
             LocalWrite::KvSet { namespace, key, .. } | LocalWrite::KvDelete { namespace, key } => {
@@ -131,7 +96,7 @@ impl Job {
     /// The locks no other job of its group may take: its operation's, and the KV keys it writes
     /// under a version it read (its decision reads them). Unversioned KV writes decide nothing
     /// from the key, so jobs writing one key so may share a group: they apply in job order, as
-    /// one after the other.
+    /// one after the other would.
     pub fn exclusive(&self) -> Vec<i64> {
         let kv = versioned(self.staged()).map(|(namespace, key, _)| kv_lock(namespace, key));
         std::iter::once(operation_lock(self.operation_key())).chain(kv).collect()
@@ -142,38 +107,16 @@ impl Job {
         self.staged().iter().any(|(_, write)| matches!(write, LocalWrite::Outbox { .. }))
     }
 
-    /// The statements whose answers the job decides from, in the order [`Job::decide`] reads them.
-    pub fn reads(&self) -> Vec<Sql> {
-        let key = self.operation_key().to_string();
-        match self {
-            Job::Claim(req) => {
-                let mut reads = vec![sql!(OPERATION_FOR_UPDATE, key.clone()), sql!(TOMBSTONE, key.clone())];
-                if req.approval.is_some() {
-                    reads.push(sql!(APPROVAL_FOR_UPDATE, key));
-                }
-                reads
-            }
-            Job::PutEffect { staged, .. } | Job::RecordAttempt { staged, .. } => {
-                let mut reads = vec![sql!(OPERATION_FOR_UPDATE, key.clone()), sql!(EFFECTS_OF, key)];
-                reads.extend(
-                    versioned(staged)
-                        .map(|(namespace, kv_key, _)| sql!(KV_VERSION, namespace.to_string(), kv_key.to_string())),
-                );
-                reads
-            }
-        }
-    }
-
-    /// Decides from `rows` (the answers to [`Job::reads`]), with `fence` drawn if it asked for one;
-    /// hands out outbox numbers from `seq`.
-    pub fn decide(&self, store: &str, rows: &[Vec<Row>], fence: Option<u64>, seq: &mut OutboxSeq) -> Decision {
+    /// Decides from what the group read, with `fence` drawn if it asked for one; hands out outbox
+    /// numbers from `read.outbox_seq`.
+    pub fn decide(&self, store: &str, read: &mut Read, fence: Option<u64>) -> Decision {
         let decided = match self {
-            Job::Claim(req) => return claim(req, rows, fence),
+            Job::Claim(req) => return claim(req, read, fence),
             Job::PutEffect { fence, effect, expected, staged } => {
-                put_effect(store, *fence, effect, *expected, staged, rows, seq)
+                put_effect(store, *fence, effect, *expected, staged, read)
             }
             Job::RecordAttempt { fence, attempt, finish, now_ms, staged } => {
-                record_attempt(store, *fence, attempt, finish.clone(), *now_ms, staged, rows, seq)
+                record_attempt(store, *fence, attempt, finish.clone(), *now_ms, staged, read)
             }
         };
         Decision::Made(decided)
@@ -190,60 +133,391 @@ fn versioned(staged: &Staged) -> impl Iterator<Item = (&str, &str, u64)> {
     })
 }
 
-/// The operation's record and whether it was recorded (the first read of every job).
-fn operation(rows: &[Vec<Row>]) -> Result<Option<(OperationRecord, bool)>, LedgerError> {
-    match rows.first().and_then(|rows| rows.first()) {
-        Some(row) => Ok(Some((record(row, 0, "oncebox_operations")?, column(row, 1, "oncebox_operations")?))),
-        None => Ok(None),
+/// What a group read for all its jobs, under all their locks.
+#[derive(Default)]
+pub(super) struct Read {
+    /// Each operation's record and whether it was recorded (`FOR UPDATE`).
+    operations: HashMap<String, (OperationRecord, bool)>,
+    tombstones: HashMap<String, Tombstone>,
+    /// Requests for approval of the claims that came under one (`FOR UPDATE`).
+    approvals: HashMap<String, ApprovalRecord>,
+    /// The write jobs' operations' effects, each operation's in the order they were dispatched.
+    effects: HashMap<String, Vec<EffectRecord>>,
+    /// The versions of the keys of versioned KV writes (absent: not stored).
+    kv: HashMap<(String, String), u64>,
+    /// The last outbox sequence number handed out, if a job may enqueue (`FOR UPDATE`).
+    pub outbox_seq: Option<u64>,
+}
+
+const OPERATIONS: &str = "SELECT key, record, recorded FROM oncebox_operations WHERE key = ANY($1::text[]) FOR UPDATE";
+const TOMBSTONES: &str = "SELECT operation_key, record FROM oncebox_tombstones WHERE operation_key = ANY($1::text[])";
+const APPROVALS: &str =
+    "SELECT operation_key, record FROM oncebox_approvals WHERE operation_key = ANY($1::text[]) FOR UPDATE";
+const EFFECTS: &str = "SELECT operation_key, record FROM oncebox_effects WHERE operation_key = ANY($1::text[]) \
+                       ORDER BY operation_key, first_dispatched_ms, label, effect_key";
+const KV_VERSIONS: &str = "SELECT kv.namespace, kv.key, kv.version FROM oncebox_kv kv \
+                           JOIN unnest($1::text[], $2::text[]) AS u(namespace, key) \
+                           ON kv.namespace = u.namespace AND kv.key = u.key";
+/// Reads the last outbox sequence number handed out, locked until the commit.
+const OUTBOX_SEQ_FOR_UPDATE: &str = "SELECT value FROM oncebox_meta WHERE name = 'outbox_seq' FOR UPDATE";
+
+impl Read {
+    /// The statements that read what `jobs` decide from, in the order [`Read::of`] takes their
+    /// answers.
+    pub fn statements(jobs: &[Job]) -> Vec<Sql> {
+        let keys: Vec<String> = jobs.iter().map(|job| job.operation_key().to_string()).collect();
+        let claims = jobs.iter().filter_map(|job| if let Job::Claim(req) = job { Some(req) } else { None });
+        let tombstones: Vec<String> = claims.clone().map(|req| req.key.clone()).collect();
+        let approvals: Vec<String> = claims.filter(|req| req.approval.is_some()).map(|req| req.key.clone()).collect();
+        let writers: Vec<String> = jobs
+            .iter()
+            .filter(|job| !matches!(job, Job::Claim(_)))
+            .map(|job| job.operation_key().to_string())
+            .collect();
+        let (namespaces, kv_keys): (Vec<String>, Vec<String>) = jobs
+            .iter()
+            .flat_map(|job| versioned(job.staged()).map(|(namespace, key, _)| (namespace.to_string(), key.to_string())))
+            .unzip();
+        let mut reads = vec![
+            sql!(OPERATIONS, keys),
+            sql!(TOMBSTONES, tombstones),
+            sql!(APPROVALS, approvals),
+            sql!(EFFECTS, writers),
+            sql!(KV_VERSIONS, namespaces, kv_keys),
+        ];
+        if jobs.iter().any(Job::enqueues) {
+            reads.push(sql!(OUTBOX_SEQ_FOR_UPDATE));
+        }
+        reads
+    }
+
+    /// What the answers to [`Read::statements`] say.
+    pub fn of(answers: &[Vec<Row>]) -> Result<Read, LedgerError> {
+        let rows = |i: usize| answers.get(i).map_or(&[][..], |rows| rows.as_slice());
+        let mut read = Read::default();
+        for row in rows(0) {
+            let key: String = column(row, 0, "oncebox_operations")?;
+            let op = (record(row, 1, "oncebox_operations")?, column(row, 2, "oncebox_operations")?);
+            read.operations.insert(key, op);
+        }
+        for row in rows(1) {
+            read.tombstones.insert(column(row, 0, "oncebox_tombstones")?, record(row, 1, "oncebox_tombstones")?);
+        }
+        for row in rows(2) {
+            read.approvals.insert(column(row, 0, "oncebox_approvals")?, record(row, 1, "oncebox_approvals")?);
+        }
+        for row in rows(3) {
+            let key: String = column(row, 0, "oncebox_effects")?;
+            read.effects.entry(key).or_default().push(record(row, 1, "oncebox_effects")?);
+        }
+        for row in rows(4) {
+            let version: i64 = column(row, 2, "oncebox_kv")?;
+            read.kv.insert((column(row, 0, "oncebox_kv")?, column(row, 1, "oncebox_kv")?), uint(version));
+        }
+        if let Some(row) = rows(5).first() {
+            read.outbox_seq = Some(uint(column(row, 0, "oncebox_meta")?));
+        }
+        Ok(read)
     }
 }
 
-/// The record in the first row of read `index`, if any.
-fn first<T: serde::de::DeserializeOwned>(
-    rows: &[Vec<Row>],
-    index: usize,
-    table: &str,
-) -> Result<Option<T>, LedgerError> {
-    rows.get(index).and_then(|rows| rows.first()).map(|row| record(row, 0, table)).transpose()
+/// An operation row as its columns.
+struct OperationRow {
+    key: String,
+    run_id: String,
+    step_id: String,
+    tool: String,
+    status: &'static str,
+    fence: i64,
+    lease_until_ms: i64,
+    record: Vec<u8>,
 }
 
-fn claim(req: &ClaimRequest, rows: &[Vec<Row>], drawn: Option<u64>) -> Decision {
-    let decided = (|| {
-        let existing = operation(rows)?;
-        if let Some(answer) = verdict(existing.as_ref().map(|(op, _)| op), req) {
-            return Ok(Some(Decided { answer: Answer::Claim(answer), writes: Vec::new() }));
+impl OperationRow {
+    fn of(op: &OperationRecord) -> Result<Self, LedgerError> {
+        Ok(OperationRow {
+            key: op.key.clone(),
+            run_id: op.run_id.clone(),
+            step_id: op.step_id.clone(),
+            tool: op.tool.clone(),
+            status: op.status.as_str(),
+            fence: int(op.fence),
+            lease_until_ms: int(op.lease_until_ms),
+            record: encode(op)?,
+        })
+    }
+}
+
+/// An effect row as its columns.
+struct EffectRow {
+    operation_key: String,
+    effect_key: String,
+    status: &'static str,
+    dispatches: i64,
+    first_dispatched_ms: i64,
+    label: String,
+    record: Vec<u8>,
+}
+
+impl EffectRow {
+    fn of(effect: &EffectRecord) -> Result<Self, LedgerError> {
+        Ok(EffectRow {
+            operation_key: effect.operation_key.clone(),
+            effect_key: effect.key.clone(),
+            status: effect_status_str(effect.status),
+            dispatches: i64::from(effect.dispatches),
+            first_dispatched_ms: int(effect.first_dispatched_ms),
+            label: effect.label.clone(),
+            record: encode(effect)?,
+        })
+    }
+}
+
+/// A group's writes, by kind of row, in job order within each kind.
+#[derive(Default)]
+pub(super) struct Writes {
+    /// New operations (claims).
+    inserted: Vec<OperationRow>,
+    /// Operations written over the row that held (fence, status); with `recorded`.
+    updated: Vec<(OperationRow, bool, i64, &'static str)>,
+    /// New effect records (write-aheads); none may be there.
+    effects_new: Vec<EffectRow>,
+    /// Effect records over the one at (status, dispatches).
+    effects_changed: Vec<(EffectRow, &'static str, i64)>,
+    /// Effect records written whatever was there (local effects, with their writes).
+    effects_applied: Vec<EffectRow>,
+    /// KV writes, in order: a value and its version, or a removal.
+    kv: Vec<(String, String, Option<(Vec<u8>, i64)>)>,
+    /// Outbox messages: (seq, topic, record).
+    outbox: Vec<(i64, String, Vec<u8>)>,
+    /// Attempt records: (operation key, number, record).
+    attempts: Vec<(String, i64, Vec<u8>)>,
+    /// Operations whose change other hosts' waiters should hear of.
+    announce: Vec<String>,
+}
+
+impl Writes {
+    pub fn is_empty(&self) -> bool {
+        self.inserted.is_empty()
+            && self.updated.is_empty()
+            && self.effects_new.is_empty()
+            && self.effects_changed.is_empty()
+            && self.effects_applied.is_empty()
+            && self.kv.is_empty()
+            && self.outbox.is_empty()
+            && self.attempts.is_empty()
+            && self.announce.is_empty()
+    }
+
+    pub fn extend(&mut self, other: Writes) {
+        self.inserted.extend(other.inserted);
+        self.updated.extend(other.updated);
+        self.effects_new.extend(other.effects_new);
+        self.effects_changed.extend(other.effects_changed);
+        self.effects_applied.extend(other.effects_applied);
+        self.kv.extend(other.kv);
+        self.outbox.extend(other.outbox);
+        self.attempts.extend(other.attempts);
+        self.announce.extend(other.announce);
+    }
+
+    /// One statement per kind of row written (parents before the rows that refer to them); the
+    /// checked ones fail unless they changed exactly the rows given.
+    pub fn statements(self) -> Vec<Sql> {
+        let mut out = Vec::new();
+        if !self.inserted.is_empty() {
+            let n = self.inserted.len() as i64;
+            let rows = self.inserted;
+            out.push(sql!(
+                "WITH w AS (INSERT INTO oncebox_operations \
+                 (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
+                 SELECT k, r, s, t, st, f, l, false, rec FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                 $5::text[], $6::bigint[], $7::bigint[], $8::bytea[]) AS u(k, r, s, t, st, f, l, rec) \
+                 ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT 1 / (count(*) = $9)::int FROM w",
+                rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.step_id.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.tool.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.fence).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.lease_until_ms).collect::<Vec<_>>(),
+                rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+                n,
+            ));
         }
+        if !self.updated.is_empty() {
+            let n = self.updated.len() as i64;
+            let rows = self.updated;
+            out.push(sql!(
+                "WITH w AS (UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
+                 recorded = u.rd, record = u.rec FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], \
+                 $5::bigint[], $6::bool[], $7::bytea[], $8::text[]) AS u(k, held, st, f, l, rd, rec, held_st) \
+                 WHERE o.key = u.k AND o.fence = u.held AND o.status = u.held_st RETURNING 1) \
+                 SELECT 1 / (count(*) = $9)::int FROM w",
+                rows.iter().map(|(r, ..)| r.key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(_, _, held, _)| *held).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.status).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.fence).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.lease_until_ms).collect::<Vec<_>>(),
+                rows.iter().map(|(_, recorded, ..)| *recorded).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.record.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(.., status)| *status).collect::<Vec<_>>(),
+                n,
+            ));
+        }
+        // The last write of each KV key is what the keys hold after the group, as after its jobs
+        // one by one (one statement may not write a row twice).
+        let mut last = HashMap::new();
+        for (namespace, key, value) in self.kv {
+            last.insert((namespace, key), value);
+        }
+        let (mut set, mut removed): (Vec<_>, Vec<_>) = last.into_iter().partition(|(_, value)| value.is_some());
+        set.sort_by(|a, b| a.0.cmp(&b.0));
+        removed.sort_by(|a, b| a.0.cmp(&b.0));
+        if !removed.is_empty() {
+            out.push(sql!(
+                "DELETE FROM oncebox_kv kv USING unnest($1::text[], $2::text[]) AS u(n, k) \
+                 WHERE kv.namespace = u.n AND kv.key = u.k",
+                removed.iter().map(|((n, _), _)| n.clone()).collect::<Vec<_>>(),
+                removed.into_iter().map(|((_, k), _)| k).collect::<Vec<_>>(),
+            ));
+        }
+        if !set.is_empty() {
+            let (keys, values): (Vec<(String, String)>, Vec<(Vec<u8>, i64)>) =
+                set.into_iter().filter_map(|(key, value)| value.map(|value| (key, value))).unzip();
+            let (namespaces, keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
+            let (values, versions): (Vec<Vec<u8>>, Vec<i64>) = values.into_iter().unzip();
+            out.push(sql!(
+                "INSERT INTO oncebox_kv (namespace, key, value, version) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) \
+                 ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                namespaces,
+                keys,
+                values,
+                versions,
+            ));
+        }
+        if !self.outbox.is_empty() {
+            let rows = self.outbox;
+            out.push(sql!(
+                "INSERT INTO oncebox_outbox (seq, topic, delivered, record) \
+                 SELECT s, t, false, r FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(s, t, r)",
+                rows.iter().map(|(seq, ..)| *seq).collect::<Vec<_>>(),
+                rows.iter().map(|(_, topic, _)| topic.clone()).collect::<Vec<_>>(),
+                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+            ));
+        }
+        if !self.effects_new.is_empty() {
+            let n = self.effects_new.len() as i64;
+            let mut statement = effect_rows(
+                "WITH w AS (INSERT INTO oncebox_effects \
+                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO NOTHING RETURNING 1) \
+                 SELECT 1 / (count(*) = $8)::int FROM w",
+                self.effects_new,
+            );
+            statement.params.push(Box::new(n));
+            out.push(statement);
+        }
+        if !self.effects_changed.is_empty() {
+            let n = self.effects_changed.len() as i64;
+            let (rows, held): (Vec<EffectRow>, Vec<(&'static str, i64)>) =
+                self.effects_changed.into_iter().map(|(row, status, dispatches)| (row, (status, dispatches))).unzip();
+            let (statuses, dispatches): (Vec<&'static str>, Vec<i64>) = held.into_iter().unzip();
+            let mut statement = effect_rows(
+                "WITH w AS (UPDATE oncebox_effects e SET status = u.st, dispatches = u.d, first_dispatched_ms = u.fd, \
+                 label = u.lb, record = u.rec FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
+                 $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::bigint[]) \
+                 AS u(ok, ek, st, d, fd, lb, rec, held_st, held_d) \
+                 WHERE e.operation_key = u.ok AND e.effect_key = u.ek AND e.status = u.held_st \
+                 AND e.dispatches = u.held_d RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
+                rows,
+            );
+            statement.params.push(Box::new(statuses));
+            statement.params.push(Box::new(dispatches));
+            statement.params.push(Box::new(n));
+            out.push(statement);
+        }
+        if !self.effects_applied.is_empty() {
+            // One row per effect: a later record of the same effect replaces an earlier one.
+            let mut rows: Vec<EffectRow> = Vec::with_capacity(self.effects_applied.len());
+            for row in self.effects_applied {
+                rows.retain(|r| (&r.operation_key, &r.effect_key) != (&row.operation_key, &row.effect_key));
+                rows.push(row);
+            }
+            out.push(effect_rows(
+                "INSERT INTO oncebox_effects \
+                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
+                 status = excluded.status, dispatches = excluded.dispatches, \
+                 first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record",
+                rows,
+            ));
+        }
+        if !self.attempts.is_empty() {
+            let rows = self.attempts;
+            out.push(sql!(
+                "INSERT INTO oncebox_attempts (operation_key, number, record) \
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) \
+                 ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
+                rows.iter().map(|(key, ..)| key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(_, number, _)| *number).collect::<Vec<_>>(),
+                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+            ));
+        }
+        if !self.announce.is_empty() {
+            out.push(notify::changed_sql(self.announce));
+        }
+        out
+    }
+}
+
+/// `text` with the seven columns of effect rows as its first seven (array) parameters.
+fn effect_rows(text: &'static str, rows: Vec<EffectRow>) -> Sql {
+    sql!(
+        text,
+        rows.iter().map(|r| r.operation_key.clone()).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.effect_key.clone()).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.dispatches).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.first_dispatched_ms).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.label.clone()).collect::<Vec<_>>(),
+        rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+    )
+}
+
+fn claim(req: &ClaimRequest, read: &Read, drawn: Option<u64>) -> Decision {
+    let decided = (|| {
+        let existing = read.operations.get(&req.key);
+        if let Some(answer) = verdict(existing.map(|(op, _)| op), req) {
+            return Ok(Some(Decided { answer: Answer::Claim(answer), writes: Writes::default() }));
+        }
+        let mut writes = Writes::default();
         let Some((expired, recorded)) = existing else {
             // A new operation: not one retention removed, and only under the approval its caller
             // saw (read under the operation's lock, which a decision on the approval holds too).
-            if let Some(tombstone) = first(rows, 1, "oncebox_tombstones")? {
-                return Ok(Some(Decided { answer: Answer::Claim(Claim::Expired(tombstone)), writes: Vec::new() }));
+            if let Some(tombstone) = read.tombstones.get(&req.key) {
+                let answer = Answer::Claim(Claim::Expired(tombstone.clone()));
+                return Ok(Some(Decided { answer, writes }));
             }
-            if req.approval.is_some() && !approval_stands(req, first(rows, 2, "oncebox_approvals")?.as_ref()) {
-                return Ok(Some(Decided { answer: Answer::Claim(Claim::ApprovalChanged), writes: Vec::new() }));
+            if req.approval.is_some() && !approval_stands(req, read.approvals.get(&req.key)) {
+                return Ok(Some(Decided { answer: Answer::Claim(Claim::ApprovalChanged), writes }));
             }
             let op = take_over(None, req, 1);
-            let insert = sql!(
-                GUARDED_INSERT,
-                op.key.clone(),
-                op.run_id.clone(),
-                op.step_id.clone(),
-                op.tool.clone(),
-                op.status.as_str(),
-                int(op.fence),
-                int(op.lease_until_ms),
-                encode(&op)?,
-            );
+            writes.inserted.push(OperationRow::of(&op)?);
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-            return Ok(Some(Decided { answer: Answer::Claim(answer), writes: vec![insert] }));
+            return Ok(Some(Decided { answer: Answer::Claim(answer), writes }));
         };
         // The lease expired: the previous owner stalled or died.
         let Some(drawn) = drawn else { return Ok(None) };
         let held = expired.fence;
-        let mut op = take_over(Some(expired), req, drawn.max(held + 1));
+        let mut op = take_over(Some(expired.clone()), req, drawn.max(held + 1));
         op.status = OperationStatus::Claimed;
+        writes.updated.push((OperationRow::of(&op)?, *recorded, int(held), OperationStatus::Claimed.as_str()));
+        writes.announce.push(req.key.clone());
         let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-        let writes = vec![update(&op, recorded, (held, OperationStatus::Claimed))?, notify::changed_sql(&req.key)];
         Ok(Some(Decided { answer: Answer::Claim(answer), writes }))
     })();
     match decided {
@@ -253,26 +527,13 @@ fn claim(req: &ClaimRequest, rows: &[Vec<Row>], drawn: Option<u64>) -> Decision 
     }
 }
 
-/// The guarded write of `op` over the row that held `fence` with `status`.
-fn update(op: &OperationRecord, recorded: bool, (fence, status): (u64, OperationStatus)) -> Result<Sql, LedgerError> {
-    Ok(sql!(
-        GUARDED_UPDATE,
-        op.key.clone(),
-        int(fence),
-        op.status.as_str(),
-        int(op.fence),
-        int(op.lease_until_ms),
-        recorded,
-        encode(op)?,
-        status.as_str(),
-    ))
-}
-
 /// The operation and whether it was recorded, if `fence` owns it (claimed with that fence);
 /// `Fenced` otherwise.
-fn owned(rows: &[Vec<Row>], key: &str, fence: u64) -> Result<(OperationRecord, bool), LedgerError> {
-    match operation(rows)? {
-        Some((op, recorded)) if op.fence == fence && op.status == OperationStatus::Claimed => Ok((op, recorded)),
+fn owned(read: &Read, key: &str, fence: u64) -> Result<(OperationRecord, bool), LedgerError> {
+    match read.operations.get(key) {
+        Some((op, recorded)) if op.fence == fence && op.status == OperationStatus::Claimed => {
+            Ok((op.clone(), *recorded))
+        }
         other => Err(LedgerError::Fenced {
             operation_key: key.to_string(),
             fence,
@@ -281,62 +542,37 @@ fn owned(rows: &[Vec<Row>], key: &str, fence: u64) -> Result<(OperationRecord, b
     }
 }
 
-/// The operation's effects (the second read of a write job).
-fn effects(rows: &[Vec<Row>]) -> Result<Vec<EffectRecord>, LedgerError> {
-    rows.get(1).map_or(&[][..], |rows| rows.as_slice()).iter().map(|row| record(row, 0, "oncebox_effects")).collect()
-}
-
 fn put_effect(
     store: &str,
     fence: u64,
     effect: &EffectRecord,
     expected: Option<(EffectStatus, u32)>,
     staged: &Staged,
-    rows: &[Vec<Row>],
-    seq: &mut OutboxSeq,
+    read: &mut Read,
 ) -> Result<Decided, LedgerError> {
     let key = effect.operation_key.as_str();
-    let (op, recorded) = owned(rows, key, fence)?;
-    let on_record = effects(rows)?;
+    let (op, recorded) = owned(read, key, fence)?;
+    let on_record = read.effects.get(key).map_or(&[][..], Vec::as_slice);
     let current = on_record.iter().find(|e| e.key == effect.key).map(|e| (e.status, e.dispatches));
     if current != expected {
         return Err(LedgerError::EffectChanged { operation_key: key.to_string(), effect_key: effect.key.clone() });
     }
-    let fresh = unapplied(key, staged, &on_record, rows)?;
+    let fresh = unapplied(key, staged, on_record, &read.kv)?;
     // Decided; from here on only writes.
-    let mut writes = Vec::new();
+    let mut writes = Writes::default();
     if !recorded {
-        writes.push(update(&op, true, (fence, OperationStatus::Claimed))?);
+        writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
     }
-    apply_local(store, key, fresh, seq, &mut writes)?;
-    let (text, condition) = match expected {
-        None => (GUARDED_EFFECT_INSERT, None),
-        Some(condition) => (GUARDED_EFFECT_UPDATE, Some(condition)),
-    };
-    let mut write = effect_row(text, key, effect)?;
-    if let Some((status, dispatches)) = condition {
-        write.params.push(Box::new(effect_status_str(status)));
-        write.params.push(Box::new(i64::from(dispatches)));
+    apply_local(store, fresh, &mut read.outbox_seq, &mut writes)?;
+    match expected {
+        None => writes.effects_new.push(EffectRow::of(effect)?),
+        Some((status, dispatches)) => {
+            writes.effects_changed.push((EffectRow::of(effect)?, effect_status_str(status), i64::from(dispatches)))
+        }
     }
-    writes.push(write);
     Ok(Decided { answer: Answer::Written, writes })
 }
 
-/// The statement `text` with an effect row's seven columns as its first parameters.
-fn effect_row(text: &'static str, operation_key: &str, effect: &EffectRecord) -> Result<Sql, LedgerError> {
-    Ok(sql!(
-        text,
-        operation_key.to_string(),
-        effect.key.clone(),
-        effect_status_str(effect.status),
-        i64::from(effect.dispatches),
-        int(effect.first_dispatched_ms),
-        effect.label.clone(),
-        encode(effect)?,
-    ))
-}
-
-#[allow(clippy::too_many_arguments)]
 fn record_attempt(
     store: &str,
     fence: u64,
@@ -344,13 +580,12 @@ fn record_attempt(
     finish: Option<Finish>,
     now_ms: u64,
     staged: &Staged,
-    rows: &[Vec<Row>],
-    seq: &mut OutboxSeq,
+    read: &mut Read,
 ) -> Result<Decided, LedgerError> {
     let key = attempt.operation_key.as_str();
-    let (mut op, _) = owned(rows, key, fence)?;
-    let on_record = effects(rows)?;
-    let fresh = unapplied(key, staged, &on_record, rows)?;
+    let (mut op, _) = owned(read, key, fence)?;
+    let on_record = read.effects.get(key).map_or(&[][..], Vec::as_slice);
+    let fresh = unapplied(key, staged, on_record, &read.kv)?;
     // The rule of evidence, enforced whoever asks (`ledger::refused_finish`).
     if let Some((status, _, _)) = &finish {
         let carried = fresh.iter().map(|(effect, _)| *effect);
@@ -361,56 +596,38 @@ fn record_attempt(
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(attempt.attempt);
     op.updated_ms = now_ms;
-    let ends = finish.is_some();
+    let mut writes = Writes::default();
     if let Some((status, output, error)) = finish {
         op.status = status;
         op.output = output;
         op.error = error;
         op.lease_until_ms = 0;
+        writes.announce.push(key.to_string());
     }
-    let mut writes = vec![update(&op, true, (fence, OperationStatus::Claimed))?];
-    if ends {
-        writes.push(notify::changed_sql(key));
-    }
-    apply_local(store, key, fresh, seq, &mut writes)?;
-    writes.push(sql!(
-        "INSERT INTO oncebox_attempts (operation_key, number, record) VALUES ($1, $2, $3) \
-         ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
-        key.to_string(),
-        i64::from(attempt.attempt),
-        encode(attempt)?,
-    ));
+    writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
+    apply_local(store, fresh, &mut read.outbox_seq, &mut writes)?;
+    writes.attempts.push((key.to_string(), i64::from(attempt.attempt), encode(attempt)?));
     Ok(Decided { answer: Answer::Written, writes })
 }
 
 /// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the
 /// others); refuses them all if a key holds another request (the tool diverged), or if a
-/// versioned KV write finds its key at another version than it read (the versions are the reads
-/// after the operation's two).
+/// versioned KV write finds its key at another version than it read.
 fn unapplied<'s>(
     key: &str,
     staged: &'s Staged,
     on_record: &[EffectRecord],
-    rows: &[Vec<Row>],
+    versions: &HashMap<(String, String), u64>,
 ) -> Result<Vec<(&'s EffectRecord, &'s LocalWrite)>, LedgerError> {
-    let mut versions = rows.iter().skip(2);
     let mut fresh = Vec::with_capacity(staged.len());
     for (effect, write) in staged {
-        // Read for every versioned write, in order, whether or not its effect is on record.
-        let version = match write {
-            LocalWrite::KvSet { expected: Some(_), .. } => {
-                let read = versions.next().and_then(|rows| rows.first());
-                Some(read.map(|row| column::<i64>(row, 0, "oncebox_kv")).transpose()?.map_or(0, uint))
-            }
-            _ => None,
-        };
         match on_record.iter().find(|e| e.key == effect.key) {
             None => {
-                if let (LocalWrite::KvSet { namespace, key: kv_key, expected: Some(expected), .. }, Some(found)) =
-                    (write, version)
-                    && found != *expected
-                {
-                    return Err(LedgerError::KvConflict { namespace: namespace.clone(), key: kv_key.clone() });
+                if let LocalWrite::KvSet { namespace, key: kv_key, expected: Some(expected), .. } = write {
+                    let found = versions.get(&(namespace.clone(), kv_key.clone())).copied().unwrap_or(0);
+                    if found != *expected {
+                        return Err(LedgerError::KvConflict { namespace: namespace.clone(), key: kv_key.clone() });
+                    }
                 }
                 fresh.push((effect, write));
             }
@@ -423,30 +640,20 @@ fn unapplied<'s>(
     Ok(fresh)
 }
 
-/// The writes of KV and outbox effects with their effect records: exactly once, in the
-/// transaction that records them.
+/// KV and outbox writes with their effect records: exactly once, in the transaction that records
+/// them.
 fn apply_local(
     store: &str,
-    operation_key: &str,
     fresh: Vec<(&EffectRecord, &LocalWrite)>,
-    seq: &mut OutboxSeq,
-    writes: &mut Vec<Sql>,
+    seq: &mut Option<u64>,
+    writes: &mut Writes,
 ) -> Result<(), LedgerError> {
     for (effect, write) in fresh {
         match write {
-            LocalWrite::KvSet { namespace, key, value, .. } => writes.push(sql!(
-                "INSERT INTO oncebox_kv (namespace, key, value, version) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
-                namespace.clone(),
-                key.clone(),
-                value.clone(),
-                int(stamp(&effect.key)),
-            )),
-            LocalWrite::KvDelete { namespace, key } => writes.push(sql!(
-                "DELETE FROM oncebox_kv WHERE namespace = $1 AND key = $2",
-                namespace.clone(),
-                key.clone()
-            )),
+            LocalWrite::KvSet { namespace, key, value, .. } => {
+                writes.kv.push((namespace.clone(), key.clone(), Some((value.clone(), int(stamp(&effect.key))))))
+            }
+            LocalWrite::KvDelete { namespace, key } => writes.kv.push((namespace.clone(), key.clone(), None)),
             LocalWrite::Outbox { topic, payload } => {
                 // The counter row is locked until the commit, so numbers are handed out in commit
                 // order and a rolled-back transaction leaves no gap.
@@ -455,15 +662,10 @@ fn apply_local(
                     .ok_or_else(|| LedgerError::Corrupt { what: format!("{store}: no outbox_seq in oncebox_meta") })?;
                 *last += 1;
                 let message = OutboxMessage::enqueued(*last, effect, topic, payload);
-                writes.push(sql!(
-                    "INSERT INTO oncebox_outbox (seq, topic, delivered, record) VALUES ($1, $2, false, $3)",
-                    int(*last),
-                    topic.clone(),
-                    encode(&message)?,
-                ));
+                writes.outbox.push((int(*last), topic.clone(), encode(&message)?));
             }
         }
-        writes.push(effect_row(EFFECT_UPSERT, operation_key, effect)?);
+        writes.effects_applied.push(EffectRow::of(effect)?);
     }
     Ok(())
 }

@@ -47,8 +47,7 @@ use crate::{
 /// costs no commit).
 pub(super) type Done<T> = Result<(T, bool), LedgerError>;
 
-pub(super) const OPERATION_FOR_UPDATE: &str =
-    "SELECT record, recorded FROM oncebox_operations WHERE key = $1 FOR UPDATE";
+const OPERATION_FOR_UPDATE: &str = "SELECT record, recorded FROM oncebox_operations WHERE key = $1 FOR UPDATE";
 
 /// The operation's record and whether it was recorded, locked for this transaction.
 async fn operation_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<(OperationRecord, bool)>, LedgerError> {
@@ -190,7 +189,11 @@ async fn owned(tx: &Tx<'_>, key: &str, fence: u64) -> Result<(OperationRecord, b
 /// Writes an effect record, whatever was there.
 async fn upsert_effect(tx: &Tx<'_>, operation_key: &str, effect: &EffectRecord) -> Result<u64, LedgerError> {
     tx.exec(
-        super::grouped::EFFECT_UPSERT,
+        "INSERT INTO oncebox_effects \
+         (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
+         status = excluded.status, dispatches = excluded.dispatches, \
+         first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record",
         &[
             &operation_key,
             &effect.key,

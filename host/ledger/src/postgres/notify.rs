@@ -27,9 +27,9 @@ pub(super) async fn changed(tx: &Tx<'_>, key: &str) -> Result<(), LedgerError> {
     tx.exec("SELECT pg_notify($1, $2)", &[&CHANNEL, &key]).await.map(|_| ())
 }
 
-/// The same announcement, as a statement of a group's writes (`group.rs`).
-pub(super) fn changed_sql(key: &str) -> super::pipeline::Sql {
-    super::pipeline::sql!("SELECT pg_notify($1, $2)", CHANNEL, key.to_string())
+/// The same announcement of each of `keys`, as one statement of a group's writes (`group.rs`).
+pub(super) fn changed_sql(keys: Vec<String>) -> super::pipeline::Sql {
+    super::pipeline::sql!("SELECT pg_notify($1, k) FROM unnest($2::text[]) AS k", CHANNEL, keys)
 }
 
 /// This host's listening connection, started on the first wait and again after it dropped.
