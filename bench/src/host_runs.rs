@@ -94,6 +94,14 @@ pub async fn fresh_kv(b: &Bench, n: usize) -> anyhow::Result<Latency> {
     timed(n, |i| completed(&b.host, kv_call("fresh-kv", i))).await
 }
 
+/// One durable step of the `charge` tool (one idempotent POST /payments to the example provider)
+/// for order `order_id`, the order id also being the step's id: the workload oncebox shares with
+/// its peers (`peers.rs`).
+pub async fn charge(host: &Host, order_id: &str) -> anyhow::Result<()> {
+    let args = json!({"order_id": order_id, "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
+    completed(host, Call::step("charge", order_id, "charge", args.to_string())).await
+}
+
 pub async fn fresh_http(b: &Bench, n: usize) -> anyhow::Result<Latency> {
     let before = b.provider.totals();
     let latency = timed(n, |i| {
@@ -127,4 +135,34 @@ pub async fn throughput(b: &Bench, callers: usize, each: usize) -> anyhow::Resul
         task.await.context("a caller panicked")??;
     }
     Ok(stats::rate(callers * each, start.elapsed()))
+}
+
+/// Durable `charge` steps per second with `callers` concurrent callers, `each` steps apiece; the
+/// provider must have counted one payment for each.
+pub async fn http_throughput(b: &Bench, callers: usize, each: usize) -> anyhow::Result<f64> {
+    let host = Arc::new(b.host.clone());
+    let before = b.provider.totals();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                for i in 0..each {
+                    charge(&host, &format!("http-throughput-{callers}-c{c}-{i}")).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.context("a caller panicked")??;
+    }
+    let rate = stats::rate(callers * each, start.elapsed());
+    let charged = b.provider.totals().payments - before.payments;
+    anyhow::ensure!(
+        charged == (callers * each) as u64,
+        "the provider counted {charged} charges for {} calls",
+        callers * each
+    );
+    Ok(rate)
 }

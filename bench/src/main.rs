@@ -2,11 +2,15 @@
 //! fsync), the tool's logic as plain Rust, and two hand-built alternatives, all in one run on the
 //! same machine and filesystem; and oncebox on a PostgreSQL ledger (a throwaway local cluster,
 //! `fsync=on`, `synchronous_commit=on`) when the server's binaries are installed. Prints a table (BENCHMARKS.md keeps the latest), or one JSON object.
+//!
+//! `-- --peers` measures oncebox beside its peers instead, Restate and DBOS, on one workload
+//! (`peers.rs`; the peers' pinned apps are in `bench/peers/`).
 
 mod alternatives;
 mod baselines;
 mod host_runs;
 mod languages;
+mod peers;
 mod report;
 mod stats;
 
@@ -30,14 +34,20 @@ struct Args {
     /// Fewer iterations: a smoke run, not a measurement.
     #[arg(long)]
     quick: bool,
-    /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64, or
-    /// on PostgreSQL pg_fresh_kv_us or pg_throughput_64, or `languages`), for a profiler:
+    /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64,
+    /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us or pg_throughput_64,
+    /// or `languages`), for a profiler:
     /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
     only: Option<String>,
     /// Skip the tools in Python and JavaScript (their toolchains come from PyPI and npm).
     #[arg(long)]
     no_languages: bool,
+    /// Measure oncebox beside its peers instead, Restate and DBOS (on SQLite and on PostgreSQL),
+    /// on one workload: one durable step making one idempotent POST. The peers are installed from
+    /// npm and PyPI into DIR/peers on first use; Restate runs in a network namespace (root).
+    #[arg(long, conflicts_with = "only")]
+    peers: bool,
     /// Internal: load this component in this process and exit (a first or warm load, timed by
     /// the parent).
     #[arg(long, hide = true, requires = "load_cache")]
@@ -66,13 +76,23 @@ async fn main() -> anyhow::Result<()> {
         report::print_languages(&results);
         return Ok(());
     }
+    if args.peers {
+        let results = peers::run(&args.dir, &dir, &cache, args.quick).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&results)?);
+        } else {
+            report::print_peers(&results);
+        }
+        return Ok(());
+    }
     if let Some(only) = &args.only {
-        const MEASURES: [&str; 7] = [
+        const MEASURES: [&str; 8] = [
             "instantiate_us",
             "replay_us",
             "fresh_kv_us",
             "fresh_http_us",
             "throughput_64",
+            "http_throughput_64",
             "pg_fresh_kv_us",
             "pg_throughput_64",
         ];
@@ -86,6 +106,10 @@ async fn main() -> anyhow::Result<()> {
         };
         if name == "throughput_64" {
             println!("{only}: {:.0} calls/s", host_runs::throughput(&b, 64, each * 2).await?);
+            return Ok(());
+        }
+        if name == "http_throughput_64" {
+            println!("{only}: {:.0} calls/s", host_runs::http_throughput(&b, 64, each).await?);
             return Ok(());
         }
         let latency = match name {
