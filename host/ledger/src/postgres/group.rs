@@ -103,6 +103,11 @@ async fn next_group(shared: &Shared) -> Option<Vec<(Job, Reply)>> {
     let held_back = std::mem::take(&mut *shared.held_back.lock().unwrap_or_else(|e| e.into_inner()));
     let mut still_held = Vec::new();
     let mut admit = |entry: (Job, Reply), group: &mut Vec<(Job, Reply)>, still_held: &mut Vec<(Job, Reply)>| {
+        // A caller that stopped waiting (its call was dropped, its process is going) gets no
+        // write it would never hear of: as if its transaction had never been sent.
+        if entry.1.is_closed() {
+            return;
+        }
         let (ids, own) = (entry.0.locks(), entry.0.exclusive());
         if group.len() >= MOST || own.iter().any(|id| locks.contains(id)) || ids.iter().any(|id| exclusive.contains(id))
         {
