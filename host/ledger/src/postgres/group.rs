@@ -198,13 +198,11 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        match job.decide(&shared.store, &mut read, None) {
-            Decision::Made(result) => decided.push(Some(result)),
-            Decision::NeedsFence => {
-                need_fence.push(i);
-                decided.push(None);
-            }
+        let decision: Decision = job.decide(&shared.store, &mut read, None);
+        if decision.is_none() {
+            need_fence.push(i);
         }
+        decided.push(decision);
     }
     if !need_fence.is_empty() {
         let draws: Vec<Sql> = need_fence.iter().map(|_| sql!("SELECT nextval('oncebox_fence')")).collect();
@@ -213,10 +211,11 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
             let fence = rows.first().map(|row| super::db::column::<i64>(row, 0, "oncebox_fence"));
             let fence = fence.transpose().map_err(Failed::RolledBack)?.map(uint);
             let Some(fence) = fence else { return Err(Failed::RolledBack(fail("nextval returned no row".into()))) };
-            decided[i] = match jobs[i].decide(&shared.store, &mut read, Some(fence)) {
-                Decision::Made(result) => Some(result),
-                Decision::NeedsFence => Some(Err(fail("a take-over asked for a fence twice".into()))),
-            };
+            decided[i] = Some(
+                jobs[i]
+                    .decide(&shared.store, &mut read, Some(fence))
+                    .unwrap_or_else(|| Err(fail("a take-over asked for a fence twice".into()))),
+            );
         }
     }
 

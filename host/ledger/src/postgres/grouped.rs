@@ -44,7 +44,7 @@ pub(super) enum Job {
 /// What a job answers its caller.
 #[derive(Debug)]
 pub(super) enum Answer {
-    Claim(Claim),
+    Claim(Box<Claim>),
     Written,
 }
 
@@ -54,12 +54,9 @@ pub(super) struct Decided {
     pub writes: Writes,
 }
 
-/// A decision, or a request for a fence first (a take-over needs one from the ledger's sequence,
-/// and only a take-over may draw one, so that fences follow the same course in every backend).
-pub(super) enum Decision {
-    Made(Result<Decided, LedgerError>),
-    NeedsFence,
-}
+/// A decision, or `None`: a fence first (a take-over needs one from the ledger's sequence, and
+/// only a take-over may draw one, so that fences follow the same course in every backend).
+pub(super) type Decision = Option<Result<Decided, LedgerError>>;
 
 /// The SQLSTATE of a checked write that did not change exactly the rows it was given (`1 / 0`).
 pub(super) const GUARD_FAILED: &str = "22012";
@@ -119,7 +116,7 @@ impl Job {
                 record_attempt(store, *fence, attempt, finish.clone(), *now_ms, staged, read)
             }
         };
-        Decision::Made(decided)
+        Some(decided)
     }
 }
 
@@ -273,6 +270,9 @@ impl EffectRow {
     }
 }
 
+/// A KV value written and its version.
+type KvValue = (Vec<u8>, i64);
+
 /// A group's writes, by kind of row, in job order within each kind.
 #[derive(Default)]
 pub(super) struct Writes {
@@ -287,7 +287,7 @@ pub(super) struct Writes {
     /// Effect records written whatever was there (local effects, with their writes).
     effects_applied: Vec<EffectRow>,
     /// KV writes, in order: a value and its version, or a removal.
-    kv: Vec<(String, String, Option<(Vec<u8>, i64)>)>,
+    kv: Vec<(String, String, Option<KvValue>)>,
     /// Outbox messages: (seq, topic, record).
     outbox: Vec<(i64, String, Vec<u8>)>,
     /// Attempt records: (operation key, number, record).
@@ -383,7 +383,7 @@ impl Writes {
             ));
         }
         if !set.is_empty() {
-            let (keys, values): (Vec<(String, String)>, Vec<(Vec<u8>, i64)>) =
+            let (keys, values): (Vec<(String, String)>, Vec<KvValue>) =
                 set.into_iter().filter_map(|(key, value)| value.map(|value| (key, value))).unzip();
             let (namespaces, keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
             let (values, versions): (Vec<Vec<u8>>, Vec<i64>) = values.into_iter().unzip();
@@ -492,23 +492,23 @@ fn claim(req: &ClaimRequest, read: &Read, drawn: Option<u64>) -> Decision {
     let decided = (|| {
         let existing = read.operations.get(&req.key);
         if let Some(answer) = verdict(existing.map(|(op, _)| op), req) {
-            return Ok(Some(Decided { answer: Answer::Claim(answer), writes: Writes::default() }));
+            return Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes: Writes::default() }));
         }
         let mut writes = Writes::default();
         let Some((expired, recorded)) = existing else {
             // A new operation: not one retention removed, and only under the approval its caller
             // saw (read under the operation's lock, which a decision on the approval holds too).
             if let Some(tombstone) = read.tombstones.get(&req.key) {
-                let answer = Answer::Claim(Claim::Expired(tombstone.clone()));
+                let answer = Answer::Claim(Box::new(Claim::Expired(tombstone.clone())));
                 return Ok(Some(Decided { answer, writes }));
             }
             if req.approval.is_some() && !approval_stands(req, read.approvals.get(&req.key)) {
-                return Ok(Some(Decided { answer: Answer::Claim(Claim::ApprovalChanged), writes }));
+                return Ok(Some(Decided { answer: Answer::Claim(Box::new(Claim::ApprovalChanged)), writes }));
             }
             let op = take_over(None, req, 1);
             writes.inserted.push(OperationRow::of(&op)?);
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-            return Ok(Some(Decided { answer: Answer::Claim(answer), writes }));
+            return Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes }));
         };
         // The lease expired: the previous owner stalled or died.
         let Some(drawn) = drawn else { return Ok(None) };
@@ -518,13 +518,9 @@ fn claim(req: &ClaimRequest, read: &Read, drawn: Option<u64>) -> Decision {
         writes.updated.push((OperationRow::of(&op)?, *recorded, int(held), OperationStatus::Claimed.as_str()));
         writes.announce.push(req.key.clone());
         let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-        Ok(Some(Decided { answer: Answer::Claim(answer), writes }))
+        Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes }))
     })();
-    match decided {
-        Ok(Some(decided)) => Decision::Made(Ok(decided)),
-        Ok(None) => Decision::NeedsFence,
-        Err(e) => Decision::Made(Err(e)),
-    }
+    decided.transpose()
 }
 
 /// The operation and whether it was recorded, if `fence` owns it (claimed with that fence);

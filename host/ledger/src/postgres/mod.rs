@@ -260,7 +260,7 @@ impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(async move {
             match self.groups.submit(grouped::Job::Claim(req.clone()), &self.name).await? {
-                grouped::Answer::Claim(claim) => Ok(claim),
+                grouped::Answer::Claim(claim) => Ok(*claim),
                 grouped::Answer::Written => Err(self.fail("a claim was answered as a write".into())),
             }
         })
