@@ -8,15 +8,17 @@
 //! 3. every write and COMMIT (or ROLLBACK, if nothing was decided to be written).
 //!
 //! A job refused (fenced, a KV conflict, a finish the rule of evidence refuses) writes nothing and
-//! so costs the others nothing. If the database fails the transaction (a guarded write found its
-//! row changed, a deadlock with some other writer, a statement's error), nothing of it was
-//! committed, and each of its jobs runs again alone, so that the failure is answered only to the
-//! job it belongs to. If the connection fails while the COMMIT may have been sent, whether the
-//! group was recorded is unknown, and every job of it is answered so.
+//! so costs the others nothing. If the database refuses a statement (a checked write found its
+//! row changed, a deadlock with some other writer, a lock waited for too long, a value it cannot
+//! store), nothing of the transaction was committed, and each of its jobs runs again alone, so
+//! that the failure is answered only to the job it belongs to. If the database cannot be reached,
+//! every job is told so. If the connection fails after the COMMIT may have been sent, or the
+//! COMMIT itself fails, whether the group was recorded is unknown, and every job that wrote is
+//! answered so (one that decided to write nothing keeps its answer).
 //!
-//! A few runners each carry one group at a time on a connection of the pool; a group takes every
-//! job waiting when its runner comes free, so groups grow with the load and a lone caller's group
-//! is its own job, sent at once (no waiting for company).
+//! One runner carries one group at a time on a connection of the pool ([`RUNNERS`]); a group takes
+//! every job waiting when the runner comes free, so groups grow with the load and a lone caller's
+//! group is its own job, sent at once (no waiting for company).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +28,9 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::db::{describe, uint};
-use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Writes};
+use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read};
 use super::pipeline::{self, Sql, sql};
+use super::writes::Writes;
 use crate::LedgerError;
 
 /// Groups in flight at once, each on its own connection. One: while a group commits, the next
@@ -75,8 +78,12 @@ impl Groups {
 
     /// Runs `job` in the next group and answers what it decided, once its group committed.
     pub async fn submit(&self, job: Job, store: &str) -> Result<Answer, LedgerError> {
-        let stopped =
-            || LedgerError::Database { store: store.to_string(), what: "the ledger's writers stopped".into() };
+        let stopped = || LedgerError::Database {
+            store: store.to_string(),
+            what: "the ledger's writers stopped: whether this write was recorded is known only by reading the ledger \
+                   again"
+                .into(),
+        };
         let (reply, answer) = oneshot::channel();
         self.jobs.send((job, reply)).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -140,32 +147,47 @@ async fn next_group(shared: &Shared) -> Option<Vec<(Job, Reply)>> {
 
 /// How a group's transaction ended, when it did not commit.
 enum Failed {
-    /// The database refused it: nothing was committed.
+    /// The database refused a statement of it: nothing was committed, and each job may fare
+    /// otherwise alone.
     RolledBack(LedgerError),
-    /// The connection failed after the COMMIT may have been sent: why.
-    Unknown(String),
+    /// The database could not be reached, or the connection failed, before the COMMIT could have
+    /// been sent: nothing was committed, and running the jobs alone would meet the same.
+    Unreachable(String),
+    /// The connection failed, or the COMMIT itself failed, after the COMMIT may have been sent:
+    /// why, and the answers of the jobs that decided to write nothing (theirs whatever became of
+    /// the others').
+    Unknown(String, Vec<Option<Result<Answer, LedgerError>>>),
+}
+
+/// The error of a job of a failed group.
+fn database(shared: &Shared, what: &str) -> Result<Answer, LedgerError> {
+    Err(LedgerError::Database { store: shared.store.clone(), what: what.to_string() })
 }
 
 /// Runs `jobs` in one transaction and answers each; if the database refused the transaction,
-/// runs each job alone (`alone`), so that one job's failure is answered to it only.
+/// runs each job alone, all at once (one waiting for a lock does not hold up the others), so that
+/// one job's failure is answered to it only.
 async fn carry(shared: &Shared, jobs: &[Job]) -> Vec<Result<Answer, LedgerError>> {
+    let alone = |failed: Failed| match failed {
+        Failed::RolledBack(e) => vec![Err(e)],
+        Failed::Unreachable(what) => vec![database(shared, &what)],
+        Failed::Unknown(what, mut own) => vec![own.pop().flatten().unwrap_or_else(|| database(shared, &what))],
+    };
     match transaction(shared, jobs).await {
         Ok(answers) => answers,
-        Err(Failed::Unknown(what)) => jobs
-            .iter()
-            .map(|_| Err(LedgerError::Database { store: shared.store.clone(), what: what.clone() }))
-            .collect(),
-        Err(Failed::RolledBack(e)) if jobs.len() == 1 => vec![Err(e)],
+        Err(Failed::Unreachable(what)) => jobs.iter().map(|_| database(shared, &what)).collect(),
+        Err(Failed::Unknown(what, own)) => {
+            own.into_iter().map(|answer| answer.unwrap_or_else(|| database(shared, &what))).collect()
+        }
+        Err(failed) if jobs.len() == 1 => alone(failed),
         Err(Failed::RolledBack(_)) => {
-            let mut answers = Vec::with_capacity(jobs.len());
-            for job in jobs {
-                answers.push(match transaction(shared, std::slice::from_ref(job)).await {
-                    Ok(mut answer) => answer.remove(0),
-                    Err(Failed::RolledBack(e)) => Err(e),
-                    Err(Failed::Unknown(what)) => Err(LedgerError::Database { store: shared.store.clone(), what }),
-                });
-            }
-            answers
+            let each = jobs.iter().map(|job| async move {
+                match transaction(shared, std::slice::from_ref(job)).await {
+                    Ok(mut answer) => answer.pop().unwrap_or_else(|| database(shared, "a job was not answered")),
+                    Err(failed) => alone(failed).pop().unwrap_or_else(|| database(shared, "a job was not answered")),
+                }
+            });
+            futures_util::future::join_all(each).await
         }
     }
 }
@@ -173,9 +195,9 @@ async fn carry(shared: &Shared, jobs: &[Job]) -> Vec<Result<Answer, LedgerError>
 /// One transaction carrying `jobs`: their answers, or how it failed.
 async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer, LedgerError>>, Failed> {
     let fail = |what: String| LedgerError::Database { store: shared.store.clone(), what };
-    let client = shared.pool.get().await.map_err(|e| Failed::RolledBack(fail(format!("cannot connect: {e}"))))?;
+    let client = shared.pool.get().await.map_err(|e| Failed::Unreachable(format!("cannot connect: {e}")))?;
     let mut connection = Connection { client: Some(client), clean: false };
-    let client = connection.client.as_ref().ok_or_else(|| Failed::RolledBack(fail("no connection".into())))?;
+    let client = connection.client.as_ref().ok_or_else(|| Failed::Unreachable("no connection".into()))?;
 
     // Round 1: BEGIN, the locks, the reads.
     let mut locks: Vec<i64> = jobs.iter().flat_map(Job::locks).collect();
@@ -184,14 +206,18 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     // A group's statements take arrays of any length, and their best plan does not depend on
     // the values: planning them once per connection (a generic plan) instead of at every
     // execution saves a good part of the server's time per group.
+    // A group waits for a lock held elsewhere (another host's group, a stalled host's write) a
+    // second at most, then its jobs run alone, each waiting for its own locks only: one busy
+    // operation does not hold up every call of this host.
     let mut first = vec![
         sql!("BEGIN ISOLATION LEVEL READ COMMITTED"),
         sql!("SET LOCAL plan_cache_mode = force_generic_plan"),
+        sql!(if jobs.len() > 1 { "SET LOCAL lock_timeout = 1000" } else { "SET LOCAL lock_timeout = 0" }),
         pipeline::lock_all(locks),
     ];
     first.extend(Read::statements(jobs));
     let answers = read_round(shared, client, &first).await?;
-    let mut read = Read::of(&answers[3..]).map_err(Failed::RolledBack)?;
+    let mut read = Read::of(&answers[4..]).map_err(Failed::RolledBack)?;
     let before = read.outbox_seq;
 
     // The decisions, in job order (outbox numbers are handed out in it).
@@ -222,14 +248,23 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     // Round 2: the writes and COMMIT.
     let mut writes = Writes::default();
     let mut results = Vec::with_capacity(jobs.len());
+    // Whether each job has writes in the group (its answer then waits for the COMMIT's).
+    let mut writing = Vec::with_capacity(jobs.len());
     for decision in decided {
         match decision {
             Some(Ok(Decided { answer, writes: own })) => {
+                writing.push(!own.is_empty());
                 writes.extend(own);
                 results.push(Ok(answer));
             }
-            Some(Err(e)) => results.push(Err(e)),
-            None => results.push(Err(fail("a job was not decided".into()))),
+            Some(Err(e)) => {
+                writing.push(false);
+                results.push(Err(e));
+            }
+            None => {
+                writing.push(false);
+                results.push(Err(fail("a job was not decided".into())));
+            }
         }
     }
     if writes.is_empty() {
@@ -248,24 +283,32 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     second.push(sql!("COMMIT"));
     let answers = match pipeline::round(client, &second).await {
         Ok(answers) => answers,
-        // Not sent: the transaction is left open, and the connection with it (`Connection`).
-        Err((i, e)) => return Err(Failed::RolledBack(statement_failed(&shared.store, second[i].text, &e))),
+        // Not sent, nor anything after it: no COMMIT. The transaction is left open, and the
+        // connection goes with it (`Connection`), which rolls it back.
+        Err((i, e)) if e.as_db_error().is_some() => {
+            return Err(Failed::RolledBack(statement_failed(&shared.store, second[i].text, &e)));
+        }
+        Err((_, e)) => return Err(Failed::Unreachable(format!("the connection failed: {}", describe(&e)))),
     };
     // A statement the server failed aborted the transaction, and the COMMIT after it rolled it
-    // back: nothing was recorded. A connection that failed may have delivered the COMMIT.
+    // back: nothing was recorded. Otherwise, a connection that failed may have delivered the
+    // COMMIT, and a COMMIT that failed itself may have been recorded before it failed (a server
+    // shutting down, a standby's wait cancelled): whether it was is unknown.
+    let last = second.len() - 1;
     let mut refused = None;
-    for (statement, answer) in second.iter().zip(answers) {
-        if let Err(e) = answer {
-            if e.as_db_error().is_none() {
-                return Err(Failed::Unknown(format!(
-                    "the connection failed during COMMIT ({}): whether the write was recorded is known only by \
-                     reading the ledger again",
-                    describe(&e)
-                )));
-            }
-            if refused.is_none() {
-                refused = Some(statement_failed(&shared.store, statement.text, &e));
-            }
+    for (i, (statement, answer)) in second.iter().zip(answers).enumerate() {
+        let Err(e) = answer else { continue };
+        if refused.is_none() && e.as_db_error().is_some() && i < last {
+            refused = Some(statement_failed(&shared.store, statement.text, &e));
+        } else if refused.is_none() {
+            connection.clean = e.as_db_error().is_some();
+            let what = format!(
+                "the COMMIT of this write failed ({}): whether it was recorded is known only by reading the ledger \
+                 again",
+                describe(&e)
+            );
+            let own = results.into_iter().zip(writing).map(|(answer, wrote)| (!wrote).then_some(answer)).collect();
+            return Err(Failed::Unknown(what, own));
         }
     }
     connection.clean = true;
@@ -285,16 +328,15 @@ async fn read_round(
     client: &deadpool_postgres::Client,
     statements: &[Sql],
 ) -> Result<Vec<Vec<deadpool_postgres::tokio_postgres::Row>>, Failed> {
-    let failed = |i: usize, e: &deadpool_postgres::tokio_postgres::Error| {
-        Failed::RolledBack(statement_failed(&shared.store, statements[i].text, e))
+    // A database's refusal leaves the jobs to run alone; a connection's failure, to be told.
+    let failed = |i: usize, e: &deadpool_postgres::tokio_postgres::Error| match e.as_db_error() {
+        Some(_) => Failed::RolledBack(statement_failed(&shared.store, statements[i].text, e)),
+        None => Failed::Unreachable(format!("the connection failed: {}", describe(e))),
     };
     let answers = pipeline::round(client, statements).await.map_err(|(i, e)| failed(i, &e))?;
     let mut rows = Vec::with_capacity(statements.len());
-    for (statement, answer) in statements.iter().zip(answers) {
-        match answer {
-            Ok(answer) => rows.push(answer),
-            Err(e) => return Err(Failed::RolledBack(statement_failed(&shared.store, statement.text, &e))),
-        }
+    for (i, answer) in answers.into_iter().enumerate() {
+        rows.push(answer.map_err(|e| failed(i, &e))?);
     }
     Ok(rows)
 }

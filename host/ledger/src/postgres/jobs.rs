@@ -2,7 +2,7 @@
 //! transaction) and answers what it decided and whether it wrote. The hot path's jobs (a claim, a
 //! write-ahead, an attempt) share transactions in groups (`grouped.rs`, `group.rs`), under the
 //! same locks. Each mirrors its redb job (`redb/jobs.rs`) and
-//! the reference model, decision for decision, through the shared rules of `ledger/mod.rs`.
+//! the reference model, decision for decision, through the shared rules of `rules.rs`.
 //!
 //! # Why READ COMMITTED is enough here
 //!

@@ -8,8 +8,9 @@
 //! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
 //! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
 //! the COMMIT answered (the sessions run with `synchronous_commit = on`), and a call that resolves
-//! `Err` wrote nothing that was recorded. The one exception is a connection lost during the
-//! COMMIT itself: that error says that whether the write was recorded is unknown, as the redb
+//! `Err` wrote nothing that was recorded. The exceptions say so: a connection lost after the
+//! COMMIT may have been sent, a COMMIT that failed itself, and writers stopped while a group was
+//! in flight (the host going away) leave unknown whether the write was recorded, as the redb
 //! backend's failed batch does.
 //!
 //! As in the redb backend, an operation claimed but not yet written to (no write-ahead, no
@@ -35,6 +36,7 @@ mod grouped;
 mod jobs;
 mod name;
 mod pipeline;
+mod writes;
 
 pub use name::without_password;
 mod notify;

@@ -35,9 +35,12 @@ pub(super) type Answer = Result<Vec<Row>, Error>;
 /// Sends `statements` in order without waiting between them, and collects every answer, in order.
 /// The first use of a statement on a connection prepares it first (cached per connection; the
 /// preparations of one round are sent together too), so a connection's first rounds cost one more
-/// round trip. If a preparation fails, no statement of the round is sent: the error and the
-/// statement's index are answered instead (so that a COMMIT never follows a write that was not
-/// sent).
+/// round trip.
+///
+/// `Err((i, e))`: statement `i` was not sent (its preparation failed, its parameters could not be
+/// encoded, the connection was gone), and no statement after it was sent either, so that a
+/// COMMIT never follows a write that did not run. The statements before it may have run: the
+/// caller must end the transaction or drop the connection.
 pub(super) async fn round(
     client: &deadpool_postgres::Client,
     statements: &[Sql],
@@ -52,12 +55,38 @@ pub(super) async fn round(
             statement.params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
         client.query(&prepared, &params).await
     });
-    Ok(in_order(queries.collect()).await)
+    let mut queries: Vec<Pin<Box<MaybeDone<_>>>> = queries.map(|f| Box::pin(maybe_done(f))).collect();
+    // Each query sends its request on its first poll, before it could have an answer: one that is
+    // over at its first poll with an error was never sent, and the ones after it are not polled.
+    let unsent = std::future::poll_fn(|cx| {
+        for (i, query) in queries.iter_mut().enumerate() {
+            if query.as_mut().poll(cx).is_ready()
+                && let Some(Err(_)) = query.as_mut().output_mut()
+            {
+                return Poll::Ready(Some(i));
+            }
+        }
+        Poll::Ready(None)
+    })
+    .await;
+    if let Some(i) = unsent
+        && let Some(Err(e)) = queries[i].as_mut().take_output()
+    {
+        return Err((i, e));
+    }
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for query in &mut queries {
+            all &= query.as_mut().poll(cx).is_ready();
+        }
+        if all { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    Ok(queries.iter_mut().filter_map(|query| query.as_mut().take_output()).collect())
 }
 
-/// Runs `futures` together, first polling each once in the order given (a query sends its request
-/// on its first poll, so the server receives them in that order), and answers their outputs in
-/// the same order.
+/// Runs `futures` together, first polling each once in the order given, and answers their
+/// outputs in the same order.
 async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<MaybeDone<F>>>> = futures.into_iter().map(|f| Box::pin(maybe_done(f))).collect();
     std::future::poll_fn(|cx| {

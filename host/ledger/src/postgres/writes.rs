@@ -1,0 +1,306 @@
+//! A group's writes (`group.rs`), gathered from its jobs' decisions (`grouped.rs`) by kind of row
+//! and sent as one statement per kind: the rows as arrays, `unnest`ed by the server.
+
+use std::collections::HashMap;
+
+use super::db::{encode, int};
+use super::jobs::effect_status_str;
+use super::notify;
+use super::pipeline::{Sql, sql};
+use crate::{EffectRecord, LedgerError, OperationRecord};
+
+/// An operation row as its columns.
+pub(super) struct OperationRow {
+    key: String,
+    run_id: String,
+    step_id: String,
+    tool: String,
+    status: &'static str,
+    fence: i64,
+    lease_until_ms: i64,
+    record: Vec<u8>,
+}
+
+impl OperationRow {
+    pub fn of(op: &OperationRecord) -> Result<Self, LedgerError> {
+        Ok(OperationRow {
+            key: op.key.clone(),
+            run_id: op.run_id.clone(),
+            step_id: op.step_id.clone(),
+            tool: op.tool.clone(),
+            status: op.status.as_str(),
+            fence: int(op.fence),
+            lease_until_ms: int(op.lease_until_ms),
+            record: encode(op)?,
+        })
+    }
+}
+
+/// An effect row as its columns.
+pub(super) struct EffectRow {
+    operation_key: String,
+    effect_key: String,
+    status: &'static str,
+    dispatches: i64,
+    first_dispatched_ms: i64,
+    label: String,
+    record: Vec<u8>,
+}
+
+impl EffectRow {
+    pub fn of(effect: &EffectRecord) -> Result<Self, LedgerError> {
+        Ok(EffectRow {
+            operation_key: effect.operation_key.clone(),
+            effect_key: effect.key.clone(),
+            status: effect_status_str(effect.status),
+            dispatches: i64::from(effect.dispatches),
+            first_dispatched_ms: int(effect.first_dispatched_ms),
+            label: effect.label.clone(),
+            record: encode(effect)?,
+        })
+    }
+}
+
+/// A KV value written and its version.
+type KvValue = (Vec<u8>, i64);
+
+/// A group's writes, by kind of row, in job order within each kind.
+#[derive(Default)]
+pub(super) struct Writes {
+    /// New operations (claims).
+    pub inserted: Vec<OperationRow>,
+    /// Operations written over the row that held (fence, status); with `recorded`.
+    pub updated: Vec<(OperationRow, bool, i64, &'static str)>,
+    /// New effect records (write-aheads); none may be there.
+    pub effects_new: Vec<EffectRow>,
+    /// Effect records over the one at (status, dispatches).
+    pub effects_changed: Vec<(EffectRow, &'static str, i64)>,
+    /// Effect records written whatever was there (local effects, with their writes).
+    pub effects_applied: Vec<EffectRow>,
+    /// KV writes, in order: a value and its version, or a removal.
+    pub kv: Vec<(String, String, Option<KvValue>)>,
+    /// Outbox messages: (seq, topic, record).
+    pub outbox: Vec<(i64, String, Vec<u8>)>,
+    /// Attempt records: (operation key, number, record).
+    pub attempts: Vec<(String, i64, Vec<u8>)>,
+    /// Operations whose change other hosts' waiters should hear of.
+    pub announce: Vec<String>,
+}
+
+impl Writes {
+    pub fn is_empty(&self) -> bool {
+        self.inserted.is_empty()
+            && self.updated.is_empty()
+            && self.effects_new.is_empty()
+            && self.effects_changed.is_empty()
+            && self.effects_applied.is_empty()
+            && self.kv.is_empty()
+            && self.outbox.is_empty()
+            && self.attempts.is_empty()
+            && self.announce.is_empty()
+    }
+
+    pub fn extend(&mut self, other: Writes) {
+        self.inserted.extend(other.inserted);
+        self.updated.extend(other.updated);
+        self.effects_new.extend(other.effects_new);
+        self.effects_changed.extend(other.effects_changed);
+        self.effects_applied.extend(other.effects_applied);
+        self.kv.extend(other.kv);
+        self.outbox.extend(other.outbox);
+        self.attempts.extend(other.attempts);
+        self.announce.extend(other.announce);
+    }
+
+    /// One statement per kind of row written (parents before the rows that refer to them), or a
+    /// few where the rows are large ([`STATEMENT_BYTES`]); the checked ones fail unless they
+    /// changed exactly the rows given.
+    pub fn statements(self) -> Vec<Sql> {
+        let mut out = Vec::new();
+        for rows in chunks(self.inserted, |r| r.record.len()) {
+            let n = rows.len() as i64;
+            out.push(sql!(
+                "WITH w AS (INSERT INTO oncebox_operations \
+                 (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
+                 SELECT k, r, s, t, st, f, l, false, rec FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                 $5::text[], $6::bigint[], $7::bigint[], $8::bytea[]) AS u(k, r, s, t, st, f, l, rec) \
+                 ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT 1 / (count(*) = $9)::int FROM w",
+                rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.step_id.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.tool.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.fence).collect::<Vec<_>>(),
+                rows.iter().map(|r| r.lease_until_ms).collect::<Vec<_>>(),
+                rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+                n,
+            ));
+        }
+        for rows in chunks(self.updated, |(r, ..)| r.record.len()) {
+            let n = rows.len() as i64;
+            out.push(sql!(
+                "WITH w AS (UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
+                 recorded = u.rd, record = u.rec FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], \
+                 $5::bigint[], $6::bool[], $7::bytea[], $8::text[]) AS u(k, held, st, f, l, rd, rec, held_st) \
+                 WHERE o.key = u.k AND o.fence = u.held AND o.status = u.held_st RETURNING 1) \
+                 SELECT 1 / (count(*) = $9)::int FROM w",
+                rows.iter().map(|(r, ..)| r.key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(_, _, held, _)| *held).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.status).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.fence).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.lease_until_ms).collect::<Vec<_>>(),
+                rows.iter().map(|(_, recorded, ..)| *recorded).collect::<Vec<_>>(),
+                rows.iter().map(|(r, ..)| r.record.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(.., status)| *status).collect::<Vec<_>>(),
+                n,
+            ));
+        }
+        // The last write of each KV key is what the keys hold after the group, as after its jobs
+        // one by one (one statement may not write a row twice).
+        let mut last = HashMap::new();
+        for (namespace, key, value) in self.kv {
+            last.insert((namespace, key), value);
+        }
+        let mut last: Vec<_> = last.into_iter().collect();
+        last.sort_by(|a, b| a.0.cmp(&b.0));
+        let (mut set, mut removed) = (Vec::new(), Vec::new());
+        for ((namespace, key), value) in last {
+            match value {
+                Some((value, version)) => set.push((namespace, key, value, version)),
+                None => removed.push((namespace, key)),
+            }
+        }
+        for rows in chunks(removed, |(n, k)| n.len() + k.len()) {
+            let (namespaces, keys): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
+            out.push(sql!(
+                "DELETE FROM oncebox_kv kv USING unnest($1::text[], $2::text[]) AS u(n, k) \
+                 WHERE kv.namespace = u.n AND kv.key = u.k",
+                namespaces,
+                keys,
+            ));
+        }
+        for rows in chunks(set, |(n, k, v, _)| n.len() + k.len() + v.len()) {
+            out.push(sql!(
+                "INSERT INTO oncebox_kv (namespace, key, value, version) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) \
+                 ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                rows.iter().map(|(n, ..)| n.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(_, k, ..)| k.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(.., v, _)| v.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(.., version)| *version).collect::<Vec<_>>(),
+            ));
+        }
+        for rows in chunks(self.outbox, |(_, topic, record)| topic.len() + record.len()) {
+            out.push(sql!(
+                "INSERT INTO oncebox_outbox (seq, topic, delivered, record) \
+                 SELECT s, t, false, r FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(s, t, r)",
+                rows.iter().map(|(seq, ..)| *seq).collect::<Vec<_>>(),
+                rows.iter().map(|(_, topic, _)| topic.clone()).collect::<Vec<_>>(),
+                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+            ));
+        }
+        for rows in chunks(self.effects_new, |r| r.record.len()) {
+            let n = rows.len() as i64;
+            let mut statement = effect_rows(
+                "WITH w AS (INSERT INTO oncebox_effects \
+                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO NOTHING RETURNING 1) \
+                 SELECT 1 / (count(*) = $8)::int FROM w",
+                rows,
+            );
+            statement.params.push(Box::new(n));
+            out.push(statement);
+        }
+        for rows in chunks(self.effects_changed, |(r, ..)| r.record.len()) {
+            let n = rows.len() as i64;
+            let (rows, held): (Vec<EffectRow>, Vec<(&'static str, i64)>) =
+                rows.into_iter().map(|(row, status, dispatches)| (row, (status, dispatches))).unzip();
+            let (statuses, dispatches): (Vec<&'static str>, Vec<i64>) = held.into_iter().unzip();
+            let mut statement = effect_rows(
+                "WITH w AS (UPDATE oncebox_effects e SET status = u.st, dispatches = u.d, first_dispatched_ms = u.fd, \
+                 label = u.lb, record = u.rec FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
+                 $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::bigint[]) \
+                 AS u(ok, ek, st, d, fd, lb, rec, held_st, held_d) \
+                 WHERE e.operation_key = u.ok AND e.effect_key = u.ek AND e.status = u.held_st \
+                 AND e.dispatches = u.held_d RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
+                rows,
+            );
+            statement.params.push(Box::new(statuses));
+            statement.params.push(Box::new(dispatches));
+            statement.params.push(Box::new(n));
+            out.push(statement);
+        }
+        // One row per effect: a later record of the same effect replaces an earlier one.
+        let mut applied: Vec<EffectRow> = Vec::with_capacity(self.effects_applied.len());
+        for row in self.effects_applied {
+            applied.retain(|r| (&r.operation_key, &r.effect_key) != (&row.operation_key, &row.effect_key));
+            applied.push(row);
+        }
+        for rows in chunks(applied, |r| r.record.len()) {
+            out.push(effect_rows(
+                "INSERT INTO oncebox_effects \
+                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
+                 status = excluded.status, dispatches = excluded.dispatches, \
+                 first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record",
+                rows,
+            ));
+        }
+        for rows in chunks(self.attempts, |(key, _, record)| key.len() + record.len()) {
+            out.push(sql!(
+                "INSERT INTO oncebox_attempts (operation_key, number, record) \
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) \
+                 ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
+                rows.iter().map(|(key, ..)| key.clone()).collect::<Vec<_>>(),
+                rows.iter().map(|(_, number, _)| *number).collect::<Vec<_>>(),
+                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+            ));
+        }
+        if !self.announce.is_empty() {
+            out.push(notify::changed_sql(self.announce));
+        }
+        out
+    }
+}
+
+/// The most bytes of rows one statement carries: a message to the server may not exceed 1 GB,
+/// and a guest may stage up to a thousand effects of a MiB each, so large rows go in several
+/// statements (each checked alone).
+const STATEMENT_BYTES: usize = 16 << 20;
+
+/// `rows` in runs of at most [`STATEMENT_BYTES`] (by `size`, a row's variable part), each run at
+/// least one row; none if there are no rows.
+fn chunks<T>(rows: Vec<T>, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for row in rows {
+        let n = size(&row) + 64;
+        match out.last_mut() {
+            Some(run) if bytes + n <= STATEMENT_BYTES => {
+                bytes += n;
+                run.push(row);
+            }
+            _ => {
+                bytes = n;
+                out.push(vec![row]);
+            }
+        }
+    }
+    out
+}
+
+/// `text` with the seven columns of effect rows as its first seven (array) parameters.
+fn effect_rows(text: &'static str, rows: Vec<EffectRow>) -> Sql {
+    sql!(
+        text,
+        rows.iter().map(|r| r.operation_key.clone()).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.effect_key.clone()).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.dispatches).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.first_dispatched_ms).collect::<Vec<_>>(),
+        rows.iter().map(|r| r.label.clone()).collect::<Vec<_>>(),
+        rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+    )
+}
