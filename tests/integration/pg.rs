@@ -402,3 +402,66 @@ async fn writes_share_commits_and_one_refusal_fails_only_its_own() {
     }
     assert_eq!(ledger.kv_entry("ns", "stale").await.expect("read"), None, "the stale owner wrote nothing");
 }
+
+/// What a group writes is what its writes one after another would have left: outbox numbers in
+/// order without a gap where a refused job stood between two that enqueue, and rows too large for
+/// one statement written whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_writes_what_its_jobs_would_one_after_another() {
+    use oncebox::ledger::{EffectRecord, EffectStatus, LocalWrite, OperationStatus};
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let ops: Vec<String> = (0..24).map(|n| format!("g-{n}")).collect();
+    let mut fences = claimed(&ledger, &ops).await;
+    fences[1] += 1000;
+    let local = |op: &str, n: u32, write: LocalWrite| {
+        let (_, mut staged) = kv_attempt(op, 1, ("ns", "unused"), None);
+        let (mut effect, _): (EffectRecord, LocalWrite) = staged.remove(0);
+        effect.key = format!("{:016x}{op}", 0xf000 + n);
+        effect.kind = "outbox".into();
+        effect.status = EffectStatus::Completed;
+        (effect, write)
+    };
+    let big = vec![7u8; 7 << 20];
+    let tasks: Vec<_> = ops
+        .iter()
+        .zip(&fences)
+        .enumerate()
+        .map(|(n, (op, fence))| {
+            let (ledger, op, fence) = (ledger.clone(), op.clone(), *fence);
+            let staged = match n {
+                // Even ones enqueue; the stale owner (1) would, and is fenced.
+                n if n % 2 == 0 || n == 1 => {
+                    vec![local(&op, 1, LocalWrite::Outbox { topic: "t".into(), payload: op.clone() })]
+                }
+                // Three values of 7 MiB: more than one statement carries.
+                7 | 9 | 11 => vec![local(&op, 4, LocalWrite::KvSet {
+                    namespace: "big".into(),
+                    key: op.clone(),
+                    value: big.clone(),
+                    expected: None,
+                })],
+                _ => Vec::new(),
+            };
+            tokio::spawn(async move {
+                let (attempt, _) = kv_attempt(&op, fence, ("ns", "unused"), None);
+                let finish = Some((OperationStatus::Completed, Some("{}".into()), None));
+                ledger.record_attempt(fence, &attempt, finish, 1_001, staged).await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.expect("join"));
+    }
+    assert!(matches!(results[1], Err(LedgerError::Fenced { .. })), "{:?}", results[1]);
+    assert!(results.iter().enumerate().all(|(n, r)| n == 1 || r.is_ok()), "{results:?}");
+    let outbox = ledger.outbox().await.expect("outbox");
+    let seqs: Vec<u64> = outbox.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, (1..=12).collect::<Vec<u64>>(), "twelve messages, numbered without a gap");
+    assert!(outbox.iter().all(|m| m.payload != "g-1"), "the fenced job enqueued nothing");
+    for n in [7, 9, 11] {
+        let entry = ledger.kv_entry("big", &format!("g-{n}")).await.expect("read");
+        assert_eq!(entry.map(|(value, _)| value.len()), Some(7 << 20), "g-{n}'s value, whole");
+    }
+}
