@@ -435,12 +435,11 @@ async fn a_group_writes_what_its_jobs_would_one_after_another() {
                     vec![local(&op, 1, LocalWrite::Outbox { topic: "t".into(), payload: op.clone() })]
                 }
                 // Three values of 7 MiB: more than one statement carries.
-                7 | 9 | 11 => vec![local(&op, 4, LocalWrite::KvSet {
-                    namespace: "big".into(),
-                    key: op.clone(),
-                    value: big.clone(),
-                    expected: None,
-                })],
+                7 | 9 | 11 => vec![local(
+                    &op,
+                    4,
+                    LocalWrite::KvSet { namespace: "big".into(), key: op.clone(), value: big.clone(), expected: None },
+                )],
                 _ => Vec::new(),
             };
             tokio::spawn(async move {
