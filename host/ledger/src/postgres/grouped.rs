@@ -294,11 +294,11 @@ fn put_effect(
     if !recorded {
         writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
     }
-    apply_local(store, fresh, &mut read.outbox_seq, &mut writes)?;
+    apply_local(store, key, fresh, &mut read.outbox_seq, &mut writes)?;
     match expected {
-        None => writes.effects_new.push(EffectRow::of(effect)?),
+        None => writes.effects_new.push(EffectRow::of(key, effect)?),
         Some((status, dispatches)) => {
-            writes.effects_changed.push((EffectRow::of(effect)?, effect_status_str(status), i64::from(dispatches)))
+            writes.effects_changed.push((EffectRow::of(key, effect)?, effect_status_str(status), i64::from(dispatches)))
         }
     }
     Ok(Decided { answer: Answer::Written, writes })
@@ -336,7 +336,7 @@ fn record_attempt(
         writes.announce.push(key.to_string());
     }
     writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
-    apply_local(store, fresh, &mut read.outbox_seq, &mut writes)?;
+    apply_local(store, key, fresh, &mut read.outbox_seq, &mut writes)?;
     writes.attempts.push((key.to_string(), i64::from(attempt.attempt), encode(attempt)?));
     Ok(Decided { answer: Answer::Written, writes })
 }
@@ -375,6 +375,7 @@ fn unapplied<'s>(
 /// them.
 fn apply_local(
     store: &str,
+    operation_key: &str,
     fresh: Vec<(&EffectRecord, &LocalWrite)>,
     seq: &mut Option<u64>,
     writes: &mut Writes,
@@ -396,7 +397,7 @@ fn apply_local(
                 writes.outbox.push((int(*last), topic.clone(), encode(&message)?));
             }
         }
-        writes.effects_applied.push(EffectRow::of(effect)?);
+        writes.effects_applied.push(EffectRow::of(operation_key, effect)?);
     }
     Ok(())
 }

@@ -48,9 +48,11 @@ pub(super) struct EffectRow {
 }
 
 impl EffectRow {
-    pub fn of(effect: &EffectRecord) -> Result<Self, LedgerError> {
+    /// `effect`'s row under operation `operation_key` (the job's, whose lock is held: a staged
+    /// record naming another operation is still written under its own).
+    pub fn of(operation_key: &str, effect: &EffectRecord) -> Result<Self, LedgerError> {
         Ok(EffectRow {
-            operation_key: effect.operation_key.clone(),
+            operation_key: operation_key.to_string(),
             effect_key: effect.key.clone(),
             status: effect_status_str(effect.status),
             dispatches: i64::from(effect.dispatches),
