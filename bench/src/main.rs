@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
         if args.json {
             println!("{}", serde_json::to_string(&results)?);
         } else {
-            report::print_peers(&results);
+            peers::print(&results);
         }
         return Ok(());
     }

@@ -17,6 +17,7 @@
 
 mod api;
 mod dbos;
+mod report;
 mod restate;
 
 use std::future::Future;
@@ -28,9 +29,10 @@ use anyhow::{Context, bail};
 use oncebox_example_provider::ProviderHandle;
 use serde::Serialize;
 
-use crate::report::{self, PeersResults, Target};
+use crate::report::{Machine, PgSettings, Target};
 use crate::stats::{self, Latency};
 use crate::{baselines, host_runs};
+pub use report::{PeersResults, print};
 
 /// How many steps a system runs, and how.
 #[derive(Debug, Clone, Copy)]
@@ -288,7 +290,7 @@ fn count(provider: &ProviderHandle, system: &str, orders: &[String], before: u64
 }
 
 /// The JSON and the table: the keys, each system's row, and the goals judged.
-fn results(systems: Vec<System>, pg_settings: Option<report::PgSettings>, w: Workload, dir: &Path) -> PeersResults {
+fn results(systems: Vec<System>, pg_settings: Option<PgSettings>, w: Workload, dir: &Path) -> PeersResults {
     let of = |name: &str| systems.iter().find(|s| s.name == name).and_then(|s| s.measured);
     let p50 = |name: &str| of(name).map(|m| m.latency_us.p50 / 1000.0);
     let rate = |name: &str| of(name).map(|m| m.steps_per_s);
@@ -330,7 +332,7 @@ fn results(systems: Vec<System>, pg_settings: Option<report::PgSettings>, w: Wor
         systems,
         pg_settings,
         goals,
-        machine: report::Machine::here(dir),
+        machine: Machine::here(dir),
     }
 }
 
