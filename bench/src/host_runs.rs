@@ -94,20 +94,24 @@ pub async fn fresh_kv(b: &Bench, n: usize) -> anyhow::Result<Latency> {
     timed(n, |i| completed(&b.host, kv_call("fresh-kv", i))).await
 }
 
+/// The order every system of the bench charges: the body of `charge`'s POST /payments, and the
+/// `charge` tool's args.
+pub fn order(order_id: &str) -> serde_json::Value {
+    json!({"order_id": order_id, "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"})
+}
+
 /// One durable step of the `charge` tool (one idempotent POST /payments to the example provider)
 /// for order `order_id`, the order id also being the step's id: the workload oncebox shares with
 /// its peers (`peers.rs`).
 pub async fn charge(host: &Host, order_id: &str) -> anyhow::Result<()> {
-    let args = json!({"order_id": order_id, "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
-    completed(host, Call::step("charge", order_id, "charge", args.to_string())).await
+    completed(host, Call::step("charge", order_id, "charge", order(order_id).to_string())).await
 }
 
 pub async fn fresh_http(b: &Bench, n: usize) -> anyhow::Result<Latency> {
     let before = b.provider.totals();
     let latency = timed(n, |i| {
-        let args =
-            json!({"order_id": format!("o{i}"), "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
-        completed(&b.host, Call::step("fresh-http", format!("charge-{i}"), "charge", args.to_string()))
+        let args = order(&format!("o{i}")).to_string();
+        completed(&b.host, Call::step("fresh-http", format!("charge-{i}"), "charge", args))
     })
     .await?;
     let charged = b.provider.totals().payments - before.payments;

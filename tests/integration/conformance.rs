@@ -28,7 +28,7 @@ fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
     }
 }
 
-fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) -> EffectRecord {
+pub(crate) fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) -> EffectRecord {
     EffectRecord {
         key: format!("{:016x}{op}", 0xe000 + n),
         operation_key: op.into(),
@@ -48,7 +48,7 @@ fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) -> EffectReco
     }
 }
 
-fn attempt(op: &str, number: u32, fence: u64) -> AttemptRecord {
+pub(crate) fn attempt(op: &str, number: u32, fence: u64) -> AttemptRecord {
     AttemptRecord {
         operation_key: op.into(),
         run_id: "run".into(),

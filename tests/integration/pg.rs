@@ -264,40 +264,12 @@ fn kv_attempt(
     (namespace, key): (&str, &str),
     expected: Option<u64>,
 ) -> (oncebox::ledger::AttemptRecord, oncebox::ledger::Staged) {
-    use oncebox::ledger::{AttemptRecord, AttemptSource, EffectRecord, EffectStatus, LocalWrite};
-    let attempt = AttemptRecord {
-        operation_key: op.into(),
-        run_id: "run".into(),
-        step_id: op.into(),
-        tool: "fulfill".into(),
-        attempt: 1,
-        max_attempts: 1,
-        fence,
-        started_ms: 0,
-        duration_us: 0,
-        outcome: "ok".into(),
-        message: None,
-        source: AttemptSource::Fresh,
-        downstream_accepted: None,
-        effects: Vec::new(),
-    };
-    let effect = EffectRecord {
-        key: format!("{:016x}{op}", 0xe001),
-        operation_key: op.into(),
-        label: "set".into(),
-        occurrence: 0,
-        kind: "kv-set".into(),
-        target: namespace.into(),
-        fingerprint: "f".into(),
-        status: EffectStatus::Completed,
-        response: Some("{}".into()),
-        error: None,
-        dispatches: 1,
-        first_dispatched_ms: 1,
-        last_dispatched_ms: 1,
-        updated_ms: 1,
-        resolution: None,
-    };
+    use oncebox::ledger::{EffectStatus, LocalWrite};
+    // The conformance suite's records: attempt 1 under `fence`, and a completed effect (a KV set).
+    let attempt = crate::conformance::attempt(op, 1, fence);
+    let mut effect = crate::conformance::effect(op, 1, EffectStatus::Completed, 1);
+    effect.kind = "kv-set".into();
+    effect.target = namespace.into();
     let write =
         LocalWrite::KvSet { namespace: namespace.into(), key: key.into(), value: op.as_bytes().to_vec(), expected };
     (attempt, vec![(effect, write)])

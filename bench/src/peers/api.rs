@@ -40,7 +40,7 @@ pub async fn measure(base: &str, w: &Workload, prefix: &str) -> anyhow::Result<M
     drive(w, prefix, move |order| {
         let (client, url) = (client.clone(), url.clone());
         async move {
-            let args = json!({"order_id": order, "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
+            let args = crate::host_runs::order(&order);
             let body = json!({"run_id": "charge-api", "step_id": order, "tool": "charge", "args": args});
             let response = client
                 .post(url.as_str())

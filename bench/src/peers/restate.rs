@@ -189,7 +189,7 @@ pub async fn measure(server: &Server, w: &Workload, prefix: &str) -> anyhow::Res
     drive(w, prefix, move |order| {
         let client = client.clone();
         async move {
-            let body = json!({"order_id": order, "amount_cents": 100, "currency": "eur", "payment_method": "pm_card"});
+            let body = crate::host_runs::order(&order);
             let response = client
                 .post(format!("http://{NS_ADDR}:8080/Bench/charge"))
                 .header("content-type", "application/json")
