@@ -271,7 +271,7 @@ async fn a_second_process_on_the_same_ledger_gets_a_clear_error_and_the_file_sta
 }
 
 #[tokio::test]
-async fn a_call_whose_effects_are_all_local_is_one_commit_and_a_remote_effect_adds_two() {
+async fn a_call_whose_effects_are_all_local_is_one_commit_and_a_remote_effect_adds_one() {
     let f = Fixture::new().await;
     let ledger = f.host.ledger();
     // reserve: two KV reads and two KV writes; the claim, the writes and the result in one commit.
@@ -284,11 +284,11 @@ async fn a_call_whose_effects_are_all_local_is_one_commit_and_a_remote_effect_ad
     let key = outcome.operation_key.expect("key");
     assert_eq!(ledger.effects(&key).await.expect("effects").len(), 2, "both writes recorded with their effects");
 
-    // charge: write-ahead, answer, result.
+    // charge: the write-ahead, then the result with the answer riding on it.
     let before = ledger.commits();
     let outcome = f.call("run-1", "charge", "charge", &charge("o-1")).await;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(ledger.commits() - before, 3);
+    assert_eq!(ledger.commits() - before, 2);
     assert_eq!(f.provider.counts("o-1").payments, 1);
 
     // A replay is answered from committed state: no commit at all.

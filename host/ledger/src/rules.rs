@@ -218,6 +218,18 @@ pub fn settled(
     Ok((op, effects))
 }
 
+/// Whether writing an effect record may wait for the next durable write instead of a commit
+/// of its own: only an answer (the record leaves `dispatched`) with no local effects staged
+/// beside it. Losing such a write to a crash leaves the write-ahead, in doubt, which is what a
+/// crash between the send and the answer leaves anyway; and nothing leaves the host on the
+/// strength of an answer before the next durable write: the next effect's write-ahead, or the
+/// attempt's record that the caller's answer waits for.
+pub fn answer_may_ride(effect: &EffectRecord, expected: Option<(EffectStatus, u32)>, staged: usize) -> bool {
+    staged == 0
+        && effect.status != EffectStatus::Dispatched
+        && expected.is_some_and(|(s, _)| s == EffectStatus::Dispatched)
+}
+
 /// The version a write stamps on its key: taken from its effect key, which no other write ever
 /// has, so versions never repeat (and never come back after a delete). Never 0, which means absent.
 pub fn stamp(effect_key: &str) -> u64 {

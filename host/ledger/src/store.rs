@@ -143,7 +143,8 @@ pub enum LocalOutcome {
 
 /// What the call pipeline needs of a ledger, and nothing more. Every write carries the fencing
 /// token of the claim that makes it and is refused (`Fenced`) once another caller took the
-/// operation over; every write is durable when its future resolves `Ok`, and nothing of a write
+/// operation over; every write is durable when its future resolves `Ok` (except an effect's
+/// answer, which [`answer_may_ride`] lets wait for the next durable write), and nothing of a write
 /// that resolves `Err` was recorded. Reads see committed state.
 pub trait Store: Send + Sync + 'static {
     /// Names the store in messages (a file's path, `:memory:`).

@@ -2,7 +2,9 @@
 //!
 //! Every write goes through the group-commit writer (`writer.rs`): concurrent writes share one redb
 //! transaction, committed with redb's default (immediate, fsync'd) durability, and each returns
-//! only after that commit: nobody is told "recorded" before the record is on disk. Reads are redb
+//! only after that commit: nobody is told "recorded" before the record is on disk. The one
+//! exception is an effect's answer ([`answer_may_ride`]), committed in memory and made durable by
+//! the next durable commit, which nothing leaves the host without. Reads are redb
 //! read transactions and see committed state. Writes for an operation carry the fencing token of
 //! the claim that made them and are refused when a newer claim took the operation over.
 //!
@@ -39,7 +41,7 @@ use super::{ApprovalRecord, Removed, StaleApproval, Tombstone};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
     LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
-    verdict,
+    answer_may_ride, verdict,
 };
 use jobs::{
     claim, encode_staged, expire, note_reconcile, put_approval, put_effect, record_attempt, renew, reopen, resolve,
@@ -47,6 +49,7 @@ use jobs::{
 };
 use open::{init, recover};
 use tables::*;
+use writer::Durability::{Now, Ride};
 
 /// The redb store. One process owns its file.
 pub struct RedbStore {
@@ -189,7 +192,7 @@ impl RedbStore {
                 Decided::LiveExpired => {
                     let (req, fence, live) = (req.clone(), self.fresh_fence(), self.live.clone());
                     let wrote = |claim: &Option<Claim>| matches!(claim, Some(Claim::Owned { .. }));
-                    match self.writer.submit(move |txn| take_over_live(txn, &live, &req, fence), wrote).await? {
+                    match self.writer.submit(move |txn| take_over_live(txn, &live, &req, fence), wrote, Now).await? {
                         Some(answer) => return Ok(answer),
                         // Settled or dropped meanwhile: look again.
                         None => continue,
@@ -202,7 +205,7 @@ impl RedbStore {
             let (req, fence) = (req.clone(), self.fresh_fence());
             return self
                 .writer
-                .submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. }))
+                .submit(move |txn| claim(txn, &req, fence), |claim| matches!(claim, Claim::Owned { .. }), Now)
                 .await;
         }
     }
@@ -212,7 +215,7 @@ impl RedbStore {
     pub async fn reopen(&self, req: &ClaimRequest, resendable: Vec<String>) -> Result<Claim, LedgerError> {
         let (req, fence) = (req.clone(), self.fresh_fence());
         self.writer
-            .submit(move |txn| reopen(txn, &req, fence, &resendable), |claim| matches!(claim, Claim::Owned { .. }))
+            .submit(move |txn| reopen(txn, &req, fence, &resendable), |claim| matches!(claim, Claim::Owned { .. }), Now)
             .await
     }
 
@@ -220,7 +223,7 @@ impl RedbStore {
     /// refused (`Fenced`) once another caller took the operation over.
     pub async fn renew(&self, key: &str, fence: u64, until_ms: u64) -> Result<(), LedgerError> {
         let (key, live) = (key.to_string(), self.live.clone());
-        self.writer.submit(move |txn| renew(txn, &live, &key, fence, until_ms), |durable| *durable).await.map(drop)
+        self.writer.submit(move |txn| renew(txn, &live, &key, fence, until_ms), |durable| *durable, Now).await.map(drop)
     }
 
     /// A claim decided in memory, the durable record that decides it, or a claim held in memory
@@ -279,6 +282,7 @@ impl RedbStore {
             .submit(
                 move |txn| record_attempt(txn, &live, fence, (&job_key, number, &encoded), &staged, finish, now_ms),
                 |_| true,
+                Now,
             )
             .await?;
         self.settle(&key, fence);
@@ -289,6 +293,8 @@ impl RedbStore {
     /// with the local effects staged before it: they are on disk before the effect leaves.
     /// `expected`: the effect's (status, dispatches) as the writer last saw them, `None` if it
     /// must be new; a record that changed since is not overwritten (`EffectChanged`).
+    /// An answer rides with the next durable commit ([`answer_may_ride`]): an HTTP step is then
+    /// two fsyncs, its write-ahead and its attempt's record.
     pub async fn put_effect(
         &self,
         fence: u64,
@@ -296,6 +302,7 @@ impl RedbStore {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> Result<(), LedgerError> {
+        let durability = if answer_may_ride(effect, expected, staged.len()) { Ride } else { Now };
         let (encoded, staged, live) = (encode(effect)?, encode_staged(staged)?, self.live.clone());
         let (key, effect_key) = (effect.operation_key.clone(), effect.key.clone());
         let job_key = key.clone();
@@ -303,6 +310,7 @@ impl RedbStore {
             .submit(
                 move |txn| put_effect(txn, &live, fence, (&job_key, &effect_key, &encoded), expected, &staged),
                 |_| true,
+                durability,
             )
             .await?;
         self.settle(&key, fence);
@@ -335,7 +343,7 @@ impl RedbStore {
         let (op, effect) = (operation_key.to_string(), effect_key.map(str::to_string));
         let (resolution, settlement) = (resolution.clone(), settlement.clone());
         self.writer
-            .submit(move |txn| resolve(txn, &op, effect.as_deref(), seen, &resolution, &settlement), |_| true)
+            .submit(move |txn| resolve(txn, &op, effect.as_deref(), seen, &resolution, &settlement), |_| true, Now)
             .await
     }
 }
@@ -489,7 +497,9 @@ impl Store for RedbStore {
 
     fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
         let (key, note) = (key.to_string(), note.clone());
-        Box::pin(async move { self.writer.submit(move |txn| note_reconcile(txn, &key, note), |wrote| *wrote).await })
+        Box::pin(
+            async move { self.writer.submit(move |txn| note_reconcile(txn, &key, note), |wrote| *wrote, Now).await },
+        )
     }
 
     fn put_effect<'a>(
@@ -583,7 +593,7 @@ impl Store for RedbStore {
                 let mut held = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 Deciding::hold(&self.deciding, &mut held, key)
             };
-            self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true).await.map(drop)
+            self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await.map(drop)
         })
     }
 
@@ -625,7 +635,7 @@ impl Store for RedbStore {
             let job = move |txn: &redb::WriteTransaction| {
                 expire(txn, &tombstones, &approvals, &kept).map(|removed| (removed, held))
             };
-            self.writer.submit(job, |_| true).await.map(|(removed, _held)| removed)
+            self.writer.submit(job, |_| true, Now).await.map(|(removed, _held)| removed)
         })
     }
 

@@ -5,6 +5,7 @@
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use super::tables::*;
+use super::writer::Durability;
 use super::{DeliveryAnswer, LedgerError, OutboxMessage, RedbStore, decode, get, put};
 
 impl RedbStore {
@@ -28,8 +29,10 @@ impl RedbStore {
     /// Records one send's answer for message `seq` (see [`super::Store::record_delivery`]).
     pub async fn record_delivery(&self, seq: u64, answer: &DeliveryAnswer) -> Result<OutboxMessage, LedgerError> {
         let answer = answer.clone();
-        let (message, _) =
-            self.writer.submit(move |txn| record_delivery(txn, seq, &answer), |(_, wrote)| *wrote).await?;
+        let (message, _) = self
+            .writer
+            .submit(move |txn| record_delivery(txn, seq, &answer), |(_, wrote)| *wrote, Durability::Now)
+            .await?;
         Ok(message)
     }
 }

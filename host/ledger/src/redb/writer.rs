@@ -9,6 +9,11 @@
 //! caller in it is told its write was not committed. That is not "nothing reached the disk" (a
 //! commit whose fsync failed may have written its pages): callers treat it as unknown, never as
 //! proof that a write-ahead is absent, and only reopening the ledger tells.
+//!
+//! A job may ask only to ride with the next durable commit ([`Durability::Ride`]): a batch of such
+//! jobs alone is committed without an fsync (redb's `Durability::None`), visible in this process
+//! at once and made durable by the next commit that is, since redb keeps its commits in order. A
+//! crash before then loses the batch, and every batch after it, whole.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -30,8 +35,19 @@ type Answer = Result<Box<dyn Any + Send>, LedgerError>;
 /// Runs in the batch's transaction; returns the answer, and whether the job wrote anything.
 type Run = Box<dyn FnOnce(&WriteTransaction) -> (Answer, bool) + Send>;
 
+/// When a job's writes must be on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Before its caller hears back.
+    Now,
+    /// With the next durable commit: its caller hears back once they are committed in this
+    /// process, and a crash before that commit loses them.
+    Ride,
+}
+
 struct Job {
     run: Run,
+    durability: Durability,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -55,12 +71,14 @@ impl Writer {
         Ok(Writer { jobs: Some(jobs), thread: Some(thread), commits, queued })
     }
 
-    /// Durable transactions committed so far (each carries one batch).
+    /// Durable transactions committed so far (each carries one batch, and the batches that rode
+    /// with it): the fsyncs.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Runs `job` in the next batch and returns its answer once the batch is durable. `wrote`
+    /// Runs `job` in the next batch and returns its answer once the batch is committed: durably,
+    /// unless every job in it that wrote may ride with a later commit (`durability`). `wrote`
     /// says whether an answer means the job wrote (a refusal never does): a batch in which no job
     /// wrote is not committed, so answers that change nothing cost no fsync.
     /// The caller awaits the answer without holding a thread: callers are async tasks, and only
@@ -69,6 +87,7 @@ impl Writer {
         &self,
         job: impl FnOnce(&WriteTransaction) -> Result<R, LedgerError> + Send + 'static,
         wrote: fn(&R) -> bool,
+        durability: Durability,
     ) -> Result<R, LedgerError> {
         let stopped = || LedgerError::Writer { reason: "the writer thread has stopped".into() };
         let (reply, answer) = oneshot::channel();
@@ -78,7 +97,7 @@ impl Writer {
             (answer.map(|r| Box::new(r) as Box<dyn Any + Send>), wrote)
         });
         self.queued.fetch_add(1, Ordering::Relaxed);
-        self.jobs.as_ref().ok_or_else(stopped)?.send(Job { run, reply }).map_err(|_| stopped())?;
+        self.jobs.as_ref().ok_or_else(stopped)?.send(Job { run, durability, reply }).map_err(|_| stopped())?;
         let answer = answer.await.map_err(|_| stopped())??;
         // The job above boxed an `R`; nothing else answers on this channel.
         answer.downcast::<R>().map(|r| *r).map_err(|_| LedgerError::Writer { reason: "mismatched answer".into() })
@@ -113,12 +132,12 @@ fn run(db: &Database, queue: &Receiver<Job>, commits: &AtomicU64, queued: &Atomi
 /// One transaction for the whole batch; every caller hears back after the commit (or its failure),
 /// and after it was counted, so a caller that reads `commits` sees its own.
 fn commit(db: &Database, batch: Vec<Job>, commits: &AtomicU64) {
-    let txn = match db.begin_write() {
+    let mut txn = match db.begin_write() {
         Ok(txn) => txn,
         Err(e) => return fail_all(batch.into_iter().map(|job| job.reply), &e.to_string()),
     };
     let mut answered = Vec::with_capacity(batch.len());
-    let (mut poisoned, mut wrote) = (None, false);
+    let (mut poisoned, mut wrote, mut durable) = (None, false, false);
     for job in batch {
         if poisoned.is_some() {
             answered.push((job.reply, None));
@@ -126,6 +145,7 @@ fn commit(db: &Database, batch: Vec<Job>, commits: &AtomicU64) {
         }
         let (answer, job_wrote) = (job.run)(&txn);
         wrote |= job_wrote;
+        durable |= job_wrote && job.durability == Durability::Now;
         if let Err(e @ (LedgerError::Storage(_) | LedgerError::Corrupt { .. })) = &answer {
             poisoned = Some(e.to_string());
         }
@@ -138,13 +158,20 @@ fn commit(db: &Database, batch: Vec<Job>, commits: &AtomicU64) {
         }
         // Only refusals and answers from committed state: nothing to make durable.
         None if !wrote => txn.abort().map_err(|e| e.to_string()),
-        None => match txn.commit() {
-            Ok(()) => {
-                commits.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+        None => {
+            // A batch of jobs that may all ride is committed without an fsync (if redb allows it:
+            // else with one, which is never wrong).
+            let rides = !durable && txn.set_durability(redb::Durability::None).is_ok();
+            match txn.commit() {
+                Ok(()) => {
+                    if !rides {
+                        commits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e.to_string()),
             }
-            Err(e) => Err(e.to_string()),
-        },
+        }
     };
     match committed {
         Ok(()) => {
@@ -192,6 +219,7 @@ mod tests {
                 Ok(k)
             },
             |_| true,
+            Durability::Now,
         ))
     }
 
@@ -226,6 +254,7 @@ mod tests {
                     Ok(())
                 },
                 |_| true,
+                Durability::Now,
             ))
             .expect("the held job commits");
         });
@@ -267,6 +296,7 @@ mod tests {
                     Err(LedgerError::Fenced { operation_key: "op".into(), fence: 1, current: 2 })
                 },
                 |_| true,
+                Durability::Now,
             ))
         });
         let w = writer.clone();
@@ -289,6 +319,7 @@ mod tests {
                     Err(LedgerError::Corrupt { what: "a write went wrong halfway".into() })
                 },
                 |_| true,
+                Durability::Now,
             ))
         });
         until_queued(&writer, 2);
@@ -301,10 +332,54 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_of_riders_is_visible_at_once_and_costs_no_fsync_until_a_durable_commit() {
+        let (db, writer) = writer();
+        let before = writer.commits();
+        let ride = |k: u64| {
+            block_on(writer.submit(
+                move |txn| {
+                    txn.open_table(T)?.insert(k, k)?;
+                    Ok(k)
+                },
+                |_| true,
+                Durability::Ride,
+            ))
+        };
+        assert_eq!(ride(1).expect("recorded"), 1);
+        assert_eq!(ride(2).expect("recorded"), 2);
+        assert_eq!((read(&db, 1), read(&db, 2)), (Some(1), Some(2)), "answered, so visible in this process");
+        assert_eq!(writer.commits(), before, "riders alone are not fsync'd");
+        insert(&writer, 3).expect("write");
+        assert_eq!(writer.commits(), before + 1, "a durable commit carries the riders before it");
+
+        // A rider in a batch with a job that must be durable makes the batch no less durable.
+        let (release, holder) = hold(&writer);
+        let w = writer.clone();
+        let rider = std::thread::spawn(move || {
+            block_on(w.submit(
+                |txn| {
+                    txn.open_table(T)?.insert(4, 4)?;
+                    Ok(())
+                },
+                |_| true,
+                Durability::Ride,
+            ))
+        });
+        let w = writer.clone();
+        let durable = std::thread::spawn(move || insert(&w, 5));
+        until_queued(&writer, 2);
+        drop(release);
+        holder.join().expect("holder");
+        rider.join().expect("thread").expect("recorded");
+        durable.join().expect("thread").expect("recorded");
+        assert_eq!(writer.commits(), before + 3, "the held batch, then the shared one: each fsync'd");
+    }
+
+    #[test]
     fn a_batch_that_wrote_nothing_is_not_committed() {
         let (_db, writer) = writer();
         let before = writer.commits();
-        let answer = block_on(writer.submit(|_| Ok(5u8), |_| false)).expect("answered");
+        let answer = block_on(writer.submit(|_| Ok(5u8), |_| false, Durability::Now)).expect("answered");
         assert_eq!(answer, 5);
         assert_eq!(writer.commits(), before, "no fsync for an answer that changed nothing");
         insert(&writer, 1).expect("write");

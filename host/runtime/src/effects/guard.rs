@@ -281,7 +281,9 @@ impl EffectCtx {
                 record.key
             )));
         }
-        // The answer is on disk: the effect is in doubt now only if the answer proves nothing.
+        // The answer is recorded (on redb it rides with the next durable write, and a crash before
+        // that leaves the write-ahead, in doubt): the effect is in doubt now only if the answer
+        // proves nothing.
         if !record.status.in_doubt() {
             self.in_doubt.retain(|d| d.key != record.key);
         }

@@ -20,7 +20,8 @@ pub enum Point {
     AfterWriteAhead,
     /// The downstream answered (or the exchange ended); the answer is not on disk.
     AfterDispatch,
-    /// The answer is durable; the tool has not seen it yet.
+    /// The answer is recorded (durable on a shared backend; on redb committed in this process and
+    /// durable with the next durable write); the tool has not seen it yet.
     AfterAnswer,
     /// An attempt's record (and the operation's end, if it was the last) is durable.
     AfterAttemptRecord,
