@@ -1,6 +1,7 @@
 //! How long the ledger's durable writes take, as a histogram a server exports (`/metrics`).
 //! Counted in the `Ledger` handle around each write, whatever the backend: lock-free, a few atomic
-//! adds per write.
+//! adds per write. On redb an effect's answer is counted too, though it rides with the next
+//! durable commit and waits for no fsync of its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -221,9 +221,9 @@ pub fn settled(
 /// Whether writing an effect record may wait for the next durable write instead of a commit
 /// of its own: only an answer (the record leaves `dispatched`) with no local effects staged
 /// beside it. Losing such a write to a crash leaves the write-ahead, in doubt, which is what a
-/// crash between the send and the answer leaves anyway; and nothing leaves the host on the
-/// strength of an answer before the next durable write: the next effect's write-ahead, or the
-/// attempt's record that the caller's answer waits for.
+/// crash between the send and the answer leaves anyway; and no effect leaves the host, and no
+/// caller hears of the answer, before the next durable write: the next effect's write-ahead, or
+/// the attempt's record that the caller's answer waits for.
 pub fn answer_may_ride(effect: &EffectRecord, expected: Option<(EffectStatus, u32)>, staged: usize) -> bool {
     staged == 0
         && effect.status != EffectStatus::Dispatched
@@ -235,4 +235,45 @@ pub fn answer_may_ride(effect: &EffectRecord, expected: Option<(EffectStatus, u3
 pub fn stamp(effect_key: &str) -> u64 {
     let n = effect_key.get(..16).and_then(|hex| u64::from_str_radix(hex, 16).ok()).unwrap_or(1);
     n.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn effect(status: EffectStatus) -> EffectRecord {
+        EffectRecord {
+            key: "k".into(),
+            operation_key: "op".into(),
+            label: "charge".into(),
+            occurrence: 1,
+            kind: "http".into(),
+            target: "127.0.0.1:1".into(),
+            fingerprint: "f".into(),
+            status,
+            response: None,
+            error: None,
+            dispatches: 1,
+            first_dispatched_ms: 1,
+            last_dispatched_ms: 1,
+            updated_ms: 1,
+            resolution: None,
+        }
+    }
+
+    #[test]
+    fn only_an_answer_with_nothing_staged_rides() {
+        use EffectStatus::*;
+        for answer in [Completed, Refused, Retryable, Unknown] {
+            assert!(answer_may_ride(&effect(answer), Some((Dispatched, 1)), 0), "{answer:?}");
+            assert!(!answer_may_ride(&effect(answer), Some((Dispatched, 1)), 1), "{answer:?} beside a local write");
+        }
+        // A write-ahead, first or a resend from whatever its record said, is durable before it leaves.
+        assert!(!answer_may_ride(&effect(Dispatched), None, 0));
+        for before in [Dispatched, Completed, Refused, Retryable, Unknown] {
+            assert!(!answer_may_ride(&effect(Dispatched), Some((before, 1)), 0), "a resend after {before:?}");
+        }
+        // A local effect's record is written as it is taken, never from `dispatched`.
+        assert!(!answer_may_ride(&effect(Completed), None, 0));
+    }
 }

@@ -180,7 +180,9 @@ impl Harness {
             };
             let Some(joined) = finished else {
                 // The process dies here: the call stops at the point, and every handle on the
-                // ledger, every instance and every claim held in memory goes with the host.
+                // ledger, every instance and every claim held in memory goes with the host. A
+                // redb ledger is closed, which makes an answer still riding with the next durable
+                // write durable; a crash that loses it leaves what `AfterDispatch` leaves.
                 task.abort();
                 let _ = task.await;
                 drop(host);

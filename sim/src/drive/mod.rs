@@ -49,6 +49,10 @@ const MAX_ASKS: u32 = 60;
 /// and on the database's real one (PostgreSQL).
 const LAST_PASS: Duration = Duration::from_secs(3_600);
 const LAST_PASS_REAL: Duration = Duration::from_secs(60);
+/// The lease of a host on PostgreSQL: a claim a crashed host left in the database is taken over
+/// only once it expires, on the database's real clock, so it must be well inside the last pass
+/// (the default, 60 s, is as long as the whole pass). On redb a crash takes its claims with it.
+const LEASE_REAL: Duration = Duration::from_secs(10);
 /// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
 const GC_RETENTION: Duration = Duration::from_secs(600);
 /// How long after its write-ahead a request may still leave (the host's send deadline): short, so
@@ -239,7 +243,7 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
             },
             LedgerAt::Database(url) => {
                 let ledger = Ledger::connect(url).await.context("connect to the simulation's database")?;
-                HostBuilder::on_ledger(ledger).key_file(&ctx.key_file)
+                HostBuilder::on_ledger(ledger).key_file(&ctx.key_file).lease(LEASE_REAL)
             }
         };
         break configure(builder, hooks.clone(), ctx)?.build().await.context("start the host")?;

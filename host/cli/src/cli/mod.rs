@@ -220,7 +220,9 @@ pub async fn stop_signal() {
                 }
             }
             // Without the handlers the default action (ending the process) still applies, and
-            // what it stops survives that: the relay's answers and the server's records are on disk.
+            // what it stops survives that: the relay's answers and the server's records are on
+            // disk, but for an effect's answer riding with the next durable write on redb, whose
+            // loss leaves its effect in doubt.
             _ => std::future::pending::<()>().await,
         }
     }

@@ -1,5 +1,6 @@
 //! Group commit: one thread owns every write transaction. Callers hand it jobs; it runs whatever
-//! has queued up as one redb transaction, commits it durably, and only then answers each caller.
+//! has queued up as one redb transaction, commits it (durably, but for the riders below), and only
+//! then answers each caller.
 //! While one batch is being written and fsync'd the next one queues, so the batch size follows the
 //! load with no timer: one caller alone pays one commit, 64 callers share a handful.
 //!
@@ -145,7 +146,9 @@ fn commit(db: &Database, batch: Vec<Job>, commits: &AtomicU64) {
         }
         let (answer, job_wrote) = (job.run)(&txn);
         wrote |= job_wrote;
-        durable |= job_wrote && job.durability == Durability::Now;
+        // A job that must be durable makes its batch durable whether or not it says it wrote: an
+        // fsync too many is cheap, a write that should have been durable and was not is not.
+        durable |= job.durability == Durability::Now;
         if let Err(e @ (LedgerError::Storage(_) | LedgerError::Corrupt { .. })) = &answer {
             poisoned = Some(e.to_string());
         }
