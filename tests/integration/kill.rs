@@ -407,3 +407,82 @@ async fn processes_killed_at_random_moments_never_commit_a_step_twice() {
     assert!(problems.is_empty(), "seed {seed}:\n{}", problems.join("\n"));
     assert!(mid_flight > 0, "seed {seed}: no kill landed while a process was running; the test tested nothing");
 }
+
+/// A process SIGKILLed after an effect's answer came back and before its next durable write. On
+/// redb the answer rides with that write (`ledger::answer_may_ride`), so the kill loses it and
+/// the effect is in doubt, as after a kill between the send and the answer. Counted at the
+/// provider, the step is charged once: with nothing declared of the provider's keys it ends
+/// unknown without a request; declared to honour keys, it is resent with the same key (the
+/// provider replays its commit) and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_between_an_answer_and_its_next_durable_write_leaves_the_effect_in_doubt() {
+    let provider = Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let base = provider.base_url();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
+    for keyed in [false, true] {
+        let ledger = dir.path().join(format!("keyed-{keyed}.redb"));
+        let order = format!("rider-{keyed}");
+        // The tool charges, then sleeps: the answer is recorded, and nothing durable follows it.
+        let args = json!({"mode": "sleep", "sleep_ms": 3_000, "post": {"url": format!("{base}/payments"), "body": charge(&order)}});
+        // A run of its own per case: the provider would refuse one key with another body.
+        let run = format!("rider-{keyed}");
+        let mut call: Vec<String> =
+            ["call", "--ledger", path_str(&ledger), "--run", &run, "--step", "charge-then-sleep"]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        call.extend(["--grant".into(), format!("http={base}")]);
+        if keyed {
+            call.extend(["--key-target".into(), provider.addr().to_string()]);
+        }
+        call.extend([oncebox_artifacts::PANICKY.to_string(), args.to_string()]);
+
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .args(&call[..])
+            .env("ONCEBOX_CACHE", &cache)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(std::fs::File::create(dir.path().join("stdout")).expect("stdout file")))
+            .stderr(Stdio::from(std::fs::File::create(dir.path().join("stderr")).expect("stderr file")))
+            .spawn()
+            .expect("spawn oncebox");
+        let output = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+        let stderr = || format!("{}{}", output("stdout"), output("stderr"));
+        let start = Instant::now();
+        while provider.counts(&order).payments == 0 {
+            if child.try_wait().expect("try_wait").is_some() {
+                panic!("keyed {keyed}: the process ended before the charge: {}", stderr());
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "keyed {keyed}: no charge within 30 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The answer is recorded within microseconds of its arrival; the tool then sleeps 3 s.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(child.try_wait().expect("try_wait").is_none(), "keyed {keyed}: the process ended before the kill");
+        child.kill().expect("kill -9");
+        assert_eq!(child.wait().expect("reap").signal(), Some(9));
+        assert_eq!(provider.counts(&order).payments, 1);
+
+        // What the disk kept: the write-ahead, not the answer.
+        {
+            let ledger = oncebox::Ledger::open(&ledger).expect("reopen the ledger");
+            let ops = ledger.operations(Some(&run)).await.expect("operations");
+            assert_eq!(ops.len(), 1, "{ops:?}");
+            let effects = ledger.effects(&ops[0].key).await.expect("effects");
+            assert_eq!(effects.len(), 1, "{effects:?}");
+            assert!(effects[0].status.in_doubt(), "keyed {keyed}: the answer survived the kill: {effects:?}");
+        }
+
+        let requests = provider.requests();
+        let (code, json, stderr) = run_cli(call).await;
+        let status = json["status"].as_str().unwrap_or_default().to_string();
+        if keyed {
+            assert_eq!((code, status.as_str()), (0, "completed"), "{json} {stderr}");
+            assert_eq!(provider.requests(), requests + 1, "resent once, with its key");
+        } else {
+            assert_eq!((code, status.as_str()), (1, "unknown"), "{json} {stderr}");
+            assert_eq!(provider.requests(), requests, "an effect in doubt was sent again");
+        }
+        assert_eq!(provider.counts(&order).payments, 1, "keyed {keyed}: charged twice");
+    }
+}

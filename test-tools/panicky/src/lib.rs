@@ -1,8 +1,8 @@
 //! Behaves as told: returns, traps, or fails with a given class. Before that it can write one KV
-//! effect, or call an embedder's effect provider, so tests can see what a failure after an effect
-//! leaves behind.
+//! effect, POST one HTTP effect, or call an embedder's effect provider, so tests can see what a
+//! failure (or a kill) after an effect leaves behind.
 
-use oncebox_sdk::{Tool, ToolError, kv, provider};
+use oncebox_sdk::{Tool, ToolError, http, kv, provider};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,17 @@ pub struct Args {
     /// Calls this embedder provider with `echo` first.
     #[serde(default)]
     provider: Option<String>,
+    /// POSTs this body to this URL first (an HTTP effect labelled `post`), and fails unless the
+    /// answer is a 2xx.
+    #[serde(default)]
+    post: Option<Post>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Post {
+    url: String,
+    body: serde_json::Value,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +72,12 @@ impl Tool for Panicky {
     fn invoke(args: Args) -> Result<Echo, ToolError> {
         if args.write_first {
             kv::set("before-failing", "panicky/last", b"written")?;
+        }
+        if let Some(post) = &args.post {
+            let response = http::post_json("post", &post.url, &post.body)?;
+            if !(200..300).contains(&response.status) {
+                return Err(ToolError::permanent(format!("the POST was answered {}", response.status)));
+            }
         }
         if let Mode::Flip = args.mode {
             if kv::get("panicky/flipped")?.is_none() {
