@@ -48,6 +48,10 @@ async fn every_crash_point_and_fault_of_a_charge_keeps_it_charged_at_most_once()
     // The charge landed before the crash; the restarted host resent it with its key (the script
     // honours keys) and got the commit replayed: one charge, the fault-free result.
     assert_eq!((after_dispatch.status.as_str(), after_dispatch.sent, after_dispatch.landed), ("completed", 2, 1));
+    // A crash after the answer loses it as a killed process does (it rode with the next durable
+    // commit, which never came): the same as after the dispatch.
+    let after_answer = report.rows.iter().find(|r| r.point == "after-answer").expect("row");
+    assert_eq!((after_answer.status.as_str(), after_answer.sent, after_answer.landed), ("completed", 2, 1));
     let permanent = report.rows.iter().find(|r| r.point == "permanent").expect("row");
     assert_eq!((permanent.status.as_str(), permanent.landed), ("failed", 0), "{report}");
 }

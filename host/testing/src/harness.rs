@@ -16,9 +16,10 @@ use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Point, Site}
 use oncebox_runtime::ledger::EffectRecord;
 use oncebox_runtime::policy_file::PolicyFile;
 use oncebox_runtime::{Call, Outcome, Status};
-use oncebox_runtime::{Host, HostBuilder};
+use oncebox_runtime::{Host, HostBuilder, Ledger};
 
 use super::HarnessError as Error;
+use super::killable::Killable;
 use super::script::{Dispatch, Downstream, Event, Fault, Script};
 
 /// The run and step every scenario calls: keys are the same in every scenario, as they would be
@@ -167,7 +168,8 @@ impl Harness {
             _ => None,
         };
         let hooks = Arc::new(ScriptHooks::new(downstream.clone(), crash));
-        let (host, call) = self.host(&ledger, hooks.clone(), args).await?;
+        let killed = Arc::new(AtomicBool::new(false));
+        let (host, call) = self.host(&ledger, hooks.clone(), args, killed.clone()).await?;
         let mut approvals = 0;
         loop {
             let mut task = tokio::spawn({
@@ -180,14 +182,15 @@ impl Harness {
             };
             let Some(joined) = finished else {
                 // The process dies here: the call stops at the point, and every handle on the
-                // ledger, every instance and every claim held in memory goes with the host. A
-                // redb ledger is closed, which makes an answer still riding with the next durable
-                // write durable; a crash that loses it leaves what `AfterDispatch` leaves.
+                // ledger, every instance and every claim held in memory goes with the host, and
+                // nothing more reaches the file (not the close that would make an answer riding
+                // with the next durable commit durable).
+                killed.store(true, Ordering::SeqCst);
                 task.abort();
                 let _ = task.await;
                 drop(host);
                 let hooks = Arc::new(ScriptHooks::new(downstream.clone(), None));
-                let (host, call) = self.host(&ledger, hooks, args).await?;
+                let (host, call) = self.host(&ledger, hooks, args, Arc::default()).await?;
                 let outcome = approving(&host, &call, &mut approvals).await?;
                 return self.settle(host, call, outcome, true, approvals, &downstream).await;
             };
@@ -253,11 +256,21 @@ impl Harness {
         })
     }
 
-    /// A host on `ledger` under `hooks`, with the tool loaded, and the call.
-    async fn host(&self, ledger: &Path, hooks: Arc<ScriptHooks>, args: &str) -> Result<(Host, Call), Error> {
+    /// A host on `ledger` under `hooks`, with the tool loaded, and the call. Once `killed` is set,
+    /// nothing more of this host reaches the ledger file.
+    async fn host(
+        &self,
+        ledger: &Path,
+        hooks: Arc<ScriptHooks>,
+        args: &str,
+        killed: Arc<AtomicBool>,
+    ) -> Result<(Host, Call), Error> {
+        let file = Killable::open(ledger, killed).map_err(Error::LedgerFile)?;
+        let opened = Ledger::open_on(file, ledger)?;
         // The script answers in this process, right after the write-ahead: a short send deadline
         // keeps the reconciles that wait it out short, and a long stall still counts as one.
-        let mut builder = HostBuilder::new(ledger).compile_cache(self.cache.path()).hooks(hooks).send_deadline(SEND_BY);
+        let mut builder =
+            HostBuilder::on_ledger(opened).compile_cache(self.cache.path()).hooks(hooks).send_deadline(SEND_BY);
         if let Some(path) = &self.policy {
             builder = builder.policy_file(PolicyFile::load(path)?);
         }

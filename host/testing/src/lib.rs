@@ -5,9 +5,10 @@
 //! a temporary directory. Only the downstream is replaced: a [`Script`] answers every HTTP effect
 //! by label and occurrence (a response, a fault, a delay) and every read, and records each request
 //! that reached it. [`Harness::run`] runs one scenario, with a crash at a [`Point`] or a [`Fault`]
-//! in one effect's answer; a crash drops the call, the host and every in-memory state, reopens
-//! the ledger file (which recovers as at a real restart: an effect written ahead without an answer
-//! becomes unknown), calls again, and reconciles through the tool's own export while the outcome
+//! in one effect's answer; a crash drops the call, the host and every in-memory state, cuts the
+//! host off from its ledger file as a killed process is (so an answer riding with the next durable
+//! commit is lost), reopens the file (which recovers as at a real restart: an effect written ahead
+//! without an answer becomes unknown), calls again, and reconciles through the tool's own export while the outcome
 //! is unknown. [`Harness::explore`] does that for every effect and every point and checks the
 //! guarantee's invariants ([`Violation`]), one [`Row`] each.
 //!
@@ -45,6 +46,7 @@
 
 mod explore;
 mod harness;
+mod killable;
 mod report;
 mod script;
 
@@ -70,6 +72,8 @@ pub enum HarnessError {
     Script(#[from] ScriptError),
     #[error("harness: cannot make a temporary directory: {0}")]
     TempDir(std::io::Error),
+    #[error("harness: cannot open the scenario's ledger file: {0}")]
+    LedgerFile(std::io::Error),
     #[error("harness: the call panicked: {0}")]
     Panicked(String),
 }
