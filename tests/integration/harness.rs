@@ -56,20 +56,28 @@ async fn every_crash_point_and_fault_of_a_charge_keeps_it_charged_at_most_once()
     assert_eq!((permanent.status.as_str(), permanent.landed), ("failed", 0), "{report}");
 }
 
+/// After the dispatch, or after the answer (which rode with the next durable commit, and the
+/// crash came first): either way the answer is lost with the host.
 #[tokio::test]
-async fn a_crash_after_dispatch_at_a_downstream_without_keys_is_reconciled_never_resent() {
+async fn a_crash_after_dispatch_or_answer_at_a_downstream_without_keys_is_reconciled_never_resent() {
     let script = format!("[downstream]\nhonours_keys = false\n{PAYMENT}");
-    let run = harness(oncebox_artifacts::CHARGE, &script)
-        .run(&charge_args(), Some(&Injection::crash(Point::AfterDispatch, 0)))
-        .await
-        .expect("run");
-    assert!(run.crashed);
-    assert_eq!(run.dispatches.len(), 1, "nothing was sent again: {:?}", run.dispatches);
-    assert!(run.dispatches[0].landed && run.dispatches[0].in_doubt);
-    // Restarted, the step was unknown; the tool's reconcile looked the key up and found the charge.
-    assert_eq!(run.outcome.status, Status::Completed, "{:?}", run.outcome);
-    assert!(matches!(run.reconciles.first(), Some(oncebox::Reconciliation::Committed { .. })), "{:?}", run.reconciles);
-    assert_eq!(run.outcome.output.as_ref().expect("output")["id"], "pay_1");
+    for point in [Point::AfterDispatch, Point::AfterAnswer] {
+        let run = harness(oncebox_artifacts::CHARGE, &script)
+            .run(&charge_args(), Some(&Injection::crash(point, 0)))
+            .await
+            .expect("run");
+        assert!(run.crashed, "{point:?}");
+        assert_eq!(run.dispatches.len(), 1, "{point:?}: nothing was sent again: {:?}", run.dispatches);
+        assert!(run.dispatches[0].landed && run.dispatches[0].in_doubt, "{point:?}: {:?}", run.dispatches);
+        // Restarted, the step was unknown; the tool's reconcile looked the key up and found the charge.
+        assert_eq!(run.outcome.status, Status::Completed, "{point:?}: {:?}", run.outcome);
+        assert!(
+            matches!(run.reconciles.first(), Some(oncebox::Reconciliation::Committed { .. })),
+            "{point:?}: {:?}",
+            run.reconciles
+        );
+        assert_eq!(run.outcome.output.as_ref().expect("output")["id"], "pay_1");
+    }
 }
 
 #[tokio::test]

@@ -168,8 +168,7 @@ impl Harness {
             _ => None,
         };
         let hooks = Arc::new(ScriptHooks::new(downstream.clone(), crash));
-        let killed = Arc::new(AtomicBool::new(false));
-        let (host, call) = self.host(&ledger, hooks.clone(), args, killed.clone()).await?;
+        let (host, call) = self.host(&ledger, hooks.clone(), args).await?;
         let mut approvals = 0;
         loop {
             let mut task = tokio::spawn({
@@ -181,16 +180,24 @@ impl Harness {
                 () = hooks.crashed.notified() => None,
             };
             let Some(joined) = finished else {
-                // The process dies here: the call stops at the point, and every handle on the
-                // ledger, every instance and every claim held in memory goes with the host, and
-                // nothing more reaches the file (not the close that would make an answer riding
-                // with the next durable commit durable).
-                killed.store(true, Ordering::SeqCst);
+                // The process died at the point (the hook cut it off from the file, so not even
+                // the close that would make an answer riding with the next durable commit durable
+                // reaches it): the call stops, and every handle on the ledger, every instance and
+                // every claim held in memory goes with the host.
                 task.abort();
                 let _ = task.await;
                 drop(host);
                 let hooks = Arc::new(ScriptHooks::new(downstream.clone(), None));
-                let (host, call) = self.host(&ledger, hooks, args, Arc::default()).await?;
+                let (host, call) = self.host(&ledger, hooks, args).await?;
+                // What the reopened ledger holds in doubt had its answer lost, whatever the point
+                // (an answer still riding is lost with the host).
+                for op in host.ledger().operations(Some(RUN)).await? {
+                    for effect in host.ledger().effects(&op.key).await? {
+                        if effect.status.in_doubt() {
+                            downstream.answer_lost(&effect.key);
+                        }
+                    }
+                }
                 let outcome = approving(&host, &call, &mut approvals).await?;
                 return self.settle(host, call, outcome, true, approvals, &downstream).await;
             };
@@ -256,17 +263,17 @@ impl Harness {
         })
     }
 
-    /// A host on `ledger` under `hooks`, with the tool loaded, and the call. Once `killed` is set,
-    /// nothing more of this host reaches the ledger file.
-    async fn host(
-        &self,
-        ledger: &Path,
-        hooks: Arc<ScriptHooks>,
-        args: &str,
-        killed: Arc<AtomicBool>,
-    ) -> Result<(Host, Call), Error> {
-        let file = Killable::open(ledger, killed).map_err(Error::LedgerFile)?;
-        let opened = Ledger::open_on(file, ledger)?;
+    /// A host on `ledger` under `hooks`, with the tool loaded, and the call. Once the hooks kill
+    /// it, nothing more of this host reaches the ledger file.
+    async fn host(&self, ledger: &Path, hooks: Arc<ScriptHooks>, args: &str) -> Result<(Host, Call), Error> {
+        // Opening recovers (and, after a kill, repairs) the file: blocking work, off the runtime.
+        let (path, killed) = (ledger.to_path_buf(), hooks.killed.clone());
+        let opened = tokio::task::spawn_blocking(move || -> Result<Ledger, Error> {
+            let file = Killable::open(&path, killed).map_err(Error::LedgerFile)?;
+            Ok(Ledger::open_on(file, &path)?)
+        })
+        .await
+        .map_err(|e| Error::Panicked(e.to_string()))??;
         // The script answers in this process, right after the write-ahead: a short send deadline
         // keeps the reconciles that wait it out short, and a long stall still counts as one.
         let mut builder =
@@ -325,6 +332,8 @@ struct ScriptHooks {
     seen: std::sync::Mutex<Vec<(String, u32)>>,
     fired: AtomicBool,
     crashed: Notify,
+    /// Set the moment the host dies: from then on nothing of it reaches the ledger file.
+    killed: Arc<AtomicBool>,
 }
 
 impl ScriptHooks {
@@ -335,6 +344,7 @@ impl ScriptHooks {
             seen: Default::default(),
             fired: AtomicBool::new(false),
             crashed: Notify::new(),
+            killed: Arc::default(),
         }
     }
 
@@ -365,6 +375,7 @@ impl Hooks for ScriptHooks {
             if !self.due(&site) {
                 return;
             }
+            self.killed.store(true, Ordering::SeqCst);
             if site.point == Point::AfterDispatch {
                 self.downstream.answer_lost(&site.key);
             }

@@ -46,6 +46,10 @@ pub struct Args {
     /// answer is a 2xx.
     #[serde(default)]
     post: Option<Post>,
+    /// Then GETs this URL (a read: nothing of it is recorded), so a test can see from outside
+    /// that the tool got past the POST's answer.
+    #[serde(default)]
+    then_get: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -78,6 +82,9 @@ impl Tool for Panicky {
             if !(200..300).contains(&response.status) {
                 return Err(ToolError::permanent(format!("the POST was answered {}", response.status)));
             }
+        }
+        if let Some(url) = &args.then_get {
+            http::get(url)?;
         }
         if let Mode::Flip = args.mode {
             if kv::get("panicky/flipped")?.is_none() {
