@@ -79,7 +79,7 @@ impl Writer {
     }
 
     /// Runs `job` in the next batch and returns its answer once the batch is committed: durably,
-    /// unless every job in it that wrote may ride with a later commit (`durability`). `wrote`
+    /// unless every job in it may ride with a later commit (`durability`). `wrote`
     /// says whether an answer means the job wrote (a refusal never does): a batch in which no job
     /// wrote is not committed, so answers that change nothing cost no fsync.
     /// The caller awaits the answer without holding a thread: callers are async tasks, and only
