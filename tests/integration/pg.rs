@@ -436,3 +436,48 @@ async fn a_group_writes_what_its_jobs_would_one_after_another() {
         assert_eq!(entry.map(|(value, _)| value.len()), Some(7 << 20), "g-{n}'s value, whole");
     }
 }
+
+/// A lone write waits for a lock another session holds for as long as it is held (a second is
+/// only a group's bound), unless the URL bounds it: then it is refused in one line, and nothing
+/// of it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_waits_for_a_lock_as_long_as_it_is_held_unless_the_url_bounds_it() {
+    use oncebox::ledger::OperationStatus;
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let ops: Vec<String> = ["held-long", "held-bounded"].map(String::from).into();
+    let fences = claimed(&ledger, &ops).await;
+    let (other, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let hold = |key: &str| format!("BEGIN; SELECT 1 FROM oncebox_operations WHERE key = '{key}' FOR UPDATE");
+    let finish = || Some((OperationStatus::Completed, Some("{}".to_string()), None));
+
+    // Held for 1.5 s: the write waits it out, then is recorded.
+    other.batch_execute(&hold("held-long")).await.expect("lock the row");
+    let (attempt, staged) = kv_attempt("held-long", fences[0], ("ns", "long"), None);
+    let writing = {
+        let (ledger, fence) = (ledger.clone(), fences[0]);
+        tokio::spawn(async move { ledger.record_attempt(fence, &attempt, finish(), 1_001, staged).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!writing.is_finished(), "the write did not wait for the lock");
+    other.batch_execute("COMMIT").await.expect("release the row");
+    writing.await.expect("join").expect("the write, once the lock was released");
+    let op = ledger.operation("held-long").await.expect("read").expect("recorded");
+    assert_eq!(op.status, OperationStatus::Completed);
+
+    // A URL that bounds lock waits to 200 ms: refused, and nothing written.
+    let bounded = format!("{url}?options=-c%20lock_timeout%3D200");
+    let impatient = Ledger::connect(&bounded).await.expect("connect with a bound");
+    other.batch_execute(&hold("held-bounded")).await.expect("lock the row");
+    let (attempt, staged) = kv_attempt("held-bounded", fences[1], ("ns", "bounded"), None);
+    let refused = impatient.record_attempt(fences[1], &attempt, finish(), 1_001, staged);
+    let refused = tokio::time::timeout(Duration::from_secs(5), refused).await.expect("refused within the bound");
+    other.batch_execute("COMMIT").await.expect("release the row");
+    let error = refused.expect_err("a lock held past the URL's bound").to_string();
+    assert!(error.contains("lock") && !error.contains('\n'), "{error}");
+    assert_eq!(ledger.attempts("held-bounded").await.expect("read").len(), 0, "nothing of it was written");
+    assert_eq!(ledger.kv_entry("ns", "bounded").await.expect("read"), None);
+    drop(other);
+    let _ = connection.await;
+}

@@ -30,7 +30,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::db::{describe, uint};
-use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read};
+use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Reads};
 use super::pipeline::{self, Sql, sql};
 use super::writes::Writes;
 use crate::LedgerError;
@@ -223,21 +223,22 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut locks: Vec<i64> = jobs.iter().flat_map(Job::locks).collect();
     locks.sort_unstable();
     locks.dedup();
-    // A group's statements take arrays of any length, and their best plan does not depend on
-    // the values: planning them once per connection (a generic plan) instead of at every
-    // execution saves a good part of the server's time per group.
-    // A group waits for a lock held elsewhere (another host's group, a stalled host's write) a
-    // second at most, then its jobs run alone, each waiting for its own locks only: one busy
-    // operation does not hold up every call of this host.
-    let mut first = vec![
-        sql!("BEGIN ISOLATION LEVEL READ COMMITTED"),
-        sql!("SET LOCAL plan_cache_mode = force_generic_plan"),
-        sql!(if jobs.len() > 1 { "SET LOCAL lock_timeout = 1000" } else { "SET LOCAL lock_timeout = 0" }),
-        pipeline::lock_all(locks),
-    ];
-    first.extend(Read::statements(jobs));
+    // A group of several waits for a lock held elsewhere (another host's group, a stalled host's
+    // write) a second at most, then its jobs run alone, each waiting for its own locks only: one
+    // busy operation does not hold up every call of this host. A lone job waits as its session
+    // does (without a bound, unless the URL says otherwise: `mod.rs`, which also has the
+    // sessions plan these statements generically).
+    let mut first = vec![sql!("BEGIN ISOLATION LEVEL READ COMMITTED")];
+    if jobs.len() > 1 {
+        first.push(sql!("SET LOCAL lock_timeout = 1000"));
+    }
+    first.push(pipeline::lock_all(locks));
+    let reads_from = first.len();
+    let (kinds, reads): (Vec<Reads>, Vec<Sql>) = Read::statements(jobs).into_iter().unzip();
+    first.extend(reads);
     let answers = read_round(shared, client, &first).await?;
-    let mut read = Read::of(&answers[4..]).map_err(Failed::RolledBack)?;
+    let read = kinds.into_iter().zip(answers[reads_from..].iter().map(Vec::as_slice));
+    let mut read = Read::of(read).map_err(Failed::RolledBack)?;
     let before = read.outbox_seq;
 
     // The decisions, in job order (outbox numbers are handed out in it).

@@ -163,10 +163,22 @@ const KV_VERSIONS: &str = "SELECT kv.namespace, kv.key, kv.version FROM oncebox_
 /// Reads the last outbox sequence number handed out, locked until the commit.
 const OUTBOX_SEQ_FOR_UPDATE: &str = "SELECT value FROM oncebox_meta WHERE name = 'outbox_seq' FOR UPDATE";
 
+/// What a read statement of a group reads: its answers are taken by it.
+#[derive(Clone, Copy)]
+pub(super) enum Reads {
+    Operations,
+    Tombstones,
+    Approvals,
+    Effects,
+    Kv,
+    OutboxSeq,
+}
+
 impl Read {
-    /// The statements that read what `jobs` decide from, in the order [`Read::of`] takes their
-    /// answers.
-    pub fn statements(jobs: &[Job]) -> Vec<Sql> {
+    /// The statements that read what `jobs` decide from, each with what it reads. A statement
+    /// that would look for nothing (no claim among the jobs, no versioned KV write) is not sent:
+    /// a lone job's group is a few statements, not every kind of read.
+    pub fn statements(jobs: &[Job]) -> Vec<(Reads, Sql)> {
         let keys: Vec<String> = jobs.iter().map(|job| job.operation_key().to_string()).collect();
         let claims = jobs.iter().filter_map(|job| if let Job::Claim(req) = job { Some(req) } else { None });
         let tombstones: Vec<String> = claims.clone().map(|req| req.key.clone()).collect();
@@ -180,44 +192,68 @@ impl Read {
             .iter()
             .flat_map(|job| versioned(job.staged()).map(|(namespace, key, _)| (namespace.to_string(), key.to_string())))
             .unzip();
-        let mut reads = vec![
-            sql!(OPERATIONS, keys),
-            sql!(TOMBSTONES, tombstones),
-            sql!(APPROVALS, approvals),
-            sql!(EFFECTS, writers),
-            sql!(KV_VERSIONS, namespaces, kv_keys),
-        ];
+        let mut reads = vec![(Reads::Operations, sql!(OPERATIONS, keys))];
+        if !tombstones.is_empty() {
+            reads.push((Reads::Tombstones, sql!(TOMBSTONES, tombstones)));
+        }
+        if !approvals.is_empty() {
+            reads.push((Reads::Approvals, sql!(APPROVALS, approvals)));
+        }
+        if !writers.is_empty() {
+            reads.push((Reads::Effects, sql!(EFFECTS, writers)));
+        }
+        if !namespaces.is_empty() {
+            reads.push((Reads::Kv, sql!(KV_VERSIONS, namespaces, kv_keys)));
+        }
         if jobs.iter().any(Job::enqueues) {
-            reads.push(sql!(OUTBOX_SEQ_FOR_UPDATE));
+            reads.push((Reads::OutboxSeq, sql!(OUTBOX_SEQ_FOR_UPDATE)));
         }
         reads
     }
 
-    /// What the answers to [`Read::statements`] say.
-    pub fn of(answers: &[Vec<Row>]) -> Result<Read, LedgerError> {
-        let rows = |i: usize| answers.get(i).map_or(&[][..], |rows| rows.as_slice());
+    /// What the answers to [`Read::statements`] say, each with what its statement read.
+    pub fn of<'r>(answers: impl IntoIterator<Item = (Reads, &'r [Row])>) -> Result<Read, LedgerError> {
         let mut read = Read::default();
-        for row in rows(0) {
-            let key: String = column(row, 0, "oncebox_operations")?;
-            let op = (record(row, 1, "oncebox_operations")?, column(row, 2, "oncebox_operations")?);
-            read.operations.insert(key, op);
-        }
-        for row in rows(1) {
-            read.tombstones.insert(column(row, 0, "oncebox_tombstones")?, record(row, 1, "oncebox_tombstones")?);
-        }
-        for row in rows(2) {
-            read.approvals.insert(column(row, 0, "oncebox_approvals")?, record(row, 1, "oncebox_approvals")?);
-        }
-        for row in rows(3) {
-            let key: String = column(row, 0, "oncebox_effects")?;
-            read.effects.entry(key).or_default().push(record(row, 1, "oncebox_effects")?);
-        }
-        for row in rows(4) {
-            let version: i64 = column(row, 2, "oncebox_kv")?;
-            read.kv.insert((column(row, 0, "oncebox_kv")?, column(row, 1, "oncebox_kv")?), uint(version));
-        }
-        if let Some(row) = rows(5).first() {
-            read.outbox_seq = Some(uint(column(row, 0, "oncebox_meta")?));
+        for (reads, rows) in answers {
+            match reads {
+                Reads::Operations => {
+                    for row in rows {
+                        let key: String = column(row, 0, "oncebox_operations")?;
+                        let op = (record(row, 1, "oncebox_operations")?, column(row, 2, "oncebox_operations")?);
+                        read.operations.insert(key, op);
+                    }
+                }
+                Reads::Tombstones => {
+                    for row in rows {
+                        let tombstone = record(row, 1, "oncebox_tombstones")?;
+                        read.tombstones.insert(column(row, 0, "oncebox_tombstones")?, tombstone);
+                    }
+                }
+                Reads::Approvals => {
+                    for row in rows {
+                        let approval = record(row, 1, "oncebox_approvals")?;
+                        read.approvals.insert(column(row, 0, "oncebox_approvals")?, approval);
+                    }
+                }
+                Reads::Effects => {
+                    for row in rows {
+                        let key: String = column(row, 0, "oncebox_effects")?;
+                        read.effects.entry(key).or_default().push(record(row, 1, "oncebox_effects")?);
+                    }
+                }
+                Reads::Kv => {
+                    for row in rows {
+                        let version: i64 = column(row, 2, "oncebox_kv")?;
+                        let key = (column(row, 0, "oncebox_kv")?, column(row, 1, "oncebox_kv")?);
+                        read.kv.insert(key, uint(version));
+                    }
+                }
+                Reads::OutboxSeq => {
+                    if let Some(row) = rows.first() {
+                        read.outbox_seq = Some(uint(column(row, 0, "oncebox_meta")?));
+                    }
+                }
+            }
         }
         Ok(read)
     }

@@ -114,6 +114,16 @@ impl PostgresStore {
         if !options.contains("idle_in_transaction_session_timeout") {
             options.push_str(" -c idle_in_transaction_session_timeout=60000");
         }
+        // A lone group job waits for its locks as long as it takes (`group.rs`), unless the URL
+        // says otherwise.
+        if !options.contains("lock_timeout") {
+            options.push_str(" -c lock_timeout=0");
+        }
+        // The groups' statements take arrays of any length, and their best plan does not depend
+        // on the values: planning them once per connection (a generic plan) instead of at every
+        // execution saves a good part of the server's time per group. The other statements look
+        // rows up by key, which a generic plan does as well.
+        options.push_str(" -c plan_cache_mode=force_generic_plan");
         options.push_str(" -c synchronous_commit=on");
         config.options(options.trim_start());
         if config.get_connect_timeout().is_none() {
