@@ -35,7 +35,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64,
-    /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us or pg_throughput_64,
+    /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us, pg_fresh_http_us or pg_throughput_64,
     /// or `languages`), for a profiler:
     /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(only) = &args.only {
-        const MEASURES: [&str; 8] = [
+        const MEASURES: [&str; 9] = [
             "instantiate_us",
             "replay_us",
             "fresh_kv_us",
@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
             "throughput_64",
             "http_throughput_64",
             "pg_fresh_kv_us",
+            "pg_fresh_http_us",
             "pg_throughput_64",
         ];
         anyhow::ensure!(MEASURES.contains(&only.as_str()), "--only {only}: one of {}", MEASURES.join(", "));
@@ -146,12 +147,18 @@ async fn main() -> anyhow::Result<()> {
         let settings = oncebox_pg_cluster::settings(&url).await?;
         let pg = host_runs::start_postgres(&url, &dir, &cache).await?;
         let fresh_kv_us = host_runs::fresh_kv(&pg, slow).await?;
+        let fresh_http_us = host_runs::fresh_http(&pg, slow).await?;
         let commits_before = pg.host.ledger().commits();
         let throughput_64 = host_runs::throughput(&pg, 64, each).await?;
         let commits_per_call_64 = (pg.host.ledger().commits() - commits_before) as f64 / (64 * each) as f64;
         pg.provider.shutdown().await;
-        postgres =
-            Some(report::Postgres { settings: settings.into(), fresh_kv_us, throughput_64, commits_per_call_64 });
+        postgres = Some(report::Postgres {
+            settings: settings.into(),
+            fresh_kv_us,
+            fresh_http_us,
+            throughput_64,
+            commits_per_call_64,
+        });
     }
 
     let languages = if args.no_languages { Vec::new() } else { languages::measure(&dir, fast / 10).await? };
@@ -175,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
         sqlite_64,
         commits_per_call_64,
         pg_fresh_kv_us: postgres.as_ref().map(|p| p.fresh_kv_us),
+        pg_fresh_http_us: postgres.as_ref().map(|p| p.fresh_http_us),
         pg_throughput_64: postgres.as_ref().map(|p| p.throughput_64),
         pg_commits_per_call_64: postgres.as_ref().map(|p| p.commits_per_call_64),
         pg_settings: postgres.map(|p| p.settings),

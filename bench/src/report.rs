@@ -22,9 +22,10 @@ pub struct Results {
     pub sqlite_64: f64,
     /// Durable ledger commits per call during `throughput_64`: what group commit saved.
     pub commits_per_call_64: f64,
-    /// `fresh_kv_us`, `throughput_64` and its commits per call on a PostgreSQL ledger (the same
-    /// tools and workload); `None` when PostgreSQL is not installed.
+    /// `fresh_kv_us`, `fresh_http_us`, `throughput_64` and its commits per call on a PostgreSQL
+    /// ledger (the same tools and workload); `None` when PostgreSQL is not installed.
     pub pg_fresh_kv_us: Option<Latency>,
+    pub pg_fresh_http_us: Option<Latency>,
     pub pg_throughput_64: Option<f64>,
     pub pg_commits_per_call_64: Option<f64>,
     /// What the PostgreSQL server said it runs with (`SHOW`).
@@ -39,6 +40,7 @@ pub struct Results {
 pub struct Postgres {
     pub settings: PgSettings,
     pub fresh_kv_us: Latency,
+    pub fresh_http_us: Latency,
     pub throughput_64: f64,
     pub commits_per_call_64: f64,
 }
@@ -168,13 +170,20 @@ pub fn print_table(r: &Results) {
         println!();
         print_languages(&r.languages);
     }
-    match (&r.pg_settings, r.pg_fresh_kv_us, r.pg_throughput_64, r.pg_commits_per_call_64) {
-        (Some(s), Some(kv), Some(rate), Some(commits)) => {
-            println!("\n| ledger | fresh_kv_us p50 | fresh_kv_us p99 | throughput_64 calls/s |");
-            println!("|---|---:|---:|---:|");
-            println!("| redb (file) | {:.1} | {:.1} | {:.0} |", r.fresh_kv_us.p50, r.fresh_kv_us.p99, r.throughput_64);
-            println!("| PostgreSQL | {:.1} | {:.1} | {rate:.0} |", kv.p50, kv.p99);
-            println!("| SQLite alternative (no wasm) | | | {:.0} |", r.sqlite_64);
+    match (&r.pg_settings, r.pg_fresh_kv_us, r.pg_fresh_http_us, r.pg_throughput_64, r.pg_commits_per_call_64) {
+        (Some(s), Some(kv), Some(http), Some(rate), Some(commits)) => {
+            println!(
+                "\n| ledger | fresh_kv_us p50 | fresh_kv_us p99 | fresh_http_us p50 | fresh_http_us p99 | throughput_64 \
+                 calls/s |"
+            );
+            println!("|---|---:|---:|---:|---:|---:|");
+            let (kv0, http0) = (r.fresh_kv_us, r.fresh_http_us);
+            println!(
+                "| redb (file) | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                kv0.p50, kv0.p99, http0.p50, http0.p99, r.throughput_64
+            );
+            println!("| PostgreSQL | {:.1} | {:.1} | {:.1} | {:.1} | {rate:.0} |", kv.p50, kv.p99, http.p50, http.p99);
+            println!("| SQLite alternative (no wasm) | | | | | {:.0} |", r.sqlite_64);
             println!(
                 "\nPostgreSQL {}: fsync={}, synchronous_commit={}, max_connections={}, local cluster on loopback; \
                  ledger commits per call at 64 callers: {commits:.3}",

@@ -481,3 +481,47 @@ async fn a_lone_write_waits_for_a_lock_as_long_as_it_is_held_unless_the_url_boun
     drop(other);
     let _ = connection.await;
 }
+
+/// A charge step on the shared ledger: the claim, the write-ahead and the attempt's record each
+/// wait for their WAL flush; the answer between them does not (it rides with the attempt's). It is
+/// visible to another host at once, charged once, and the step replays from the ledger without a
+/// commit. A local-only call is two durable commits here (its claim, then its record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_step_waits_for_three_wal_flushes_its_answer_riding_with_the_last() {
+    use oncebox::{Call, HostBuilder, LedgerAt, Status};
+    let url = fresh_database().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let builder = HostBuilder::at(LedgerAt::Postgres(url.clone())).key_file(dir.path().join("hosts.key"));
+    let host = crate::support::configure(builder, &provider, true).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    let ledger = host.ledger();
+
+    let before = ledger.commits();
+    let charge = Call::step("run", "charge", "charge", crate::support::charge("o-1").to_string());
+    let outcome = host.call(charge.clone()).await.expect("call");
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(ledger.commits() - before, 3, "the claim, the write-ahead and the record; not the answer");
+    assert_eq!(provider.counts("o-1").payments, 1);
+
+    // Another host sees the answer: committed, whatever its flush.
+    let other = Ledger::connect(&url).await.expect("another host");
+    let key = outcome.operation_key.clone().expect("key");
+    let effects = other.effects(&key).await.expect("effects");
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0].status, oncebox::ledger::EffectStatus::Completed, "{effects:?}");
+    assert!(effects[0].response.is_some(), "the answer is recorded: {effects:?}");
+
+    let before = ledger.commits();
+    let again = host.call(charge).await.expect("replay");
+    assert!(again.replayed && again.status == Status::Completed, "{again:?}");
+    assert_eq!(ledger.commits(), before, "a replay commits nothing");
+    assert_eq!(provider.counts("o-1").payments, 1);
+
+    let before = ledger.commits();
+    let reserve = serde_json::json!({"order_id": "o-1", "sku": "sku-1", "quantity": 2});
+    provider.set_stock("sku-1", 10);
+    let reserved = host.call(Call::step("run", "reserve", "reserve", reserve.to_string())).await.expect("call");
+    assert_eq!(reserved.status, Status::Completed, "{reserved:?}");
+    assert_eq!(ledger.commits() - before, 2, "a local-only call: its claim, then its record");
+}

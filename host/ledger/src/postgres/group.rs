@@ -7,6 +7,9 @@
 //! 2. the jobs decide, in order (a take-over first draws its fence: one more round, rare);
 //! 3. every write and COMMIT (or ROLLBACK, if nothing was decided to be written).
 //!
+//! A group whose writes are all effects' answers ([`Job::may_ride`]) commits without waiting for
+//! its WAL flush: the next flushed COMMIT, this host's or another's, carries it to disk.
+//!
 //! A job refused (fenced, a KV conflict, a finish the rule of evidence refuses) writes nothing and
 //! so costs the others nothing. If the database refuses a statement (a checked write found its
 //! row changed, a deadlock with some other writer, a lock waited for too long, a value it cannot
@@ -271,9 +274,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut results = Vec::with_capacity(jobs.len());
     // Whether each job has writes in the group (its answer then waits for the COMMIT's).
     let mut writing = Vec::with_capacity(jobs.len());
-    for decision in decided {
+    // Whether every job that writes may ride with the next durable commit (`Job::may_ride`).
+    let mut rides = true;
+    for (job, decision) in jobs.iter().zip(decided) {
         match decision {
             Some(Ok(Decided { answer, writes: own })) => {
+                rides &= own.is_empty() || job.may_ride();
                 writing.push(!own.is_empty());
                 writes.extend(own);
                 results.push(Ok(answer));
@@ -295,7 +301,14 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
         }
         return Ok(results);
     }
-    let mut second = writes.statements();
+    // A group of riders alone is committed without waiting for its WAL flush: visible at once,
+    // to every host, and durable with the next commit that waits for its flush (whoever makes
+    // it), since the server flushes its WAL in order. A server crash before then loses it.
+    let mut second = Vec::new();
+    if rides {
+        second.push(sql!("SET LOCAL synchronous_commit = off"));
+    }
+    second.extend(writes.statements());
     if let Some(seq) = read.outbox_seq
         && Some(seq) != before
     {
@@ -336,7 +349,9 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     if let Some(e) = refused {
         return Err(Failed::RolledBack(e));
     }
-    shared.commits.fetch_add(1, Ordering::Relaxed);
+    if !rides {
+        shared.commits.fetch_add(1, Ordering::Relaxed);
+    }
     Ok(results)
 }
 

@@ -30,8 +30,8 @@ use super::pipeline::{Sql, sql};
 use super::writes::{EffectRow, OperationRow, Writes};
 use crate::{
     ApprovalRecord, AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
-    OperationRecord, OperationStatus, OutboxMessage, Staged, Tombstone, approval_stands, refused_finish, stamp,
-    take_over, verdict,
+    OperationRecord, OperationStatus, OutboxMessage, Staged, Tombstone, answer_may_ride, approval_stands,
+    refused_finish, stamp, take_over, verdict,
 };
 
 /// One hot-path Store call, owned, waiting for its group.
@@ -70,6 +70,12 @@ impl Job {
             Job::PutEffect { effect, .. } => &effect.operation_key,
             Job::RecordAttempt { attempt, .. } => &attempt.operation_key,
         }
+    }
+
+    /// Whether what the job writes may ride with the next durable commit: an effect's answer
+    /// with nothing staged beside it ([`answer_may_ride`]), as on every backend.
+    pub fn may_ride(&self) -> bool {
+        matches!(self, Job::PutEffect { effect, expected, staged, .. } if answer_may_ride(effect, *expected, staged.len()))
     }
 
     fn staged(&self) -> &Staged {

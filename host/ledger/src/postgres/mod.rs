@@ -7,7 +7,8 @@
 //! Fences come from a database sequence, so no two hosts ever hand out the same token. A Store
 //! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
 //! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
-//! the COMMIT answered (the sessions run with `synchronous_commit = on`), and a call that resolves
+//! the COMMIT answered (the sessions run with `synchronous_commit = on`; an effect's answer alone
+//! rides with the next flushed COMMIT instead, as on redb: `group.rs`), and a call that resolves
 //! `Err` wrote nothing that was recorded. The exceptions say so: a connection lost after the
 //! COMMIT may have been sent, a COMMIT that failed itself, and writers stopped while a group was
 //! in flight (the host going away) leave unknown whether the write was recorded, as the redb
