@@ -36,6 +36,7 @@ mod group;
 mod grouped;
 mod jobs;
 mod name;
+mod options;
 mod pipeline;
 mod writes;
 
@@ -108,25 +109,7 @@ impl PostgresStore {
         let fail = |what: String| LedgerError::Database { store: name.clone(), what };
         let mut config: deadpool_postgres::tokio_postgres::Config =
             url.parse().map_err(|e| fail(format!("not a PostgreSQL connection string: {}", describe(&e))))?;
-        // Durable before answered, whatever the server's default. And a host that stalls inside
-        // a transaction (hung, partitioned with its socket open) loses it, and the locks it holds
-        // on other hosts' operations, after a minute, unless the URL says otherwise.
-        let mut options = config.get_options().unwrap_or_default().trim().to_string();
-        if !options.contains("idle_in_transaction_session_timeout") {
-            options.push_str(" -c idle_in_transaction_session_timeout=60000");
-        }
-        // A lone group job waits for its locks as long as it takes (`group.rs`), unless the URL
-        // says otherwise.
-        if !options.contains("lock_timeout") {
-            options.push_str(" -c lock_timeout=0");
-        }
-        // The groups' statements take arrays of any length, and their best plan does not depend
-        // on the values: planning them once per connection (a generic plan) instead of at every
-        // execution saves a good part of the server's time per group. The other statements look
-        // rows up by key, which a generic plan does as well.
-        options.push_str(" -c plan_cache_mode=force_generic_plan");
-        options.push_str(" -c synchronous_commit=on");
-        config.options(options.trim_start());
+        config.options(options::session(config.get_options()));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -353,10 +336,19 @@ impl Store for PostgresStore {
 
     fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
         // Every host's: the rows claimed and not yet written to (`recorded = false`).
+        // One statement each way: the sessions plan generically, and a generic plan of `$1 IS NULL
+        // OR run_id = $1` could not use the run's index.
         Box::pin(async move {
-            let sql = "SELECT record FROM oncebox_operations WHERE NOT recorded AND ($1::text IS NULL OR run_id = $1) \
-                       ORDER BY key";
-            self.records("oncebox_operations", sql, &[&run_id]).await
+            match run_id {
+                None => {
+                    let sql = "SELECT record FROM oncebox_operations WHERE NOT recorded ORDER BY key";
+                    self.records("oncebox_operations", sql, &[]).await
+                }
+                Some(run) => {
+                    let sql = "SELECT record FROM oncebox_operations WHERE NOT recorded AND run_id = $1 ORDER BY key";
+                    self.records("oncebox_operations", sql, &[&run]).await
+                }
+            }
         })
     }
 
@@ -407,10 +399,18 @@ impl Store for PostgresStore {
     }
 
     fn approvals<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        // One statement each way, as in `in_flight`.
         Box::pin(async move {
-            let sql = "SELECT record FROM oncebox_approvals WHERE $1::text IS NULL OR run_id = $1 \
-                       ORDER BY operation_key";
-            self.records("oncebox_approvals", sql, &[&run_id]).await
+            match run_id {
+                None => {
+                    let sql = "SELECT record FROM oncebox_approvals ORDER BY operation_key";
+                    self.records("oncebox_approvals", sql, &[]).await
+                }
+                Some(run) => {
+                    let sql = "SELECT record FROM oncebox_approvals WHERE run_id = $1 ORDER BY operation_key";
+                    self.records("oncebox_approvals", sql, &[&run]).await
+                }
+            }
         })
     }
 
