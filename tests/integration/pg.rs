@@ -482,12 +482,12 @@ async fn a_lone_write_waits_for_a_lock_as_long_as_it_is_held_unless_the_url_boun
     let _ = connection.await;
 }
 
-/// A charge step on the shared ledger: the claim, the write-ahead and the attempt's record each
-/// wait for their WAL flush; the answer between them does not (it rides with the attempt's). It is
+/// A charge step on the shared ledger: the claim, the write-ahead and the attempt's record are
+/// durable commits; the answer between them is not (it rides with the attempt's). It is
 /// visible to another host at once, charged once, and the step replays from the ledger without a
 /// commit. A local-only call is two durable commits here (its claim, then its record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http_step_waits_for_three_wal_flushes_its_answer_riding_with_the_last() {
+async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last() {
     use oncebox::{Call, HostBuilder, LedgerAt, Status};
     let url = fresh_database().await;
     let dir = tempfile::tempdir().expect("dir");
@@ -524,4 +524,71 @@ async fn an_http_step_waits_for_three_wal_flushes_its_answer_riding_with_the_las
     let reserved = host.call(Call::step("run", "reserve", "reserve", reserve.to_string())).await.expect("call");
     assert_eq!(reserved.status, Status::Completed, "{reserved:?}");
     assert_eq!(ledger.commits() - before, 2, "a local-only call: its claim, then its record");
+}
+
+/// An answer that rode is lost if the server restarts before flushing it (the state a crash
+/// leaves: the effect back at its write-ahead, `dispatched`). This host lives on, and its tool
+/// holds that answer: the operation's next write-ahead is refused (nothing would be sent on an
+/// answer the ledger no longer holds), and so is every later one until the attempt is recorded,
+/// which cannot finish it either. Another operation's writes are untouched.
+#[tokio::test]
+async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead() {
+    use crate::conformance::{attempt, effect};
+    use oncebox::ledger::{EffectStatus, OperationStatus};
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let ops: Vec<String> = ["lost", "kept"].map(String::from).into();
+    let fences = claimed(&ledger, &ops).await;
+    for (op, fence) in ops.iter().zip(&fences) {
+        let ahead = effect(op, 1, EffectStatus::Dispatched, 1);
+        ledger.put_effect(*fence, &ahead, None, Vec::new()).await.expect("write-ahead");
+    }
+    // Both answers ride, and no flushed COMMIT follows before the "restart".
+    for (op, fence) in ops.iter().zip(&fences) {
+        let answer = effect(op, 1, EffectStatus::Completed, 1);
+        ledger.put_effect(*fence, &answer, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("answer");
+    }
+    // What a restart before the flush leaves of "lost": its effect as written ahead.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let ahead = serde_json::to_vec(&effect("lost", 1, EffectStatus::Dispatched, 1)).expect("encode");
+    let reverted = client
+        .execute(
+            "UPDATE oncebox_effects SET status = 'dispatched', record = $1 WHERE operation_key = 'lost'",
+            &[&ahead],
+        )
+        .await
+        .expect("revert the answer");
+    assert_eq!(reverted, 1);
+    drop(client);
+    let _ = connection.await;
+
+    let next = effect("lost", 2, EffectStatus::Dispatched, 1);
+    for _ in 0..2 {
+        let refused = ledger.put_effect(fences[0], &next, None, Vec::new()).await;
+        assert!(
+            matches!(refused, Err(LedgerError::AnswerLost { ref effect_key, .. }) if effect_key == &effect("lost", 1, EffectStatus::Dispatched, 1).key),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(ledger.effects("lost").await.expect("read").len(), 1, "nothing of the refused write-ahead");
+    let finish = |status| Some((status, Some("{}".to_string()), None));
+    let completed = ledger
+        .record_attempt(fences[0], &attempt("lost", 1, fences[0]), finish(OperationStatus::Completed), 2, Vec::new())
+        .await;
+    assert!(matches!(completed, Err(LedgerError::InDoubt { .. })), "{completed:?}");
+    // The other operation's answer is still there: its next write-ahead goes ahead.
+    let other = effect("kept", 2, EffectStatus::Dispatched, 1);
+    ledger.put_effect(fences[1], &other, None, Vec::new()).await.expect("another operation's write-ahead");
+
+    // The attempt recorded (unknown: the effect is in doubt) ends the refusal; the next attempt
+    // reads the ledger afresh and finds effect 1 in doubt.
+    ledger
+        .record_attempt(fences[0], &attempt("lost", 1, fences[0]), finish(OperationStatus::Unknown), 3, Vec::new())
+        .await
+        .expect("an unknown finish");
+    let op = ledger.operation("lost").await.expect("read").expect("recorded");
+    assert_eq!(op.status, OperationStatus::Unknown);
+    let effects = ledger.effects("lost").await.expect("read");
+    assert_eq!(effects.iter().map(|e| e.status).collect::<Vec<_>>(), vec![EffectStatus::Dispatched]);
 }

@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::db::{describe, uint};
 use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Reads};
 use super::pipeline::{self, Sql, sql};
+use super::riding::Riding;
 use super::writes::Writes;
 use crate::LedgerError;
 
@@ -70,6 +71,8 @@ struct Shared {
     held_back: Mutex<Vec<(Job, Reply)>>,
     /// How many jobs the last group carried.
     last: AtomicUsize,
+    /// The answers that rode and are not yet flushed, and those found lost.
+    riding: Mutex<Riding>,
 }
 
 impl Groups {
@@ -83,6 +86,7 @@ impl Groups {
             receiver: tokio::sync::Mutex::new(receiver),
             held_back: Mutex::new(Vec::new()),
             last: AtomicUsize::new(0),
+            riding: Mutex::new(Riding::default()),
         });
         for _ in 0..RUNNERS {
             tokio::spawn(run(shared.clone()));
@@ -248,7 +252,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let decision: Decision = job.decide(&shared.store, &mut read, None);
+        // A write-ahead whose operation's riding answer the database lost sends nothing (`riding.rs`).
+        let refused = riding(shared).refusal(job, &read);
+        let decision: Decision = match refused {
+            Some(e) => Some(Err(e)),
+            None => job.decide(&shared.store, &mut read, None),
+        };
         if decision.is_none() {
             need_fence.push(i);
         }
@@ -352,7 +361,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     if !rides {
         shared.commits.fetch_add(1, Ordering::Relaxed);
     }
+    riding(shared).committed(jobs, &writing, rides);
     Ok(results)
+}
+
+fn riding(shared: &Shared) -> std::sync::MutexGuard<'_, Riding> {
+    shared.riding.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Sets the last outbox sequence number handed out.

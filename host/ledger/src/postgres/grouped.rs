@@ -73,7 +73,8 @@ impl Job {
     }
 
     /// Whether what the job writes may ride with the next durable commit: an effect's answer
-    /// with nothing staged beside it ([`answer_may_ride`]), as on every backend.
+    /// with nothing staged beside it ([`answer_may_ride`]), as on redb. What that asks of the
+    /// next write-ahead here, where the host outlives a server crash: `riding.rs`.
     pub fn may_ride(&self) -> bool {
         matches!(self, Job::PutEffect { effect, expected, staged, .. } if answer_may_ride(effect, *expected, staged.len()))
     }
@@ -181,6 +182,12 @@ pub(super) enum Reads {
 }
 
 impl Read {
+    /// The status of effect `effect_key` of operation `operation_key` as read, if the group read
+    /// that operation's effects (it reads those of every job that writes) and it is recorded.
+    pub fn effect_status(&self, operation_key: &str, effect_key: &str) -> Option<EffectStatus> {
+        self.effects.get(operation_key)?.iter().find(|e| e.key == effect_key).map(|e| e.status)
+    }
+
     /// The statements that read what `jobs` decide from, each with what it reads. A statement
     /// that would look for nothing (no claim among the jobs, no versioned KV write) is not sent:
     /// a lone job's group is a few statements, not every kind of read.

@@ -38,6 +38,7 @@ mod jobs;
 mod name;
 mod options;
 mod pipeline;
+mod riding;
 mod writes;
 
 pub use name::without_password;
