@@ -526,11 +526,11 @@ async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last()
     assert_eq!(ledger.commits() - before, 2, "a local-only call: its claim, then its record");
 }
 
-/// An answer that rode is lost if the server restarts before flushing it (the state a crash
+/// An answer that rode is lost if the server crashes before flushing it (the state a crash
 /// leaves: the effect back at its write-ahead, `dispatched`). This host lives on, and its tool
-/// holds that answer: the operation's next write-ahead is refused (nothing would be sent on an
-/// answer the ledger no longer holds), and so is every later one until the attempt is recorded,
-/// which cannot finish it either. Another operation's writes are untouched.
+/// holds that answer: the owner's next write-ahead is refused (nothing would be sent on an answer
+/// the ledger no longer holds), and so is every later one until the attempt is recorded, which
+/// cannot finish it either. Another operation's writes are untouched.
 #[tokio::test]
 async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead() {
     use crate::conformance::{attempt, effect};
@@ -543,8 +543,9 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
         let ahead = effect(op, 1, EffectStatus::Dispatched, 1);
         ledger.put_effect(*fence, &ahead, None, Vec::new()).await.expect("write-ahead");
     }
-    // Both answers ride, and no flushed COMMIT follows before the "restart".
-    for (op, fence) in ops.iter().zip(&fences) {
+    // Both answers ride, "lost" last (a crash that loses an answer loses every later one), and no
+    // flushed COMMIT follows before the crash.
+    for (op, fence) in ops.iter().zip(&fences).rev() {
         let answer = effect(op, 1, EffectStatus::Completed, 1);
         ledger.put_effect(*fence, &answer, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("answer");
     }
@@ -581,14 +582,78 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
     let other = effect("kept", 2, EffectStatus::Dispatched, 1);
     ledger.put_effect(fences[1], &other, None, Vec::new()).await.expect("another operation's write-ahead");
 
-    // The attempt recorded (unknown: the effect is in doubt) ends the refusal; the next attempt
-    // reads the ledger afresh and finds effect 1 in doubt.
+    // The attempt recorded, unfinished, ends the refusal: the next attempt reads effect 1 in doubt
+    // and may resend it with its key, which is written ahead.
     ledger
-        .record_attempt(fences[0], &attempt("lost", 1, fences[0]), finish(OperationStatus::Unknown), 3, Vec::new())
+        .record_attempt(fences[0], &attempt("lost", 1, fences[0]), None, 3, Vec::new())
         .await
-        .expect("an unknown finish");
-    let op = ledger.operation("lost").await.expect("read").expect("recorded");
-    assert_eq!(op.status, OperationStatus::Unknown);
-    let effects = ledger.effects("lost").await.expect("read");
-    assert_eq!(effects.iter().map(|e| e.status).collect::<Vec<_>>(), vec![EffectStatus::Dispatched]);
+        .expect("the attempt, unfinished");
+    let resend = effect("lost", 1, EffectStatus::Dispatched, 2);
+    ledger
+        .put_effect(fences[0], &resend, Some((EffectStatus::Dispatched, 1)), Vec::new())
+        .await
+        .expect("a same-key resend in the next attempt");
+}
+
+/// The same through the pipeline: a tool charges one order, then (after a read the provider holds)
+/// another. While it waits, the first charge's answer is lost as a server crash loses an
+/// unflushed one. The second charge is never sent, the attempt's outcome is unknown (not failed:
+/// the first charge took place), and the provider counts the one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown() {
+    use oncebox::{Call, HostBuilder, LedgerAt, Status};
+    use oncebox_example_provider::{Fault, FaultKind, Route};
+    let url = fresh_database().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let builder = HostBuilder::at(LedgerAt::Postgres(url.clone())).key_file(dir.path().join("hosts.key"));
+    // The provider's keys are not declared: an effect in doubt is reconciled, never resent.
+    let builder =
+        crate::support::configure(builder, &provider, false).grant("panicky", crate::support::http_grant(&provider));
+    let host = builder.build().await.expect("host");
+    crate::support::load_all(&host).await;
+    provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1_500 }).for_sku("sku-1"));
+    let base = provider.base_url();
+    let args = serde_json::json!({
+        "mode": "ok",
+        "post": {"url": format!("{base}/payments"), "body": crate::support::charge("o-1")},
+        "then_get": format!("{base}/inventory/sku-1"),
+        "then_post": {"url": format!("{base}/payments"), "body": crate::support::charge("o-2")},
+    });
+    let call = {
+        let host = host.clone();
+        tokio::spawn(async move { host.call(Call::step("run", "two-charges", "panicky", args.to_string())).await })
+    };
+    crate::support::eventually("the tool's read reached the provider", || provider.reads() == 1).await;
+
+    // The first charge's answer is recorded and rode; a crash now would take it back.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let rows = client
+        .query("SELECT e.operation_key, e.record FROM oncebox_effects e WHERE e.status = 'completed'", &[])
+        .await
+        .expect("read the answer");
+    assert_eq!(rows.len(), 1, "one answered effect");
+    let operation_key: String = rows[0].get(0);
+    let mut lost: oncebox::ledger::EffectRecord = serde_json::from_slice(rows[0].get(1)).expect("decode");
+    lost.status = oncebox::ledger::EffectStatus::Dispatched;
+    lost.response = None;
+    let reverted = client
+        .execute(
+            "UPDATE oncebox_effects SET status = 'dispatched', record = $2 WHERE operation_key = $1",
+            &[&operation_key, &serde_json::to_vec(&lost).expect("encode")],
+        )
+        .await
+        .expect("lose the answer");
+    assert_eq!(reverted, 1);
+    drop(client);
+    let _ = connection.await;
+
+    let outcome = call.await.expect("join").expect("call");
+    assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    assert_eq!(provider.counts("o-1").payments, 1, "the first charge, once");
+    assert_eq!(provider.counts("o-2").payments, 0, "nothing sent on the lost answer");
+    let effects = host.ledger().effects(&operation_key).await.expect("effects");
+    assert_eq!(effects.len(), 1, "the second charge was never written ahead: {effects:?}");
+    assert_eq!(effects[0].status, oncebox::ledger::EffectStatus::Dispatched, "in doubt: {effects:?}");
 }

@@ -53,8 +53,8 @@ pub enum LedgerError {
     EffectChanged { operation_key: String, effect_key: String },
     #[error(
         "the answer to effect {effect_key} of operation {operation_key}, committed without waiting for its flush, is \
-         no longer recorded (the database restarted before it reached the disk): nothing was sent, and that effect \
-         is in doubt until this attempt is recorded and the step is called again"
+         no longer recorded (the database lost it before it reached the disk): nothing was sent, and that effect is \
+         in doubt"
     )]
     AnswerLost { operation_key: String, effect_key: String },
     #[error("kv {namespace}/{key} was written by another step since this attempt read it; nothing was written")]

@@ -50,6 +50,10 @@ pub struct Args {
     /// that the tool got past the POST's answer.
     #[serde(default)]
     then_get: Option<String>,
+    /// Then POSTs this body to this URL (an HTTP effect labelled `then-post`), and fails unless
+    /// the answer is a 2xx.
+    #[serde(default)]
+    then_post: Option<Post>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -65,6 +69,15 @@ pub struct Echo {
     provided: Option<serde_json::Value>,
 }
 
+/// POSTs `post` as the HTTP effect `label`; fails unless the answer is a 2xx.
+fn send(label: &str, post: &Post) -> Result<(), ToolError> {
+    let response = http::post_json(label, &post.url, &post.body)?;
+    if !(200..300).contains(&response.status) {
+        return Err(ToolError::permanent(format!("the POST `{label}` was answered {}", response.status)));
+    }
+    Ok(())
+}
+
 pub struct Panicky;
 
 impl Tool for Panicky {
@@ -78,13 +91,13 @@ impl Tool for Panicky {
             kv::set("before-failing", "panicky/last", b"written")?;
         }
         if let Some(post) = &args.post {
-            let response = http::post_json("post", &post.url, &post.body)?;
-            if !(200..300).contains(&response.status) {
-                return Err(ToolError::permanent(format!("the POST was answered {}", response.status)));
-            }
+            send("post", post)?;
         }
         if let Some(url) = &args.then_get {
             http::get(url)?;
+        }
+        if let Some(post) = &args.then_post {
+            send("then-post", post)?;
         }
         if let Mode::Flip = args.mode {
             if kv::get("panicky/flipped")?.is_none() {

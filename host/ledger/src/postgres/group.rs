@@ -233,7 +233,7 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     // A group of several waits for a lock held elsewhere (another host's group, a stalled host's
     // write) a second at most, then its jobs run alone, each waiting for its own locks only: one
     // busy operation does not hold up every call of this host. A lone job waits as its session
-    // does (without a bound, unless the URL says otherwise: `mod.rs`, which also has the
+    // does (without a bound, unless the URL says otherwise: `options.rs`, which also has the
     // sessions plan these statements generically).
     let mut first = vec![sql!("BEGIN ISOLATION LEVEL READ COMMITTED")];
     if jobs.len() > 1 {
@@ -252,12 +252,16 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        // A write-ahead whose operation's riding answer the database lost sends nothing (`riding.rs`).
-        let refused = riding(shared).refusal(job, &read);
-        let decision: Decision = match refused {
-            Some(e) => Some(Err(e)),
-            None => job.decide(&shared.store, &mut read, None),
-        };
+        let seq = read.outbox_seq;
+        let mut decision: Decision = job.decide(&shared.store, &mut read, None);
+        // A write-ahead of an owner whose riding answer the database lost sends nothing
+        // (`riding.rs`); it gives back the outbox numbers it took.
+        if let Some(Ok(_)) = &decision
+            && let Some(lost) = riding(shared).refusal(job, &read)
+        {
+            read.outbox_seq = seq;
+            decision = Some(Err(lost));
+        }
         if decision.is_none() {
             need_fence.push(i);
         }
