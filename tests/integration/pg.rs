@@ -593,6 +593,23 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
         .put_effect(fences[0], &resend, Some((EffectStatus::Dispatched, 1)), Vec::new())
         .await
         .expect("a same-key resend in the next attempt");
+
+    // Its answer rides and is lost again; meanwhile another host takes the operation over (the
+    // lease ran out). The stale owner's next write-ahead is fenced: the new owner's to decide.
+    let answer = effect("lost", 1, EffectStatus::Completed, 2);
+    ledger.put_effect(fences[0], &answer, Some((EffectStatus::Dispatched, 2)), Vec::new()).await.expect("answer");
+    let ahead = serde_json::to_vec(&effect("lost", 1, EffectStatus::Dispatched, 2)).expect("encode");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let sql = "UPDATE oncebox_effects SET status = 'dispatched', record = $1 WHERE operation_key = 'lost'";
+    assert_eq!(client.execute(sql, &[&ahead]).await.expect("revert the answer"), 1);
+    drop(client);
+    let _ = connection.await;
+    let other = Ledger::connect(&url).await.expect("another host");
+    let taken = other.claim(&request("lost", "b", 1_000_000)).await.expect("take over");
+    assert!(matches!(taken, Claim::Owned { fence, .. } if fence > fences[0]), "{taken:?}");
+    let stale = ledger.put_effect(fences[0], &next, None, Vec::new()).await;
+    assert!(matches!(stale, Err(LedgerError::Fenced { .. })), "{stale:?}");
 }
 
 /// The same through the pipeline: a tool charges one order, then (after a read the provider holds)
@@ -612,7 +629,8 @@ async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown
         crate::support::configure(builder, &provider, false).grant("panicky", crate::support::http_grant(&provider));
     let host = builder.build().await.expect("host");
     crate::support::load_all(&host).await;
-    provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1_500 }).for_sku("sku-1"));
+    // Held a second, within the read's timeout (`support::EFFECT_TIMEOUT`): the tool gets past it.
+    provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1_000 }).for_sku("sku-1"));
     let base = provider.base_url();
     let args = serde_json::json!({
         "mode": "ok",
@@ -651,6 +669,10 @@ async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown
 
     let outcome = call.await.expect("join").expect("call");
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+    // In its first attempt, by the lost answer (not by a read that timed out, then a retry).
+    assert_eq!(outcome.attempts, 1, "{outcome:?}");
+    let message = outcome.error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+    assert!(message.contains("no longer recorded"), "{outcome:?}");
     assert_eq!(provider.counts("o-1").payments, 1, "the first charge, once");
     assert_eq!(provider.counts("o-2").payments, 0, "nothing sent on the lost answer");
     let effects = host.ledger().effects(&operation_key).await.expect("effects");

@@ -71,7 +71,7 @@ struct Shared {
     held_back: Mutex<Vec<(Job, Reply)>>,
     /// How many jobs the last group carried.
     last: AtomicUsize,
-    /// The answers that rode and are not yet flushed, and those found lost.
+    /// The answers that rode and are not yet flushed (`riding.rs`).
     riding: Mutex<Riding>,
 }
 

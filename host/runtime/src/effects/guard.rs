@@ -177,18 +177,21 @@ impl EffectCtx {
             // An answer this attempt recorded (one that rode: a shared ledger's server lost it in a
             // crash) is gone: that effect is in doubt again, and the attempt's outcome with it.
             if let crate::ledger::LedgerError::AnswerLost { effect_key, .. } = &e {
-                let resendable = match scope.journal.effect(effect_key).await {
-                    Ok(Some(lost)) => self.shared.resendable(&lost, scope.redispatch_in_doubt, now),
-                    _ => false,
-                };
+                // Said before the read below, which the attempt may not outlive (its deadline).
                 if !self.in_doubt.iter().any(|d| &d.key == effect_key) {
-                    self.in_doubt.push(InDoubt { key: effect_key.clone(), resendable });
+                    self.in_doubt.push(InDoubt { key: effect_key.clone(), resendable: false });
                 }
                 for noted in self.effects.iter_mut().filter(|noted| &noted.key == effect_key) {
                     noted.status = EffectStatus::Dispatched;
                 }
                 let error = ToolError::UnknownOutcome(format!("host: {e}"));
                 self.broken.get_or_insert_with(|| tool_error_text(&error));
+                if let Ok(Some(lost)) = scope.journal.effect(effect_key).await {
+                    let resendable = self.shared.resendable(&lost, scope.redispatch_in_doubt, now);
+                    for doubt in self.in_doubt.iter_mut().filter(|d| &d.key == effect_key) {
+                        doubt.resendable = resendable;
+                    }
+                }
                 return Err(error);
             }
             let error = host_error(e);
