@@ -488,13 +488,9 @@ async fn a_lone_write_waits_for_a_lock_as_long_as_it_is_held_unless_the_url_boun
 /// commit. A local-only call is two durable commits here (its claim, then its record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last() {
-    use oncebox::{Call, HostBuilder, LedgerAt, Status};
-    let url = fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    let builder = HostBuilder::at(LedgerAt::Postgres(url.clone())).key_file(dir.path().join("hosts.key"));
-    let host = crate::support::configure(builder, &provider, true).build().await.expect("host");
-    crate::support::load_all(&host).await;
+    use oncebox::{Call, Status};
+    let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), provider().await);
+    let host = host_on(&url, &dir, &provider, true, |builder| builder).await;
     let ledger = host.ledger();
 
     let before = ledger.commits();
@@ -550,19 +546,7 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
         ledger.put_effect(*fence, &answer, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("answer");
     }
     // What a restart before the flush leaves of "lost": its effect as written ahead.
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
-    let connection = tokio::spawn(connection);
-    let ahead = serde_json::to_vec(&effect("lost", 1, EffectStatus::Dispatched, 1)).expect("encode");
-    let reverted = client
-        .execute(
-            "UPDATE oncebox_effects SET status = 'dispatched', record = $1 WHERE operation_key = 'lost'",
-            &[&ahead],
-        )
-        .await
-        .expect("revert the answer");
-    assert_eq!(reverted, 1);
-    drop(client);
-    let _ = connection.await;
+    lose_answer(&url, &effect("lost", 1, EffectStatus::Dispatched, 1)).await;
 
     let next = effect("lost", 2, EffectStatus::Dispatched, 1);
     for _ in 0..2 {
@@ -598,13 +582,7 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
     // lease ran out). The stale owner's next write-ahead is fenced: the new owner's to decide.
     let answer = effect("lost", 1, EffectStatus::Completed, 2);
     ledger.put_effect(fences[0], &answer, Some((EffectStatus::Dispatched, 2)), Vec::new()).await.expect("answer");
-    let ahead = serde_json::to_vec(&effect("lost", 1, EffectStatus::Dispatched, 2)).expect("encode");
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
-    let connection = tokio::spawn(connection);
-    let sql = "UPDATE oncebox_effects SET status = 'dispatched', record = $1 WHERE operation_key = 'lost'";
-    assert_eq!(client.execute(sql, &[&ahead]).await.expect("revert the answer"), 1);
-    drop(client);
-    let _ = connection.await;
+    lose_answer(&url, &effect("lost", 1, EffectStatus::Dispatched, 2)).await;
     let other = Ledger::connect(&url).await.expect("another host");
     let taken = other.claim(&request("lost", "b", 1_000_000)).await.expect("take over");
     assert!(matches!(taken, Claim::Owned { fence, .. } if fence > fences[0]), "{taken:?}");
@@ -618,17 +596,12 @@ async fn a_riding_answer_the_database_lost_stops_the_operations_next_write_ahead
 /// the first charge took place), and the provider counts the one charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown() {
-    use oncebox::{Call, HostBuilder, LedgerAt, Status};
+    use oncebox::{Call, Status};
     use oncebox_example_provider::{Fault, FaultKind, Route};
-    let url = fresh_database().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
-    let builder = HostBuilder::at(LedgerAt::Postgres(url.clone())).key_file(dir.path().join("hosts.key"));
+    let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), provider().await);
     // The provider's keys are not declared: an effect in doubt is reconciled, never resent.
-    let builder =
-        crate::support::configure(builder, &provider, false).grant("panicky", crate::support::http_grant(&provider));
-    let host = builder.build().await.expect("host");
-    crate::support::load_all(&host).await;
+    let grant = crate::support::http_grant(&provider);
+    let host = host_on(&url, &dir, &provider, false, |builder| builder.grant("panicky", grant)).await;
     // Held a second, within the read's timeout (`support::EFFECT_TIMEOUT`): the tool gets past it.
     provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1_000 }).for_sku("sku-1"));
     let base = provider.base_url();
@@ -654,18 +627,11 @@ async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown
     assert_eq!(rows.len(), 1, "one answered effect");
     let operation_key: String = rows[0].get(0);
     let mut lost: oncebox::ledger::EffectRecord = serde_json::from_slice(rows[0].get(1)).expect("decode");
-    lost.status = oncebox::ledger::EffectStatus::Dispatched;
-    lost.response = None;
-    let reverted = client
-        .execute(
-            "UPDATE oncebox_effects SET status = 'dispatched', record = $2 WHERE operation_key = $1",
-            &[&operation_key, &serde_json::to_vec(&lost).expect("encode")],
-        )
-        .await
-        .expect("lose the answer");
-    assert_eq!(reverted, 1);
     drop(client);
     let _ = connection.await;
+    lost.status = oncebox::ledger::EffectStatus::Dispatched;
+    lost.response = None;
+    lose_answer(&url, &lost).await;
 
     let outcome = call.await.expect("join").expect("call");
     assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
@@ -678,4 +644,38 @@ async fn a_tool_whose_riding_answer_was_lost_sends_nothing_more_and_ends_unknown
     let effects = host.ledger().effects(&operation_key).await.expect("effects");
     assert_eq!(effects.len(), 1, "the second charge was never written ahead: {effects:?}");
     assert_eq!(effects[0].status, oncebox::ledger::EffectStatus::Dispatched, "in doubt: {effects:?}");
+}
+
+async fn provider() -> oncebox_example_provider::ProviderHandle {
+    oncebox_example_provider::Provider::start().await.expect("provider")
+}
+
+/// A host on the ledger at `url` (its key file in `dir`), configured as the tests' hosts are for
+/// `provider`, and then by `more`, with the example tools loaded.
+async fn host_on(
+    url: &str,
+    dir: &tempfile::TempDir,
+    provider: &oncebox_example_provider::ProviderHandle,
+    honours_keys: bool,
+    more: impl FnOnce(oncebox::HostBuilder) -> oncebox::HostBuilder,
+) -> oncebox::Host {
+    let builder =
+        oncebox::HostBuilder::at(oncebox::LedgerAt::Postgres(url.into())).key_file(dir.path().join("hosts.key"));
+    let host = more(crate::support::configure(builder, provider, honours_keys)).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    host
+}
+
+/// Puts effect `ahead` back as it was written ahead, answer and all gone: what a server crash
+/// leaves of an answer that rode and was not flushed.
+async fn lose_answer(url: &str, ahead: &oncebox::ledger::EffectRecord) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let sql = "UPDATE oncebox_effects SET status = 'dispatched', record = $3 \
+               WHERE operation_key = $1 AND effect_key = $2";
+    let record = serde_json::to_vec(ahead).expect("encode");
+    let reverted = client.execute(sql, &[&ahead.operation_key, &ahead.key, &record]).await.expect("lose the answer");
+    assert_eq!(reverted, 1, "one answer lost");
+    drop(client);
+    let _ = connection.await;
 }

@@ -13,7 +13,7 @@
 //! (`refused_finish`: the effect is in doubt), and the next attempt reads the ledger afresh and
 //! finds the effect in doubt, as after any crash between a send and its answer.
 //!
-//! Entries are kept per owner (operation and fence) and dropped by the owner's next flushed write
+//! Entries are kept per operation and owner (fence) and dropped by the owner's next flushed write
 //! of the operation, or by a claim of the operation here; those of an owner that never writes
 //! again (its call dropped, its lease lost) stay until the operation is claimed again here.
 
@@ -24,9 +24,9 @@ use crate::{EffectStatus, LedgerError};
 
 #[derive(Default)]
 pub(super) struct Riding {
-    /// Per owner (operation key, fence), the effects whose answers rode and that no flushed
-    /// COMMIT of the owner's own writes has followed since.
-    unflushed: HashMap<(String, u64), Vec<String>>,
+    /// Per operation, (the owner's fence, effect key) of each answer that rode and that no flushed
+    /// COMMIT of that owner's own writes has followed since.
+    unflushed: HashMap<String, Vec<(u64, String)>>,
 }
 
 impl Riding {
@@ -39,11 +39,9 @@ impl Riding {
             return None;
         }
         let operation = effect.operation_key.as_str();
-        let lost = self
-            .unflushed
-            .get(&(operation.to_string(), *fence))?
-            .iter()
-            .find(|key| read.effect_status(operation, key) == Some(EffectStatus::Dispatched))?;
+        let (_, lost) = self.unflushed.get(operation)?.iter().find(|(owner, key)| {
+            owner == fence && read.effect_status(operation, key) == Some(EffectStatus::Dispatched)
+        })?;
         Some(LedgerError::AnswerLost { operation_key: operation.to_string(), effect_key: lost.clone() })
     }
 
@@ -55,16 +53,23 @@ impl Riding {
         for (job, _) in jobs.iter().zip(writing).filter(|(_, wrote)| **wrote) {
             match job {
                 Job::PutEffect { fence, effect, .. } if rode => {
-                    let owner = (effect.operation_key.clone(), *fence);
-                    self.unflushed.entry(owner).or_default().push(effect.key.clone());
+                    let answers = self.unflushed.entry(effect.operation_key.clone()).or_default();
+                    answers.push((*fence, effect.key.clone()));
                 }
-                Job::PutEffect { fence, effect, .. } => {
-                    self.unflushed.remove(&(effect.operation_key.clone(), *fence));
+                Job::PutEffect { fence, effect, .. } => self.flushed(&effect.operation_key, *fence),
+                Job::RecordAttempt { fence, attempt, .. } => self.flushed(&attempt.operation_key, *fence),
+                Job::Claim(req) => {
+                    self.unflushed.remove(&req.key);
                 }
-                Job::RecordAttempt { fence, attempt, .. } => {
-                    self.unflushed.remove(&(attempt.operation_key.clone(), *fence));
-                }
-                Job::Claim(req) => self.unflushed.retain(|(operation, _), _| *operation != req.key),
+            }
+        }
+    }
+
+    fn flushed(&mut self, operation: &str, fence: u64) {
+        if let Some(answers) = self.unflushed.get_mut(operation) {
+            answers.retain(|(owner, _)| *owner != fence);
+            if answers.is_empty() {
+                self.unflushed.remove(operation);
             }
         }
     }
