@@ -482,12 +482,12 @@ async fn a_lone_write_waits_for_a_lock_as_long_as_it_is_held_unless_the_url_boun
     let _ = connection.await;
 }
 
-/// A charge step on the shared ledger: the claim, the write-ahead and the attempt's record are
-/// durable commits; the answer between them is not (it rides with the attempt's). It is
-/// visible to another host at once, charged once, and the step replays from the ledger without a
-/// commit. A local-only call is two durable commits here (its claim, then its record).
+/// A charge step on the shared ledger: the write-ahead and the attempt's record are durable
+/// commits; the claim before them and the answer between them are not (each rides with the next).
+/// The answer is visible to another host at once, charged once, and the step replays from the
+/// ledger without a commit. A local-only call is one durable commit here, its record, as on redb.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last() {
+async fn an_http_step_is_two_durable_commits_its_claim_and_answer_riding_with_the_next() {
     use oncebox::{Call, Status};
     let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), provider().await);
     let host = host_on(&url, &dir, &provider, true, |builder| builder).await;
@@ -497,7 +497,7 @@ async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last()
     let charge = Call::step("run", "charge", "charge", crate::support::charge("o-1").to_string());
     let outcome = host.call(charge.clone()).await.expect("call");
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
-    assert_eq!(ledger.commits() - before, 3, "the claim, the write-ahead and the record; not the answer");
+    assert_eq!(ledger.commits() - before, 2, "the write-ahead and the record; not the claim, not the answer");
     assert_eq!(provider.counts("o-1").payments, 1);
 
     // Another host sees the answer: committed, whatever its flush.
@@ -519,7 +519,104 @@ async fn an_http_step_is_three_durable_commits_its_answer_riding_with_the_last()
     provider.set_stock("sku-1", 10);
     let reserved = host.call(Call::step("run", "reserve", "reserve", reserve.to_string())).await.expect("call");
     assert_eq!(reserved.status, Status::Completed, "{reserved:?}");
-    assert_eq!(ledger.commits() - before, 2, "a local-only call: its claim, then its record");
+    assert_eq!(ledger.commits() - before, 1, "a local-only call: its record, its claim riding with it");
+}
+
+/// A new operation's claim rides with its owner's next flushed write, and is lost if the server
+/// crashes before then (the state a crash leaves: no row). Another host may then claim the
+/// operation anew with the same first fence: the lost claim's owner is refused every write
+/// (nothing is written or sent), and the new owner's go ahead. A claim that was not lost is
+/// carried to disk by its owner's first write-ahead.
+#[tokio::test]
+async fn a_riding_claim_the_database_lost_refuses_its_owners_writes() {
+    use crate::conformance::{attempt, effect};
+    use oncebox::ledger::{EffectStatus, OperationStatus};
+    let url = fresh_database().await;
+    let (ledger, other) = (Ledger::connect(&url).await.expect("connect"), Ledger::connect(&url).await.expect("b"));
+    let before = ledger.commits();
+    let fences = claimed(&ledger, &["lost".to_string(), "kept".to_string()]).await;
+    assert_eq!(fences, [1, 1]);
+    assert_eq!(ledger.commits(), before, "the claims rode");
+
+    lose_claim(&url, "lost").await;
+    let theirs = other.claim(&request("lost", "b", 1_000)).await.expect("claim anew");
+    assert!(matches!(theirs, Claim::Owned { fence: 1, .. }), "the same first fence: {theirs:?}");
+    let ahead = effect("lost", 1, EffectStatus::Dispatched, 1);
+    for _ in 0..2 {
+        let refused = ledger.put_effect(1, &ahead, None, Vec::new()).await;
+        assert!(matches!(refused, Err(LedgerError::ClaimLost { .. })), "{refused:?}");
+    }
+    let finish = Some((OperationStatus::Failed, None, None));
+    let refused = ledger.record_attempt(1, &attempt("lost", 1, 1), finish, 2, Vec::new()).await;
+    assert!(matches!(refused, Err(LedgerError::ClaimLost { .. })), "{refused:?}");
+    assert!(ledger.effects("lost").await.expect("read").is_empty(), "nothing of the refused writes");
+    other.put_effect(1, &ahead, None, Vec::new()).await.expect("the new owner's write-ahead");
+    assert_eq!(ledger.effects("lost").await.expect("read").len(), 1);
+
+    // The claim not lost: the owner's write-ahead is a flushed commit, and carries it.
+    let before = ledger.commits();
+    ledger.put_effect(1, &effect("kept", 1, EffectStatus::Dispatched, 1), None, Vec::new()).await.expect("kept");
+    assert_eq!(ledger.commits() - before, 1);
+
+    // Lost again, and claimed anew on this same host: the new owner holds a fence the first never
+    // did, so the first is fenced (both would write with fence 1 from one host otherwise).
+    claimed(&ledger, &["here".to_string()]).await;
+    lose_claim(&url, "here").await;
+    let again = ledger.claim(&request("here", "a", 2_000)).await.expect("claim anew here");
+    let Claim::Owned { fence, .. } = again else { panic!("{again:?}") };
+    assert!(fence > 1, "a drawn fence: {fence}");
+    let stale = ledger.put_effect(1, &effect("here", 1, EffectStatus::Dispatched, 1), None, Vec::new()).await;
+    assert!(matches!(stale, Err(LedgerError::Fenced { .. })), "{stale:?}");
+    let mine = effect("here", 1, EffectStatus::Dispatched, 1);
+    ledger.put_effect(fence, &mine, None, Vec::new()).await.expect("the new owner's write-ahead");
+}
+
+/// The same through the pipeline: a tool reads (the provider holds each read a second), then
+/// charges. While it waits, its claim is lost as a server crash loses an unflushed one, and
+/// another host claims the step anew and runs it. The first host's charge, while the second's
+/// claim holds the row, is never sent; the second charges once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_whose_riding_claim_was_lost_sends_nothing() {
+    use oncebox::{Call, Status};
+    use oncebox_example_provider::{Fault, FaultKind, Route};
+    let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), provider().await);
+    let grant = crate::support::http_grant(&provider);
+    let host = host_on(&url, &dir, &provider, true, |builder| builder.grant("panicky", grant.clone())).await;
+    let second = host_on(&url, &dir, &provider, true, |builder| builder.grant("panicky", grant)).await;
+    provider.arm(Fault::new(Route::Inventory, FaultKind::Delay { delay_ms: 1_000 }).for_sku("sku-1").times(2));
+    let base = provider.base_url();
+    let args = serde_json::json!({
+        "mode": "ok",
+        "then_get": format!("{base}/inventory/sku-1"),
+        "then_post": {"url": format!("{base}/payments"), "body": crate::support::charge("o-1")},
+    });
+    let step = Call::step("run", "charge-after-read", "panicky", args.to_string());
+    let call = {
+        let (host, step) = (host.clone(), step.clone());
+        tokio::spawn(async move { host.call(step).await })
+    };
+    crate::support::eventually("the tool's read reached the provider", || provider.reads() == 1).await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let key: String =
+        client.query_one("SELECT key FROM oncebox_operations", &[]).await.expect("the claim's row").get(0);
+    drop(client);
+    let _ = connection.await;
+    lose_claim(&url, &key).await;
+    // The second host's read ends this long after the first's: the first writes ahead while the
+    // second's claim holds the row.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let theirs = tokio::spawn(async move { second.call(step).await });
+    // The first host's caller is told it no longer owns the step (as one taken over is), not
+    // that the step failed or completed.
+    let ours = call.await.expect("join").expect_err("the lost claim's owner has no outcome to give");
+    assert!(matches!(ours, oncebox::CallError::Ledger(LedgerError::ClaimLost { .. })), "{ours}");
+    assert_eq!(provider.counts("o-1").payments, 0, "nothing sent by the lost claim's owner");
+    let theirs = theirs.await.expect("join").expect("the step on another host");
+    assert_eq!(theirs.status, Status::Completed, "{theirs:?}");
+    assert_eq!(provider.counts("o-1").payments, 1, "charged once, by the new owner");
+    let op = host.ledger().operation(&key).await.expect("read").expect("recorded");
+    assert_eq!(op.status, oncebox::ledger::OperationStatus::Completed, "the new owner's: {op:?}");
 }
 
 /// An answer that rode is lost if the server crashes before flushing it (the state a crash
@@ -664,6 +761,18 @@ async fn host_on(
     let host = more(crate::support::configure(builder, provider, honours_keys)).build().await.expect("host");
     crate::support::load_all(&host).await;
     host
+}
+
+/// Removes operation `key`'s row: what a server crash leaves of a claim that rode and was not
+/// flushed.
+async fn lose_claim(url: &str, key: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    let sql = "DELETE FROM oncebox_operations WHERE key = $1 AND NOT recorded";
+    let removed = client.execute(sql, &[&key]).await.expect("lose the claim");
+    assert_eq!(removed, 1, "one claim lost");
+    drop(client);
+    let _ = connection.await;
 }
 
 /// Puts effect `ahead` back as it was written ahead, answer and all gone: what a server crash

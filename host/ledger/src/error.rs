@@ -57,6 +57,12 @@ pub enum LedgerError {
          in doubt"
     )]
     AnswerLost { operation_key: String, effect_key: String },
+    #[error(
+        "the claim of operation {operation_key}, committed without waiting for its flush, is no longer recorded (the \
+         database lost it before it reached the disk) and the operation was claimed anew: this writer no longer owns \
+         it, nothing was written"
+    )]
+    ClaimLost { operation_key: String },
     #[error("kv {namespace}/{key} was written by another step since this attempt read it; nothing was written")]
     KvConflict { namespace: String, key: String },
     #[error("the request for approval of operation {operation_key} changed since it was read; read it again")]
@@ -113,6 +119,13 @@ impl LedgerError {
     /// or schema version): the caller's input, not a failure of the host.
     pub fn is_unusable_ledger(&self) -> bool {
         matches!(self, LedgerError::Unusable { .. } | LedgerError::Corrupt { .. })
+    }
+
+    /// Whether the writer no longer owns the operation it wrote for: another caller took it over,
+    /// or (on PostgreSQL) its claim was lost and the operation claimed anew. Nothing was written;
+    /// the operation is its new owner's.
+    pub fn is_no_longer_owned(&self) -> bool {
+        matches!(self, LedgerError::Fenced { .. } | LedgerError::ClaimLost { .. })
     }
 }
 

@@ -528,7 +528,7 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
             (status, error)
         }
         // Taken over by another caller meanwhile: theirs now.
-        Err(LedgerError::Fenced { .. }) => return Ok(None),
+        Err(e) if e.is_no_longer_owned() => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     crate::attempt_log::emit(&record);

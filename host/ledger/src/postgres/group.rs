@@ -7,8 +7,9 @@
 //! 2. the jobs decide, in order (a take-over first draws its fence: one more round, rare);
 //! 3. every write and COMMIT (or ROLLBACK, if nothing was decided to be written).
 //!
-//! A group whose writes are all effects' answers ([`Job::may_ride`]) commits without waiting for
-//! its WAL flush: the next flushed COMMIT, this host's or another's, carries it to disk.
+//! A group whose writes all may ride (new operations' claims and effects' answers: `Decided`)
+//! commits without waiting for its WAL flush: the next flushed COMMIT, this host's or another's,
+//! carries it to disk. What that asks of the owners' next flushed writes: `riding.rs`.
 //!
 //! A job refused (fenced, a KV conflict, a finish the rule of evidence refuses) writes nothing and
 //! so costs the others nothing. If the database refuses a statement (a checked write found its
@@ -251,11 +252,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     // The decisions, in job order (outbox numbers are handed out in it).
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
+    let lost_here = |job: &Job| matches!(job, Job::Claim { .. }) && riding(shared).claimed_here(job.operation_key());
     for (i, job) in jobs.iter().enumerate() {
         let seq = read.outbox_seq;
-        let mut decision: Decision = job.decide(&shared.store, &mut read, None);
-        // A write-ahead of an owner whose riding answer the database lost sends nothing
-        // (`riding.rs`); it gives back the outbox numbers it took.
+        let mut decision: Decision = job.decide(&shared.store, &mut read, None, lost_here(job));
+        // A write of an owner whose riding claim or answer the database lost writes and sends
+        // nothing (`riding.rs`); it gives back the outbox numbers it took.
         if let Some(Ok(_)) = &decision
             && let Some(lost) = riding(shared).refusal(job, &read)
         {
@@ -276,7 +278,7 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
             let Some(fence) = fence else { return Err(Failed::RolledBack(fail("nextval returned no row".into()))) };
             decided[i] = Some(
                 jobs[i]
-                    .decide(&shared.store, &mut read, Some(fence))
+                    .decide(&shared.store, &mut read, Some(fence), lost_here(&jobs[i]))
                     .unwrap_or_else(|| Err(fail("a take-over asked for a fence twice".into()))),
             );
         }
@@ -287,12 +289,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let mut results = Vec::with_capacity(jobs.len());
     // Whether each job has writes in the group (its answer then waits for the COMMIT's).
     let mut writing = Vec::with_capacity(jobs.len());
-    // Whether every job that writes may ride with the next durable commit (`Job::may_ride`).
+    // Whether every job that writes may ride with the next durable commit (`Decided::rides`).
     let mut rides = true;
-    for (job, decision) in jobs.iter().zip(decided) {
+    for decision in decided {
         match decision {
-            Some(Ok(Decided { answer, writes: own })) => {
-                rides &= own.is_empty() || job.may_ride();
+            Some(Ok(Decided { answer, writes: own, rides: own_rides })) => {
+                rides &= own.is_empty() || own_rides;
                 writing.push(!own.is_empty());
                 writes.extend(own);
                 results.push(Ok(answer));

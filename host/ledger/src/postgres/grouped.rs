@@ -36,9 +36,24 @@ use crate::{
 
 /// One hot-path Store call, owned, waiting for its group.
 pub(super) enum Job {
-    Claim(ClaimRequest),
-    PutEffect { fence: u64, effect: EffectRecord, expected: Option<(EffectStatus, u32)>, staged: Staged },
-    RecordAttempt { fence: u64, attempt: AttemptRecord, finish: Option<Finish>, now_ms: u64, staged: Staged },
+    /// A claim, with the random token a new operation's row is made with (`riding.rs`).
+    Claim {
+        req: ClaimRequest,
+        token: i64,
+    },
+    PutEffect {
+        fence: u64,
+        effect: EffectRecord,
+        expected: Option<(EffectStatus, u32)>,
+        staged: Staged,
+    },
+    RecordAttempt {
+        fence: u64,
+        attempt: AttemptRecord,
+        finish: Option<Finish>,
+        now_ms: u64,
+        staged: Staged,
+    },
 }
 
 /// What a job answers its caller.
@@ -48,10 +63,21 @@ pub(super) enum Answer {
     Written,
 }
 
-/// What a job decided: its answer and its writes (none: it wrote nothing).
+/// What a job decided: its answer, its writes (none: it wrote nothing), and whether they may ride
+/// with the next durable commit instead of waiting for their own flush: an effect's answer with
+/// nothing staged beside it ([`Job::may_ride`]), or the claim of a new operation with the first
+/// fence. What each asks of the owner's next flushed write here, where the host outlives a server
+/// crash: `riding.rs`.
 pub(super) struct Decided {
     pub answer: Answer,
     pub writes: Writes,
+    pub rides: bool,
+}
+
+impl Decided {
+    fn claim(answer: Claim, writes: Writes, rides: bool) -> Decided {
+        Decided { answer: Answer::Claim(Box::new(answer)), writes, rides }
+    }
 }
 
 /// A decision, or `None`: a fence first (a take-over needs one from the ledger's sequence, and
@@ -66,22 +92,21 @@ static NOTHING_STAGED: Staged = Vec::new();
 impl Job {
     pub fn operation_key(&self) -> &str {
         match self {
-            Job::Claim(req) => &req.key,
+            Job::Claim { req, .. } => &req.key,
             Job::PutEffect { effect, .. } => &effect.operation_key,
             Job::RecordAttempt { attempt, .. } => &attempt.operation_key,
         }
     }
 
-    /// Whether what the job writes may ride with the next durable commit: an effect's answer
-    /// with nothing staged beside it ([`answer_may_ride`]), as on redb. What that asks of the
-    /// next write-ahead here, where the host outlives a server crash: `riding.rs`.
+    /// Whether the job is an effect's answer with nothing staged beside it ([`answer_may_ride`]),
+    /// which rides with the next durable commit as on redb.
     pub fn may_ride(&self) -> bool {
         matches!(self, Job::PutEffect { effect, expected, staged, .. } if answer_may_ride(effect, *expected, staged.len()))
     }
 
     fn staged(&self) -> &Staged {
         match self {
-            Job::Claim(_) => &NOTHING_STAGED,
+            Job::Claim { .. } => &NOTHING_STAGED,
             Job::PutEffect { staged, .. } | Job::RecordAttempt { staged, .. } => staged,
         }
     }
@@ -112,12 +137,14 @@ impl Job {
     }
 
     /// Decides from what the group read, with `fence` drawn if it asked for one; hands out outbox
-    /// numbers from `read.outbox_seq`.
-    pub fn decide(&self, store: &str, read: &mut Read, fence: Option<u64>) -> Decision {
+    /// numbers from `read.outbox_seq`. `lost_here`: a claim of this operation made here rode and
+    /// may have been lost (`riding.rs`), so a new operation is claimed with a drawn fence, which
+    /// its earlier owner does not hold.
+    pub fn decide(&self, store: &str, read: &mut Read, fence: Option<u64>, lost_here: bool) -> Decision {
         // A job that fails after taking outbox numbers gives them back: no gap in the sequence.
         let seq = read.outbox_seq;
         let decided = match self {
-            Job::Claim(req) => return claim(req, read, fence),
+            Job::Claim { req, token } => return claim(req, *token, read, fence, lost_here),
             Job::PutEffect { fence, effect, expected, staged } => {
                 put_effect(store, *fence, effect, *expected, staged, read)
             }
@@ -147,6 +174,8 @@ fn versioned(staged: &Staged) -> impl Iterator<Item = (&str, &str, u64)> {
 pub(super) struct Read {
     /// Each operation's record and whether it was recorded (`FOR UPDATE`).
     operations: HashMap<String, (OperationRecord, bool)>,
+    /// Each operation's claim token (0: none).
+    claims: HashMap<String, i64>,
     tombstones: HashMap<String, Tombstone>,
     /// Requests for approval of the claims that came under one (`FOR UPDATE`).
     approvals: HashMap<String, ApprovalRecord>,
@@ -158,7 +187,8 @@ pub(super) struct Read {
     pub outbox_seq: Option<u64>,
 }
 
-const OPERATIONS: &str = "SELECT key, record, recorded FROM oncebox_operations WHERE key = ANY($1::text[]) FOR UPDATE";
+const OPERATIONS: &str =
+    "SELECT key, record, recorded, claim FROM oncebox_operations WHERE key = ANY($1::text[]) FOR UPDATE";
 const TOMBSTONES: &str = "SELECT operation_key, record FROM oncebox_tombstones WHERE operation_key = ANY($1::text[])";
 const APPROVALS: &str =
     "SELECT operation_key, record FROM oncebox_approvals WHERE operation_key = ANY($1::text[]) FOR UPDATE";
@@ -188,17 +218,22 @@ impl Read {
         self.effects.get(operation_key)?.iter().find(|e| e.key == effect_key).map(|e| e.status)
     }
 
+    /// The token of the claim that made operation `operation_key`'s row, if the group read it.
+    pub fn claim_token(&self, operation_key: &str) -> Option<i64> {
+        self.claims.get(operation_key).copied()
+    }
+
     /// The statements that read what `jobs` decide from, each with what it reads. A statement
     /// that would look for nothing (no claim among the jobs, no versioned KV write) is not sent:
     /// a lone job's group is a few statements, not every kind of read.
     pub fn statements(jobs: &[Job]) -> Vec<(Reads, Sql)> {
         let keys: Vec<String> = jobs.iter().map(|job| job.operation_key().to_string()).collect();
-        let claims = jobs.iter().filter_map(|job| if let Job::Claim(req) = job { Some(req) } else { None });
+        let claims = jobs.iter().filter_map(|job| if let Job::Claim { req, .. } = job { Some(req) } else { None });
         let tombstones: Vec<String> = claims.clone().map(|req| req.key.clone()).collect();
         let approvals: Vec<String> = claims.filter(|req| req.approval.is_some()).map(|req| req.key.clone()).collect();
         let writers: Vec<String> = jobs
             .iter()
-            .filter(|job| !matches!(job, Job::Claim(_)))
+            .filter(|job| !matches!(job, Job::Claim { .. }))
             .map(|job| job.operation_key().to_string())
             .collect();
         let (namespaces, kv_keys): (Vec<String>, Vec<String>) = jobs
@@ -233,6 +268,7 @@ impl Read {
                     for row in rows {
                         let key: String = column(row, 0, "oncebox_operations")?;
                         let op = (record(row, 1, "oncebox_operations")?, column(row, 2, "oncebox_operations")?);
+                        read.claims.insert(key.clone(), column(row, 3, "oncebox_operations")?);
                         read.operations.insert(key, op);
                     }
                 }
@@ -272,27 +308,33 @@ impl Read {
     }
 }
 
-fn claim(req: &ClaimRequest, read: &Read, drawn: Option<u64>) -> Decision {
+fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>, lost_here: bool) -> Decision {
     let decided = (|| {
         let existing = read.operations.get(&req.key);
         if let Some(answer) = verdict(existing.map(|(op, _)| op), req) {
-            return Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes: Writes::default() }));
+            return Ok(Some(Decided::claim(answer, Writes::default(), false)));
         }
         let mut writes = Writes::default();
         let Some((expired, recorded)) = existing else {
             // A new operation: not one retention removed, and only under the approval its caller
             // saw (read under the operation's lock, which a decision on the approval holds too).
             if let Some(tombstone) = read.tombstones.get(&req.key) {
-                let answer = Answer::Claim(Box::new(Claim::Expired(tombstone.clone())));
-                return Ok(Some(Decided { answer, writes }));
+                return Ok(Some(Decided::claim(Claim::Expired(tombstone.clone()), writes, false)));
             }
             if req.approval.is_some() && !approval_stands(req, read.approvals.get(&req.key)) {
-                return Ok(Some(Decided { answer: Answer::Claim(Box::new(Claim::ApprovalChanged)), writes }));
+                return Ok(Some(Decided::claim(Claim::ApprovalChanged, writes, false)));
             }
-            let op = take_over(None, req, 1);
-            writes.inserted.push(OperationRow::of(&op)?);
+            let mut op = take_over(None, req, 1);
+            if lost_here {
+                let Some(drawn) = drawn else { return Ok(None) };
+                op.fence = drawn;
+            }
+            // Rides with the owner's next flushed write, which checks that the row is still this
+            // claim's (`riding.rs`); one with a drawn fence waits for its own flush.
+            let rides = op.fence == 1;
+            writes.inserted.push(OperationRow::of(&op)?.claimed_with(token));
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-            return Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes }));
+            return Ok(Some(Decided::claim(answer, writes, rides)));
         };
         // The lease expired: the previous owner stalled or died.
         let Some(drawn) = drawn else { return Ok(None) };
@@ -302,7 +344,7 @@ fn claim(req: &ClaimRequest, read: &Read, drawn: Option<u64>) -> Decision {
         writes.updated.push((OperationRow::of(&op)?, *recorded, int(held), OperationStatus::Claimed.as_str()));
         writes.announce.push(req.key.clone());
         let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
-        Ok(Some(Decided { answer: Answer::Claim(Box::new(answer)), writes }))
+        Ok(Some(Decided::claim(answer, writes, false)))
     })();
     decided.transpose()
 }
@@ -350,7 +392,8 @@ fn put_effect(
             writes.effects_changed.push((EffectRow::of(key, effect)?, effect_status_str(status), i64::from(dispatches)))
         }
     }
-    Ok(Decided { answer: Answer::Written, writes })
+    let rides = answer_may_ride(effect, expected, staged.len());
+    Ok(Decided { answer: Answer::Written, writes, rides })
 }
 
 fn record_attempt(
@@ -387,7 +430,7 @@ fn record_attempt(
     writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
     apply_local(store, key, fresh, &mut read.outbox_seq, &mut writes)?;
     writes.attempts.push((key.to_string(), i64::from(attempt.attempt), encode(attempt)?));
-    Ok(Decided { answer: Answer::Written, writes })
+    Ok(Decided { answer: Answer::Written, writes, rides: false })
 }
 
 /// The staged local effects whose keys hold nothing yet (an earlier attempt may have applied the

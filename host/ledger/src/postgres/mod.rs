@@ -256,7 +256,8 @@ impl Store for PostgresStore {
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(async move {
-            match self.groups.submit(grouped::Job::Claim(req.clone()), &self.name).await? {
+            let job = grouped::Job::Claim { req: req.clone(), token: riding::token()? };
+            match self.groups.submit(job, &self.name).await? {
                 grouped::Answer::Claim(claim) => Ok(*claim),
                 grouped::Answer::Written => Err(self.fail("a claim was answered as a write".into())),
             }

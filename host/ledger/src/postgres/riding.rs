@@ -1,21 +1,29 @@
-//! The answers this host let ride (`group.rs`) that no flushed COMMIT of their operation's own has
-//! carried to disk yet.
+//! What this host let ride (`group.rs`: a new operation's claim, an effect's answer) that no
+//! flushed COMMIT of its owner's own has carried to disk yet.
 //!
-//! An answer committed without waiting for its flush is lost if the server crashes (or is stopped
+//! A write committed without waiting for its flush is lost if the server crashes (or is stopped
 //! in immediate mode; a backend killed by the OOM killer is enough) before its WAL writer wrote it
-//! out: the effect then reads `dispatched` again, in doubt. A redb process dies with its riding
-//! answers, but this host lives on, and its tool holds the answer the ledger lost: its next
-//! write-ahead for that operation would send the next effect on it. So a write-ahead of an owner
-//! with unflushed answers first checks, in the group's own reads taken under the operation's lock,
-//! that they are still there; if one is not, the write-ahead is refused and nothing is sent. A
-//! refusal writes nothing, so every later write-ahead of the owner is refused the same way, until
-//! its attempt is recorded: that record cannot finish the operation completed or failed either
-//! (`refused_finish`: the effect is in doubt), and the next attempt reads the ledger afresh and
-//! finds the effect in doubt, as after any crash between a send and its answer.
+//! out. A redb process dies with what rode, but this host lives on, and its callers hold what the
+//! ledger lost. So the owner's next flushed write first checks, in the group's own reads taken
+//! under the operation's lock, that what rode is still there; if not, the write is refused, and
+//! nothing of it is written or sent. A refusal writes nothing, so every later write of that owner
+//! is refused the same way.
 //!
-//! Entries are kept per operation and owner (fence) and dropped by the owner's next flushed write
-//! of the operation, or by a claim of the operation here; those of an owner that never writes
-//! again (its call dropped, its lease lost) stay until the operation is claimed again here.
+//! - **A claim** (a new operation's, fence 1) is lost with its row. Another claimant may then make
+//!   the row again, with fence 1 too: the row carries the random token of the claim that made it,
+//!   and the owner's next flushed write (a write-ahead, before anything is sent; or the attempt's
+//!   record, before any local effect is written) is refused (`ClaimLost`) unless the row is still
+//!   its claim's. A new claim here of an operation whose claim here rode and is gone takes a drawn
+//!   fence (`grouped::claim`): both owners would write with fence 1 from this one host.
+//! - **An answer** is lost with the effect back at `dispatched`, in doubt, and the tool holds it:
+//!   the owner's next write-ahead would send the next effect on it. It is refused (`AnswerLost`)
+//!   until the attempt is recorded, which cannot finish the operation completed or failed either
+//!   (`refused_finish`: the effect is in doubt); the next attempt reads the ledger afresh and
+//!   finds the effect in doubt, as after any crash between a send and its answer.
+//!
+//! Entries are kept per operation and dropped by the owner's next flushed write of it, or by a
+//! claim of it here that waited for its flush; those of an owner that never writes again (its call
+//! dropped, its lease lost) stay until the operation is claimed here again.
 
 use std::collections::HashMap;
 
@@ -24,52 +32,85 @@ use crate::{EffectStatus, LedgerError};
 
 #[derive(Default)]
 pub(super) struct Riding {
+    /// Per operation, the token of its claim made here that rode (fence 1), while no flushed
+    /// COMMIT of its owner's writes has followed.
+    claims: HashMap<String, i64>,
     /// Per operation, (the owner's fence, effect key) of each answer that rode and that no flushed
     /// COMMIT of that owner's own writes has followed since.
-    unflushed: HashMap<String, Vec<(u64, String)>>,
+    answers: HashMap<String, Vec<(u64, String)>>,
+}
+
+/// A random token for a claim: never 0, which a row made by a host that does not write tokens has.
+pub(super) fn token() -> Result<i64, LedgerError> {
+    let drawn = getrandom::u64()
+        .map_err(|e| LedgerError::Corrupt { what: format!("no randomness for a claim's token: {e}") })?;
+    // Any value but 0, negative ones too: the column is a bigint.
+    let token = i64::from_ne_bytes(drawn.to_ne_bytes());
+    Ok(if token == 0 { 1 } else { token })
 }
 
 impl Riding {
-    /// Why `job`, decided to be written, must be refused after all: a write-ahead (or any effect
-    /// write that waits for its flush) of an owner one of whose ridden answers `read` no longer
-    /// holds.
+    /// Whether a claim of `operation` made here rode and its owner has not written since: a new
+    /// claim of it here finding no row takes a drawn fence.
+    pub fn claimed_here(&self, operation: &str) -> bool {
+        self.claims.contains_key(operation)
+    }
+
+    /// Why `job`, decided to be written, must be refused after all: a flushed write of an owner
+    /// whose ridden claim `read` no longer holds, or a write-ahead (any effect write that waits
+    /// for its flush) of an owner one of whose ridden answers it no longer holds.
     pub fn refusal(&self, job: &Job, read: &Read) -> Option<LedgerError> {
-        let Job::PutEffect { fence, effect, .. } = job else { return None };
+        let (Job::PutEffect { fence, .. } | Job::RecordAttempt { fence, .. }) = job else { return None };
         if job.may_ride() {
             return None;
         }
-        let operation = effect.operation_key.as_str();
-        let (_, lost) = self.unflushed.get(operation)?.iter().find(|(owner, key)| {
+        let operation = job.operation_key();
+        if *fence == 1
+            && let Some(token) = self.claims.get(operation)
+            && read.claim_token(operation) != Some(*token)
+        {
+            return Some(LedgerError::ClaimLost { operation_key: operation.to_string() });
+        }
+        let Job::PutEffect { .. } = job else { return None };
+        let (_, lost) = self.answers.get(operation)?.iter().find(|(owner, key)| {
             owner == fence && read.effect_status(operation, key) == Some(EffectStatus::Dispatched)
         })?;
         Some(LedgerError::AnswerLost { operation_key: operation.to_string(), effect_key: lost.clone() })
     }
 
     /// `jobs` committed (those `writing` wrote), without waiting for their flush if `rode`.
-    /// A flushed write-ahead of an owner was not refused, so its reads found the owner's ridden
-    /// answers there, and its COMMIT carried them to disk. An attempt's record ends the attempt
-    /// (what it finds lost is the next attempt's to read). A claim starts a new owner.
+    /// A flushed write of an owner was not refused, so its reads found what the owner let ride
+    /// there, and its COMMIT carried it to disk. An attempt's record ends the attempt (what it
+    /// finds lost is the next attempt's to read). A claim starts a new owner.
     pub fn committed(&mut self, jobs: &[Job], writing: &[bool], rode: bool) {
         for (job, _) in jobs.iter().zip(writing).filter(|(_, wrote)| **wrote) {
             match job {
                 Job::PutEffect { fence, effect, .. } if rode => {
-                    let answers = self.unflushed.entry(effect.operation_key.clone()).or_default();
+                    let answers = self.answers.entry(effect.operation_key.clone()).or_default();
                     answers.push((*fence, effect.key.clone()));
                 }
                 Job::PutEffect { fence, effect, .. } => self.flushed(&effect.operation_key, *fence),
                 Job::RecordAttempt { fence, attempt, .. } => self.flushed(&attempt.operation_key, *fence),
-                Job::Claim(req) => {
-                    self.unflushed.remove(&req.key);
+                Job::Claim { req, token } => {
+                    self.answers.remove(&req.key);
+                    if rode {
+                        self.claims.insert(req.key.clone(), *token);
+                    } else {
+                        self.claims.remove(&req.key);
+                    }
                 }
             }
         }
     }
 
     fn flushed(&mut self, operation: &str, fence: u64) {
-        if let Some(answers) = self.unflushed.get_mut(operation) {
+        if fence == 1 {
+            self.claims.remove(operation);
+        }
+        if let Some(answers) = self.answers.get_mut(operation) {
             answers.retain(|(owner, _)| *owner != fence);
             if answers.is_empty() {
-                self.unflushed.remove(operation);
+                self.answers.remove(operation);
             }
         }
     }

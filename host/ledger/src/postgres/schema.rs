@@ -32,7 +32,10 @@ CREATE TABLE oncebox_operations (
     -- a settlement): reads show only these, as the redb backend shows no claim before its first
     -- durable write. The claim itself is a row all the same: it is what other hosts race on.
     recorded boolean NOT NULL,
-    record bytea NOT NULL
+    record bytea NOT NULL,
+    -- The random token of the claim that made the row (0: none), which a claim committed without
+    -- waiting for its flush is checked by (`riding.rs`).
+    claim bigint NOT NULL DEFAULT 0
 );
 CREATE INDEX oncebox_operations_run ON oncebox_operations (run_id, step_id, tool);
 
@@ -112,9 +115,9 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
                 &[&int(SCHEMA_VERSION)],
             )
             .await?;
-            leases(tx).await
+            added(tx).await
         }
-        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => leases(tx).await,
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => added(tx).await,
         Ok(Some(other)) => Err(LedgerError::Corrupt {
             what: format!("{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}", tx.store),
         }),
@@ -122,9 +125,29 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
     }
 }
 
+/// What was added after schema 1 without a new version, where missing: a database made before
+/// has it too, and a host that does not know it ignores it.
+async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    leases(tx).await?;
+    claim_tokens(tx).await
+}
+
+/// The claim token of each operation (`riding.rs`). A host that does not know it inserts 0, which
+/// no ridden claim's token is, and never lets a claim ride. Looked up first: `ALTER TABLE` takes
+/// the table's strongest lock even when there is nothing to add, and every host runs this.
+async fn claim_tokens(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let there = "SELECT 1 FROM pg_attribute WHERE attrelid = 'oncebox_operations'::regclass AND attname = 'claim' \
+                 AND NOT attisdropped";
+    if tx.opt(there, &[]).await?.is_some() {
+        return Ok(());
+    }
+    tx.exec("ALTER TABLE oncebox_operations ADD COLUMN IF NOT EXISTS claim bigint NOT NULL DEFAULT 0", &[])
+        .await
+        .map(drop)
+}
+
 /// Leases of what hosts do one at a time (`jobs::lease`: a topic's outbox relay, the reconciling
-/// of an operation), one row per name. Added after schema 1 without a new version: created where
-/// missing, so a database made before has it too, and a host that does not know it ignores it.
+/// of an operation), one row per name.
 async fn leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
     let sql = "CREATE TABLE IF NOT EXISTS oncebox_leases (name text COLLATE \"C\" PRIMARY KEY, \
                owner text NOT NULL, until_ms bigint NOT NULL)";

@@ -19,6 +19,8 @@ pub(super) struct OperationRow {
     fence: i64,
     lease_until_ms: i64,
     record: Vec<u8>,
+    /// The token of the claim making the row (a new operation's), written by inserts only.
+    claim: i64,
 }
 
 impl OperationRow {
@@ -32,7 +34,13 @@ impl OperationRow {
             fence: int(op.fence),
             lease_until_ms: int(op.lease_until_ms),
             record: encode(op)?,
+            claim: 0,
         })
+    }
+
+    /// The row of a new operation claimed with `token` (`riding.rs`).
+    pub fn claimed_with(self, token: i64) -> Self {
+        OperationRow { claim: token, ..self }
     }
 }
 
@@ -121,12 +129,14 @@ impl Writes {
         let mut out = Vec::new();
         for rows in chunks(self.inserted, |r| r.record.len()) {
             let n = rows.len() as i64;
+            let claims: Vec<i64> = rows.iter().map(|r| r.claim).collect();
             out.push(sql!(
                 "WITH w AS (INSERT INTO oncebox_operations \
-                 (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record) \
-                 SELECT k, r, s, t, st, f, l, false, rec FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
-                 $5::text[], $6::bigint[], $7::bigint[], $8::bytea[]) AS u(k, r, s, t, st, f, l, rec) \
-                 ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT 1 / (count(*) = $9)::int FROM w",
+                 (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record, claim) \
+                 SELECT k, r, s, t, st, f, l, false, rec, c FROM unnest($1::text[], $2::text[], $3::text[], \
+                 $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bigint[]) \
+                 AS u(k, r, s, t, st, f, l, rec, c) \
+                 ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
                 rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
                 rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
                 rows.iter().map(|r| r.step_id.clone()).collect::<Vec<_>>(),
@@ -135,6 +145,7 @@ impl Writes {
                 rows.iter().map(|r| r.fence).collect::<Vec<_>>(),
                 rows.iter().map(|r| r.lease_until_ms).collect::<Vec<_>>(),
                 rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+                claims,
                 n,
             ));
         }

@@ -343,7 +343,7 @@ fn tool_error_text(error: &ToolError) -> String {
 /// A ledger failure inside an effect: nothing was sent (write-ahead failed) or the answer is lost.
 pub(super) fn host_error(e: crate::ledger::LedgerError) -> ToolError {
     match e {
-        crate::ledger::LedgerError::Fenced { .. } => ToolError::Permanent(format!("host: {e}")),
+        e if e.is_no_longer_owned() => ToolError::Permanent(format!("host: {e}")),
         e => ToolError::Transient(format!("host: the ledger refused the write-ahead record, nothing was sent: {e}")),
     }
 }
