@@ -4,11 +4,14 @@
 //! that writes it: a claim, a take-over, every fence check, an approval's revision, a versioned
 //! KV write (see `jobs.rs` for the locks and why READ COMMITTED is enough). Nothing is claimed in
 //! one process's memory, as the redb backend does for speed: another host could not see it.
-//! Fences come from a database sequence, so no two hosts ever hand out the same token. A Store
+//! Take-overs' fences come from a database sequence, so no two hosts ever hand out the same one
+//! (a new operation's fence is 1; the random token its row carries tells two such claims apart,
+//! should a server crash lose the first: `riding.rs`). A Store
 //! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
 //! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
-//! the COMMIT answered (the sessions run with `synchronous_commit = on`; an effect's answer alone
-//! rides with the next flushed COMMIT instead, as on redb: `group.rs`), and a call that resolves
+//! the COMMIT answered (the sessions run with `synchronous_commit = on`; a new operation's claim
+//! and an effect's answer ride with the owner's next flushed COMMIT instead, as on redb:
+//! `group.rs`, `riding.rs`), and a call that resolves
 //! `Err` wrote nothing that was recorded. The exceptions say so: a connection lost after the
 //! COMMIT may have been sent, a COMMIT that failed itself, and writers stopped while a group was
 //! in flight (the host going away) leave unknown whether the write was recorded, as the redb
