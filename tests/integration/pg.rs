@@ -552,6 +552,12 @@ async fn a_riding_claim_the_database_lost_refuses_its_owners_writes() {
     assert!(ledger.effects("lost").await.expect("read").is_empty(), "nothing of the refused writes");
     other.put_effect(1, &ahead, None, Vec::new()).await.expect("the new owner's write-ahead");
     assert_eq!(ledger.effects("lost").await.expect("read").len(), 1);
+    // Nor does it keep the new owner's lease alive.
+    let lease = |op: Option<oncebox::ledger::OperationRecord>| op.expect("written ahead").lease_until_ms;
+    let before = lease(other.operation("lost").await.expect("read"));
+    let refused = ledger.renew("lost", 1, 9_000_000).await;
+    assert!(matches!(refused, Err(LedgerError::ClaimLost { .. })), "{refused:?}");
+    assert_eq!(lease(other.operation("lost").await.expect("read")), before);
 
     // The claim not lost: the owner's write-ahead is a flushed commit, and carries it.
     let before = ledger.commits();

@@ -28,7 +28,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
@@ -59,6 +59,7 @@ type Reply = oneshot::Sender<Result<Answer, LedgerError>>;
 /// Where the store's hot-path calls wait for a group.
 pub(super) struct Groups {
     jobs: mpsc::UnboundedSender<(Job, Reply)>,
+    riding: Arc<Mutex<Riding>>,
 }
 
 /// What the runners share.
@@ -72,14 +73,15 @@ struct Shared {
     held_back: Mutex<Vec<(Job, Reply)>>,
     /// How many jobs the last group carried.
     last: AtomicUsize,
-    /// The answers that rode and are not yet flushed (`riding.rs`).
-    riding: Mutex<Riding>,
+    /// The claims and answers that rode and are not yet flushed (`riding.rs`).
+    riding: Arc<Mutex<Riding>>,
 }
 
 impl Groups {
     /// Starts the runners; they stop once this is dropped and the queue is empty.
     pub fn start(pool: Pool, store: String, commits: Arc<AtomicU64>) -> Groups {
         let (jobs, receiver) = mpsc::unbounded_channel();
+        let riding = Arc::new(Mutex::new(Riding::default()));
         let shared = Arc::new(Shared {
             pool,
             store,
@@ -87,12 +89,18 @@ impl Groups {
             receiver: tokio::sync::Mutex::new(receiver),
             held_back: Mutex::new(Vec::new()),
             last: AtomicUsize::new(0),
-            riding: Mutex::new(Riding::default()),
+            riding: riding.clone(),
         });
         for _ in 0..RUNNERS {
             tokio::spawn(run(shared.clone()));
         }
-        Groups { jobs }
+        Groups { jobs, riding }
+    }
+
+    /// The token of the claim of `operation` made here that rode, while its owner has not
+    /// written since (`riding.rs`).
+    pub fn ridden_claim(&self, operation: &str) -> Option<i64> {
+        lock(&self.riding).ridden_claim(operation)
     }
 
     /// Runs `job` in the next group and answers what it decided, once its group committed.
@@ -252,7 +260,8 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     // The decisions, in job order (outbox numbers are handed out in it).
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
-    let lost_here = |job: &Job| matches!(job, Job::Claim { .. }) && riding(shared).claimed_here(job.operation_key());
+    let lost_here =
+        |job: &Job| matches!(job, Job::Claim { .. }) && riding(shared).ridden_claim(job.operation_key()).is_some();
     for (i, job) in jobs.iter().enumerate() {
         let seq = read.outbox_seq;
         let mut decision: Decision = job.decide(&shared.store, &mut read, None, lost_here(job));
@@ -371,8 +380,12 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     Ok(results)
 }
 
-fn riding(shared: &Shared) -> std::sync::MutexGuard<'_, Riding> {
-    shared.riding.lock().unwrap_or_else(|e| e.into_inner())
+fn riding(shared: &Shared) -> MutexGuard<'_, Riding> {
+    lock(&shared.riding)
+}
+
+fn lock(riding: &Mutex<Riding>) -> MutexGuard<'_, Riding> {
+    riding.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Sets the last outbox sequence number handed out.

@@ -165,9 +165,18 @@ pub(super) async fn note_reconcile(tx: &Tx<'_>, key: &str, note: &ReconcileNote)
 }
 
 /// Extends the lease of the owner of `fence`, while it still owns the operation.
-pub(super) async fn renew(tx: &Tx<'_>, key: &str, fence: u64, until_ms: u64) -> Done<()> {
+/// Renews the lease of the owner holding `fence`; of one whose claim rode with token `ridden`
+/// (`riding.rs`), only while the row is still that claim's: not another claimant's lease after a
+/// server crash lost the claim.
+pub(super) async fn renew(tx: &Tx<'_>, key: &str, fence: u64, until_ms: u64, ridden: Option<i64>) -> Done<()> {
     tx.lock(operation_lock(key)).await?;
     let (mut op, recorded) = owned(tx, key, fence).await?;
+    if let Some(token) = ridden {
+        let row = tx.opt("SELECT claim FROM oncebox_operations WHERE key = $1", &[&key]).await?;
+        if row.map(|row| super::db::column::<i64>(&row, 0, "oncebox_operations")).transpose()? != Some(token) {
+            return Err(LedgerError::ClaimLost { operation_key: key.to_string() });
+        }
+    }
     op.lease_until_ms = op.lease_until_ms.max(until_ms);
     update_operation(tx, &op, recorded, (fence, OperationStatus::Claimed)).await?;
     Ok(((), true))

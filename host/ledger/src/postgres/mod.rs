@@ -276,7 +276,10 @@ impl Store for PostgresStore {
     }
 
     fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async move { transaction!(self, |tx| jobs::renew(&tx, key, fence, until_ms)) })
+        Box::pin(async move {
+            let ridden = self.groups.ridden_claim(key).filter(|_| fence == 1);
+            transaction!(self, |tx| jobs::renew(&tx, key, fence, until_ms, ridden))
+        })
     }
 
     fn put_effect<'a>(

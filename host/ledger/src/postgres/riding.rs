@@ -50,10 +50,11 @@ pub(super) fn token() -> Result<i64, LedgerError> {
 }
 
 impl Riding {
-    /// Whether a claim of `operation` made here rode and its owner has not written since: a new
-    /// claim of it here finding no row takes a drawn fence.
-    pub fn claimed_here(&self, operation: &str) -> bool {
-        self.claims.contains_key(operation)
+    /// The token of the claim of `operation` made here that rode, while its owner (fence 1) has
+    /// not written since: a new claim of it here finding no row takes a drawn fence, and the
+    /// owner's lease is renewed only while the row is still this claim's (`jobs::renew`).
+    pub fn ridden_claim(&self, operation: &str) -> Option<i64> {
+        self.claims.get(operation).copied()
     }
 
     /// Why `job`, decided to be written, must be refused after all: a flushed write of an owner
