@@ -568,6 +568,8 @@ async fn a_riding_claim_the_database_lost_refuses_its_owners_writes() {
     // did, so the first is fenced (both would write with fence 1 from one host otherwise).
     claimed(&ledger, &["here".to_string()]).await;
     lose_claim(&url, "here").await;
+    let gone = ledger.put_effect(1, &effect("here", 1, EffectStatus::Dispatched, 1), None, Vec::new()).await;
+    assert!(matches!(gone, Err(LedgerError::ClaimLost { .. })), "with no row yet: {gone:?}");
     let again = ledger.claim(&request("here", "a", 2_000)).await.expect("claim anew here");
     let Claim::Owned { fence, .. } = again else { panic!("{again:?}") };
     assert!(fence > 1, "a drawn fence: {fence}");

@@ -144,14 +144,18 @@ pub enum LocalOutcome {
 /// What the call pipeline needs of a ledger, and nothing more. Every write carries the fencing
 /// token of the claim that makes it and is refused (`Fenced`) once another caller took the
 /// operation over; every write is durable when its future resolves `Ok` (except an effect's
-/// answer, which [`answer_may_ride`] lets wait for the next durable write), and nothing of a write
-/// that resolves `Err` was recorded. Reads see committed state.
+/// answer, which [`answer_may_ride`] lets wait for the next durable write, and a new operation's
+/// claim, which no backend makes durable before the owner's first durable write: redb keeps it in
+/// memory, PostgreSQL lets it ride and refuses that write with `ClaimLost` if a server crash lost
+/// it), and nothing of a write that resolves `Err` was recorded. Reads see committed state.
 pub trait Store: Send + Sync + 'static {
     /// Names the store in messages (a file's path, `:memory:`).
     fn name(&self) -> &Path;
 
     /// Decides, atomically, who runs an operation ([`verdict`]); a new or expired claim goes to
-    /// this caller with a fence no owner of the operation ever held.
+    /// this caller with a fence no owner of the operation holds any more (a new operation's is 1;
+    /// one whose claim a PostgreSQL crash lost may be claimed with 1 again, and its first owner is
+    /// refused by the claim's token instead: `ClaimLost`).
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>>;
 
     /// Takes over an unknown operation to resend its in-doubt effects with their keys, if every

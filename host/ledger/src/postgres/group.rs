@@ -254,19 +254,18 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     first.extend(reads);
     let answers = read_round(shared, client, &first).await?;
     let read = kinds.into_iter().zip(answers[reads_from..].iter().map(Vec::as_slice));
-    let mut read = Read::of(read).map_err(Failed::RolledBack)?;
+    let ridden = riding(shared).ridden_claims(jobs.iter().map(Job::operation_key));
+    let mut read = Read::of(read).map_err(Failed::RolledBack)?.with_ridden(ridden);
     let before = read.outbox_seq;
 
     // The decisions, in job order (outbox numbers are handed out in it).
     let mut decided = Vec::with_capacity(jobs.len());
     let mut need_fence = Vec::new();
-    let lost_here =
-        |job: &Job| matches!(job, Job::Claim { .. }) && riding(shared).ridden_claim(job.operation_key()).is_some();
     for (i, job) in jobs.iter().enumerate() {
         let seq = read.outbox_seq;
-        let mut decision: Decision = job.decide(&shared.store, &mut read, None, lost_here(job));
-        // A write of an owner whose riding claim or answer the database lost writes and sends
-        // nothing (`riding.rs`); it gives back the outbox numbers it took.
+        let mut decision: Decision = job.decide(&shared.store, &mut read, None);
+        // A write-ahead of an owner whose riding answer the database lost sends nothing
+        // (`riding.rs`); it gives back the outbox numbers it took.
         if let Some(Ok(_)) = &decision
             && let Some(lost) = riding(shared).refusal(job, &read)
         {
@@ -287,7 +286,7 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
             let Some(fence) = fence else { return Err(Failed::RolledBack(fail("nextval returned no row".into()))) };
             decided[i] = Some(
                 jobs[i]
-                    .decide(&shared.store, &mut read, Some(fence), lost_here(&jobs[i]))
+                    .decide(&shared.store, &mut read, Some(fence))
                     .unwrap_or_else(|| Err(fail("a take-over asked for a fence twice".into()))),
             );
         }

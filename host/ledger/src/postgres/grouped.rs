@@ -80,8 +80,10 @@ impl Decided {
     }
 }
 
-/// A decision, or `None`: a fence first (a take-over needs one from the ledger's sequence, and
-/// only a take-over may draw one, so that fences follow the same course in every backend).
+/// A decision, or `None`: a fence first. A take-over needs one from the ledger's sequence, and so
+/// does a new claim here of an operation whose claim here rode and was lost (`riding.rs`, which
+/// no other backend has); no other job draws one, so that otherwise fences follow the same course
+/// in every backend.
 pub(super) type Decision = Option<Result<Decided, LedgerError>>;
 
 /// The SQLSTATE of a checked write that did not change exactly the rows it was given (`1 / 0`).
@@ -137,14 +139,12 @@ impl Job {
     }
 
     /// Decides from what the group read, with `fence` drawn if it asked for one; hands out outbox
-    /// numbers from `read.outbox_seq`. `lost_here`: a claim of this operation made here rode and
-    /// may have been lost (`riding.rs`), so a new operation is claimed with a drawn fence, which
-    /// its earlier owner does not hold.
-    pub fn decide(&self, store: &str, read: &mut Read, fence: Option<u64>, lost_here: bool) -> Decision {
+    /// numbers from `read.outbox_seq`.
+    pub fn decide(&self, store: &str, read: &mut Read, fence: Option<u64>) -> Decision {
         // A job that fails after taking outbox numbers gives them back: no gap in the sequence.
         let seq = read.outbox_seq;
         let decided = match self {
-            Job::Claim { req, token } => return claim(req, *token, read, fence, lost_here),
+            Job::Claim { req, token } => return claim(req, *token, read, fence),
             Job::PutEffect { fence, effect, expected, staged } => {
                 put_effect(store, *fence, effect, *expected, staged, read)
             }
@@ -176,6 +176,9 @@ pub(super) struct Read {
     operations: HashMap<String, (OperationRecord, bool)>,
     /// Each operation's claim token (0: none).
     claims: HashMap<String, i64>,
+    /// The tokens of the claims of these operations this host let ride, while their owners have
+    /// not written since (`riding.rs`); not read from the database.
+    ridden: HashMap<String, i64>,
     tombstones: HashMap<String, Tombstone>,
     /// Requests for approval of the claims that came under one (`FOR UPDATE`).
     approvals: HashMap<String, ApprovalRecord>,
@@ -218,9 +221,11 @@ impl Read {
         self.effects.get(operation_key)?.iter().find(|e| e.key == effect_key).map(|e| e.status)
     }
 
-    /// The token of the claim that made operation `operation_key`'s row, if the group read it.
-    pub fn claim_token(&self, operation_key: &str) -> Option<i64> {
-        self.claims.get(operation_key).copied()
+    /// Adds what this host knows beside the database: the tokens of the claims of the group's
+    /// operations it let ride (`riding.rs`).
+    pub fn with_ridden(mut self, ridden: HashMap<String, i64>) -> Read {
+        self.ridden = ridden;
+        self
     }
 
     /// The statements that read what `jobs` decide from, each with what it reads. A statement
@@ -308,7 +313,7 @@ impl Read {
     }
 }
 
-fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>, lost_here: bool) -> Decision {
+fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Decision {
     let decided = (|| {
         let existing = read.operations.get(&req.key);
         if let Some(answer) = verdict(existing.map(|(op, _)| op), req) {
@@ -325,7 +330,9 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>, lost_h
                 return Ok(Some(Decided::claim(Claim::ApprovalChanged, writes, false)));
             }
             let mut op = take_over(None, req, 1);
-            if lost_here {
+            // A claim of it made here rode and is gone (`riding.rs`): its owner may still write
+            // with the first fence from this host, so this claim draws one that owner never held.
+            if read.ridden.contains_key(&req.key) {
                 let Some(drawn) = drawn else { return Ok(None) };
                 op.fence = drawn;
             }
@@ -349,9 +356,17 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>, lost_h
     decided.transpose()
 }
 
-/// The operation and whether it was recorded, if `fence` owns it (claimed with that fence);
-/// `Fenced` otherwise.
+/// The operation and whether it was recorded, if `fence` owns it (claimed with that fence, and,
+/// for a claim that rode, by that claim: `riding.rs`); `Fenced` or `ClaimLost` otherwise.
 fn owned(read: &Read, key: &str, fence: u64) -> Result<(OperationRecord, bool), LedgerError> {
+    // Its claim rode and a server crash lost it: the row is gone, or another claimant's with the
+    // same first fence.
+    if fence == 1
+        && let Some(token) = read.ridden.get(key)
+        && read.claims.get(key) != Some(token)
+    {
+        return Err(LedgerError::ClaimLost { operation_key: key.to_string() });
+    }
     match read.operations.get(key) {
         Some((op, recorded)) if op.fence == fence && op.status == OperationStatus::Claimed => {
             Ok((op.clone(), *recorded))

@@ -4,9 +4,9 @@
 //! that writes it: a claim, a take-over, every fence check, an approval's revision, a versioned
 //! KV write (see `jobs.rs` for the locks and why READ COMMITTED is enough). Nothing is claimed in
 //! one process's memory, as the redb backend does for speed: another host could not see it.
-//! Take-overs' fences come from a database sequence, so no two hosts ever hand out the same one
-//! (a new operation's fence is 1; the random token its row carries tells two such claims apart,
-//! should a server crash lose the first: `riding.rs`). A Store
+//! Fences beyond the first come from a database sequence, so no two hosts ever hand out the same
+//! one (a new operation's fence is 1; the random token its row carries tells two such claims
+//! apart, should a server crash lose the first: `riding.rs`). A Store
 //! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
 //! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
 //! the COMMIT answered (the sessions run with `synchronous_commit = on`; a new operation's claim

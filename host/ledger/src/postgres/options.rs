@@ -21,8 +21,8 @@ pub(super) fn session(url_options: Option<&str>) -> String {
     if !sets(&options, "plan_cache_mode") {
         options.push_str(" -c plan_cache_mode=force_generic_plan");
     }
-    // Durable before answered, whatever the URL or the server says (riding answers ask for
-    // otherwise one transaction at a time: `group.rs`).
+    // Durable before answered, whatever the URL or the server says (riding claims and answers ask
+    // for otherwise one transaction at a time: `group.rs`).
     options.push_str(" -c synchronous_commit=on");
     options.trim_start().to_string()
 }

@@ -51,28 +51,27 @@ pub(super) fn token() -> Result<i64, LedgerError> {
 
 impl Riding {
     /// The token of the claim of `operation` made here that rode, while its owner (fence 1) has
-    /// not written since: a new claim of it here finding no row takes a drawn fence, and the
-    /// owner's lease is renewed only while the row is still this claim's (`jobs::renew`).
+    /// not written since. Every write of that owner checks that the row is still this claim's
+    /// (`grouped::owned`; `jobs::renew`), and a new claim of it here finding no row takes a drawn
+    /// fence (`grouped::claim`).
     pub fn ridden_claim(&self, operation: &str) -> Option<i64> {
         self.claims.get(operation).copied()
     }
 
-    /// Why `job`, decided to be written, must be refused after all: a flushed write of an owner
-    /// whose ridden claim `read` no longer holds, or a write-ahead (any effect write that waits
-    /// for its flush) of an owner one of whose ridden answers it no longer holds.
+    /// Those of `operations`' claims that rode: [`Riding::ridden_claim`] for a group.
+    pub fn ridden_claims<'o>(&self, operations: impl Iterator<Item = &'o str>) -> HashMap<String, i64> {
+        operations.filter_map(|op| Some((op.to_string(), self.ridden_claim(op)?))).collect()
+    }
+
+    /// Why `job`, decided to be written, must be refused after all: a write-ahead (any effect
+    /// write that waits for its flush) of an owner one of whose ridden answers `read` no longer
+    /// holds. (A lost claim is refused by the ownership check itself: `grouped::owned`.)
     pub fn refusal(&self, job: &Job, read: &Read) -> Option<LedgerError> {
-        let (Job::PutEffect { fence, .. } | Job::RecordAttempt { fence, .. }) = job else { return None };
+        let Job::PutEffect { fence, effect, .. } = job else { return None };
         if job.may_ride() {
             return None;
         }
-        let operation = job.operation_key();
-        if *fence == 1
-            && let Some(token) = self.claims.get(operation)
-            && read.claim_token(operation) != Some(*token)
-        {
-            return Some(LedgerError::ClaimLost { operation_key: operation.to_string() });
-        }
-        let Job::PutEffect { .. } = job else { return None };
+        let operation = effect.operation_key.as_str();
         let (_, lost) = self.answers.get(operation)?.iter().find(|(owner, key)| {
             owner == fence && read.effect_status(operation, key) == Some(EffectStatus::Dispatched)
         })?;
