@@ -127,7 +127,8 @@ async fn hosts_racing_for_one_operation_never_both_own_it() {
     }
 }
 
-/// A decision on an approval and a claim under it, from two hosts at once: never both.
+/// A decision on an approval and a claim under it, from two hosts at once: never both, and the
+/// claim that wins is durable before the decision is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_approval_decision_and_a_claim_from_two_hosts_never_both_win() {
     let url = fresh_database().await;
@@ -139,9 +140,15 @@ async fn an_approval_decision_and_a_claim_from_two_hosts_never_both_win() {
         let seen = oncebox::ledger::SeenApproval { revision: 1, component: "sha256:aaaa".into() };
         let req = ClaimRequest { approval: Some(seen), ..request(&key, "a", 1_000) };
         let reject = approval(&key, 2, ApprovalState::Rejected);
+        let before = a.commits();
         let (claim, decision) = tokio::join!(a.claim(&req), b.put_approval(&reject));
         match (claim.expect("claim"), decision) {
-            (Claim::Owned { .. }, Err(LedgerError::ApprovalClosed { .. })) => claimed += 1,
+            (Claim::Owned { .. }, Err(LedgerError::ApprovalClosed { .. })) => {
+                // Flushed before it is answered, unlike a claim with no approval: the decision it
+                // refused must not be refused on a claim a server crash could take back.
+                assert_eq!(a.commits() - before, 1, "{key}: the claim under an approval waits for its flush");
+                claimed += 1;
+            }
             (Claim::ApprovalChanged, Ok(())) => rejected += 1,
             other => panic!("{key}: both or neither won: {other:?}"),
         }

@@ -337,8 +337,10 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Dec
                 op.fence = drawn;
             }
             // Rides with the owner's next flushed write, which checks that the row is still this
-            // claim's (`riding.rs`); one with a drawn fence waits for its own flush.
-            let rides = op.fence == 1;
+            // claim's (`riding.rs`). One with a drawn fence waits for its own flush, and so does
+            // one under an approval: a person's decision on it is refused once a call of it has
+            // started (`jobs::put_approval`), which a claim a crash takes back must not do.
+            let rides = op.fence == 1 && req.approval.is_none();
             writes.inserted.push(OperationRow::of(&op)?.claimed_with(token));
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
             return Ok(Some(Decided::claim(answer, writes, rides)));
