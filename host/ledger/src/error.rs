@@ -58,9 +58,9 @@ pub enum LedgerError {
     )]
     AnswerLost { operation_key: String, effect_key: String },
     #[error(
-        "the claim of operation {operation_key}, committed without waiting for its flush, is no longer recorded (the \
-         database lost it before it reached the disk) and the operation was claimed anew: this writer no longer owns \
-         it, nothing was written"
+        "the claim of operation {operation_key}, committed without waiting for its flush, is no longer on record (the \
+         database lost it before it reached the disk; the operation may have been claimed anew since): this writer \
+         no longer owns it, nothing was written"
     )]
     ClaimLost { operation_key: String },
     #[error("kv {namespace}/{key} was written by another step since this attempt read it; nothing was written")]

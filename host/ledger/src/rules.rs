@@ -218,6 +218,20 @@ pub fn settled(
     Ok((op, effects))
 }
 
+/// Whether the owner holding `fence`, whose new operation's claim rode with token `ridden` (a
+/// claim committed before its flush, which a database that crashes apart from its host can lose:
+/// PostgreSQL's `riding.rs`), lost it: the operation's row, read under its lock as (fence,
+/// claimed, token), is gone, or is another claim's with the same first fence. Its writes are then
+/// refused (`ClaimLost`). A row with another fence or status is a take-over's or an end's: the
+/// ownership check answers that (`Fenced`).
+pub fn claim_lost(fence: u64, ridden: Option<i64>, row: Option<(u64, bool, i64)>) -> bool {
+    match (ridden, row) {
+        (Some(_), None) => fence == 1,
+        (Some(token), Some((1, true, found))) => fence == 1 && found != token,
+        _ => false,
+    }
+}
+
 /// Whether writing an effect record may wait for the next durable write instead of a commit
 /// of its own: only an answer (the record leaves `dispatched`) with no local effects staged
 /// beside it. Losing such a write to a crash leaves the write-ahead, in doubt, which is what a
@@ -240,6 +254,19 @@ pub fn stamp(effect_key: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_that_rode_is_lost_when_its_row_is_gone_or_another_claims() {
+        let claimed = |token| Some((1, true, token));
+        assert!(claim_lost(1, Some(7), None), "the row is gone");
+        assert!(claim_lost(1, Some(7), claimed(8)), "claimed anew with the same first fence");
+        assert!(claim_lost(1, Some(7), claimed(0)), "by a host that writes no token");
+        assert!(!claim_lost(1, Some(7), claimed(7)), "still its own");
+        assert!(!claim_lost(1, None, claimed(8)), "a claim that waited for its flush is checked by its fence");
+        assert!(!claim_lost(1, Some(7), Some((2, true, 8))), "taken over: fenced, not lost");
+        assert!(!claim_lost(1, Some(7), Some((1, false, 7))), "ended: fenced, not lost");
+        assert!(!claim_lost(3, Some(7), None), "a drawn fence never rode");
+    }
 
     fn effect(status: EffectStatus) -> EffectRecord {
         EffectRecord {

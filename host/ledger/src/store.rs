@@ -145,9 +145,9 @@ pub enum LocalOutcome {
 /// token of the claim that makes it and is refused (`Fenced`) once another caller took the
 /// operation over; every write is durable when its future resolves `Ok` (except an effect's
 /// answer, which [`answer_may_ride`] lets wait for the next durable write, and a new operation's
-/// claim, which no backend makes durable before the owner's first durable write: redb keeps it in
-/// memory, PostgreSQL lets it ride and refuses that write with `ClaimLost` if a server crash lost
-/// it), and nothing of a write that resolves `Err` was recorded. Reads see committed state.
+/// claim, which a backend need not make durable before the owner's first durable write: redb keeps
+/// it in memory, PostgreSQL lets most ride and refuses the owner's writes with `ClaimLost` if a
+/// server crash lost one), and nothing of a write that resolves `Err` was recorded. Reads see committed state.
 pub trait Store: Send + Sync + 'static {
     /// Names the store in messages (a file's path, `:memory:`).
     fn name(&self) -> &Path;
@@ -167,7 +167,8 @@ pub trait Store: Send + Sync + 'static {
         resendable: Vec<String>,
     ) -> BoxFuture<'a, Result<Claim, LedgerError>>;
 
-    /// Extends the lease of `fence`'s claim to `until_ms` (never shortens it).
+    /// Extends the lease of `fence`'s claim to `until_ms` (never shortens it); refused as any
+    /// write of that owner is (`Fenced`, `ClaimLost`).
     fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>>;
 
     /// Writes an effect record (write-ahead `dispatched`, or its answer) with the local effects

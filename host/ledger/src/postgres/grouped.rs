@@ -30,7 +30,7 @@ use super::pipeline::{Sql, sql};
 use super::writes::{EffectRow, OperationRow, Writes};
 use crate::{
     ApprovalRecord, AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectStatus, Finish, LedgerError, LocalWrite,
-    OperationRecord, OperationStatus, OutboxMessage, Staged, Tombstone, answer_may_ride, approval_stands,
+    OperationRecord, OperationStatus, OutboxMessage, Staged, Tombstone, answer_may_ride, approval_stands, claim_lost,
     refused_finish, stamp, take_over, verdict,
 };
 
@@ -66,7 +66,7 @@ pub(super) enum Answer {
 /// What a job decided: its answer, its writes (none: it wrote nothing), and whether they may ride
 /// with the next durable commit instead of waiting for their own flush: an effect's answer with
 /// nothing staged beside it ([`Job::may_ride`]), or the claim of a new operation with the first
-/// fence. What each asks of the owner's next flushed write here, where the host outlives a server
+/// fence and no approval. What each asks of the owner's next flushed write here, where the host outlives a server
 /// crash: `riding.rs`.
 pub(super) struct Decided {
     pub answer: Answer,
@@ -338,8 +338,11 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Dec
             }
             // Rides with the owner's next flushed write, which checks that the row is still this
             // claim's (`riding.rs`). One with a drawn fence waits for its own flush, and so does
-            // one under an approval: a person's decision on it is refused once a call of it has
-            // started (`jobs::put_approval`), which a claim a crash takes back must not do.
+            // one under a person's approval: a decision on that approval is refused once a call of
+            // it has started (`jobs::put_approval`), and the refusal should rest on a claim on
+            // disk. (A redb claim lives in memory until its first durable write all the same; a
+            // crash there takes the refusing process with it, and the approval then stands for
+            // the call's retry, as the refusal said.)
             let rides = op.fence == 1 && req.approval.is_none();
             writes.inserted.push(OperationRow::of(&op)?.claimed_with(token));
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
@@ -361,12 +364,11 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Dec
 /// The operation and whether it was recorded, if `fence` owns it (claimed with that fence, and,
 /// for a claim that rode, by that claim: `riding.rs`); `Fenced` or `ClaimLost` otherwise.
 fn owned(read: &Read, key: &str, fence: u64) -> Result<(OperationRecord, bool), LedgerError> {
-    // Its claim rode and a server crash lost it: the row is gone, or another claimant's with the
-    // same first fence.
-    if fence == 1
-        && let Some(token) = read.ridden.get(key)
-        && read.claims.get(key) != Some(token)
-    {
+    let row = read
+        .operations
+        .get(key)
+        .map(|(op, _)| (op.fence, op.status == OperationStatus::Claimed, read.claims.get(key).copied().unwrap_or(0)));
+    if claim_lost(fence, read.ridden.get(key).copied(), row) {
         return Err(LedgerError::ClaimLost { operation_key: key.to_string() });
     }
     match read.operations.get(key) {

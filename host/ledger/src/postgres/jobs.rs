@@ -34,13 +34,13 @@
 //! effect's status and dispatches, an approval's revision) state the same condition once more to
 //! the database: were a lock ever missed, a write would still find no row, and be refused.
 
-use super::db::{Tx, encode, int, operation_lock, record, uint};
+use super::db::{Tx, column, encode, int, operation_lock, record, uint};
 use super::notify;
 use crate::ReconcileNote;
 use crate::{
     ApprovalRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, LedgerError, OperationRecord,
     OperationStatus, OutboxMessage, Removed, Resolution, Settlement, StaleApproval, Tombstone, approval_follows,
-    approval_lapses, expirable, settled, take_over,
+    approval_lapses, claim_lost, expirable, settled, take_over,
 };
 
 /// An answer, and whether the job wrote (a transaction that wrote nothing is rolled back and
@@ -170,13 +170,20 @@ pub(super) async fn note_reconcile(tx: &Tx<'_>, key: &str, note: &ReconcileNote)
 /// server crash lost the claim.
 pub(super) async fn renew(tx: &Tx<'_>, key: &str, fence: u64, until_ms: u64, ridden: Option<i64>) -> Done<()> {
     tx.lock(operation_lock(key)).await?;
-    let (mut op, recorded) = owned(tx, key, fence).await?;
-    if let Some(token) = ridden {
-        let row = tx.opt("SELECT claim FROM oncebox_operations WHERE key = $1", &[&key]).await?;
-        if row.map(|row| super::db::column::<i64>(&row, 0, "oncebox_operations")).transpose()? != Some(token) {
+    if ridden.is_some() {
+        let sql = "SELECT fence, status = 'claimed', claim FROM oncebox_operations WHERE key = $1";
+        let row = match tx.opt(sql, &[&key]).await? {
+            Some(row) => {
+                let fence: i64 = column(&row, 0, "oncebox_operations")?;
+                Some((uint(fence), column(&row, 1, "oncebox_operations")?, column(&row, 2, "oncebox_operations")?))
+            }
+            None => None,
+        };
+        if claim_lost(fence, ridden, row) {
             return Err(LedgerError::ClaimLost { operation_key: key.to_string() });
         }
     }
+    let (mut op, recorded) = owned(tx, key, fence).await?;
     op.lease_until_ms = op.lease_until_ms.max(until_ms);
     update_operation(tx, &op, recorded, (fence, OperationStatus::Claimed)).await?;
     Ok(((), true))

@@ -10,7 +10,7 @@
 //! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
 //! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
 //! the COMMIT answered (the sessions run with `synchronous_commit = on`; a new operation's claim
-//! and an effect's answer ride with the owner's next flushed COMMIT instead, as on redb:
+//! (with the first fence, under no approval) and an effect's answer ride with the owner's next flushed COMMIT instead, as on redb:
 //! `group.rs`, `riding.rs`), and a call that resolves
 //! `Err` wrote nothing that was recorded. The exceptions say so: a connection lost after the
 //! COMMIT may have been sent, a COMMIT that failed itself, and writers stopped while a group was
