@@ -634,6 +634,75 @@ async fn a_tool_whose_riding_claim_was_lost_sends_nothing() {
     assert_eq!(op.status, oncebox::ledger::OperationStatus::Completed, "the new owner's: {op:?}");
 }
 
+/// The same losses from a real crash: every server process quits at once, as in a power cut, and
+/// what rode and was not yet written out is gone (a claim's row, an answer), where the tests above
+/// remove it themselves. The host outlives its server, its connections do not: a call may fail on
+/// a dead one once. Then the owner whose claim was lost writes nothing, and the one whose answer
+/// was lost sends nothing more, while another host claims the operation anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_crash_loses_what_rode_and_the_host_that_outlives_it_acts_on_none_of_it() {
+    use crate::conformance::effect;
+    use oncebox::ledger::EffectStatus::{Completed, Dispatched};
+    // The WAL writer writes out a commit that did not wait for its flush every 10 s (its longest
+    // delay), or a WAL page once it is full: the last commit before a crash a few milliseconds
+    // later is not written out.
+    let mut cluster = oncebox_pg_cluster::Crashable::start(&[("wal_writer_delay", "10000ms")]);
+    let url = cluster.fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let raw = |sql: &'static str, key: &'static str| {
+        let url = url.clone();
+        async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            let connection = tokio::spawn(connection);
+            let n: i64 = client.query_one(sql, &[&key]).await.expect("count").get(0);
+            drop(client);
+            let _ = connection.await;
+            n
+        }
+    };
+
+    // A claim rides, and the server crashes.
+    claimed(&ledger, &["claimed".to_string()]).await;
+    cluster.crash_and_restart();
+    assert_eq!(raw("SELECT count(*) FROM oncebox_operations WHERE key = $1", "claimed").await, 0, "the claim was lost");
+    let other = Ledger::connect(&url).await.expect("another host");
+    let theirs = other.claim(&request("claimed", "b", 1_000)).await.expect("claim anew");
+    assert!(matches!(theirs, Claim::Owned { fence: 1, .. }), "{theirs:?}");
+    let ahead = effect("claimed", 1, Dispatched, 1);
+    let refused = past_dead_connections(|| ledger.put_effect(1, &ahead, None, Vec::new())).await;
+    assert!(matches!(refused, Err(LedgerError::ClaimLost { .. })), "{refused:?}");
+    other.put_effect(1, &ahead, None, Vec::new()).await.expect("the new owner's write-ahead");
+
+    // An answer rides after its flushed write-ahead, and the server crashes.
+    let fence = claimed(&ledger, &["answered".to_string()]).await[0];
+    let ahead = effect("answered", 1, Dispatched, 1);
+    ledger.put_effect(fence, &ahead, None, Vec::new()).await.expect("write-ahead");
+    let answer = effect("answered", 1, Completed, 1);
+    ledger.put_effect(fence, &answer, Some((Dispatched, 1)), Vec::new()).await.expect("answer");
+    assert_eq!(ledger.effects("answered").await.expect("read")[0].status, Completed, "committed, seen");
+    cluster.crash_and_restart();
+    let sql = "SELECT count(*) FROM oncebox_effects WHERE operation_key = $1 AND status = 'dispatched'";
+    assert_eq!(raw(sql, "answered").await, 1, "the write-ahead was kept, its answer lost");
+    let next = effect("answered", 2, Dispatched, 1);
+    let refused = past_dead_connections(|| ledger.put_effect(fence, &next, None, Vec::new())).await;
+    assert!(matches!(refused, Err(LedgerError::AnswerLost { .. })), "{refused:?}");
+    assert_eq!(raw("SELECT count(*) FROM oncebox_effects WHERE operation_key = $1", "answered").await, 1);
+}
+
+/// `write` until it is not refused by a connection that died with its server (at most a few
+/// times: each such failure drops one dead connection from the pool).
+async fn past_dead_connections<F: std::future::Future<Output = Result<(), LedgerError>>>(
+    mut write: impl FnMut() -> F,
+) -> Result<(), LedgerError> {
+    for _ in 0..16 {
+        match write().await {
+            Err(LedgerError::Database { .. }) => continue,
+            other => return other,
+        }
+    }
+    write().await
+}
+
 /// An answer that rode is lost if the server crashes before flushing it (the state a crash
 /// leaves: the effect back at its write-ahead, `dispatched`). This host lives on, and its tool
 /// holds that answer: the owner's next write-ahead is refused (nothing would be sent on an answer
