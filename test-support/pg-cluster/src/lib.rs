@@ -276,7 +276,15 @@ impl Server {
     /// Immediate shutdown (SIGQUIT: every server process exits at once, writing nothing), waited for.
     fn crash(&mut self) {
         if let Some(mut postmaster) = self.postmaster.take() {
-            let _ = Command::new("kill").args(["-QUIT", &postmaster.id().to_string()]).status();
+            // The shell's own `kill`: no `kill` binary needed.
+            let pid = postmaster.id().to_string();
+            let _ = Command::new("sh").args(["-c", r#"kill -QUIT "$1""#, "kill", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(postmaster.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Not gone in time: killed outright.
+            let _ = postmaster.kill();
             let _ = postmaster.wait();
         }
     }
