@@ -259,7 +259,7 @@ impl Store for PostgresStore {
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(async move {
-            let job = grouped::Job::Claim { req: req.clone(), token: riding::token()? };
+            let job = grouped::Job::Claim { req: req.clone(), token: riding::token().map_err(|e| self.fail(e))? };
             match self.groups.submit(job, &self.name).await? {
                 grouped::Answer::Claim(claim) => Ok(*claim),
                 grouped::Answer::Written => Err(self.fail("a claim was answered as a write".into())),

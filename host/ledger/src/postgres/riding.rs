@@ -12,8 +12,8 @@
 //! - **A claim** (a new operation's, fence 1) is lost with its row. Another claimant may then make
 //!   the row again, with fence 1 too: the row carries the random token of the claim that made it,
 //!   and the owner's next flushed write (a write-ahead, before anything is sent; or the attempt's
-//!   record, before any local effect is written) is refused (`ClaimLost`) unless the row is still
-//!   its claim's. A new claim here of an operation whose claim here rode and is gone takes a drawn
+//!   record, before any local effect is written), like its lease renewal, is refused (`ClaimLost`:
+//!   `rules::claim_lost`) unless the row is still its claim's. A new claim here of an operation whose claim here rode and is gone takes a drawn
 //!   fence (`grouped::claim`): both owners would write with fence 1 from this one host.
 //! - **An answer** is lost with the effect back at `dispatched`, in doubt, and the tool holds it:
 //!   the owner's next write-ahead would send the next effect on it. It is refused (`AnswerLost`)
@@ -41,9 +41,8 @@ pub(super) struct Riding {
 }
 
 /// A random token for a claim: never 0, which a row made by a host that does not write tokens has.
-pub(super) fn token() -> Result<i64, LedgerError> {
-    let drawn = getrandom::u64()
-        .map_err(|e| LedgerError::Corrupt { what: format!("no randomness for a claim's token: {e}") })?;
+pub(super) fn token() -> Result<i64, String> {
+    let drawn = getrandom::u64().map_err(|e| format!("no randomness for a claim's token: {e}"))?;
     // Any value but 0, negative ones too: the column is a bigint.
     let token = i64::from_ne_bytes(drawn.to_ne_bytes());
     Ok(if token == 0 { 1 } else { token })
