@@ -66,8 +66,8 @@ pub(super) enum Answer {
 /// What a job decided: its answer, its writes (none: it wrote nothing), and whether they may ride
 /// with the next durable commit instead of waiting for their own flush: an effect's answer with
 /// nothing staged beside it ([`Job::may_ride`]), or the claim of a new operation with the first
-/// fence and no approval. What each asks of the owner's next flushed write here, where the host outlives a server
-/// crash: `riding.rs`.
+/// fence and no approval. What each asks of the owner's next flushed write here, where the host
+/// outlives a server crash: `riding.rs`.
 pub(super) struct Decided {
     pub answer: Answer,
     pub writes: Writes,

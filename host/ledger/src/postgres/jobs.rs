@@ -164,10 +164,9 @@ pub(super) async fn note_reconcile(tx: &Tx<'_>, key: &str, note: &ReconcileNote)
     Ok((true, true))
 }
 
-/// Extends the lease of the owner of `fence`, while it still owns the operation.
-/// Renews the lease of the owner holding `fence`; of one whose claim rode with token `ridden`
-/// (`riding.rs`), only while the row is still that claim's: not another claimant's lease after a
-/// server crash lost the claim.
+/// Extends the lease of the owner of `fence`, while it still owns the operation; of one whose
+/// claim rode with token `ridden` (`riding.rs`), only while the row is still that claim's: not
+/// another claimant's lease after a server crash lost the claim.
 pub(super) async fn renew(tx: &Tx<'_>, key: &str, fence: u64, until_ms: u64, ridden: Option<i64>) -> Done<()> {
     tx.lock(operation_lock(key)).await?;
     if ridden.is_some() {

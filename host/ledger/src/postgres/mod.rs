@@ -6,13 +6,13 @@
 //! one process's memory, as the redb backend does for speed: another host could not see it.
 //! Fences beyond the first come from a database sequence, so no two hosts ever hand out the same
 //! one (a new operation's fence is 1; the random token its row carries tells two such claims
-//! apart, should a server crash lose the first: `riding.rs`). A Store
-//! call runs in one transaction, its own or, for the hot path's claims, write-aheads and attempts,
-//! one shared with other callers' (group commit: `group.rs`); its future resolves `Ok` only after
-//! the COMMIT answered (the sessions run with `synchronous_commit = on`; a new operation's claim
-//! (with the first fence, under no approval) and an effect's answer ride with the owner's next flushed COMMIT instead, as on redb:
-//! `group.rs`, `riding.rs`), and a call that resolves
-//! `Err` wrote nothing that was recorded. The exceptions say so: a connection lost after the
+//! apart, should a server crash lose the first: `riding.rs`). A Store call runs in one
+//! transaction, its own or, for the hot path's claims, write-aheads and attempts, one shared with
+//! other callers' (group commit: `group.rs`); its future resolves `Ok` only after the COMMIT
+//! answered (the sessions run with `synchronous_commit = on`; a new operation's claim, with the
+//! first fence and under no approval, and an effect's answer ride with the owner's next flushed
+//! COMMIT instead, as on redb: `group.rs`, `riding.rs`), and a call that resolves `Err` wrote
+//! nothing that was recorded. The exceptions say so: a connection lost after the
 //! COMMIT may have been sent, a COMMIT that failed itself, and writers stopped while a group was
 //! in flight (the host going away) leave unknown whether the write was recorded, as the redb
 //! backend's failed batch does.

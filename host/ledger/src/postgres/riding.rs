@@ -13,8 +13,9 @@
 //!   the row again, with fence 1 too: the row carries the random token of the claim that made it,
 //!   and the owner's next flushed write (a write-ahead, before anything is sent; or the attempt's
 //!   record, before any local effect is written), like its lease renewal, is refused (`ClaimLost`:
-//!   `rules::claim_lost`) unless the row is still its claim's. A new claim here of an operation whose claim here rode and is gone takes a drawn
-//!   fence (`grouped::claim`): both owners would write with fence 1 from this one host.
+//!   `rules::claim_lost`) unless the row is still its claim's. A new claim here of an operation
+//!   whose claim here rode and is gone takes a drawn fence (`grouped::claim`): both owners would
+//!   write with fence 1 from this one host otherwise.
 //! - **An answer** is lost with the effect back at `dispatched`, in doubt, and the tool holds it:
 //!   the owner's next write-ahead would send the next effect on it. It is refused (`AnswerLost`)
 //!   until the attempt is recorded, which cannot finish the operation completed or failed either
