@@ -197,9 +197,11 @@ const APPROVALS: &str =
     "SELECT operation_key, record FROM oncebox_approvals WHERE operation_key = ANY($1::text[]) FOR UPDATE";
 const EFFECTS: &str = "SELECT operation_key, record FROM oncebox_effects WHERE operation_key = ANY($1::text[]) \
                        ORDER BY operation_key, first_dispatched_ms, label, effect_key";
+/// Looks the keys up by the table's key whatever the table's size when planned (`writes.rs`).
 const KV_VERSIONS: &str = "SELECT kv.namespace, kv.key, kv.version FROM oncebox_kv kv \
                            JOIN unnest($1::text[], $2::text[]) AS u(namespace, key) \
-                           ON kv.namespace = u.namespace AND kv.key = u.key";
+                           ON kv.namespace = u.namespace AND kv.key = u.key \
+                           WHERE kv.namespace = ANY($1::text[]) AND kv.key = ANY($2::text[])";
 /// Reads the last outbox sequence number handed out, locked until the commit.
 const OUTBOX_SEQ_FOR_UPDATE: &str = "SELECT value FROM oncebox_meta WHERE name = 'outbox_seq' FOR UPDATE";
 

@@ -1,5 +1,11 @@
 //! A group's writes (`group.rs`), gathered from its jobs' decisions (`grouped.rs`) by kind of row
 //! and sent as one statement per kind: the rows as arrays, `unnest`ed by the server.
+//!
+//! A statement that joins a table with its `unnest`ed rows also names their keys with `= ANY`, so
+//! that the plan it keeps for the connection's life reads those rows by the table's key however
+//! small the table was when it was planned (`options.rs`). The same holds for `grouped.rs`'s reads.
+//! Effects are named by their operations' keys only: an operation has few, and an index searched
+//! with two `= ANY` columns is searched once per pair of values.
 
 use std::collections::HashMap;
 
@@ -155,7 +161,8 @@ impl Writes {
                 "WITH w AS (UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
                  recorded = u.rd, record = u.rec FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], \
                  $5::bigint[], $6::bool[], $7::bytea[], $8::text[]) AS u(k, held, st, f, l, rd, rec, held_st) \
-                 WHERE o.key = u.k AND o.fence = u.held AND o.status = u.held_st RETURNING 1) \
+                 WHERE o.key = ANY($1::text[]) AND o.key = u.k AND o.fence = u.held AND o.status = u.held_st \
+                 RETURNING 1) \
                  SELECT 1 / (count(*) = $9)::int FROM w",
                 rows.iter().map(|(r, ..)| r.key.clone()).collect::<Vec<_>>(),
                 rows.iter().map(|(_, _, held, _)| *held).collect::<Vec<_>>(),
@@ -187,7 +194,8 @@ impl Writes {
             let (namespaces, keys): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
             out.push(sql!(
                 "DELETE FROM oncebox_kv kv USING unnest($1::text[], $2::text[]) AS u(n, k) \
-                 WHERE kv.namespace = u.n AND kv.key = u.k",
+                 WHERE kv.namespace = ANY($1::text[]) AND kv.key = ANY($2::text[]) \
+                 AND kv.namespace = u.n AND kv.key = u.k",
                 namespaces,
                 keys,
             ));
@@ -235,7 +243,8 @@ impl Writes {
                  label = u.lb, record = u.rec FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
                  $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::bigint[]) \
                  AS u(ok, ek, st, d, fd, lb, rec, held_st, held_d) \
-                 WHERE e.operation_key = u.ok AND e.effect_key = u.ek AND e.status = u.held_st \
+                 WHERE e.operation_key = ANY($1::text[]) \
+                 AND e.operation_key = u.ok AND e.effect_key = u.ek AND e.status = u.held_st \
                  AND e.dispatches = u.held_d RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
                 rows,
             );
