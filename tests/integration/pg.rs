@@ -382,6 +382,98 @@ async fn writes_share_commits_and_one_refusal_fails_only_its_own() {
     assert_eq!(ledger.kv_entry("ns", "stale").await.expect("read"), None, "the stale owner wrote nothing");
 }
 
+/// A group's statements are planned once per connection, perhaps while the tables are near empty,
+/// and that plan is kept as they grow: each must find its rows by the tables' keys, or every group
+/// reads whole tables (a hash join over a sequential scan, or over a whole index, planned for a
+/// table of a few rows). And an operation's row, written again when it ends, is rewritten on its
+/// own page (a HOT update, no new index entries). Counted by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
+    const FILLER: i64 = 20_000;
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let client = connect(&url).await;
+    let rounds = 8;
+    for round in 0..rounds {
+        let ops: Vec<String> = (0..64).map(|n| format!("r{round}-{n}")).collect();
+        let fences = claimed(&ledger, &ops).await;
+        // Versioned writes (their versions read by key) to keys of their own: the KV table grows too.
+        let results = end_at_once(&ledger, &ops, &fences, |n| ("ns".into(), format!("r{round}-{n}"), Some(0))).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        if round == 0 {
+            // The plans are made: now the table is large, as a deployment's becomes.
+            let filler = format!(
+                "INSERT INTO oncebox_operations (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, \
+                 record) SELECT 'filler-' || n, 'filler', 'filler-' || n, 'fulfill', 'completed', 1, 0, true, '{{}}' \
+                 FROM generate_series(1, {FILLER}) AS n"
+            );
+            client.batch_execute(&filler).await.expect("filler");
+        }
+    }
+    drop(ledger);
+
+    // The server counts a connection's reads when it is idle or closed, within about ten seconds.
+    let sql = "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_upd - n_tup_hot_upd, seq_tup_read, idx_tup_fetch \
+               FROM pg_stat_user_tables WHERE relname IN ('oncebox_operations', 'oncebox_kv') ORDER BY relname";
+    // (table, rows inserted, rows updated, updates moving a row, rows read by sequential scans, by
+    // index scans)
+    type Counted = (String, i64, i64, i64, i64, i64);
+    let calls = 64 * rounds;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let counted: Vec<Counted> = loop {
+        let rows = client.query(sql, &[]).await.expect("statistics");
+        let counted: Vec<Counted> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))).collect();
+        let written = counted.iter().map(|c| (c.1, c.2)).collect::<Vec<_>>();
+        if written == [(calls, 0), (calls + FILLER, calls)] || Instant::now() > deadline {
+            break counted;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let [kv, operations] = &counted[..] else { panic!("{counted:?}") };
+    assert_eq!((kv.1, kv.2, kv.4), (calls, 0, 0), "the KV table (inserted, updated, read by sequential scans)");
+    assert_eq!((operations.1, operations.2), (calls + FILLER, calls), "the operations table (inserted, updated)");
+    assert_eq!(operations.3, 0, "updates of an operation that moved its row to another page");
+    // A handful of rows per call (the claim's check, the record's lock and rewrite, the foreign
+    // keys of its attempt and effect): far fewer than one read of the whole table.
+    let read = operations.4 + operations.5;
+    assert!(read < FILLER, "{read} rows of the operations table read for {calls} calls: {counted:?}");
+}
+
+/// Every host leaves half of each page of the operations table free for the rows' rewrites (see
+/// the test above), in a database made before too; a fillfactor an operator set is theirs. A host
+/// that cannot have the table's lock soon (a VACUUM holds it) connects without it.
+#[tokio::test]
+async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_otherwise() {
+    let url = fresh_database().await;
+    let client = connect(&url).await;
+    let fillfactor = async || -> Vec<String> {
+        let sql = "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'oncebox_operations'::regclass";
+        client.query_one(sql, &[]).await.expect("reloptions").get(0)
+    };
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=50"]);
+    client.batch_execute("ALTER TABLE oncebox_operations RESET (fillfactor)").await.expect("a database made before");
+    client.batch_execute("BEGIN; LOCK TABLE oncebox_operations IN SHARE UPDATE EXCLUSIVE MODE").await.expect("lock");
+    let started = Instant::now();
+    drop(Ledger::connect(&url).await.expect("connect while the lock is held"));
+    assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
+    assert_eq!(fillfactor().await, Vec::<String>::new(), "not set while the lock is held");
+    client.batch_execute("COMMIT").await.expect("unlock");
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=50"]);
+    client.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 80)").await.expect("an operator's");
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=80"]);
+}
+
+/// A client of the database at `url`, its connection driven on a task of its own.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 /// What a group writes is what its writes one after another would have left: outbox numbers in
 /// order without a gap where a refused job stood between two that enqueue, and rows too large for
 /// one statement written whole.

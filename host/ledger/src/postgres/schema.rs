@@ -129,7 +129,32 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// has it too, and a host that does not know it ignores it.
 async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
     leases(tx).await?;
-    claim_tokens(tx).await
+    claim_tokens(tx).await?;
+    operations_fillfactor(tx).await
+}
+
+/// Half of each page of `oncebox_operations` kept free when rows are inserted: every operation is
+/// written again after its claim (its write-ahead, its end), and a row rewritten on its own page
+/// changes no index (a HOT update) where one moved to another page adds an entry to each. Set
+/// where no fillfactor is (an operator's own is kept), on a database made before too. Its lock
+/// blocks no reads or writes, but waits for a VACUUM or an index build: past a second, or for a
+/// role that does not own the table, the host connects without it, and a later connect sets it.
+async fn operations_fillfactor(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let set = "SELECT 1 FROM pg_class WHERE oid = 'oncebox_operations'::regclass \
+               AND EXISTS (SELECT 1 FROM unnest(reloptions) AS o WHERE o LIKE 'fillfactor=%')";
+    if tx.opt(set, &[]).await?.is_some() {
+        return Ok(());
+    }
+    let batch = |sql: &'static str| async move {
+        tx.tx.batch_execute(sql).await.map_err(|e| super::db::failed(tx.store, sql, &e))
+    };
+    batch("SAVEPOINT oncebox_fillfactor; SET LOCAL lock_timeout = 1000").await?;
+    match tx.tx.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 50)").await {
+        Ok(()) => batch("RELEASE SAVEPOINT oncebox_fillfactor").await?,
+        Err(e) if e.as_db_error().is_some() => batch("ROLLBACK TO SAVEPOINT oncebox_fillfactor").await?,
+        Err(e) => return Err(super::db::failed(tx.store, "ALTER TABLE oncebox_operations ...", &e)),
+    }
+    batch("SET LOCAL lock_timeout TO DEFAULT").await
 }
 
 /// The claim token of each operation (`riding.rs`). A host that does not know it inserts 0, which
