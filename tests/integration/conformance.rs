@@ -626,7 +626,7 @@ async fn reference() -> (Ledger, Option<tempfile::TempDir>) {
     (Ledger::on(ReferenceStore::new()), None)
 }
 
-/// A database of its own in the test cluster (`pg.rs`).
+/// A database of its own in the test cluster (`pg/mod.rs`).
 async fn postgres() -> (Ledger, Option<tempfile::TempDir>) {
     let url = super::pg::fresh_database().await;
     (Ledger::connect(&url).await.expect("connect"), None)

@@ -1,5 +1,5 @@
 //! Many hosts, one ledger: separate `oncebox` processes on one PostgreSQL database (a throwaway
-//! cluster, `pg.rs`), each its own host with its own connection pool, sharing one key file. Every
+//! cluster, `pg/mod.rs`), each its own host with its own connection pool, sharing one key file. Every
 //! effect is counted at the example provider, never where oncebox believes it went.
 #![cfg(unix)]
 

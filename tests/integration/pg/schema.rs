@@ -1,0 +1,82 @@
+//! The schema and the store's name: made once by hosts connecting together, refused in another
+//! version, kept with room for rewrites; a store named without its password, in one line when it
+//! is not there.
+
+use std::time::{Duration, Instant};
+
+use oncebox::ledger::postgres::PostgresStore;
+use oncebox::ledger::{Ledger, Store};
+
+use super::{connect, fresh_database};
+
+#[tokio::test]
+async fn a_store_is_named_by_its_url_without_the_password() {
+    let url = fresh_database().await;
+    let with_password = url.replacen("postgres@", "postgres:hunter2@", 1);
+    let store = PostgresStore::connect(&with_password).await.expect("connect (trust ignores the password)");
+    let name = Store::name(&store).display().to_string();
+    assert_eq!(name, url);
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_is_an_error_naming_the_store_in_one_line() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let url = format!("postgres://alice:hunter2@127.0.0.1:{port}/ledger");
+    let error = Ledger::connect(&url).await.expect_err("nothing listens there").to_string();
+    assert!(error.contains(&format!("postgres://alice@127.0.0.1:{port}/ledger")), "{error}");
+    assert!(error.contains("cannot connect") && !error.contains("hunter2") && !error.contains('\n'), "{error}");
+}
+
+#[tokio::test]
+async fn a_database_of_another_schema_version_is_refused_naming_both() {
+    let url = fresh_database().await;
+    drop(Ledger::connect(&url).await.expect("create the schema"));
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    let connection = tokio::spawn(connection);
+    client.batch_execute("UPDATE oncebox_meta SET value = 99 WHERE name = 'schema_version'").await.expect("update");
+    drop(client);
+    let _ = connection.await;
+    let error = Ledger::connect(&url).await.expect_err("another version");
+    assert!(error.is_unusable_ledger(), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("schema version 99") && message.contains("version 1"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_connecting_together_make_one_schema() {
+    let url = fresh_database().await;
+    let hosts = (0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { Ledger::connect(&url).await })
+    });
+    for host in hosts {
+        host.await.expect("join").expect("every host connects");
+    }
+}
+
+/// Every host leaves half of each page of the operations table free for the rows' rewrites (see
+/// the test above), in a database made before too; a fillfactor an operator set is theirs. A host
+/// that cannot have the table's lock soon (a VACUUM holds it) connects without it.
+#[tokio::test]
+async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_otherwise() {
+    let url = fresh_database().await;
+    let client = connect(&url).await;
+    let fillfactor = async || -> Vec<String> {
+        let sql = "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'oncebox_operations'::regclass";
+        client.query_one(sql, &[]).await.expect("reloptions").get(0)
+    };
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=50"]);
+    client.batch_execute("ALTER TABLE oncebox_operations RESET (fillfactor)").await.expect("a database made before");
+    client.batch_execute("BEGIN; LOCK TABLE oncebox_operations IN SHARE UPDATE EXCLUSIVE MODE").await.expect("lock");
+    let started = Instant::now();
+    drop(Ledger::connect(&url).await.expect("connect while the lock is held"));
+    assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
+    assert_eq!(fillfactor().await, Vec::<String>::new(), "not set while the lock is held");
+    client.batch_execute("COMMIT").await.expect("unlock");
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=50"]);
+    client.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 80)").await.expect("an operator's");
+    drop(Ledger::connect(&url).await.expect("connect"));
+    assert_eq!(fillfactor().await, ["fillfactor=80"]);
+}
