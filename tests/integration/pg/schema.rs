@@ -2,7 +2,7 @@
 //! version, kept with room for rewrites; a store named without its password, in one line when it
 //! is not there.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{Ledger, Store};
@@ -54,9 +54,10 @@ async fn hosts_connecting_together_make_one_schema() {
     }
 }
 
-/// Every host leaves half of each page of the operations table free for the rows' rewrites (see
-/// the test above), in a database made before too; a fillfactor an operator set is theirs. A host
-/// that cannot have the table's lock soon (a VACUUM holds it) connects without it.
+/// Every host leaves half of each page of the operations table free for the rows' rewrites
+/// (`groups.rs` counts them), in a database made before too; a fillfactor an operator set is
+/// theirs. A host that cannot have the table's lock soon (a VACUUM holds it), or whose role does
+/// not own the table, connects without it.
 #[tokio::test]
 async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_otherwise() {
     let url = fresh_database().await;
@@ -69,11 +70,22 @@ async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_o
     assert_eq!(fillfactor().await, ["fillfactor=50"]);
     client.batch_execute("ALTER TABLE oncebox_operations RESET (fillfactor)").await.expect("a database made before");
     client.batch_execute("BEGIN; LOCK TABLE oncebox_operations IN SHARE UPDATE EXCLUSIVE MODE").await.expect("lock");
-    let started = Instant::now();
-    drop(Ledger::connect(&url).await.expect("connect while the lock is held"));
-    assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
+    let held = tokio::time::timeout(Duration::from_secs(10), Ledger::connect(&url)).await;
+    drop(held.expect("connected within 10 s while the lock is held").expect("connect while the lock is held"));
     assert_eq!(fillfactor().await, Vec::<String>::new(), "not set while the lock is held");
     client.batch_execute("COMMIT").await.expect("unlock");
+    // A role that may use the tables but does not own them.
+    let tenant: String = client.query_one("SELECT 'tenant_' || current_database()", &[]).await.expect("name").get(0);
+    let grant = format!(
+        "CREATE ROLE {tenant} LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO {tenant}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {tenant}; \
+         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {tenant}"
+    );
+    client.batch_execute(&grant).await.expect("a role of its own");
+    let as_tenant = url.replace("postgres://postgres@", &format!("postgres://{tenant}@"));
+    assert_ne!(as_tenant, url, "{url}");
+    drop(Ledger::connect(&as_tenant).await.expect("connect as a role that does not own the table"));
+    assert_eq!(fillfactor().await, Vec::<String>::new(), "not set by a role that does not own the table");
     drop(Ledger::connect(&url).await.expect("connect"));
     assert_eq!(fillfactor().await, ["fillfactor=50"]);
     client.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 80)").await.expect("an operator's");

@@ -55,11 +55,14 @@ pub(super) async fn measure(client: &Client, into: &Offset) -> Result<(), Error>
 
 /// Measures again every [`EVERY`] while the store lives; a failed reading keeps the last offset
 /// (the store's own calls report a database that is gone).
-pub(super) fn keep_measuring(pool: deadpool_postgres::Pool, offset: Weak<Offset>) {
+pub(super) fn keep_measuring(pool: &deadpool_postgres::Pool, offset: Weak<Offset>) {
+    // Neither kept alive by this task: a store dropped closes its connections at once, not at
+    // the next measure.
+    let pool = pool.weak();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(EVERY).await;
-            let Some(offset) = offset.upgrade() else { return };
+            let (Some(offset), Some(pool)) = (offset.upgrade(), pool.upgrade()) else { return };
             if let Ok(client) = pool.get().await
                 && let Err(e) = measure(&client, &offset).await
             {

@@ -139,11 +139,12 @@ impl PostgresStore {
                 return Err(e);
             }
         }
+        schema::keep_room_for_rewrites(&mut client).await;
         clock::measure(&client, &store.clock)
             .await
             .map_err(|e| store.fail(format!("reading its clock: {}", describe(&e))))?;
         drop(client);
-        clock::keep_measuring(store.pool.clone(), Arc::downgrade(&store.clock));
+        clock::keep_measuring(&store.pool, Arc::downgrade(&store.clock));
         Ok(store)
     }
 

@@ -129,32 +129,29 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// has it too, and a host that does not know it ignores it.
 async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
     leases(tx).await?;
-    claim_tokens(tx).await?;
-    operations_fillfactor(tx).await
+    claim_tokens(tx).await
 }
 
 /// Half of each page of `oncebox_operations` kept free when rows are inserted: every operation is
 /// written again after its claim (its write-ahead, its end), and a row rewritten on its own page
 /// changes no index (a HOT update) where one moved to another page adds an entry to each. Set
-/// where no fillfactor is (an operator's own is kept), on a database made before too. Its lock
-/// blocks no reads or writes, but waits for a VACUUM or an index build: past a second, or for a
-/// role that does not own the table, the host connects without it, and a later connect sets it.
-async fn operations_fillfactor(tx: &Tx<'_>) -> Result<(), LedgerError> {
-    let set = "SELECT 1 FROM pg_class WHERE oid = 'oncebox_operations'::regclass \
-               AND EXISTS (SELECT 1 FROM unnest(reloptions) AS o WHERE o LIKE 'fillfactor=%')";
-    if tx.opt(set, &[]).await?.is_some() {
-        return Ok(());
+/// where no fillfactor is (an operator's own is kept), on a database made before too, by a role
+/// that owns the table. Its own transaction, after the schema's and outside its lock: its lock
+/// blocks no reads or writes but waits for a VACUUM, an ANALYZE or an index build, a second at
+/// most, so that hosts connecting meanwhile do not queue behind it. Past that second the host
+/// connects without it, and a later connect sets it.
+pub(super) async fn keep_room_for_rewrites(client: &mut deadpool_postgres::Client) {
+    const UNSET: &str = "SELECT 1 FROM pg_class c WHERE c.oid = 'oncebox_operations'::regclass \
+                         AND pg_has_role(c.relowner, 'USAGE') \
+                         AND NOT EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o WHERE o LIKE 'fillfactor=%')";
+    let Ok(Some(_)) = client.query_opt(UNSET, &[]).await else { return };
+    let Ok(tx) = client.transaction().await else { return };
+    // The wait's bound for this transaction only; the session keeps the URL's own.
+    let set = tx.batch_execute("SET LOCAL lock_timeout = 1000; ALTER TABLE oncebox_operations SET (fillfactor = 50)");
+    if set.await.is_ok() {
+        let _ = tx.commit().await;
     }
-    let batch = |sql: &'static str| async move {
-        tx.tx.batch_execute(sql).await.map_err(|e| super::db::failed(tx.store, sql, &e))
-    };
-    batch("SAVEPOINT oncebox_fillfactor; SET LOCAL lock_timeout = 1000").await?;
-    match tx.tx.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 50)").await {
-        Ok(()) => batch("RELEASE SAVEPOINT oncebox_fillfactor").await?,
-        Err(e) if e.as_db_error().is_some() => batch("ROLLBACK TO SAVEPOINT oncebox_fillfactor").await?,
-        Err(e) => return Err(super::db::failed(tx.store, "ALTER TABLE oncebox_operations ...", &e)),
-    }
-    batch("SET LOCAL lock_timeout TO DEFAULT").await
+    // Otherwise the transaction rolls back as it is dropped: the table is as it was.
 }
 
 /// The claim token of each operation (`riding.rs`). A host that does not know it inserts 0, which

@@ -4,8 +4,9 @@
 //! A statement that joins a table with its `unnest`ed rows also names their keys with `= ANY`, so
 //! that the plan it keeps for the connection's life reads those rows by the table's key however
 //! small the table was when it was planned (`options.rs`). The same holds for `grouped.rs`'s reads.
-//! Effects are named by their operations' keys only: an operation has few, and an index searched
-//! with two `= ANY` columns is searched once per pair of values.
+//! An index searched with two `= ANY` columns is searched once per pair of values: effects are
+//! named by their operations' keys only (an operation has few), KV entries by both columns (a
+//! group's keys share a few namespaces).
 
 use std::collections::HashMap;
 
