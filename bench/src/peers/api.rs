@@ -23,9 +23,12 @@ pub async fn serve(host: &Host, dir: &Path) -> anyhow::Result<String> {
     std::fs::create_dir_all(&tools).with_context(|| format!("creating {}", tools.display()))?;
     let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a token for the API: {e}"))?;
     let app = App::for_http(host.clone(), token, addr, None, Loaded::new(tools), MAX_CALLS);
-    let router = oncebox_serve::router(&app, 1 << 20);
+    // The server's own router and listener, with its default limits: what `oncebox serve` runs.
+    let limits = oncebox_serve::ConnectionLimits::default();
+    let router = oncebox_serve::router(&app, limits, oncebox_serve::MAX_MCP_SESSIONS);
+    let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
+        if let Err(e) = oncebox_serve::serve(listener, router, limits, stop).await {
             eprintln!("the bench's oncebox API stopped: {e}");
         }
     });

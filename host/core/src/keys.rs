@@ -22,6 +22,24 @@ pub fn operation_key(run_id: &str, step_id: &str, tool: &str) -> String {
 /// undoes (see `saga.rs`).
 pub const COMPENSATION_PREFIX: &str = "compensate/";
 
+/// The longest run or step id, in bytes. Ids are the orchestrator's names, logged and shown
+/// wherever their operation is: a longer one is a mistake (a payload where a name belongs).
+pub const MAX_ID_BYTES: usize = 512;
+
+/// Why `id` (a run's or a step's, `what` says which) cannot name anything: empty, longer than
+/// [`MAX_ID_BYTES`], or holding a control character (a newline in an id would print a log line
+/// that looks like the host's own). Asked by every front door before anything is recorded.
+pub fn id_refused(what: &str, id: &str) -> Option<String> {
+    if id.trim().is_empty() {
+        return Some(format!("the {what} id must not be empty"));
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Some(format!("the {what} id is {} bytes; ids are at most {MAX_ID_BYTES}", id.len()));
+    }
+    let control = id.chars().find(|c| c.is_control())?;
+    Some(format!("the {what} id holds the control character {control:?}; ids are printable text"))
+}
+
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.
 /// Forwarded downstream as `Idempotency-Key`.
 pub fn effect_key(operation_key: &str, label: &str, occurrence: u32) -> String {
@@ -204,6 +222,17 @@ fn hash(domain: &str, parts: &[&[u8]]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_id_is_printable_bounded_text() {
+        assert_eq!(super::id_refused("run", "order-42/charge"), None);
+        assert_eq!(super::id_refused("step", &"s".repeat(super::MAX_ID_BYTES)), None);
+        for bad in ["", "  ", "a\nINFO forged", "a\rb", "tab\there", "nul\0", "\u{85}next-line"] {
+            assert!(super::id_refused("run", bad).is_some(), "{bad:?}");
+        }
+        let long = super::id_refused("step", &"s".repeat(super::MAX_ID_BYTES + 1)).expect("refused");
+        assert!(long.contains("513 bytes"), "{long}");
+    }
+
     use super::*;
     use serde_json::json;
 

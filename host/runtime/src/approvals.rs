@@ -326,6 +326,21 @@ pub async fn decide_on(
         Err(LedgerError::ApprovalClosed { .. }) => {
             return Err(refuse("a call of it started meanwhile; it runs under the approval it saw".into()));
         }
+        // Another decision (or a renewal for new code) was written since this one read the
+        // request: it won, and this one is refused with what it was, never written over it.
+        Err(LedgerError::ApprovalChanged { .. }) => {
+            let now = ledger.approval(operation_key).await?;
+            let won = match now {
+                Some(won) if won.state != ApprovalState::Pending => format!(
+                    "{} {} it at {} meanwhile",
+                    won.decided_by.as_deref().unwrap_or("?"),
+                    won.state.as_str(),
+                    time(won.decided_ms.unwrap_or(0))
+                ),
+                _ => "the request changed meanwhile (it was renewed for other code)".to_string(),
+            };
+            return Err(refuse(format!("{won}; this decision was not recorded: look at the request again")));
+        }
         Err(e) => return Err(e.into()),
     }
     tracing::info!(%operation_key, state = record.state.as_str(), by, "approval decided");

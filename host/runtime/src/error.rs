@@ -24,6 +24,9 @@ pub enum CallError {
         crate::keys::COMPENSATION_PREFIX
     )]
     ReservedStep { step_id: String },
+    /// A run or step id that cannot name anything (`keys::id_refused`); nothing was recorded.
+    #[error("{reason}")]
+    InvalidId { reason: String },
     #[error("cannot settle the operation: {reason}")]
     InvalidResolution { reason: String },
     #[error("cannot decide the approval of operation {operation_key}: {reason}")]

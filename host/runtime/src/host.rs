@@ -373,6 +373,11 @@ impl Host {
     /// Runs a call through the pipeline of DESIGN section 4.
     pub async fn call(&self, call: Call) -> Result<Outcome, CallError> {
         let entry = self.entry(&call.tool)?;
+        for (what, id) in [("run", &call.run_id), ("step", &call.step_id)] {
+            if let Some(reason) = id.as_deref().and_then(|id| crate::keys::id_refused(what, id)) {
+                return Err(CallError::InvalidId { reason });
+            }
+        }
         // Only the saga runs a compensation (`saga.rs`, straight through the pipeline): a caller's
         // step under that name would count as the undo of a step nothing undid.
         if let Some(step_id) = call.step_id.as_deref().filter(|s| s.starts_with(crate::keys::COMPENSATION_PREFIX)) {

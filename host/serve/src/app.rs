@@ -219,10 +219,12 @@ fn shape(request: CallRequest) -> Result<Call, ApiError> {
     if !request.args.is_object() {
         return Err(ApiError::BadRequest("`args` must be a JSON object".into()));
     }
-    let blank = |id: &Option<String>| id.as_deref().is_some_and(|id| id.trim().is_empty());
-    if blank(&request.run_id) || blank(&request.step_id) {
-        // An unset template variable must not fold many intents into one step.
-        return Err(ApiError::BadRequest("`run_id` and `step_id` must not be empty".into()));
+    // Refused before the ledger is read or anything logged (the host asks the same rule again).
+    // An empty id is an unset template variable, which must not fold many intents into one step.
+    for (what, id) in [("run", &request.run_id), ("step", &request.step_id)] {
+        if let Some(reason) = id.as_deref().and_then(|id| oncebox_runtime::keys::id_refused(what, id)) {
+            return Err(ApiError::BadRequest(reason));
+        }
     }
     let args = request.args.to_string();
     let call = match (request.run_id, request.step_id) {

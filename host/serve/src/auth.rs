@@ -7,19 +7,40 @@
 //!   settle by hand, compensate, which sends refunds) needs it.
 //! - Beyond loopback, or behind `--public-url` (a proxy forwards strangers' requests to a loopback
 //!   address, so the peer's address proves nothing), every request but `/healthz` needs it.
+//! - A request a proxy forwarded (it carries `Forwarded`, `X-Forwarded-*`, `X-Real-IP` or `Via`)
+//!   to a server started without `--public-url` needs it too: the proxy's peer is a stranger as
+//!   far as this server can tell, whatever `Host` the proxy wrote.
 //!
-//! The console carries the token in a session cookie set by its sign-in form, and each of its
-//! forms carries a CSRF token.
+//! The console carries the operator in a session cookie set by its sign-in form (`sessions`),
+//! and each of its forms carries a CSRF token bound to that session.
 
-use axum::http::HeaderMap;
 use axum::http::header::{AUTHORIZATION, COOKIE};
+use axum::http::{HeaderMap, HeaderName};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::error::ApiError;
+use super::sessions::Sessions;
 
 /// The console's session cookie.
 pub const SESSION_COOKIE: &str = "oncebox_session";
+
+/// The headers a proxy adds to a request it forwards (RFC 7239, the de-facto `X-Forwarded-*`,
+/// nginx's `X-Real-IP`, HTTP's `Via`). A proxy that adds none of them cannot be told from a
+/// process on this machine: behind any proxy, start the server with `--public-url`.
+const FORWARDING: [&str; 7] =
+    ["forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port", "x-real-ip", "via"];
+
+/// Why the sign-in form took no session.
+#[derive(Debug)]
+pub enum SignInRefused {
+    /// Not the operator's token.
+    Wrong,
+    /// Too many wrong tokens lately: the form takes none for this long.
+    Closed(std::time::Duration),
+    /// No randomness for the session id.
+    Random(getrandom::Error),
+}
 
 pub struct Auth {
     token: String,
@@ -28,6 +49,8 @@ pub struct Auth {
     /// The `Host` values a request may carry. Any other is a browser's request under a rebound
     /// DNS name, or a name the operator did not give.
     hosts: Hosts,
+    /// The console's signed-in sessions and the sign-in form's bound on wrong tokens.
+    sessions: Sessions,
 }
 
 /// The one allow-list of hosts and origins.
@@ -55,12 +78,13 @@ impl Auth {
     pub(crate) fn new(token: String, listening: Option<std::net::SocketAddr>, public: Option<&url::Url>) -> Auth {
         let Some(addr) = listening else {
             // stdio: no HTTP request ever reaches this server.
-            return Auth { token, everywhere: false, hosts: Hosts::Listed { hosts: Vec::new(), origins: Vec::new() } };
+            let hosts = Hosts::Listed { hosts: Vec::new(), origins: Vec::new() };
+            return Auth { token, everywhere: false, hosts, sessions: Sessions::default() };
         };
         let beyond_loopback = !addr.ip().is_loopback();
         let everywhere = beyond_loopback || public.is_some();
         if beyond_loopback && public.is_none() {
-            return Auth { token, everywhere, hosts: Hosts::Any };
+            return Auth { token, everywhere, hosts: Hosts::Any, sessions: Sessions::default() };
         }
         let port = addr.port();
         // A proxy in front of a loopback server often rewrites `Host` to the upstream's address
@@ -81,7 +105,12 @@ impl Auth {
             });
             origins.push(url.origin().ascii_serialization());
         }
-        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins } }
+        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins }, sessions: Sessions::default() }
+    }
+
+    /// Whether a request must name this server in `Host`: wherever the allow-list is a list.
+    pub fn requires_host(&self) -> bool {
+        matches!(self.hosts, Hosts::Listed { .. })
     }
 
     /// Whether `host` (a `Host` header's value) names this server.
@@ -104,35 +133,48 @@ impl Auth {
         }
     }
 
-    /// A request may call tools, read and reconcile: on loopback, anyone; elsewhere the operator.
+    /// A request may call tools, read and reconcile: on loopback, anyone; elsewhere, or through a
+    /// proxy, the operator.
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.everywhere { self.operator(headers) } else { Ok(()) }
+        match self.stranger(headers) {
+            Some(why) => self.operator(headers).map_err(|_| ApiError::Unauthorized(why)),
+            None => Ok(()),
+        }
     }
 
     /// A request may read the console's pages: always on loopback, signed in (or with the token)
-    /// elsewhere. The API and MCP never take the cookie.
+    /// elsewhere or through a proxy. The API and MCP never take the cookie.
     pub fn may_read_console(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.everywhere { self.console_operator(headers) } else { Ok(()) }
+        match self.stranger(headers) {
+            Some(why) => self.console_operator(headers).map_err(|_| ApiError::Unauthorized(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why a request counts as a stranger's until it shows the token, if it does: the server is
+    /// reached beyond loopback, or a proxy forwarded the request.
+    fn stranger(&self, headers: &HeaderMap) -> Option<String> {
+        if self.everywhere {
+            return Some(NEEDS_TOKEN.into());
+        }
+        let header = FORWARDING.iter().find(|name| headers.contains_key(HeaderName::from_static(name)))?;
+        Some(format!(
+            "this request came through a proxy (it carries `{header}`), and this server was started without \
+             --public-url, so it cannot tell the proxy's callers from its own machine: start it with --public-url \
+             URL (then every request needs the operator's token), or send `Authorization: Bearer TOKEN`"
+        ))
     }
 
     /// A request comes from the operator: `Authorization: Bearer TOKEN`. (The console's session
     /// cookie counts only on the console's own routes, with their CSRF token: `console_operator`.)
     pub fn operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.has_bearer(headers) {
-            Ok(())
-        } else {
-            Err(ApiError::Unauthorized(
-                "this needs the operator's token: `Authorization: Bearer TOKEN` (the token `oncebox serve` was given \
-                 with --token-file or $ONCEBOX_TOKEN)"
-                    .into(),
-            ))
-        }
+        if self.has_bearer(headers) { Ok(()) } else { Err(ApiError::Unauthorized(NEEDS_TOKEN.into())) }
     }
 
-    /// The operator on a console route: the bearer token or the session cookie. The route checks
+    /// The operator on a console route: the bearer token or an open session. The route checks
     /// the form's CSRF token as well.
     pub fn console_operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.has_session(headers) { Ok(()) } else { self.operator(headers) }
+        if self.session(headers).is_some() { Ok(()) } else { self.operator(headers) }
     }
 
     fn has_bearer(&self, headers: &HeaderMap) -> bool {
@@ -143,31 +185,45 @@ impl Auth {
             .is_some_and(|(scheme, given)| scheme.eq_ignore_ascii_case("bearer") && same(given.trim(), &self.token))
     }
 
-    /// Whether the password given to the console's sign-in form is the token.
-    pub fn is_token(&self, given: &str) -> bool {
-        same(given.trim(), &self.token)
+    /// Signs the console in with `given`, the sign-in form's token: a new session's id, for the
+    /// cookie. Wrong tokens are counted, and beyond their bound none is taken for a while.
+    pub fn sign_in(&self, given: &str) -> Result<String, SignInRefused> {
+        self.sessions.may_try().map_err(SignInRefused::Closed)?;
+        if !same(given.trim(), &self.token) {
+            self.sessions.wrong_token();
+            return Err(SignInRefused::Wrong);
+        }
+        self.sessions.open().map_err(SignInRefused::Random)
     }
 
-    /// The session cookie's value: derived from the token, so it proves the token was given and
-    /// a restart with the same token keeps the operator signed in.
-    pub fn session(&self) -> String {
-        self.derive("console-session")
+    /// Signs the request's session out: its cookie opens nothing from now on.
+    pub fn sign_out(&self, headers: &HeaderMap) {
+        if let Some(id) = self.session(headers) {
+            self.sessions.close(&id);
+        }
     }
 
-    /// The CSRF token every console form carries: a cross-site page cannot read it.
-    pub fn csrf(&self) -> String {
-        self.derive("console-csrf")
+    /// The CSRF token of the operator's forms: bound to their session (or, for a client that
+    /// sends the bearer token, to the token). `None` for anyone else, who is shown no form.
+    pub fn csrf(&self, headers: &HeaderMap) -> Option<String> {
+        match self.session(headers) {
+            Some(id) => Some(self.derive(&format!("console-csrf:{id}"))),
+            None => self.has_bearer(headers).then(|| self.derive("console-csrf")),
+        }
     }
 
-    pub fn is_csrf(&self, given: &str) -> bool {
-        same(given, &self.csrf())
+    /// Whether `given` is the CSRF token of this request's operator.
+    pub fn is_csrf(&self, headers: &HeaderMap, given: &str) -> bool {
+        self.csrf(headers).is_some_and(|csrf| same(given, &csrf))
     }
 
-    pub fn has_session(&self, headers: &HeaderMap) -> bool {
-        let session = self.session();
-        headers.get_all(COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).any(|pair| {
-            pair.trim().split_once('=').is_some_and(|(name, value)| name == SESSION_COOKIE && same(value, &session))
-        })
+    /// The request's session id, if its cookie names an open session.
+    fn session(&self, headers: &HeaderMap) -> Option<String> {
+        let cookies = headers.get_all(COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';'));
+        cookies
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(name, value)| *name == SESSION_COOKIE && self.sessions.is_open(value))
+            .map(|(_, value)| value.to_string())
     }
 
     fn derive(&self, purpose: &str) -> String {
@@ -176,6 +232,9 @@ impl Auth {
         hex::encode(mac.finalize().into_bytes())
     }
 }
+
+const NEEDS_TOKEN: &str = "this needs the operator's token: `Authorization: Bearer TOKEN` (the token `oncebox serve` \
+     was given with --token-file or $ONCEBOX_TOKEN)";
 
 /// Compares in time that does not depend on where the strings differ.
 fn same(given: &str, expected: &str) -> bool {
@@ -216,6 +275,42 @@ mod tests {
         assert!(!auth.is_own_host("evil.example") && !auth.is_own_host("localhost:7421"));
         assert!(auth.is_own_origin("http://localhost:7420", Some("evil.example")));
         assert!(!auth.is_own_origin("http://evil.example", Some("localhost:7420")));
+    }
+
+    #[test]
+    fn a_forwarded_request_to_a_loopback_server_needs_the_token_whatever_its_host() {
+        // nginx's default `proxy_pass` writes the upstream's own loopback address into `Host`.
+        let auth = auth("127.0.0.1:7420", None);
+        for header in FORWARDING {
+            let mut headers = HeaderMap::new();
+            headers.insert(HeaderName::from_static(header), "203.0.113.9".parse().expect("header"));
+            let refused = auth.may_call(&headers).expect_err(header).to_string();
+            assert!(refused.contains("--public-url") && refused.contains(header), "{refused}");
+            assert!(auth.may_read_console(&headers).is_err(), "{header}");
+            headers.insert(AUTHORIZATION, format!("Bearer {}", "t".repeat(16)).parse().expect("header"));
+            assert!(auth.may_call(&headers).is_ok(), "{header} with the token");
+        }
+    }
+
+    #[test]
+    fn a_console_session_is_the_sign_ins_own_and_ends_at_sign_out() {
+        let auth = auth("127.0.0.1:7420", None);
+        assert!(matches!(auth.sign_in("wrong"), Err(SignInRefused::Wrong)));
+        let cookie = |id: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(COOKIE, format!("other=1; {SESSION_COOKIE}={id}").parse().expect("header"));
+            headers
+        };
+        let (a, b) = (auth.sign_in(&"t".repeat(16)).expect("a"), auth.sign_in(&"t".repeat(16)).expect("b"));
+        assert_ne!(a, b, "every sign-in its own session");
+        assert!(auth.console_operator(&cookie(&a)).is_ok());
+        let (csrf_a, csrf_b) = (auth.csrf(&cookie(&a)).expect("a"), auth.csrf(&cookie(&b)).expect("b"));
+        assert_ne!(csrf_a, csrf_b);
+        assert!(auth.is_csrf(&cookie(&a), &csrf_a) && !auth.is_csrf(&cookie(&a), &csrf_b));
+        auth.sign_out(&cookie(&a));
+        assert!(auth.console_operator(&cookie(&a)).is_err() && auth.csrf(&cookie(&a)).is_none());
+        assert!(auth.console_operator(&cookie(&b)).is_ok(), "the other session stays");
+        assert!(auth.csrf(&HeaderMap::new()).is_none());
     }
 
     #[test]

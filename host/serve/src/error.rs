@@ -30,6 +30,11 @@ pub enum ApiError {
     Stopping,
     #[error("too many calls are running; nothing of this one was recorded or sent: send it again shortly")]
     Busy,
+    /// The server is at one of its limits (connections, MCP sessions); nothing was done.
+    #[error("{0}")]
+    Full(String),
+    #[error("{0}")]
+    TimedOut(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -44,7 +49,9 @@ impl ApiError {
                 "`{tool}` is {class}: it can change the world, so the call needs `run_id` and `step_id` from the \
                  orchestrator; without them a retry could not be told from a new intent"
             )),
-            CallError::InvalidArgs { .. } | CallError::ReservedStep { .. } => ApiError::BadRequest(error.to_string()),
+            CallError::InvalidArgs { .. } | CallError::ReservedStep { .. } | CallError::InvalidId { .. } => {
+                ApiError::BadRequest(error.to_string())
+            }
             other => ApiError::Internal(format!("calling `{tool}`: {other}; {NOT_A_FAILURE}")),
         }
     }
@@ -53,9 +60,10 @@ impl ApiError {
     pub fn from_operation(error: CallError, what: &str) -> ApiError {
         match error {
             CallError::UnknownTool { .. } => ApiError::NotFound(error.to_string()),
-            CallError::InvalidArgs { .. } | CallError::StepRequired { .. } | CallError::InvalidResolution { .. } => {
-                ApiError::BadRequest(error.to_string())
-            }
+            CallError::InvalidArgs { .. }
+            | CallError::StepRequired { .. }
+            | CallError::InvalidResolution { .. }
+            | CallError::InvalidId { .. } => ApiError::BadRequest(error.to_string()),
             CallError::Approval { .. }
             | CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
                 ApiError::Conflict(error.to_string())
@@ -73,7 +81,8 @@ impl ApiError {
             ApiError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Stopping | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Stopping | ApiError::Busy | ApiError::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -88,7 +97,8 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::TooLarge(_) => "too-large",
             ApiError::Stopping => "stopping",
-            ApiError::Busy => "busy",
+            ApiError::Busy | ApiError::Full(_) => "busy",
+            ApiError::TimedOut(_) => "timeout",
             ApiError::Internal(_) => "internal",
         }
     }

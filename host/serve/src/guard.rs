@@ -2,13 +2,15 @@
 //! so a web page the operator visits must not be able to send one: a request whose `Host` is not
 //! this server (DNS rebinding) or whose `Origin` is another site's (a cross-site form or fetch) is
 //! refused (403) before anything runs, and a POST to the API must be `application/json`, which a
-//! page cannot send cross-site without a preflight this server never grants.
+//! page cannot send cross-site without a preflight this server never grants. `Host` and
+//! `Origin` are read strictly: where the allow-list is a list, `Host` must be given; a second
+//! one of either, or one that is not ASCII, is refused, never skipped.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
-use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -27,18 +29,30 @@ pub async fn same_site(State(app): State<Arc<App>>, request: Request, next: Next
 }
 
 fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Option<ApiError> {
+    let host = match one(headers, HOST) {
+        Ok(host) => host,
+        Err(why) => return Some(why),
+    };
+    match host {
+        Some(host) if !app.auth.is_own_host(host) => {
+            return Some(ApiError::Forbidden(format!("`Host: {}` does not name this server", shown(host))));
+        }
+        None if app.auth.requires_host() => {
+            return Some(ApiError::Forbidden("a request must name this server in its `Host` header".into()));
+        }
+        _ => {}
+    }
+    match one(headers, ORIGIN) {
+        Err(why) => return Some(why),
+        Ok(Some(origin)) if !app.auth.is_own_origin(origin, host) => {
+            return Some(ApiError::Forbidden(format!(
+                "a request from {} is refused: it is another site's",
+                shown(origin)
+            )));
+        }
+        Ok(_) => {}
+    }
     let header = |name| headers.get(name).and_then(|v: &axum::http::HeaderValue| v.to_str().ok());
-    let host = header(HOST);
-    if let Some(host) = host
-        && !app.auth.is_own_host(host)
-    {
-        return Some(ApiError::Forbidden(format!("`Host: {host}` does not name this server")));
-    }
-    if let Some(origin) = header(ORIGIN)
-        && !app.auth.is_own_origin(origin, host)
-    {
-        return Some(ApiError::Forbidden(format!("a request from {origin} is refused: it is another site's")));
-    }
     let has_body = header(CONTENT_LENGTH).is_some_and(|n| n != "0") || headers.contains_key("transfer-encoding");
     let json =
         header(CONTENT_TYPE).is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == "application/json"));
@@ -48,4 +62,26 @@ fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Optio
         ));
     }
     None
+}
+
+/// A header that may appear once, as visible ASCII: a second one, or one that is not text, is
+/// refused rather than skipped, so that no check is passed by a header it could not read.
+fn one(headers: &HeaderMap, name: HeaderName) -> Result<Option<&str>, ApiError> {
+    let mut values = headers.get_all(&name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::BadRequest(format!("a request may carry one `{name}` header, not several")));
+    }
+    value.to_str().map(Some).map_err(|_| ApiError::BadRequest(format!("the `{name}` header is not visible ASCII")))
+}
+
+/// A header's value as an answer quotes it: bounded, so a refusal never echoes a page of it.
+fn shown(value: &str) -> String {
+    const SHOWN: usize = 200;
+    match value.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}...", &value[..at]),
+        None => value.to_string(),
+    }
 }

@@ -9,7 +9,8 @@
 //! - `api`, `openapi`: the HTTP API and its description. `mcp`: the MCP server. `console/`: the
 //!   operator's pages. `metrics`: `/metrics`. `error`: refusals as JSON.
 //! - `auth`: who may do what, from where (the operator's token, the one host/origin allow-list);
-//!   `guard`: the middleware every front door passes.
+//!   `guard`: the middleware every front door passes. `listen`: connections, their timeouts and
+//!   caps. `sessions`: the console's sign-ins.
 //! - `reload`: the tools directory, watched. `reconciling`: the background reconciler.
 
 mod api;
@@ -18,28 +19,33 @@ mod auth;
 mod console;
 mod error;
 mod guard;
+mod listen;
 mod mcp;
 mod metrics;
 mod openapi;
 mod reconciling;
 mod reload;
+mod sessions;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use app::{App, MAX_CALLS};
 pub use auth::generate as generate_token;
-pub use mcp::serve_stdio;
+pub use listen::{BODY_TIMEOUT, ConnectionLimits, HEADER_TIMEOUT, MAX_CONNECTIONS, serve};
+pub use mcp::{MAX_SESSIONS as MAX_MCP_SESSIONS, serve_stdio};
 pub use reconciling::spawn as spawn_reconciler;
 pub use reload::Loaded;
 
 /// The HTTP front doors on one router: the API, the console and MCP, behind the one guard of
-/// hosts and origins, with request bodies limited to `max_body` bytes.
-pub fn router(app: &Arc<App>, max_body: usize) -> axum::Router {
+/// hosts and origins, with every request's body read within `limits` before a route sees it.
+pub fn router(app: &Arc<App>, limits: ConnectionLimits, max_mcp_sessions: usize) -> axum::Router {
     api::routes()
         .merge(console::routes())
-        .merge(mcp::routes(app.clone()))
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .merge(mcp::routes(app.clone(), max_mcp_sessions))
+        // `listen::bounded_body` has read the body within `max_body` already.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(limits, listen::bounded_body))
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard::same_site))
         .with_state(app.clone())
 }

@@ -66,6 +66,15 @@ struct Listeners {
     peers: Mutex<Vec<Peer<RoleServer>>>,
 }
 
+impl Listeners {
+    /// The peers of the sessions still open, those of ended sessions dropped.
+    fn open(&self) -> std::sync::MutexGuard<'_, Vec<Peer<RoleServer>>> {
+        let mut peers = self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        peers.retain(|peer| !peer.is_transport_closed());
+        peers
+    }
+}
+
 impl Oncebox {
     /// A handler, and the task that tells its sessions when the tools change.
     fn new(app: Arc<App>) -> Oncebox {
@@ -78,16 +87,15 @@ impl Oncebox {
         let mut told = self.listing();
         loop {
             tokio::time::sleep(LISTING_CHECKED_EVERY).await;
+            // Sessions that ended (closed, or idle past their keep-alive) are let go here, every
+            // tick: memory follows the sessions open, not every session there ever was.
+            drop(self.listeners.open());
             let listing = self.listing();
             if listing == told {
                 continue;
             }
             told = listing;
-            let peers = {
-                let mut peers = self.listeners.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                peers.retain(|peer| !peer.is_transport_closed());
-                peers.clone()
-            };
+            let peers = self.listeners.open().clone();
             for peer in peers {
                 // A session that went away meanwhile is dropped at the next change.
                 let _ = peer.notify_tool_list_changed().await;
@@ -107,12 +115,44 @@ impl Oncebox {
     }
 }
 
-pub fn routes(app: Arc<App>) -> Router<Arc<App>> {
+/// The MCP sessions open at once by default (`--max-mcp-sessions`); each holds a session worker
+/// and its buffers until it is closed or idle past the SDK's keep-alive (5 minutes).
+pub const MAX_SESSIONS: usize = 1024;
+
+pub fn routes(app: Arc<App>, max_sessions: usize) -> Router<Arc<App>> {
     let config = http_config();
     let handler = Oncebox::new(app.clone());
-    let service =
-        StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
-    Router::new().route_service("/mcp", service).layer(axum::middleware::from_fn_with_state(app, require_token))
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
+    let cap = Cap { sessions, max: max_sessions.max(1) };
+    Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(cap, session_cap))
+        .layer(axum::middleware::from_fn_with_state(app, require_token))
+}
+
+/// The bound on open MCP sessions. The SDK removes a session from its manager when its worker
+/// ends (closed by the client, or idle past its keep-alive), so the manager's count is the
+/// sessions open now.
+#[derive(Clone)]
+struct Cap {
+    sessions: Arc<LocalSessionManager>,
+    max: usize,
+}
+
+/// Refuses (503) a request that would open a session (one without `Mcp-Session-Id`) while
+/// `max` sessions are open; requests of open sessions go on.
+async fn session_cap(State(cap): State<Cap>, request: Request, next: Next) -> Response {
+    let opens = request.method() == axum::http::Method::POST && !request.headers().contains_key("mcp-session-id");
+    if opens && cap.sessions.sessions.read().await.len() >= cap.max {
+        let message = format!(
+            "this server has {} MCP sessions open, its limit (--max-mcp-sessions): close one (DELETE /mcp with its \
+             Mcp-Session-Id) or try again when one has ended",
+            cap.max
+        );
+        return ApiError::Full(message).into_response();
+    }
+    next.run(request).await
 }
 
 /// The SDK's defaults (stateful sessions, SSE keep-alive), without its own `Host` check: the
@@ -157,7 +197,7 @@ impl ServerHandler for Oncebox {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        self.listeners.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(context.peer);
+        self.listeners.open().push(context.peer);
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

@@ -9,16 +9,26 @@ pub fn document() -> Value {
         let mut map = serde_json::Map::new();
         for code in codes.iter().chain(&["403"]) {
             let description = match *code {
-                "400" => "Malformed JSON, a missing or unknown field, or args the tool's schema refuses.",
+                "400" => {
+                    "Malformed JSON, a missing or unknown field, args the tool's schema refuses, a run or step id that is \
+                     empty, over 512 bytes or holds a control character, or a second or non-ASCII Host or Origin."
+                }
                 "401" => "The operator's token is needed.",
                 "403" => {
-                    "Refused as a browser's cross-site request: another site's Origin, or a Host that is not this server."
+                    "Refused as a browser's cross-site request: another site's Origin, or a Host that is not this \
+                     server (or none)."
                 }
                 "415" => "A body that is not `Content-Type: application/json`.",
                 "404" => "No such tool, operation, run or request for approval.",
-                "409" => "The decision does not apply (wrong fingerprint, already decided, not in doubt).",
+                "409" => {
+                    "The decision does not apply (wrong fingerprint, already decided, not in doubt), or another \
+                     decision won a race (the message says whose)."
+                }
                 "413" => "The body is too large.",
-                "503" => "The server is stopping, or too many calls run (nothing of this one was recorded).",
+                "503" => {
+                    "The server is stopping, or too many calls run, or it is at its connection limit (nothing of this \
+                     one was recorded)."
+                }
                 _ => "Error.",
             };
             map.insert(

@@ -6,7 +6,9 @@ mod support;
 
 mod api;
 mod console;
+mod edges;
 mod kill;
+mod limits;
 mod mcp;
 mod openapi;
 mod orchestrator;

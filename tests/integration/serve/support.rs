@@ -112,7 +112,20 @@ impl Setup {
     }
 
     pub fn serve_with(&self, extra: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+        self.serve_as(extra, "info", &[])
+    }
+
+    /// Like [`Setup::serve_with`], logging at `log` (`ONCEBOX_LOG`), started through `wrapper`
+    /// (`["prlimit", "--nofile=1024:4096", "--"]`, say) when it is not empty.
+    pub fn serve_as(&self, extra: &[&str], log: &str, wrapper: &[&str]) -> Server {
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(env!("CARGO_BIN_EXE_oncebox"));
+                command
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_oncebox")),
+        };
         command
             .args(self.flags())
             .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
@@ -120,7 +133,7 @@ impl Setup {
             .args(extra)
             .env("ONCEBOX_TOKEN", TOKEN)
             .env("ONCEBOX_CACHE", cache())
-            .env("ONCEBOX_LOG", "info")
+            .env("ONCEBOX_LOG", log)
             .env("ONCEBOX_KEY_FILE", self.dir.path().join("hosts.key"))
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("serve.log")).expect("log file")));

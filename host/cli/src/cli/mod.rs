@@ -237,16 +237,32 @@ pub async fn stop_signal() {
 #[error("{0}")]
 pub struct Usage(pub String);
 
+/// Crates whose logs below a level carry the payloads they move (rmcp logs every MCP request
+/// and response at debug, a `tools/call`'s arguments among them), and that level: whatever
+/// `ONCEBOX_LOG` asks, nothing more verbose of theirs is written, so no tool argument or answer
+/// reaches a log through them (SECURITY.md).
+const PAYLOAD_LOGGERS: [(&str, tracing::Level); 1] = [("rmcp", tracing::Level::INFO)];
+
 pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONCEBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let quiet = tracing_subscriber::filter::filter_fn(|meta| {
+        !PAYLOAD_LOGGERS.iter().any(|(krate, most)| {
+            let target = meta.target();
+            let theirs = target.strip_prefix(krate).is_some_and(|rest| rest.is_empty() || rest.starts_with("::"));
+            // In tracing, a more verbose level is the greater one.
+            theirs && meta.level() > most
+        })
+    });
     // Colours only for a person at a terminal: a file or a pipe gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let layer: Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync> = match format {
+        LogFormat::Text => Box::new(layer),
+        LogFormat::Json => Box::new(layer.json()),
+    };
+    tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(quiet)).init();
 }
 
 /// Prints a value as one line of JSON on stdout.

@@ -57,9 +57,17 @@ pub struct Args {
     /// How many calls may run at once; more are refused (503) before anything is recorded.
     #[arg(long, default_value_t = oncebox_serve::MAX_CALLS)]
     pub max_calls: usize,
-    /// The largest request body, in bytes.
+    /// The largest request body, in bytes, on every route (MCP included).
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// How many connections may be open at once; one more is answered 503 and closed. The
+    /// process's open-file limit is raised to its hard limit at start, and this is kept below it.
+    #[arg(long, default_value_t = oncebox_serve::MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How many MCP sessions may be open at once; a request that would open one more is answered
+    /// 503. A session ends when its client closes it or after 5 minutes idle.
+    #[arg(long, default_value_t = oncebox_serve::MAX_MCP_SESSIONS)]
+    pub max_mcp_sessions: usize,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Exit> {
@@ -99,7 +107,13 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     tokio::spawn(oncebox_serve::watch(app.clone()));
     relay(&app, topics, args.no_relay)?;
     oncebox_serve::spawn_reconciler(&app);
-    let router = oncebox_serve::router(&app, args.max_body);
+    let limits = oncebox_serve::ConnectionLimits {
+        max_connections: connection_cap(args.max_connections),
+        header_timeout: oncebox_serve::HEADER_TIMEOUT,
+        body_timeout: oncebox_serve::BODY_TIMEOUT,
+        max_body: args.max_body,
+    };
+    let router = oncebox_serve::router(&app, limits, args.max_mcp_sessions);
     // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
     crate::cli::print_json(&serde_json::json!({
         "listening": format!("http://{addr}"), "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"),
@@ -107,10 +121,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     }))?;
     eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
     let shutdown = app.shutdown();
-    let mut server =
-        tokio::spawn(
-            async move { axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await },
-        );
+    let mut server = tokio::spawn(oncebox_serve::serve(listener, router, limits, shutdown));
     tokio::select! {
         () = crate::cli::stop_signal() => {}
         ended = &mut server => {
@@ -154,6 +165,43 @@ fn token(args: &Args) -> anyhow::Result<String> {
     let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a random token: {e}"))?;
     eprintln!("oncebox serve: operator token (for approving, and the console's sign-in): {token}");
     Ok(token)
+}
+
+/// File descriptors kept for what is not a connection: the ledger, the compile cache, the
+/// tools directory, outbound requests to downstreams, PostgreSQL's pool.
+const RESERVED_FILES: u64 = 256;
+
+/// `wanted` connections, or fewer if the open-file limit cannot hold them beside what the
+/// server needs otherwise: the soft limit is raised to the hard one first (systemd's default
+/// soft limit, 1,024, is a fraction of what a server can hold), and a cap the limit cannot hold
+/// is lowered, and said, so that a connection too many is answered 503 instead of the listener
+/// failing to accept anything at all.
+fn connection_cap(wanted: usize) -> usize {
+    #[cfg(unix)]
+    {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let mut limit = getrlimit(Resource::Nofile);
+        if limit.current < limit.maximum {
+            let raised = rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => limit = getrlimit(Resource::Nofile),
+                Err(e) => eprintln!("oncebox serve: the open-file limit stays at {:?} ({e})", limit.current),
+            }
+        }
+        if let Some(files) = limit.current {
+            let room = usize::try_from(files.saturating_sub(RESERVED_FILES)).unwrap_or(usize::MAX).max(1);
+            if room < wanted {
+                eprintln!(
+                    "oncebox serve: the open-file limit ({files}) holds {room} connections beside the server's own \
+                     files; --max-connections {wanted} is lowered to {room}"
+                );
+                return room;
+            }
+        }
+        wanted
+    }
+    #[cfg(not(unix))]
+    wanted
 }
 
 /// Stops taking calls and lets the running ones finish within `grace`: what still runs then is

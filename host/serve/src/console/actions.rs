@@ -9,10 +9,9 @@ use axum::extract::{Form, Path, State};
 use axum::http::header::SET_COOKIE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use oncebox_runtime::Reconciliation;
 use serde::Deserialize;
 
-use super::{HasCsrf, Refusal, decider, local_path, see_other, with_flash};
+use super::{Flash, HasCsrf, Refusal, decider, local_path, see_other, with_flash};
 use crate::api::{self, DecideBody, ResolveBody};
 use crate::app::App;
 use crate::auth::SESSION_COOKIE;
@@ -92,14 +91,8 @@ async fn decide(
     approve: bool,
 ) -> Result<Response, Refusal> {
     let form = decider(app, headers, form)?;
-    let view = api::decide(app, key, form.body()?, approve).await?;
-    let step = view["step_id"].as_str().unwrap_or_default();
-    let message = if approve {
-        format!("Approved by {}: the next call of step {step} with exactly these params runs, once.", form.by.trim())
-    } else {
-        format!("Rejected by {}: step {step} will not run; a rejection is final.", form.by.trim())
-    };
-    Ok(with_flash(local_path(&form.back), &message))
+    api::decide(app, key, form.body()?, approve).await?;
+    Ok(with_flash(local_path(&form.back), if approve { Flash::Approved } else { Flash::Rejected }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -155,10 +148,8 @@ pub async fn settle(
     form: Result<Form<SettleForm>, FormRejection>,
 ) -> Result<Response, Refusal> {
     let form = decider(&app, &headers, form)?;
-    let outcome = api::settle(&app, &key, form.body()?).await?;
-    let status = outcome["status"].as_str().unwrap_or("settled");
-    let message = format!("Settled {key} by {}'s word: the operation is now {status}.", form.by.trim());
-    Ok(with_flash("/unknowns", &message))
+    api::settle(&app, &key, form.body()?).await?;
+    Ok(with_flash("/unknowns", Flash::Settled))
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,29 +173,22 @@ pub async fn reconcile(
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<Response, Refusal> {
     let form = decider(&app, &headers, form)?;
-    let answers = app
-        .host
+    app.host
         .reconcile_run(&run_id)
         .await
         .map_err(|e| Refusal::from(crate::error::ApiError::from_call(e, "reconcile")))?;
-    let count = |f: fn(&Reconciliation) -> bool| answers.iter().filter(|a| f(&a.answer)).count();
-    let message = format!(
-        "Reconciled run {run_id}: {} committed, {} not committed, {} still unknown (settle those by hand), {} not unknown.",
-        count(|a| matches!(a, Reconciliation::Committed { .. })),
-        count(|a| matches!(a, Reconciliation::NotCommitted { .. })),
-        count(|a| matches!(a, Reconciliation::StillUnknown { .. })),
-        count(|a| matches!(a, Reconciliation::NotUnknown { .. })),
-    );
-    Ok(with_flash(local_path(&form.back), &message))
+    Ok(with_flash(local_path(&form.back), Flash::Reconciled))
 }
 
-/// Signs out: the cookie is cleared (the session value itself stays valid while the token does).
+/// Signs out: the session ends on the server (its cookie opens nothing from now on) and the
+/// browser is told to drop the cookie.
 pub async fn logout(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     form: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<Response, Refusal> {
     decider(&app, &headers, form)?;
+    app.auth.sign_out(&headers);
     let mut response = see_other("/login");
     let cookie = format!("{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
     if let Ok(value) = HeaderValue::from_str(&cookie) {

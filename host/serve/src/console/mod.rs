@@ -25,8 +25,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::app::App;
-use super::auth::SESSION_COOKIE;
+use super::auth::{SESSION_COOKIE, SignInRefused};
 use super::error::ApiError;
+use super::sessions::SESSION_TTL;
 use html::{Page, Viewer, escape, hidden};
 
 pub fn routes() -> Router<Arc<App>> {
@@ -100,10 +101,51 @@ fn see_other(location: &str) -> Response {
     response
 }
 
+/// What a page says after a redirect: named by a code in the query, never by text from it, so
+/// that a link nobody's decision made cannot put words in the console's banner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flash {
+    SignedIn,
+    Approved,
+    Rejected,
+    Settled,
+    Reconciled,
+}
+
+impl Flash {
+    const ALL: [Flash; 5] = [Flash::SignedIn, Flash::Approved, Flash::Rejected, Flash::Settled, Flash::Reconciled];
+
+    fn code(self) -> &'static str {
+        match self {
+            Flash::SignedIn => "signed-in",
+            Flash::Approved => "approved",
+            Flash::Rejected => "rejected",
+            Flash::Settled => "settled",
+            Flash::Reconciled => "reconciled",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Flash::SignedIn => "Signed in as the operator.",
+            Flash::Approved => {
+                "Approved: the next call of this step with exactly these params runs, once. The request below shows \
+                 who decided."
+            }
+            Flash::Rejected => "Rejected: this step will not run; a rejection is final.",
+            Flash::Settled => "Settled by your word: the operation's state below is what the ledger now holds.",
+            Flash::Reconciled => {
+                "Reconciled: what the authorities proved is recorded below; what they could not prove waits for a \
+                 person under Unknowns."
+            }
+        }
+    }
+}
+
 /// A 303 back to `path` with a message for the page to show.
-fn with_flash(path: &str, message: &str) -> Response {
+fn with_flash(path: &str, flash: Flash) -> Response {
     let separator = if path.contains('?') { '&' } else { '?' };
-    see_other(&format!("{path}{separator}flash={}", html::encode(message)))
+    see_other(&format!("{path}{separator}flash={}", flash.code()))
 }
 
 /// Only a local path: never another site (`//host`), so `next` and `back` cannot redirect away.
@@ -123,14 +165,15 @@ fn viewer(app: &App, headers: &HeaderMap, uri: &Uri) -> Result<Viewer, Refusal> 
         let next = uri.path_and_query().map_or("/", |p| p.as_str());
         return Err(Refusal::SignIn { next: next.to_string() });
     }
-    let operator = app.auth.console_operator(headers).is_ok();
-    Ok(Viewer { csrf: operator.then(|| app.auth.csrf()) })
+    Ok(Viewer { csrf: app.auth.csrf(headers) })
 }
 
-/// The flash message a redirect put in the query, if any.
-fn flash(uri: &Uri) -> Option<String> {
+/// The message of the flash code a redirect put in the query, if it names one; any other text
+/// shows nothing.
+fn flash(uri: &Uri) -> Option<&'static str> {
     let query = uri.query()?;
-    url::form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "flash").map(|(_, v)| v.into_owned())
+    let (_, code) = url::form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "flash")?;
+    Flash::ALL.into_iter().find(|f| f.code() == code).map(Flash::message)
 }
 
 /// Refuses a request another site made the browser send: `Sec-Fetch-Site: cross-site`, or an
@@ -168,7 +211,7 @@ where
         ));
     }
     let Form(form) = form.map_err(|e| Refusal::Error(e.status(), format!("the form: {}", e.body_text())))?;
-    if !app.auth.is_csrf(form.csrf()) {
+    if !app.auth.is_csrf(headers, form.csrf()) {
         return Err(Refusal::forbidden(
             "refused: the form's CSRF token is missing or wrong; reload the page and try again",
         ));
@@ -193,10 +236,9 @@ async fn login_form(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -
     let next = url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "next")
         .map_or_else(|| "/".to_string(), |(_, v)| v.into_owned());
-    let operator = app.auth.console_operator(&headers).is_ok();
-    let viewer = Viewer { csrf: operator.then(|| app.auth.csrf()) };
+    let viewer = Viewer { csrf: app.auth.csrf(&headers) };
     let body = login_body(&viewer, local_path(&next), None);
-    Page::ok(html::page("Sign in", &viewer, flash(&uri).as_deref(), &body))
+    Page::ok(html::page("Sign in", &viewer, flash(&uri), &body))
 }
 
 fn login_body(viewer: &Viewer, next: &str, error: Option<&str>) -> String {
@@ -234,15 +276,34 @@ async fn login(
         return Refusal::Error(StatusCode::BAD_REQUEST, "the sign-in form is malformed".into()).into_response();
     };
     let next = local_path(&form.next);
-    if !app.auth.is_token(&form.token) {
-        let body = login_body(&Viewer::default(), next, Some("That is not the operator's token."));
-        return Page { status: StatusCode::UNAUTHORIZED, html: html::page("Sign in", &Viewer::default(), None, &body) }
-            .into_response();
-    }
-    let mut response = with_flash(next, "Signed in as the operator.");
+    let session = match app.auth.sign_in(&form.token) {
+        Ok(session) => session,
+        Err(refused) => {
+            let (status, why) = match refused {
+                SignInRefused::Wrong => (StatusCode::UNAUTHORIZED, "That is not the operator's token.".to_string()),
+                SignInRefused::Closed(wait) => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "Too many wrong tokens were given here in the last minute: sign-in takes none for {} s.",
+                        wait.as_secs().max(1)
+                    ),
+                ),
+                SignInRefused::Random(e) => {
+                    tracing::error!(error = %e, "no randomness for a console session");
+                    (StatusCode::INTERNAL_SERVER_ERROR, format!("No session could be made (no randomness: {e})."))
+                }
+            };
+            let body = login_body(&Viewer::default(), next, Some(&why));
+            return Page { status, html: html::page("Sign in", &Viewer::default(), None, &body) }.into_response();
+        }
+    };
+    let mut response = with_flash(next, Flash::SignedIn);
     // Behind an https public URL the browser must never send the session over plain HTTP.
     let secure = if app.base_url.starts_with("https://") { "; Secure" } else { "" };
-    let cookie = format!("{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/{secure}", app.auth.session());
+    let cookie = format!(
+        "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
+        SESSION_TTL.as_secs()
+    );
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(SET_COOKIE, value);
     }
@@ -252,6 +313,16 @@ async fn login(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flash_is_a_code_and_any_other_text_shows_nothing() {
+        for flash in Flash::ALL {
+            let uri: Uri = format!("/runs?flash={}", flash.code()).parse().expect("uri");
+            assert_eq!(super::flash(&uri), Some(flash.message()));
+        }
+        let forged: Uri = "/runs?flash=Your%20account%20is%20locked".parse().expect("uri");
+        assert_eq!(super::flash(&forged), None);
+    }
 
     #[test]
     fn a_redirect_stays_on_the_console() {

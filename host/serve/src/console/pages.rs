@@ -64,7 +64,7 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri)
         );
     }
     body.push_str("</table>");
-    Ok(Page::ok(html::page("Overview", &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page("Overview", &viewer, flash(&uri), &body)))
 }
 
 pub async fn approvals(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
@@ -81,7 +81,7 @@ pub async fn approvals(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri
     }
     body.push_str("<h2>Decided or used</h2>");
     body.push_str(&approvals_table(&decided, "No request was decided yet."));
-    Ok(Page::ok(html::page("Approvals", &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page("Approvals", &viewer, flash(&uri), &body)))
 }
 
 pub async fn approval(
@@ -98,7 +98,7 @@ pub async fn approval(
         .ok_or_else(|| Refusal::Error(StatusCode::NOT_FOUND, format!("no request for approval of {key}")))?;
     let back = format!("/approvals/{}", html::encode(&key));
     let body = approval_card(view, &viewer, &back);
-    Ok(Page::ok(html::page("Approval", &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page("Approval", &viewer, flash(&uri), &body)))
 }
 
 /// What the viewer sees of the params: exactly what will be sent (the operator, signed in, sees
@@ -243,5 +243,5 @@ pub async fn tools(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) ->
         }
         body.push_str("</table>");
     }
-    Ok(Page::ok(html::page("Tools", &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page("Tools", &viewer, flash(&uri), &body)))
 }

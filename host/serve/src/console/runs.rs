@@ -87,7 +87,7 @@ pub async fn runs(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> 
     let viewer = viewer(&app, &headers, &uri)?;
     let ops = app.host.ledger().operations(None).await?;
     let runs = run_summaries(&ops, &api::approval_views(&app, None, false, viewer.signed_in()).await?);
-    Ok(Page::ok(html::page("Runs", &viewer, flash(&uri).as_deref(), &runs_table(&runs))))
+    Ok(Page::ok(html::page("Runs", &viewer, flash(&uri), &runs_table(&runs))))
 }
 
 pub async fn run(
@@ -127,7 +127,7 @@ pub async fn run(
         body.push_str(&step_item(op, &attempts, &effects));
     }
     body.push_str("</ol>");
-    Ok(Page::ok(html::page(&format!("Run {run_id}"), &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page(&format!("Run {run_id}"), &viewer, flash(&uri), &body)))
 }
 
 /// What keeps the run open, as the ledger's one rule says.
@@ -363,7 +363,7 @@ pub async fn unknowns(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri)
         let effects = ledger.effects(&op.key).await?;
         body.push_str(&unknown_card(op, &effects, &viewer));
     }
-    Ok(Page::ok(html::page("Unknowns", &viewer, flash(&uri).as_deref(), &body)))
+    Ok(Page::ok(html::page("Unknowns", &viewer, flash(&uri), &body)))
 }
 
 /// An unknown operation: what is in doubt, the Reconcile button and the settle-by-hand form.
