@@ -148,26 +148,34 @@ pub fn open_reasons(
 }
 
 /// [`open_reasons`] for every run the records name, each run's own records given to it: the runs
-/// that are open, with their reasons (a closed run is absent).
+/// that are open, with their reasons (a closed run is absent). The records are sorted into their
+/// runs in one pass, so this grows with the records (times the log of the runs), not with runs
+/// times records.
 pub fn open_runs(
     operations: &[OperationRecord],
     in_flight: &[OperationRecord],
     approvals: &[ApprovalRecord],
     now_ms: u64,
 ) -> BTreeMap<String, Vec<Open>> {
-    let runs: BTreeSet<&str> = operations
-        .iter()
-        .chain(in_flight)
-        .map(|op| op.run_id.as_str())
-        .chain(approvals.iter().map(|a| a.run_id.as_str()))
-        .collect();
+    #[derive(Default)]
+    struct Records {
+        operations: Vec<OperationRecord>,
+        in_flight: Vec<OperationRecord>,
+        approvals: Vec<ApprovalRecord>,
+    }
+    let mut runs: BTreeMap<&str, Records> = BTreeMap::new();
+    for op in operations {
+        runs.entry(op.run_id.as_str()).or_default().operations.push(op.clone());
+    }
+    for op in in_flight {
+        runs.entry(op.run_id.as_str()).or_default().in_flight.push(op.clone());
+    }
+    for approval in approvals {
+        runs.entry(approval.run_id.as_str()).or_default().approvals.push(approval.clone());
+    }
     let mut open = BTreeMap::new();
-    for run in runs {
-        let of_run = |ops: &[OperationRecord]| -> Vec<OperationRecord> {
-            ops.iter().filter(|op| op.run_id == run).cloned().collect()
-        };
-        let asked: Vec<ApprovalRecord> = approvals.iter().filter(|a| a.run_id == run).cloned().collect();
-        let reasons = open_reasons(&of_run(operations), &of_run(in_flight), &asked, now_ms);
+    for (run, records) in runs {
+        let reasons = open_reasons(&records.operations, &records.in_flight, &records.approvals, now_ms);
         if !reasons.is_empty() {
             open.insert(run.to_string(), reasons);
         }
