@@ -205,6 +205,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         fingerprint: "f".into(),
         status: EffectStatus::Dispatched,
         response: None,
+        sealed: None,
         error: None,
         dispatches: 1,
         first_dispatched_ms: 0,

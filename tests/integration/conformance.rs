@@ -39,6 +39,7 @@ pub(crate) fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) ->
         fingerprint: "f".into(),
         status,
         response: status.answered().then(|| "{}".to_string()),
+        sealed: None,
         error: None,
         dispatches,
         first_dispatched_ms: n.into(),

@@ -150,6 +150,7 @@ fn effect(op: usize, effect: usize, status: EffectStatus, dispatches: u32, now_m
         fingerprint: "f".into(),
         status,
         response: status.answered().then(|| "{}".to_string()),
+        sealed: None,
         error: None,
         dispatches,
         first_dispatched_ms: 0,

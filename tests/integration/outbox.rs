@@ -170,6 +170,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
                 fingerprint: format!("f{n}"),
                 status: EffectStatus::Completed,
                 response: Some("null".into()),
+                sealed: None,
                 error: None,
                 dispatches: 1,
                 first_dispatched_ms: now,

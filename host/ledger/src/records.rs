@@ -119,8 +119,13 @@ pub struct EffectRecord {
     pub target: String,
     pub fingerprint: String,
     pub status: EffectStatus,
-    /// The recorded answer (JSON text), replayed to the guest instead of dispatching again.
+    /// The recorded answer (JSON text), with every sensitive value of the operation's args masked
+    /// (`seal::keep`): what any reader sees.
     pub response: Option<String>,
+    /// The exact answer, sealed under the ledger's key for this operation, when `response` had a
+    /// sensitive value masked: it is what the guest gets on a replay (`seal::exact`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     pub error: Option<String>,
     pub dispatches: u32,
     pub first_dispatched_ms: u64,

@@ -279,6 +279,7 @@ mod tests {
             fingerprint: "f".into(),
             status,
             response: None,
+            sealed: None,
             error: None,
             dispatches: 1,
             first_dispatched_ms: 1,

@@ -138,8 +138,9 @@ async fn reconcile_recorded(
     };
     let reported = match answer {
         Answer::StillUnknown => Reported::StillUnknown,
+        // The authority's record echoes what it was sent (an address, a card): masked like any answer.
         Answer::Committed(output) => match serde_json::from_str::<serde_json::Value>(&output) {
-            Ok(_) => Reported::Committed(output),
+            Ok(_) => Reported::Committed(crate::redact::mask_text(&output, &secrets).unwrap_or(output)),
             Err(e) => return still(format!("reconcile returned invalid JSON: {e}")),
         },
         Answer::NotCommitted => Reported::NotCommitted,
@@ -153,7 +154,8 @@ async fn reconcile_recorded(
             return Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms });
         }
     };
-    tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
+    // The verdict, never the output: logs hold no answer.
+    tracing::info!(operation_key = %key, effect_key = %effect.key, verdict = resolution.verdict(), "reconciled");
     let settlement =
         Settlement { verdict: resolution.verdict().into(), by: "reconcile".into(), note: None, at_ms: now };
     let resolved =
