@@ -25,6 +25,7 @@ fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
         now_ms,
         lease_ms: LEASE,
         approval: None,
+        sealed: None,
     }
 }
 

@@ -136,6 +136,7 @@ fn request(op: usize, worker: usize, other_args: bool, now_ms: u64) -> ClaimRequ
         now_ms,
         lease_ms: LEASE_MS,
         approval: None,
+        sealed: None,
     }
 }
 

@@ -154,6 +154,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
         now_ms: now,
         lease_ms: 60_000,
         approval: None,
+        sealed: None,
     };
     let Claim::Owned { fence, .. } = ledger.claim(&request).await.expect("claim") else { panic!("not owned") };
     let staged = messages

@@ -45,6 +45,11 @@ pub struct OperationRecord {
     pub fingerprint: String,
     /// The args with the manifest's sensitive values redacted.
     pub args: serde_json::Value,
+    /// Those sensitive values, sealed under the ledger's key for this operation
+    /// (`seal::seal_params`): what lets the host mask them where they come back after the call (a
+    /// reconcile's answer from the record), never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     pub status: OperationStatus,
     pub owner: String,
     pub lease_until_ms: u64,

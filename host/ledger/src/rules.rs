@@ -107,6 +107,7 @@ fn new_operation(req: &ClaimRequest) -> OperationRecord {
         class: req.class,
         fingerprint: req.fingerprint.clone(),
         args: req.args.clone(),
+        sealed: req.sealed.clone(),
         status: OperationStatus::Claimed,
         owner: req.owner.clone(),
         lease_until_ms: req.now_ms + req.lease_ms,

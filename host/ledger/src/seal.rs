@@ -96,6 +96,44 @@ pub fn exact(key: &FingerprintKey, operation_key: &str, text: &str, sealed: Opti
     }
 }
 
+/// The values at `pointers` in `args` (the manifest's sensitive ones), sealed for the operation
+/// as one JSON object keyed by pointer: `None` when the args hold none. `nonce` is asked for only
+/// then. What a request for approval keeps for the approver, and an operation for the host.
+pub fn seal_params(
+    key: &FingerprintKey,
+    operation_key: &str,
+    args: &serde_json::Value,
+    pointers: &[String],
+    nonce: impl FnOnce() -> Result<[u8; NONCE_BYTES], SealError>,
+) -> Result<Option<String>, SealError> {
+    let values: serde_json::Map<String, serde_json::Value> =
+        pointers.iter().filter_map(|pointer| args.pointer(pointer).map(|v| (pointer.clone(), v.clone()))).collect();
+    if values.is_empty() {
+        return Ok(None);
+    }
+    let plaintext = serde_json::Value::Object(values).to_string();
+    seal(key, operation_key, plaintext.as_bytes(), nonce()?).map(Some)
+}
+
+/// `redacted` (args as a record keeps them) with the values [`seal_params`] sealed put back at
+/// their pointers: the exact args.
+pub fn open_params(
+    key: &FingerprintKey,
+    operation_key: &str,
+    redacted: &serde_json::Value,
+    sealed: &str,
+) -> Result<serde_json::Value, SealError> {
+    let values: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&open(key, operation_key, sealed)?).map_err(|_| SealError::Malformed)?;
+    let mut args = redacted.clone();
+    for (pointer, value) in values {
+        if let Some(slot) = args.pointer_mut(&pointer) {
+            *slot = value;
+        }
+    }
+    Ok(args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +175,19 @@ mod tests {
         let plain = keep(&key(1), "op-1", r#"{"id":"shp_1"}"#, &secrets, || Err(SealError::TooLong)).expect("kept");
         assert_eq!((plain.masked.as_str(), plain.sealed), (r#"{"id":"shp_1"}"#, None));
         assert_eq!(exact(&key(1), "op-1", "x", None).as_deref(), Ok("x"));
+    }
+
+    #[test]
+    fn sealed_params_open_back_into_the_redacted_args() {
+        let args = serde_json::json!({"order_id": "o-1", "card": {"number": "4242"}, "pin": 1234});
+        let pointers = vec!["/card".to_string(), "/pin".to_string(), "/missing".to_string()];
+        let sealed = seal_params(&key(1), "op", &args, &pointers, || Ok([5; NONCE_BYTES])).expect("sealed");
+        let sealed = sealed.expect("there are sensitive values");
+        assert!(!sealed.contains("4242"), "{sealed}");
+        let redacted = oncebox_core::redact::redact(&args, &pointers);
+        assert_eq!(open_params(&key(1), "op", &redacted, &sealed), Ok(args.clone()));
+        assert_eq!(open_params(&key(1), "other", &redacted, &sealed), Err(SealError::NoKey));
+        let none = seal_params(&key(1), "op", &args, &["/nothing".to_string()], || Err(SealError::TooLong));
+        assert_eq!(none, Ok(None), "nothing sensitive: nothing sealed, no nonce drawn");
     }
 }

@@ -128,9 +128,18 @@ async fn reconcile_recorded(
     let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), None);
     let deadline = entry.policy.attempt_deadline;
     // The caller's args carry the sensitive values (a run's reconciliation gets the record's,
-    // redacted already): a trap's message must not.
+    // redacted already, and the values from the record's seal): a trap's message and the answer
+    // must not. A seal that does not open (another ledger's key) leaves only the caller's.
     let args = serde_json::from_str(canonical_args).unwrap_or_default();
-    let secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
+    let mut secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
+    if let Some(sealed) = &op.sealed {
+        match crate::seal::open_params(&host.shared.keying, &key, &op.args, sealed) {
+            Ok(exact) => secrets.extend(crate::redact::sensitive_values(&exact, &tool.manifest.sensitive)),
+            Err(e) => tracing::warn!(operation_key = %key, error = %e, "the sealed sensitive values did not open"),
+        }
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
+    }
     let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline, &secrets).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),

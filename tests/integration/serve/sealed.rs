@@ -5,11 +5,13 @@
 //! ledger's key, for the guest's replays. The downstream here is a server of the test's own on
 //! loopback that echoes every field it is sent.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
-use axum::extract::State;
-use axum::routing::post;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::support::{Setup, TOKEN, client};
@@ -17,27 +19,54 @@ use super::support::{Setup, TOKEN, client};
 /// The sensitive `payment_method` of `charge`, as the caller sends it.
 const CARD: &str = "4000056655665556";
 
-/// Every body the echo server answered, exactly as it sent it.
-type Answered = Arc<Mutex<Vec<String>>>;
+/// What the echo server answered: every body, exactly as it sent it, and each by the
+/// `Idempotency-Key` it came with.
+#[derive(Default)]
+struct Echo {
+    answered: Mutex<Vec<String>>,
+    by_key: Mutex<HashMap<String, String>>,
+}
+
+type Answered = Arc<Echo>;
 
 /// A downstream that answers `POST /payments` with every field it was sent, plus an id made from
-/// the payment method (so the tool's output carries it too) and a status.
+/// the payment method (so the tool's output carries it too) and a status; and `GET
+/// /payments/by-key/KEY` with what it answered for that key. An order named `lost` is taken and
+/// answered 500, as a gateway that fails after its origin committed.
 async fn echo_server() -> (String, Answered) {
-    async fn payments(State(answered): State<Answered>, Json(sent): Json<Value>) -> String {
+    async fn payments(
+        State(echo): State<Answered>,
+        headers: HeaderMap,
+        Json(sent): Json<Value>,
+    ) -> (StatusCode, String) {
         let mut answer = sent.clone();
         let method = sent["payment_method"].as_str().unwrap_or_default();
         answer["id"] = format!("pay_{method}").into();
         answer["status"] = "succeeded".into();
         let body = answer.to_string();
-        answered.lock().unwrap_or_else(|p| p.into_inner()).push(body.clone());
-        body
+        let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        echo.by_key.lock().unwrap_or_else(|p| p.into_inner()).insert(key, body.clone());
+        if sent["order_id"] == "lost" {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "the gateway timed out".into());
+        }
+        echo.answered.lock().unwrap_or_else(|p| p.into_inner()).push(body.clone());
+        (StatusCode::OK, body)
     }
-    let answered = Answered::default();
-    let app = axum::Router::new().route("/payments", post(payments)).with_state(answered.clone());
+    async fn by_key(State(echo): State<Answered>, Path(key): Path<String>) -> (StatusCode, String) {
+        match echo.by_key.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            Some(body) => (StatusCode::OK, body.clone()),
+            None => (StatusCode::NOT_FOUND, "{}".into()),
+        }
+    }
+    let echo = Answered::default();
+    let app = axum::Router::new()
+        .route("/payments", post(payments))
+        .route("/payments/by-key/{key}", get(by_key))
+        .with_state(echo.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), answered)
+    (format!("http://{addr}"), echo)
 }
 
 fn args(order: &str) -> Value {
@@ -117,7 +146,7 @@ async fn a_sensitive_value_the_downstream_echoes_is_sealed_on_every_surface_and_
     assert_sealed("the call's answer", &first.to_string());
     assert_sealed("the replay's answer", &again.to_string());
     let key = first["operation_key"].as_str().expect("key").to_string();
-    assert_eq!(answered.lock().expect("answered").len(), 1, "charged once");
+    assert_eq!(answered.answered.lock().expect("answered").len(), 1, "charged once");
 
     // The API's views, without the token (loopback) and with it.
     for token in [None, Some(TOKEN)] {
@@ -182,7 +211,45 @@ async fn a_sensitive_value_the_downstream_echoes_is_sealed_on_every_surface_and_
     let sealed = effect["sealed"].as_str().expect("sealed");
     let exact = oncebox::seal::open(&keying, &key, sealed).expect("opens with the key file");
     let exact: Value = serde_json::from_slice(&exact).expect("the recorded answer");
-    let sent = answered.lock().expect("answered")[0].clone();
+    let sent = answered.answered.lock().expect("answered")[0].clone();
     assert_eq!(exact["body"].as_str(), Some(sent.as_str()), "exact, byte for byte");
     assert!(oncebox::seal::open(&keying, "another-operation", sealed).is_err(), "bound to its operation");
+}
+
+/// The answer lost (a 5xx after the charge went through): the step is unknown, and the run's
+/// reconciliation, which works from the record (its args redacted), finds the payment by its key,
+/// echoing the payment method. The operation's seal of its sensitive values lets the host mask it
+/// there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_answer_from_the_record_that_echoes_a_sensitive_value_is_masked() {
+    let (base, _echo) = echo_server().await;
+    let setup = Setup::downstream(&base, "");
+    let server = setup.serve();
+    let http = client();
+    let call = json!({"run_id": "r", "step_id": "charge", "tool": "charge", "args": args("lost")});
+    let first: Value =
+        http.post(server.url("/v1/calls")).json(&call).send().await.expect("call").json().await.expect("json");
+    assert_eq!(first["status"], "unknown", "{first}");
+    let key = first["operation_key"].as_str().expect("key").to_string();
+
+    let reconciled = http.post(server.url("/v1/runs/r/reconcile")).send().await.expect("reconcile");
+    assert!(reconciled.status().is_success(), "{}", reconciled.status());
+    let reconciled = reconciled.text().await.expect("text");
+    assert!(reconciled.contains("pay_[redacted]"), "committed, its echo masked: {reconciled}");
+    assert_sealed("the reconcile's answer", &reconciled);
+    for path in [format!("/v1/operations/{key}"), "/v1/runs/r".to_string()] {
+        let view =
+            http.get(server.url(&path)).bearer_auth(TOKEN).send().await.expect("get").text().await.expect("text");
+        assert_sealed(&path, &view);
+    }
+    let replay: Value =
+        http.post(server.url("/v1/calls")).json(&call).send().await.expect("call").json().await.expect("json");
+    assert_eq!(
+        (replay["status"].as_str(), replay["output"]["id"].as_str()),
+        (Some("completed"), Some("pay_[redacted]"))
+    );
+    assert_sealed("the server's log", &server.log());
+    drop(server);
+    let bytes = std::fs::read(setup.ledger()).expect("ledger file");
+    assert!(!bytes.windows(CARD.len()).any(|w| w == CARD.as_bytes()), "the ledger file holds the value in the clear");
 }
