@@ -115,6 +115,15 @@ pub fn seal_params(
     seal(key, operation_key, plaintext.as_bytes(), nonce()?).map(Some)
 }
 
+/// What [`seal_params`] sealed: each sensitive value by its pointer.
+pub fn open_values(
+    key: &FingerprintKey,
+    operation_key: &str,
+    sealed: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, SealError> {
+    serde_json::from_slice(&open(key, operation_key, sealed)?).map_err(|_| SealError::Malformed)
+}
+
 /// `redacted` (args as a record keeps them) with the values [`seal_params`] sealed put back at
 /// their pointers: the exact args.
 pub fn open_params(
@@ -123,8 +132,7 @@ pub fn open_params(
     redacted: &serde_json::Value,
     sealed: &str,
 ) -> Result<serde_json::Value, SealError> {
-    let values: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&open(key, operation_key, sealed)?).map_err(|_| SealError::Malformed)?;
+    let values = open_values(key, operation_key, sealed)?;
     let mut args = redacted.clone();
     for (pointer, value) in values {
         if let Some(slot) = args.pointer_mut(&pointer) {

@@ -132,11 +132,8 @@ async fn reconcile_recorded(
     // must not. A seal that does not open (another ledger's key) leaves only the caller's.
     let args = serde_json::from_str(canonical_args).unwrap_or_default();
     let mut secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
-    if let Some(sealed) = &op.sealed {
-        match crate::seal::open_params(&host.shared.keying, &key, &op.args, sealed) {
-            Ok(exact) => secrets.extend(crate::redact::sensitive_values(&exact, &tool.manifest.sensitive)),
-            Err(e) => tracing::warn!(operation_key = %key, error = %e, "the sealed sensitive values did not open"),
-        }
+    if op.sealed.is_some() {
+        secrets.extend(recorded_secrets(&host.shared.keying, op));
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
     }
@@ -177,11 +174,35 @@ async fn reconcile_recorded(
     })
 }
 
+/// The sensitive values of a recorded operation's args, from the seal it keeps
+/// (`seal::seal_params`), as `redact::sensitive_values` lists them: what is masked in what comes
+/// back after the call, when the caller's args are gone (a reconcile from the record, a person's
+/// settlement). None when it sealed none; none either when the seal does not open (another
+/// ledger's key file), which is logged.
+pub fn recorded_secrets(keying: &crate::keys::FingerprintKey, op: &crate::ledger::OperationRecord) -> Vec<String> {
+    let Some(sealed) = &op.sealed else {
+        return Vec::new();
+    };
+    let values = match crate::seal::open_values(keying, &op.key, sealed) {
+        Ok(values) => values,
+        Err(e) => {
+            tracing::warn!(operation_key = %op.key, error = %e, "the sealed sensitive values did not open");
+            return Vec::new();
+        }
+    };
+    // Each value as the args held it, under a pointer of its own (the recorded pointers may
+    // need escaping; the values are what matters).
+    let values: Vec<serde_json::Value> = values.into_iter().map(|(_, value)| value).collect();
+    let pointers: Vec<String> = (0..values.len()).map(|i| format!("/{i}")).collect();
+    crate::redact::sensitive_values(&serde_json::Value::Array(values), &pointers)
+}
+
 /// Settles an unknown operation by a person's word (`oncebox resolve`): recorded with who and why.
 /// This is how an operation of a tool without a `reconcile` export leaves `unknown`, besides a
 /// same-key resend where its host honours keys.
 pub async fn settle(
     ledger: &Ledger,
+    keying: &crate::keys::FingerprintKey,
     operation_key: &str,
     effect_key: Option<&str>,
     resolution: &Resolution,
@@ -195,6 +216,21 @@ pub async fn settle(
     if by.trim().is_empty() {
         return Err(CallError::InvalidResolution { reason: "say who settles it (--by NAME)".into() });
     }
+    // What the person copied (a downstream's dashboard echoes the address too) is masked like any
+    // answer, by the values the operation sealed.
+    let masked;
+    let resolution = match (resolution, ledger.operation(operation_key).await?) {
+        (Resolution::Committed { output }, Some(op)) => {
+            match crate::redact::mask_text(output, &recorded_secrets(keying, &op)) {
+                Some(output) => {
+                    masked = Resolution::Committed { output };
+                    &masked
+                }
+                None => resolution,
+            }
+        }
+        _ => resolution,
+    };
     let settlement = Settlement {
         verdict: resolution.verdict().into(),
         by: by.to_string(),

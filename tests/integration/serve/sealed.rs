@@ -219,9 +219,9 @@ async fn a_sensitive_value_the_downstream_echoes_is_sealed_on_every_surface_and_
 /// The answer lost (a 5xx after the charge went through): the step is unknown, and the run's
 /// reconciliation, which works from the record (its args redacted), finds the payment by its key,
 /// echoing the payment method. The operation's seal of its sensitive values lets the host mask it
-/// there too.
+/// there too, and in the output a person gives to settle such a step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reconcile_answer_from_the_record_that_echoes_a_sensitive_value_is_masked() {
+async fn a_reconcile_or_a_settlement_that_echoes_a_sensitive_value_is_masked() {
     let (base, _echo) = echo_server().await;
     let setup = Setup::downstream(&base, "");
     let server = setup.serve();
@@ -248,6 +248,28 @@ async fn a_reconcile_answer_from_the_record_that_echoes_a_sensitive_value_is_mas
         (replay["status"].as_str(), replay["output"]["id"].as_str()),
         (Some("completed"), Some("pay_[redacted]"))
     );
+
+    // A person settles another such step, with the output copied from the processor's dashboard.
+    let call = json!({"run_id": "r", "step_id": "by-hand", "tool": "charge", "args": args("lost")});
+    let unknown: Value =
+        http.post(server.url("/v1/calls")).json(&call).send().await.expect("call").json().await.expect("json");
+    assert_eq!(unknown["status"], "unknown", "{unknown}");
+    let key = unknown["operation_key"].as_str().expect("key");
+    let settle = json!({"committed": {"id": format!("pay_{CARD}"), "card": CARD}, "by": "ops"});
+    let settled = http
+        .post(server.url(&format!("/v1/operations/{key}/resolve")))
+        .bearer_auth(TOKEN)
+        .json(&settle)
+        .send()
+        .await
+        .expect("resolve");
+    assert!(settled.status().is_success(), "{}", settled.status());
+    let settled = settled.text().await.expect("text");
+    assert!(settled.contains("pay_[redacted]"), "{settled}");
+    assert_sealed("a person's settlement", &settled);
+    let view = http.get(server.url(&format!("/v1/operations/{key}"))).send().await.expect("get");
+    assert_sealed("a settled operation", &view.text().await.expect("text"));
+
     assert_sealed("the server's log", &server.log());
     drop(server);
     let bytes = std::fs::read(setup.ledger()).expect("ledger file");
