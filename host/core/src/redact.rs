@@ -56,31 +56,45 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
 /// echoed back as it was sent) becomes the string `[redacted]`. The result is still JSON of the
 /// same shape, so a reader that parses it keeps working. No secrets, no work.
 pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
-    fn walk(value: &Value, secrets: &[String], changed: &mut bool) -> Value {
-        let scrubbed = |text: &str, changed: &mut bool| {
-            let out = scrub(text, secrets);
-            *changed |= out != text;
+    struct Walk<'a> {
+        secrets: &'a [String],
+        /// Some secret is a whole object or array: only then is each one compared whole.
+        composite: bool,
+        changed: bool,
+    }
+    impl Walk<'_> {
+        fn scrubbed(&mut self, text: &str) -> String {
+            let out = scrub(text, self.secrets);
+            self.changed |= out != text;
             out
-        };
-        match value {
-            Value::String(text) => Value::String(scrubbed(text, changed)),
-            Value::Array(items) => Value::Array(items.iter().map(|v| walk(v, secrets, changed)).collect()),
-            Value::Object(_) | Value::Number(_) if secrets.contains(&value.to_string()) => {
-                *changed = true;
-                Value::String(REDACTED.into())
+        }
+        fn whole(&mut self, value: &Value) -> bool {
+            let hit = self.secrets.contains(&value.to_string());
+            self.changed |= hit;
+            hit
+        }
+        fn walk(&mut self, value: &Value) -> Value {
+            match value {
+                Value::String(text) => Value::String(self.scrubbed(text)),
+                Value::Number(_) if self.whole(value) => Value::String(REDACTED.into()),
+                Value::Array(_) | Value::Object(_) if self.composite && self.whole(value) => {
+                    Value::String(REDACTED.into())
+                }
+                Value::Array(items) => Value::Array(items.iter().map(|v| self.walk(v)).collect()),
+                Value::Object(fields) => {
+                    Value::Object(fields.iter().map(|(k, v)| (self.scrubbed(k), self.walk(v))).collect())
+                }
+                other => other.clone(),
             }
-            Value::Object(fields) => {
-                Value::Object(fields.iter().map(|(k, v)| (scrubbed(k, changed), walk(v, secrets, changed))).collect())
-            }
-            other => other.clone(),
         }
     }
     if secrets.is_empty() {
         return None;
     }
-    let mut changed = false;
-    let masked = walk(value, secrets, &mut changed);
-    changed.then_some(masked)
+    let composite = secrets.iter().any(|s| s.starts_with('{') || s.starts_with('['));
+    let mut walk = Walk { secrets, composite, changed: false };
+    let masked = walk.walk(value);
+    walk.changed.then_some(masked)
 }
 
 /// [`mask_value`] for a text: JSON text is masked as JSON (and stays JSON); any other text (an
@@ -221,6 +235,9 @@ mod tests {
             })
         );
         // As text: JSON stays JSON; other text is scrubbed, escaped forms too.
+        // An array sent as a whole comes back masked whole, though its items are too short alone.
+        let tags = sensitive_values(&json!({"tags": ["vip", "eu"]}), &["/tags".into()]);
+        assert_eq!(mask_value(&json!({"tags": ["vip", "eu"], "n": 1}), &tags), Some(json!({"tags": REDACTED, "n": 1})));
         let text = mask_text(&answer.to_string(), &secrets).expect("masked");
         assert_eq!(serde_json::from_str::<Value>(&text).expect("still JSON"), masked);
         assert_eq!(mask_text(r#"{"id":"pay_1"}"#, &secrets), None, "nothing to mask");
