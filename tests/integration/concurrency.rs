@@ -194,6 +194,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         now_ms,
         lease_ms: 10,
         approval: None,
+        sealed: None,
     };
     let effect = |op: &str, owner: usize| EffectRecord {
         key: format!("{op}-effect-{owner}"),
@@ -205,6 +206,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         fingerprint: "f".into(),
         status: EffectStatus::Dispatched,
         response: None,
+        sealed: None,
         error: None,
         dispatches: 1,
         first_dispatched_ms: 0,

@@ -25,6 +25,7 @@ fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
         now_ms,
         lease_ms: LEASE,
         approval: None,
+        sealed: None,
     }
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) ->
         fingerprint: "f".into(),
         status,
         response: status.answered().then(|| "{}".to_string()),
+        sealed: None,
         error: None,
         dispatches,
         first_dispatched_ms: n.into(),

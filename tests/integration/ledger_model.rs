@@ -136,6 +136,7 @@ fn request(op: usize, worker: usize, other_args: bool, now_ms: u64) -> ClaimRequ
         now_ms,
         lease_ms: LEASE_MS,
         approval: None,
+        sealed: None,
     }
 }
 
@@ -150,6 +151,7 @@ fn effect(op: usize, effect: usize, status: EffectStatus, dispatches: u32, now_m
         fingerprint: "f".into(),
         status,
         response: status.answered().then(|| "{}".to_string()),
+        sealed: None,
         error: None,
         dispatches,
         first_dispatched_ms: 0,

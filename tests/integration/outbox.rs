@@ -154,6 +154,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
         now_ms: now,
         lease_ms: 60_000,
         approval: None,
+        sealed: None,
     };
     let Claim::Owned { fence, .. } = ledger.claim(&request).await.expect("claim") else { panic!("not owned") };
     let staged = messages
@@ -170,6 +171,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
                 fingerprint: format!("f{n}"),
                 status: EffectStatus::Completed,
                 response: Some("null".into()),
+                sealed: None,
                 error: None,
                 dispatches: 1,
                 first_dispatched_ms: now,

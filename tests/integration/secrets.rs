@@ -136,3 +136,72 @@ async fn fingerprints_are_keyed_with_a_secret_beside_the_ledger_and_survive_its_
     let op = host.ledger().operation(new.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
     assert_ne!(op.fingerprint, fingerprint, "a new step is fingerprinted under the new secret");
 }
+
+/// A downstream that echoes what it is sent: `POST /echo` answers `{"echoed": BODY}`; `GET
+/// /attempts` counts the reads made of it and answers the count.
+async fn echo_downstream() -> String {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let reads = Arc::new(AtomicU32::new(0));
+    let app = axum::Router::new()
+        .route(
+            "/echo",
+            axum::routing::post(|body: String| async move {
+                let sent: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                serde_json::json!({ "echoed": sent, "note": format!("we received {sent}") }).to_string()
+            }),
+        )
+        .route(
+            "/attempts",
+            axum::routing::get(move || {
+                let reads = reads.clone();
+                async move { (reads.fetch_add(1, Ordering::SeqCst) + 1).to_string() }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// An answer that echoes a sensitive arg is recorded masked, and the guest still gets it exactly
+/// when its effect is answered from the ledger: the first attempt fails after the effect, the
+/// second one is given the recorded answer and finds the value in it, as the downstream sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_secret_is_recorded_masked_and_the_guest_gets_the_exact_answer_on_a_rerun() {
+    const SECRET: &str = "221B Baker Street, London";
+    let base = echo_downstream().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let policy = oncebox::RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: std::time::Duration::from_millis(1),
+        max_backoff: std::time::Duration::from_millis(2),
+        ..oncebox::RetryPolicy::for_class(oncebox::ReplayClass::IdempotentWrite)
+    };
+    let host = oncebox::Host::builder(&ledger)
+        .retry_policy("hostile", policy)
+        .grant("hostile", oncebox::Grant::Http(base.parse().expect("origin")))
+        .build()
+        .await
+        .expect("host");
+    host.load(oncebox_artifacts::HOSTILE).await.expect("load hostile");
+    let args = serde_json::json!({
+        "mode": "echo-again", "secret": SECRET, "url": format!("{base}/echo"), "target": format!("{base}/attempts"),
+    });
+    let outcome = host.call(oncebox::Call::step("r", "echo", "hostile", args.to_string())).await.expect("call");
+    assert_eq!((outcome.status, outcome.attempts), (oncebox::Status::Completed, 2), "{outcome:?}");
+    assert_eq!(outcome.output.as_ref().map(|o| &o["found"]), Some(&serde_json::json!(true)), "the exact answer");
+
+    let key = outcome.operation_key.as_deref().expect("key");
+    let effects = host.ledger().effects(key).await.expect("effects");
+    let response = effects[0].response.as_deref().expect("an answer");
+    assert!(!response.contains(SECRET), "recorded masked: {response}");
+    assert!(response.contains("we received"), "the rest of the answer is kept: {response}");
+    let attempts = host.ledger().attempts(key).await.expect("attempts");
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[1].effects[0].source, oncebox::ledger::EffectSource::Deduplicated, "answered from the ledger");
+    drop(host);
+    let bytes = std::fs::read(&ledger).expect("ledger file");
+    assert!(!bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the ledger file holds it in the clear");
+}

@@ -49,6 +49,101 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
     secrets.iter().fold(text.to_string(), |text, secret| text.replace(secret.as_str(), REDACTED))
 }
 
+/// The one rule for what comes back: `value` (a tool's output, a downstream's answer) with every
+/// sensitive value of the call's args masked, or `None` when it holds none. A string is scrubbed
+/// wherever a secret occurs in it (an address inside a label's text too); an object key likewise;
+/// any other value that is a secret whole (a card number sent as a number, a sensitive object
+/// echoed back as it was sent) becomes the string `[redacted]`. The result is still JSON of the
+/// same shape, so a reader that parses it keeps working. No secrets, no work.
+pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
+    struct Walk<'a> {
+        secrets: &'a [String],
+        /// Some secret is a whole object or array: only then is each one compared whole.
+        composite: bool,
+        changed: bool,
+    }
+    impl Walk<'_> {
+        fn scrubbed(&mut self, text: &str) -> String {
+            let out = scrub(text, self.secrets);
+            self.changed |= out != text;
+            out
+        }
+        fn whole(&mut self, value: &Value) -> bool {
+            let hit = self.secrets.contains(&value.to_string());
+            self.changed |= hit;
+            hit
+        }
+        fn walk(&mut self, value: &Value) -> Value {
+            match value {
+                Value::String(text) => Value::String(self.scrubbed(text)),
+                Value::Number(_) if self.whole(value) => Value::String(REDACTED.into()),
+                Value::Array(_) | Value::Object(_) if self.composite && self.whole(value) => {
+                    Value::String(REDACTED.into())
+                }
+                Value::Array(items) => Value::Array(items.iter().map(|v| self.walk(v)).collect()),
+                Value::Object(fields) => {
+                    Value::Object(fields.iter().map(|(k, v)| (self.scrubbed(k), self.walk(v))).collect())
+                }
+                other => other.clone(),
+            }
+        }
+    }
+    if secrets.is_empty() {
+        return None;
+    }
+    let composite = secrets.iter().any(|s| s.starts_with('{') || s.starts_with('['));
+    let mut walk = Walk { secrets, composite, changed: false };
+    let masked = walk.walk(value);
+    walk.changed.then_some(masked)
+}
+
+/// [`mask_value`] for a text: JSON text is masked as JSON (and stays JSON); any other text (an
+/// error, a plain-text body) is scrubbed as text, the secrets' JSON-escaped forms included.
+/// `None` when the text holds no secret.
+pub fn mask_text(text: &str, secrets: &[String]) -> Option<String> {
+    if secrets.is_empty() {
+        return None;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => mask_value(&value, secrets).map(|masked| masked.to_string()),
+        Err(_) => {
+            let scrubbed = scrub(text, &escaped_forms(secrets));
+            (scrubbed != text).then_some(scrubbed)
+        }
+    }
+}
+
+/// Each secret as it is, and as JSON text escapes it (quotes and backslashes escaped, as serde
+/// writes it; and every non-ASCII character as `\uXXXX`, as Python's `json.dumps` does), so that
+/// a value quoted inside a non-JSON text (an error that quotes a body) is caught too. Longest first.
+fn escaped_forms(secrets: &[String]) -> Vec<String> {
+    let mut forms = Vec::with_capacity(secrets.len());
+    for secret in secrets {
+        forms.push(secret.clone());
+        let quoted = Value::String(secret.clone()).to_string();
+        let inner = &quoted[1..quoted.len() - 1];
+        if inner != secret {
+            forms.push(inner.to_string());
+        }
+        if !inner.is_ascii() {
+            let mut ascii = String::with_capacity(inner.len() * 2);
+            for c in inner.chars() {
+                if c.is_ascii() {
+                    ascii.push(c);
+                } else {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        ascii.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+            }
+            forms.push(ascii);
+        }
+    }
+    forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    forms.dedup();
+    forms
+}
+
 /// The end of a guest's output as the host keeps it (in a trap's message): scrubbed of `secrets`,
 /// then its last `max` bytes (cut forward to a char boundary) after a marker saying how much came
 /// before. Only the end is scrubbed, from far enough back that a secret straddling the cut is
@@ -111,6 +206,48 @@ mod tests {
         let args = json!({"order_id": "o1", "payment_method": "4242424242424242", "nested": {"token": "t"}});
         let out = redact(&args, &["/payment_method".into(), "/nested/token".into(), "/missing".into()]);
         assert_eq!(out, json!({"order_id": "o1", "payment_method": REDACTED, "nested": {"token": REDACTED}}));
+    }
+
+    #[test]
+    fn an_echoed_value_is_masked_wherever_it_comes_back_and_the_json_stays_json() {
+        let args = json!({"payment_method": "4111111111111111", "card": {"number": 4242424242424242u64}, "memo": "ok"});
+        let secrets = sensitive_values(&args, &["/payment_method".into(), "/card".into()]);
+        let answer = json!({
+            "id": "pay_1",
+            "payment_method": "4111111111111111",
+            "label": "card 4111111111111111 charged",
+            "card": {"number": 4242424242424242u64},
+            "number": 4242424242424242u64,
+            "4111111111111111": true,
+            "memo": "ok"
+        });
+        let masked = mask_value(&answer, &secrets).expect("it holds secrets");
+        assert_eq!(
+            masked,
+            json!({
+                "id": "pay_1",
+                "payment_method": REDACTED,
+                "label": format!("card {REDACTED} charged"),
+                "card": REDACTED,
+                "number": REDACTED,
+                REDACTED: true,
+                "memo": "ok"
+            })
+        );
+        // As text: JSON stays JSON; other text is scrubbed, escaped forms too.
+        // An array sent as a whole comes back masked whole, though its items are too short alone.
+        let tags = sensitive_values(&json!({"tags": ["vip", "eu"]}), &["/tags".into()]);
+        assert_eq!(mask_value(&json!({"tags": ["vip", "eu"], "n": 1}), &tags), Some(json!({"tags": REDACTED, "n": 1})));
+        let text = mask_text(&answer.to_string(), &secrets).expect("masked");
+        assert_eq!(serde_json::from_str::<Value>(&text).expect("still JSON"), masked);
+        assert_eq!(mask_text(r#"{"id":"pay_1"}"#, &secrets), None, "nothing to mask");
+        assert_eq!(mask_text("anything", &[]), None, "no secrets, no work");
+        let address = sensitive_values(&json!({"a": "Bahnhofstraße 1 \"Hof\""}), &["/a".into()]);
+        let quoted = r#"400: {"address":"Bahnhofstraße 1 \"Hof\""} or {"address":"Bahnhofstra\u00dfe 1 \"Hof\""}"#;
+        assert_eq!(
+            mask_text(quoted, &address).as_deref(),
+            Some(r#"400: {"address":"[redacted]"} or {"address":"[redacted]"}"#)
+        );
     }
 
     #[test]

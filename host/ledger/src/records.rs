@@ -45,6 +45,11 @@ pub struct OperationRecord {
     pub fingerprint: String,
     /// The args with the manifest's sensitive values redacted.
     pub args: serde_json::Value,
+    /// Those sensitive values, sealed under the ledger's key for this operation
+    /// (`seal::seal_params`): what lets the host mask them where they come back after the call (a
+    /// reconcile's answer from the record), never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     pub status: OperationStatus,
     pub owner: String,
     pub lease_until_ms: u64,
@@ -119,8 +124,13 @@ pub struct EffectRecord {
     pub target: String,
     pub fingerprint: String,
     pub status: EffectStatus,
-    /// The recorded answer (JSON text), replayed to the guest instead of dispatching again.
+    /// The recorded answer (JSON text), with every sensitive value of the operation's args masked
+    /// (`seal::keep`): what any reader sees.
     pub response: Option<String>,
+    /// The exact answer, sealed under the ledger's key for this operation, when `response` had a
+    /// sensitive value masked: it is what the guest gets on a replay (`seal::exact`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     pub error: Option<String>,
     pub dispatches: u32,
     pub first_dispatched_ms: u64,

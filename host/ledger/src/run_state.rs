@@ -196,6 +196,7 @@ mod tests {
             class,
             fingerprint: "f".into(),
             args: serde_json::Value::Null,
+            sealed: None,
             status,
             owner: "host-a".into(),
             lease_until_ms,

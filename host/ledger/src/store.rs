@@ -38,6 +38,8 @@ pub struct ClaimRequest {
     /// rotated): an operation recorded under one of them is this request, not a conflict.
     pub older_fingerprints: Vec<String>,
     pub args: serde_json::Value,
+    /// The args' sensitive values, sealed (`seal::seal_params`); kept with a new operation.
+    pub sealed: Option<String>,
     pub owner: String,
     pub now_ms: u64,
     pub lease_ms: u64,

@@ -170,26 +170,7 @@ fn request(
     revision: u32,
 ) -> Result<ApprovalRecord, CallError> {
     let manifest = &tool.manifest;
-    let sensitive: serde_json::Map<String, Value> = manifest
-        .sensitive
-        .iter()
-        .filter_map(|pointer| prepared.args.pointer(pointer).map(|v| (pointer.clone(), v.clone())))
-        .collect();
-    let sealed = if sensitive.is_empty() {
-        None
-    } else {
-        let mut nonce = [0u8; crate::seal::NONCE_BYTES];
-        getrandom::fill(&mut nonce).map_err(|e| CallError::Approval {
-            operation_key: prepared.operation_key.clone(),
-            reason: format!("no randomness to seal its sensitive params: {e}"),
-        })?;
-        let plaintext = Value::Object(sensitive).to_string();
-        let sealed = crate::seal::seal(&shared.keying, &prepared.operation_key, plaintext.as_bytes(), nonce);
-        Some(sealed.map_err(|e| CallError::Approval {
-            operation_key: prepared.operation_key.clone(),
-            reason: e.to_string(),
-        })?)
-    };
+    let sealed = sealed_params(shared, &manifest.sensitive, prepared)?;
     Ok(ApprovalRecord {
         operation_key: prepared.operation_key.clone(),
         fingerprint: prepared.fingerprint.clone(),
@@ -209,6 +190,22 @@ fn request(
         expires_ms: None,
         revision,
     })
+}
+
+/// The sensitive values of a call's args (at `pointers`, the manifest's), sealed for its operation
+/// (`seal::seal_params`): kept by its request for approval, for the approver, and by its operation,
+/// so that the host can mask them where they come back after the call. `None` when there are none.
+pub(crate) fn sealed_params(
+    shared: &Shared,
+    pointers: &[String],
+    prepared: &Prepared,
+) -> Result<Option<String>, CallError> {
+    crate::seal::seal_params(&shared.keying, &prepared.operation_key, &prepared.args, pointers, || {
+        let mut nonce = [0u8; crate::seal::NONCE_BYTES];
+        getrandom::fill(&mut nonce).map_err(|e| crate::seal::SealError::NoRandomness(e.to_string()))?;
+        Ok(nonce)
+    })
+    .map_err(|e| CallError::Seal { operation_key: prepared.operation_key.clone(), reason: e.to_string() })
 }
 
 /// What a person decides.
@@ -349,19 +346,12 @@ pub async fn decide_on(
 
 /// The sealed sensitive values of a request, opened with the ledger's key (for the approver).
 pub fn reveal(record: &ApprovalRecord, key: &crate::keys::FingerprintKey) -> Result<Value, String> {
-    let mut params = record.args.clone();
-    let Some(sealed) = &record.sealed else {
-        return Ok(params);
-    };
-    let plaintext = crate::seal::open(key, &record.operation_key, sealed).map_err(|e| e.to_string())?;
-    let values: serde_json::Map<String, Value> =
-        serde_json::from_slice(&plaintext).map_err(|e| format!("the sealed values are not JSON: {e}"))?;
-    for (pointer, value) in values {
-        if let Some(slot) = params.pointer_mut(&pointer) {
-            *slot = value;
+    match &record.sealed {
+        None => Ok(record.args.clone()),
+        Some(sealed) => {
+            crate::seal::open_params(key, &record.operation_key, &record.args, sealed).map_err(|e| e.to_string())
         }
     }
-    Ok(params)
 }
 
 fn awaiting(record: &ApprovalRecord, ledger: &Ledger, why: &str) -> Outcome {

@@ -31,6 +31,9 @@ pub enum CallError {
     InvalidResolution { reason: String },
     #[error("cannot decide the approval of operation {operation_key}: {reason}")]
     Approval { operation_key: String, reason: String },
+    /// The host could not seal a call's sensitive values (no randomness): nothing was recorded.
+    #[error("the sensitive values of operation {operation_key} could not be sealed: {reason}; nothing was run")]
+    Seal { operation_key: String, reason: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }

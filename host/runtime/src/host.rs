@@ -403,7 +403,8 @@ impl Host {
         by: &str,
         note: Option<&str>,
     ) -> Result<Outcome, CallError> {
-        crate::reconcile::settle(self.ledger(), operation_key, effect_key, resolution, by, note).await
+        let keying = &self.inner.stage.shared.keying;
+        crate::reconcile::settle(self.ledger(), keying, operation_key, effect_key, resolution, by, note).await
     }
 
     /// Reconciles every unknown operation of a run whose tool is loaded (`oncebox reconcile --run`).

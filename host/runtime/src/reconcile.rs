@@ -128,9 +128,15 @@ async fn reconcile_recorded(
     let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), None);
     let deadline = entry.policy.attempt_deadline;
     // The caller's args carry the sensitive values (a run's reconciliation gets the record's,
-    // redacted already): a trap's message must not.
+    // redacted already, and the values from the record's seal): a trap's message and the answer
+    // must not. A seal that does not open (another ledger's key) leaves only the caller's.
     let args = serde_json::from_str(canonical_args).unwrap_or_default();
-    let secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
+    let mut secrets = crate::redact::sensitive_values(&args, &tool.manifest.sensitive);
+    if op.sealed.is_some() {
+        secrets.extend(recorded_secrets(&host.shared.keying, op));
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
+    }
     let answer = match host.runtime.reconcile(tool, ctx, &effect.key, canonical_args, deadline, &secrets).await {
         None => return still(format!("`{}` exports no reconcile", tool.manifest.name)),
         Some(Err(trap)) => return still(format!("reconcile failed: {trap}")),
@@ -138,8 +144,9 @@ async fn reconcile_recorded(
     };
     let reported = match answer {
         Answer::StillUnknown => Reported::StillUnknown,
+        // The authority's record echoes what it was sent (an address, a card): masked like any answer.
         Answer::Committed(output) => match serde_json::from_str::<serde_json::Value>(&output) {
-            Ok(_) => Reported::Committed(output),
+            Ok(_) => Reported::Committed(crate::redact::mask_text(&output, &secrets).unwrap_or(output)),
             Err(e) => return still(format!("reconcile returned invalid JSON: {e}")),
         },
         Answer::NotCommitted => Reported::NotCommitted,
@@ -153,7 +160,8 @@ async fn reconcile_recorded(
             return Ok(Reconciliation::StillUnknown { operation_key: key.clone(), reason, counts_from_ms });
         }
     };
-    tracing::info!(operation_key = %key, effect_key = %effect.key, ?resolution, "reconciled");
+    // The verdict, never the output: logs hold no answer.
+    tracing::info!(operation_key = %key, effect_key = %effect.key, verdict = resolution.verdict(), "reconciled");
     let settlement =
         Settlement { verdict: resolution.verdict().into(), by: "reconcile".into(), note: None, at_ms: now };
     let resolved =
@@ -166,11 +174,35 @@ async fn reconcile_recorded(
     })
 }
 
+/// The sensitive values of a recorded operation's args, from the seal it keeps
+/// (`seal::seal_params`), as `redact::sensitive_values` lists them: what is masked in what comes
+/// back after the call, when the caller's args are gone (a reconcile from the record, a person's
+/// settlement). None when it sealed none; none either when the seal does not open (another
+/// ledger's key file), which is logged.
+pub fn recorded_secrets(keying: &crate::keys::FingerprintKey, op: &crate::ledger::OperationRecord) -> Vec<String> {
+    let Some(sealed) = &op.sealed else {
+        return Vec::new();
+    };
+    let values = match crate::seal::open_values(keying, &op.key, sealed) {
+        Ok(values) => values,
+        Err(e) => {
+            tracing::warn!(operation_key = %op.key, error = %e, "the sealed sensitive values did not open");
+            return Vec::new();
+        }
+    };
+    // Each value as the args held it, under a pointer of its own (the recorded pointers may
+    // need escaping; the values are what matters).
+    let values: Vec<serde_json::Value> = values.into_iter().map(|(_, value)| value).collect();
+    let pointers: Vec<String> = (0..values.len()).map(|i| format!("/{i}")).collect();
+    crate::redact::sensitive_values(&serde_json::Value::Array(values), &pointers)
+}
+
 /// Settles an unknown operation by a person's word (`oncebox resolve`): recorded with who and why.
 /// This is how an operation of a tool without a `reconcile` export leaves `unknown`, besides a
 /// same-key resend where its host honours keys.
 pub async fn settle(
     ledger: &Ledger,
+    keying: &crate::keys::FingerprintKey,
     operation_key: &str,
     effect_key: Option<&str>,
     resolution: &Resolution,
@@ -184,6 +216,21 @@ pub async fn settle(
     if by.trim().is_empty() {
         return Err(CallError::InvalidResolution { reason: "say who settles it (--by NAME)".into() });
     }
+    // What the person copied (a downstream's dashboard echoes the address too) is masked like any
+    // answer, by the values the operation sealed.
+    let masked;
+    let resolution = match (resolution, ledger.operation(operation_key).await?) {
+        (Resolution::Committed { output }, Some(op)) => {
+            match crate::redact::mask_text(output, &recorded_secrets(keying, &op)) {
+                Some(output) => {
+                    masked = Resolution::Committed { output };
+                    &masked
+                }
+                None => resolution,
+            }
+        }
+        _ => resolution,
+    };
     let settlement = Settlement {
         verdict: resolution.verdict().into(),
         by: by.to_string(),

@@ -450,6 +450,8 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
         fingerprint: op.fingerprint.clone(),
         older_fingerprints: Vec::new(),
         args: op.args.clone(),
+        // A take-over of an existing operation: the record keeps what it has.
+        sealed: op.sealed.clone(),
         owner: stage.owner.clone(),
         now_ms: now,
         lease_ms: stage.lease.as_millis() as u64,

@@ -30,6 +30,7 @@ fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
         now_ms,
         lease_ms: 100,
         approval: None,
+        sealed: None,
     }
 }
 

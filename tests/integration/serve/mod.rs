@@ -13,4 +13,5 @@ mod mcp;
 mod openapi;
 mod orchestrator;
 mod reconciler;
+mod sealed;
 mod shared;

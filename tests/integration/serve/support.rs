@@ -48,13 +48,22 @@ impl Setup {
         Setup::written(provider, extra)
     }
 
+    /// Like [`Setup::with_policy`], with every tool's downstream at `base` (a test's own server)
+    /// instead of the example provider.
+    pub fn downstream(base: &str, extra: &str) -> Setup {
+        Setup::at(base, &format!("{extra}\n[reconciler]\nenabled = false\n"))
+    }
+
     fn written(provider: &ProviderHandle, extra: &str) -> Setup {
+        Setup::at(&provider.base_url(), extra)
+    }
+
+    fn at(base: &str, extra: &str) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("tools")).expect("tools dir");
         for (name, artifact) in TOOLS {
             std::fs::copy(artifact, dir.path().join("tools").join(format!("{name}.wasm"))).expect("copy component");
         }
-        let base = provider.base_url();
         let mut policy = String::new();
         for (name, _) in TOOLS {
             // Quick retries, where the class allows them (an irreversible tool may not retry).

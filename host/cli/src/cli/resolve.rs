@@ -36,9 +36,10 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         Some(output) => Resolution::Committed { output },
         None => Resolution::NotCommitted,
     };
-    let outcome =
-        oncebox::settle(&ledger, &args.key, args.effect.as_deref(), &resolution, &args.by, args.note.as_deref())
-            .await?;
+    // The key file opens the values the operation sealed, to mask them in the output given.
+    let keying = oncebox::secret::load_or_create(&super::key_file_of(&args.ledger)?)?;
+    let (effect, note) = (args.effect.as_deref(), args.note.as_deref());
+    let outcome = oncebox::settle(&ledger, &keying, &args.key, effect, &resolution, &args.by, note).await?;
     print_json(&outcome)?;
     Ok(Exit::Ok)
 }

@@ -114,7 +114,21 @@ impl EffectCtx {
             }
             Some(recorded) if recorded.status.answered() => {
                 self.note(&recorded, EffectSource::Deduplicated);
-                return Ok(Begin::Replay(recorded.response.unwrap_or_default()));
+                // The guest gets the answer exactly as it came, a sensitive value it echoed included.
+                let response = recorded.response.as_deref().unwrap_or_default();
+                let exact = crate::seal::exact(
+                    &self.shared.keying,
+                    &recorded.operation_key,
+                    response,
+                    recorded.sealed.as_deref(),
+                )
+                .map_err(|e| {
+                    ToolError::Permanent(format!(
+                        "host: the recorded answer of effect `{}` ({key}) could not be unsealed: {e}",
+                        request.label
+                    ))
+                })?;
+                return Ok(Begin::Replay(exact));
             }
             Some(recorded)
                 if recorded.status.in_doubt() && !self.shared.resendable(&recorded, scope.redispatch_in_doubt, now) =>
@@ -144,6 +158,7 @@ impl EffectCtx {
                     fingerprint: request.fingerprint,
                     status: EffectStatus::Dispatched,
                     response: None,
+                    sealed: None,
                     error: None,
                     dispatches: 1,
                     first_dispatched_ms: now,
@@ -263,26 +278,48 @@ impl EffectCtx {
             }
             outcome => outcome,
         };
+        let secrets = self.scope()?.secrets.clone();
+        // What the ledger keeps of an answer: masked, and sealed whole when it echoes a secret.
+        let kept = |record: &EffectRecord, response: &str| {
+            crate::seal::keep(&self.shared.keying, &record.operation_key, response, &secrets, || {
+                let mut nonce = [0u8; crate::seal::NONCE_BYTES];
+                getrandom::fill(&mut nonce).map_err(|e| crate::seal::SealError::NoRandomness(e.to_string()))?;
+                Ok(nonce)
+            })
+        };
+        let masked = |text: String| crate::redact::mask_text(&text, &secrets).unwrap_or(text);
+        let answered = match &outcome {
+            Dispatched::Refused(_) => EffectStatus::Refused,
+            _ => EffectStatus::Completed,
+        };
         let result = match outcome {
-            Dispatched::Committed(response) => {
-                record.status = EffectStatus::Completed;
-                record.response = Some(response.clone());
-                record.error = None;
-                Ok(response)
-            }
-            Dispatched::Refused(response) => {
-                record.status = EffectStatus::Refused;
-                record.response = Some(response.clone());
-                record.error = None;
-                Ok(response)
-            }
+            Dispatched::Committed(response) | Dispatched::Refused(response) => match kept(&record, &response) {
+                Ok(kept) => {
+                    record.status = answered;
+                    record.response = Some(kept.masked);
+                    record.sealed = kept.sealed;
+                    record.error = None;
+                    Ok(response)
+                }
+                // The answer came but cannot be kept without its secret in the clear: it is
+                // recorded as lost (the effect stays in doubt), never in the clear.
+                Err(e) => {
+                    record.status = EffectStatus::Unknown;
+                    record.error = Some(format!("the answer could not be sealed: {e}"));
+                    Err(ToolError::UnknownOutcome(format!(
+                        "effect `{}` ({}): its answer could not be sealed: {e}",
+                        record.label, record.key
+                    )))
+                }
+            },
             Dispatched::Retryable(error) => {
                 record.status = EffectStatus::Retryable;
-                record.error = Some(format!("{error:?}"));
+                record.error = Some(masked(format!("{error:?}")));
                 Err(error)
             }
             Dispatched::Unknown(message) => {
                 record.status = EffectStatus::Unknown;
+                let message = masked(message);
                 record.error = Some(message.clone());
                 Err(ToolError::UnknownOutcome(format!("effect `{}` ({}): {message}", record.label, record.key)))
             }

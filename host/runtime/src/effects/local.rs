@@ -43,6 +43,7 @@ impl EffectCtx {
             fingerprint,
             status: EffectStatus::Completed,
             response: None,
+            sealed: None,
             error: None,
             dispatches: 1,
             first_dispatched_ms: now,

@@ -127,6 +127,10 @@ pub struct Scope {
     /// operation but what this attempt writes, so its effects need no lookup (one read each
     /// fewer on the common path).
     pub first: bool,
+    /// The sensitive values of the operation's args (`redact::sensitive_values`): an answer that
+    /// echoes one is recorded masked, with its exact text sealed for the guest's replays
+    /// (`seal::keep`). Empty for a tool whose manifest marks nothing sensitive: no work then.
+    pub secrets: Arc<[String]>,
 }
 
 /// One invocation's view: its tool's sandbox, its operation, its config, and what its effects did.

@@ -58,6 +58,7 @@ pub(super) async fn admit(
         fingerprint: prepared.fingerprint.clone(),
         older_fingerprints: prepared.older_fingerprints.clone(),
         args: redacted,
+        sealed: crate::approvals::sealed_params(&host.shared, &tool.manifest.sensitive, prepared)?,
         run_id: prepared.run_id.clone(),
         step_id: prepared.step_id.clone(),
         tool: name.to_string(),

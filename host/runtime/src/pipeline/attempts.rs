@@ -26,6 +26,7 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
     let class = tool.manifest.class;
     let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, .. } = prepared;
     let secrets = sensitive_values(&args, &tool.manifest.sensitive);
+    let shared_secrets: std::sync::Arc<[String]> = secrets.clone().into();
     let Owned { fence, previous_attempts, claimed_at } = owned;
     let call_started = Instant::now();
     let mut lease =
@@ -43,6 +44,7 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
             journal: host.shared.ledger.journal(&operation_key, fence),
             redispatch_in_doubt: policy.redispatch_in_doubt,
             first,
+            secrets: shared_secrets.clone(),
         };
         let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), Some(scope));
         let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);

@@ -10,7 +10,7 @@ use crate::effects::InDoubt;
 use crate::failure::{self, End, GuestError};
 use crate::ledger::{ErrorRecord, OperationStatus};
 use crate::policy::ReplayClass;
-use crate::redact::scrub;
+use crate::redact::{mask_text, mask_value};
 use crate::retry::Failure;
 use crate::runtime::Invocation;
 use crate::runtime::bindings::ToolError;
@@ -79,13 +79,18 @@ impl Verdict {
         }
     }
 
+    /// The verdict with every sensitive value of the args masked (`redact::mask_value`), in the
+    /// error's message and in the tool's output alike: what the ledger records and every caller is
+    /// answered, fresh or replayed, so that a replay answers what the first call did.
     pub(super) fn scrubbed(self, secrets: &[String]) -> Self {
         match self {
             Verdict::Failed { failure, mut error } => {
-                error.message = scrub(&error.message, secrets);
+                if let Some(masked) = mask_text(&error.message, secrets) {
+                    error.message = masked;
+                }
                 Verdict::Failed { failure, error }
             }
-            ok => ok,
+            Verdict::Ok(output) => Verdict::Ok(mask_value(&output, secrets).unwrap_or(output)),
         }
     }
 
