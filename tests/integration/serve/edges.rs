@@ -293,11 +293,13 @@ async fn the_loser_of_a_decision_race_is_told_409_with_what_won_and_nothing_is_w
                 lost += 1;
                 let (loser, winner) = if statuses.0 == 409 { (&a, "bob") } else { (&r, "alice") };
                 let message = loser["error"]["message"].as_str().unwrap_or_default();
-                assert!(message.contains(winner) && message.contains("not recorded"), "round {round}: {loser}");
+                // Lost the race ("... meanwhile; this decision was not recorded"), or came after a
+                // rejection ("... a rejection is final"): either way the answer names what won.
+                assert!(message.contains(winner), "round {round}: {loser}");
                 assert_eq!(view["decided_by"], winner, "the winner's decision stands: {view}");
             }
             other => panic!("round {round}: {other:?} {a} {r}"),
         }
     }
-    eprintln!("{lost} of 30 rounds raced");
+    eprintln!("{lost} of 30 rounds had a loser, answered 409");
 }
