@@ -27,8 +27,9 @@ pub const COMPENSATION_PREFIX: &str = "compensate/";
 pub const MAX_ID_BYTES: usize = 512;
 
 /// Why `id` (a run's or a step's, `what` says which) cannot name anything: empty, longer than
-/// [`MAX_ID_BYTES`], or holding a control character (a newline in an id would print a log line
-/// that looks like the host's own). Asked by every front door before anything is recorded.
+/// [`MAX_ID_BYTES`], or holding a control or invisible formatting character (a newline in an id
+/// would print a log line that looks like the host's own; a bidirectional override would show it
+/// as another id). Asked by every front door before anything is recorded.
 pub fn id_refused(what: &str, id: &str) -> Option<String> {
     if id.trim().is_empty() {
         return Some(format!("the {what} id must not be empty"));
@@ -36,8 +37,15 @@ pub fn id_refused(what: &str, id: &str) -> Option<String> {
     if id.len() > MAX_ID_BYTES {
         return Some(format!("the {what} id is {} bytes; ids are at most {MAX_ID_BYTES}", id.len()));
     }
-    let control = id.chars().find(|c| c.is_control())?;
+    let control = id.chars().find(|c| c.is_control() || invisible(*c))?;
     Some(format!("the {what} id holds the control character {control:?}; ids are printable text"))
+}
+
+/// Formatting characters that change how text around them is shown without showing themselves:
+/// line and paragraph separators (a new line in many log viewers), bidirectional overrides and
+/// isolates (text shown in another order than stored), zero-width characters and the BOM.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.
@@ -225,8 +233,20 @@ mod tests {
     #[test]
     fn an_id_is_printable_bounded_text() {
         assert_eq!(super::id_refused("run", "order-42/charge"), None);
+        assert_eq!(super::id_refused("step", "commande-été/日本"), None, "letters of any script are printable");
         assert_eq!(super::id_refused("step", &"s".repeat(super::MAX_ID_BYTES)), None);
-        for bad in ["", "  ", "a\nINFO forged", "a\rb", "tab\there", "nul\0", "\u{85}next-line"] {
+        for bad in [
+            "",
+            "  ",
+            "a\nINFO forged",
+            "a\rb",
+            "tab\there",
+            "nul\0",
+            "\u{85}next-line",
+            "a\u{2028}b",
+            "\u{202E}gpj.exe",
+            "zero\u{200B}width",
+        ] {
             assert!(super::id_refused("run", bad).is_some(), "{bad:?}");
         }
         let long = super::id_refused("step", &"s".repeat(super::MAX_ID_BYTES + 1)).expect("refused");

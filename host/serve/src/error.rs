@@ -117,7 +117,9 @@ impl From<LedgerError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // A host's breakdown is logged; a refusal at a limit (503) is the limit working, and a
+        // flood of them must not flood the log.
+        if matches!(self, ApiError::Internal(_)) {
             tracing::error!(error = %self, "request failed");
         }
         (status, axum::Json(self.body())).into_response()

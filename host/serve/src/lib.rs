@@ -32,7 +32,7 @@ use std::time::Duration;
 
 pub use app::{App, MAX_CALLS};
 pub use auth::generate as generate_token;
-pub use listen::{BODY_TIMEOUT, ConnectionLimits, HEADER_TIMEOUT, MAX_CONNECTIONS, serve};
+pub use listen::{BODY_TIMEOUT, ConnectionLimits, HEADER_TIMEOUT, MAX_BODY, MAX_CONNECTIONS, serve};
 pub use mcp::{MAX_SESSIONS as MAX_MCP_SESSIONS, serve_stdio};
 pub use reconciling::spawn as spawn_reconciler;
 pub use reload::Loaded;
@@ -42,10 +42,12 @@ pub use reload::Loaded;
 pub fn router(app: &Arc<App>, limits: ConnectionLimits, max_mcp_sessions: usize) -> axum::Router {
     api::routes()
         .merge(console::routes())
-        .merge(mcp::routes(app.clone(), max_mcp_sessions))
         // `listen::bounded_body` has read the body within `max_body` already.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(limits, listen::bounded_body))
+        // MCP reads its body after its own token check (`mcp::routes`), so that a stranger beyond
+        // loopback is refused before anything of a body is held.
+        .merge(mcp::routes(app.clone(), max_mcp_sessions, limits))
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard::same_site))
         .with_state(app.clone())
 }

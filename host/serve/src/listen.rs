@@ -3,7 +3,9 @@
 //! descriptor) for as long as it likes; enough of them and nobody is answered. Here:
 //!
 //! - a request's head must arrive within `header_timeout` of the connection going idle (hyper's
-//!   header-read timeout starts again after each answer, so it bounds keep-alive idleness too);
+//!   header-read timeout starts again after each answer, so it bounds keep-alive idleness too: a
+//!   proxy's pool of upstream connections should keep them idle for less, or a POST it sends on
+//!   one the server is closing comes back 502);
 //! - a request's body must arrive within `body_timeout`, and be at most `max_body` bytes, on every
 //!   route (`/mcp`'s SDK reads its own bodies, so the limit is applied before it);
 //! - at most `max_connections` connections are open at once; one beyond them is answered 503 and
@@ -25,12 +27,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 
-/// How long a request's head may take, from the moment its connection is idle.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's head may take, from the moment its connection is idle (`--header-timeout`).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request's body may take to arrive, once its head has.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The open connections a server takes by default (`--max-connections`).
 pub const MAX_CONNECTIONS: usize = 4096;
+/// The largest request body by default (`--max-body`).
+pub const MAX_BODY: usize = 1 << 20;
+/// Connections beyond the cap answered 503 at once; more than these are closed without a word,
+/// so that a flood cannot spend the descriptors the ledger and the downstreams need.
+const REFUSING: usize = 64;
 
 /// What one server's connections may hold.
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +55,7 @@ impl Default for ConnectionLimits {
             max_connections: MAX_CONNECTIONS,
             header_timeout: HEADER_TIMEOUT,
             body_timeout: BODY_TIMEOUT,
-            max_body: 1 << 20,
+            max_body: MAX_BODY,
         }
     }
 }
@@ -62,6 +69,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let refusing = Arc::new(tokio::sync::Semaphore::new(REFUSING));
+    let mut warned: Option<tokio::time::Instant> = None;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -70,17 +79,32 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    // Out of file descriptors, or a connection reset before it was taken: the
-                    // listener itself is fine, and a slot frees as connections close.
-                    tracing::warn!(error = %e, "accepting a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // A connection reset before it was taken: nothing to wait for. Out of file
+                    // descriptors: the listener itself is fine, and one frees as connections
+                    // close. Said once a second at most.
+                    if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                        tracing::warn!(error = %e, "accepting a connection");
+                        warned = Some(tokio::time::Instant::now());
+                    }
+                    let per_connection = matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    );
+                    if !per_connection {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     continue;
                 }
             },
             () = shutdown.cancelled() => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream, limits.max_connections));
+            if let Ok(refusal) = refusing.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream, limits.max_connections).await;
+                    drop(refusal);
+                });
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);

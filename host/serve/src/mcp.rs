@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 
 use super::app::{App, CallRequest};
 use super::error::ApiError;
+use super::listen::{ConnectionLimits, bounded_body};
 use super::metrics::Source;
 
 /// The request `_meta` key of the orchestrator's run id.
@@ -116,18 +117,23 @@ impl Oncebox {
 }
 
 /// The MCP sessions open at once by default (`--max-mcp-sessions`); each holds a session worker
-/// and its buffers until it is closed or idle past the SDK's keep-alive (5 minutes).
+/// and its buffers until it is closed or idle for [`SESSION_IDLE`].
 pub const MAX_SESSIONS: usize = 1024;
+/// How long an MCP session may sit idle before it ends (its client then opens another).
+pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 
-pub fn routes(app: Arc<App>, max_sessions: usize) -> Router<Arc<App>> {
+pub fn routes(app: Arc<App>, max_sessions: usize, limits: ConnectionLimits) -> Router<Arc<App>> {
     let config = http_config();
     let handler = Oncebox::new(app.clone());
-    let sessions = Arc::new(LocalSessionManager::default());
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_IDLE);
+    let sessions = Arc::new(sessions);
     let service = StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
     let cap = Cap { sessions, max: max_sessions.max(1) };
     Router::new()
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(cap, session_cap))
+        .layer(axum::middleware::from_fn_with_state(limits, bounded_body))
         .layer(axum::middleware::from_fn_with_state(app, require_token))
 }
 

@@ -58,8 +58,13 @@ pub struct Args {
     #[arg(long, default_value_t = oncebox_serve::MAX_CALLS)]
     pub max_calls: usize,
     /// The largest request body, in bytes, on every route (MCP included).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = oncebox_serve::MAX_BODY)]
     pub max_body: usize,
+    /// How long a request's head may take from the moment its connection is idle; it bounds an
+    /// idle keep-alive connection too, so a proxy's upstream pool should idle for less.
+    /// [default: 30s]
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub header_timeout: Option<Duration>,
     /// How many connections may be open at once; one more is answered 503 and closed. The
     /// process's open-file limit is raised to its hard limit at start, and this is kept below it.
     #[arg(long, default_value_t = oncebox_serve::MAX_CONNECTIONS)]
@@ -109,7 +114,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     oncebox_serve::spawn_reconciler(&app);
     let limits = oncebox_serve::ConnectionLimits {
         max_connections: connection_cap(args.max_connections),
-        header_timeout: oncebox_serve::HEADER_TIMEOUT,
+        header_timeout: args.header_timeout.unwrap_or(oncebox_serve::HEADER_TIMEOUT),
         body_timeout: oncebox_serve::BODY_TIMEOUT,
         max_body: args.max_body,
     };
@@ -129,7 +134,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
             return Ok(finish(&app, args.grace).await);
         }
     }
-    // Answered requests are written out before the process ends: axum closes each connection
+    // Answered requests are written out before the process ends: the listener closes each connection
     // once its request is answered, within the grace period.
     let started = tokio::time::Instant::now();
     app.stop_taking_calls();
