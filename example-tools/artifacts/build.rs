@@ -65,11 +65,18 @@ fn main() {
     assert!(status.success(), "building the tool components failed (see the cargo output above)");
 
     let mut consts = String::new();
+    let mut embedded = String::from(
+        "/// The components' bytes, for a binary that must work without this build's target directory.\npub mod embedded {\n",
+    );
     for (name, package, _) in TOOLS {
         let file = guest_target.join(TARGET).join("guest").join(format!("{}.wasm", package.replace('-', "_")));
         assert!(file.exists(), "cargo built {package} but {} is missing", file.display());
-        consts.push_str(&format!("pub const {name}: &str = {:?};\n", file.display().to_string()));
+        let path = format!("{:?}", file.display().to_string());
+        consts.push_str(&format!("pub const {name}: &str = {path};\n"));
+        embedded.push_str(&format!("    pub const {name}: &[u8] = include_bytes!({path});\n"));
     }
+    consts.push_str(&embedded);
+    consts.push_str("}\n");
     std::fs::write(out_dir.join("artifacts.rs"), consts).expect("write artifacts.rs");
 }
 

@@ -64,7 +64,7 @@ impl Hosts {
         let base = self.provider.base_url();
         let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
         let library = Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
-        assert!(library.exists(), "libfaketime (Debian's faketime, which .ci/run installs) is missing");
+        crate::support::require(&format!("libfaketime ({})", library.display()), library.exists(), "faketime");
         Command::new(env!("CARGO_BIN_EXE_oncebox"))
             .args([command, "--ledger", &self.url, "--run", "multi", "--step", step, "--lease-ms", LEASE_MS])
             .args(["--config", &format!("base_url={base}"), "--grant", &format!("http={base}")])

@@ -178,3 +178,16 @@ pub fn approve_cli(ledger: &std::path::Path, printed: &serde_json::Value) {
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
+
+/// Stops a test that cannot get what it needs from the machine (a browser, a program, a Debian
+/// package) with one line saying what is missing and how to get it, instead of a stack of
+/// unrelated errors further on. `bash .ci/run` installs all of it on Debian.
+#[track_caller]
+pub fn require(what: &str, present: bool, package: &str) {
+    assert!(present, "missing {what}: run `bash .ci/run`, or `apt-get install {package}`");
+}
+
+/// Whether `program` is on the `PATH`.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}

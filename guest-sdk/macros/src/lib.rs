@@ -66,6 +66,10 @@ const CLASSES: [Class; 4] = [
 ///
 /// `class` is one of `read_only`, `idempotent_write`, `compensatable`, `irreversible`. The last two
 /// also require `impl oncebox_sdk::Reconcile for Charge`.
+///
+/// The exports are emitted only when the crate is built for `wasm32`: built for the host target
+/// (a `cargo build --workspace` that includes the tool crate), it type-checks and links, exporting
+/// nothing.
 #[proc_macro]
 pub fn export(input: TokenStream) -> TokenStream {
     match expand(input) {
@@ -117,6 +121,7 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
         r#"
         #[doc(hidden)]
         #[allow(clippy::all, unsafe_code, missing_docs)]
+        #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
         mod __oncebox_export {{
             use super::*;
             ::oncebox_sdk::__private::wit_bindgen::generate!({{
@@ -147,6 +152,11 @@ fn expand(input: TokenStream) -> Result<TokenStream, String> {
 
             {reconcile_impl}
 
+            // The component's exports exist only in a component: built for the host (a workspace's
+            // `cargo build`, clippy, doc or test), the crate still type-checks its impls against
+            // the contract but exports nothing, since a host linker's version script cannot parse
+            // names such as `cabi_post_oncebox:tool/tool@0.1.0#describe`.
+            #[cfg(target_arch = "wasm32")]
             export!(__OnceboxExport);
         }}
         "#,

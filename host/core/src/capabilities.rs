@@ -33,7 +33,7 @@ pub struct Grants {
     pub dirs: Vec<DirGrant>,
 }
 
-/// One grant, as the CLI's `--grant KIND=VALUE` and [`crate::HostBuilder::grant`] spell it.
+/// One grant, as the CLI's `--grant KIND=VALUE` and `HostBuilder::grant` (oncebox-runtime) spell it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Grant {
     Http(HttpGrant),

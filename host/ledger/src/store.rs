@@ -45,7 +45,7 @@ pub struct ClaimRequest {
     pub lease_ms: u64,
     /// For a tool that needs approval: the approval the caller saw approve these params, and the
     /// component it will run. A new operation is claimed only while that approval still stands
-    /// (same revision, not expired, bound to that component: [`approval_stands`]), checked by the
+    /// (same revision, not expired, bound to that component: [`approval_stands`](crate::approval_stands)), checked by the
     /// store with the claim (`Claim::ApprovalChanged` otherwise).
     pub approval: Option<SeenApproval>,
 }
@@ -146,7 +146,7 @@ pub enum LocalOutcome {
 /// What the call pipeline needs of a ledger, and nothing more. Every write carries the fencing
 /// token of the claim that makes it and is refused (`Fenced`) once another caller took the
 /// operation over; every write is durable when its future resolves `Ok` (except an effect's
-/// answer, which [`answer_may_ride`] lets wait for the next durable write, and a new operation's
+/// answer, which [`answer_may_ride`](crate::answer_may_ride) lets wait for the next durable write, and a new operation's
 /// claim, which a backend need not make durable before the owner's first durable write: redb keeps
 /// it in memory, PostgreSQL lets most ride and refuses the owner's writes with `ClaimLost` if a
 /// server crash lost one), and nothing of a write that resolves `Err` was recorded. Reads see committed state.
@@ -154,7 +154,7 @@ pub trait Store: Send + Sync + 'static {
     /// Names the store in messages (a file's path, `:memory:`).
     fn name(&self) -> &Path;
 
-    /// Decides, atomically, who runs an operation ([`verdict`]); a new or expired claim goes to
+    /// Decides, atomically, who runs an operation ([`verdict`](crate::verdict)); a new or expired claim goes to
     /// this caller with a fence no owner of the operation holds any more (a new operation's is 1;
     /// one whose claim a PostgreSQL crash lost may be claimed with 1 again, and its first owner is
     /// refused by the claim's token instead: `ClaimLost`).
@@ -186,7 +186,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records one attempt, the local effects it staged and, when the call is over, the
     /// operation's final state, together. A finish the rule of evidence forbids is refused
-    /// ([`refused_finish`]); a versioned KV write whose key moved on is refused (`KvConflict`).
+    /// ([`refused_finish`](crate::refused_finish)); a versioned KV write whose key moved on is refused (`KvConflict`).
     fn record_attempt<'a>(
         &'a self,
         fence: u64,
@@ -196,7 +196,7 @@ pub trait Store: Send + Sync + 'static {
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Settles an unknown operation ([`settled`]): `committed` completes it, settling every effect
+    /// Settles an unknown operation ([`settled`](crate::settled)): `committed` completes it, settling every effect
     /// of it in doubt; `not-committed` settles one effect in doubt (`effect_key`, or the only one),
     /// and the operation reopens for the next call once nothing else of it is in doubt.
     /// `seen`: the named effect's dispatches as the caller read them (reconcile asked the
@@ -219,7 +219,7 @@ pub trait Store: Send + Sync + 'static {
     /// claimed and not yet written to, which reads of operations do not show (redb keeps it in
     /// this process's memory; PostgreSQL keeps its row unrecorded, every host's). Once recorded,
     /// it is an ordinary operation and no longer listed. What keeps a run open counts them
-    /// ([`run_state`]): a step about to take effect.
+    /// ([`run_state`](crate::run_state)): a step about to take effect.
     fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>>;
 
     fn effect<'a>(
@@ -317,7 +317,7 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>>;
 
-    /// Records one send of message `seq` and its answer ([`Delivery::after`]): a delivered message
+    /// Records one send of message `seq` and its answer ([`Delivery::after`](crate::Delivery::after)): a delivered message
     /// leaves its topic's pending messages; an answer about a message already delivered changes
     /// nothing. Answers the message as recorded; `NoSuchMessage` for a sequence number never enqueued.
     fn record_delivery<'a>(

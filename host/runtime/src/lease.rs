@@ -31,8 +31,12 @@ impl Lease<'_> {
             self.renew(now).await;
             return work.await;
         }
+        // Every third of the lease, the first once a third of what the ledger holds has passed
+        // (counted from the lease's stamp, not from now: the claim, or the last renewal, may have
+        // taken a while to come back).
         let every = (lease / 3).max(Duration::from_millis(10));
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let first = Duration::from_millis(self.until_ms.saturating_sub(now).saturating_sub(lease_ms - margin_ms));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + first.min(every), every);
         tokio::pin!(work);
         loop {
             tokio::select! {

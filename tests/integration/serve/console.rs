@@ -26,6 +26,13 @@ fn setup(provider: &oncebox_example_provider::ProviderHandle) -> Setup {
 /// `tests/serve/console`, with its `node_modules` (`npm ci` on first use).
 fn console_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/console");
+    let chromium = std::env::var_os("CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    crate::support::require(&format!("Chromium ({})", chromium.display()), chromium.is_file(), "chromium");
+    crate::support::require(
+        "Node.js and npm",
+        crate::support::on_path("node") && crate::support::on_path("npm"),
+        "nodejs npm",
+    );
     let _lock = NPM_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if !dir.join("node_modules").join("playwright-core").is_dir() {
         let status = Command::new("npm")

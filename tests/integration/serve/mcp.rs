@@ -387,6 +387,7 @@ fn install_the_suite(dir: &Path) {
     if dir.join("node_modules/.bin/conformance").exists() {
         return;
     }
+    crate::support::require("npm", crate::support::on_path("npm"), "npm");
     let verb = if dir.join("package-lock.json").exists() { "ci" } else { "install" };
     let status = Command::new("npm")
         .args([verb, "--no-audit", "--no-fund"])

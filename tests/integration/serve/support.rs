@@ -239,6 +239,8 @@ pub fn python() -> PathBuf {
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
         return python;
     }
+    let venv_works = Command::new("python3").args(["-m", "venv", "--help"]).output().is_ok_and(|o| o.status.success());
+    crate::support::require("Python's venv (python3 -m venv)", venv_works, "python3-venv");
     let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
     assert!(status.success(), "python3 -m venv {} failed", venv.display());
     let status = Command::new(&python)

@@ -47,7 +47,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let temp =
         args.ledger.is_none().then(|| std::env::temp_dir().join(format!("oncebox-demo-{}.redb", std::process::id())));
     let ledger = args.ledger.clone().or_else(|| temp.clone()).context("no ledger path")?;
-    let host = oncebox_host(&ledger, &oncebox_provider).await?;
+    let tools = Components::write()?;
+    let host = oncebox_host(&ledger, &oncebox_provider, &tools).await?;
 
     let client = reqwest::Client::builder().timeout(TIMEOUT).build()?;
     let mut rows = Vec::new();
@@ -67,7 +68,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     print_table(&rows);
     let saga_ledger = ledger.with_extension("saga.redb");
     let _ = std::fs::remove_file(&saga_ledger);
-    let saga = super::demo_saga::run(&saga_ledger).await?;
+    let saga = super::demo_saga::run(&saga_ledger, &tools).await?;
     if let Some(temp) = temp {
         // A leftover temporary ledger is harmless; failing to remove it is not worth an error.
         for path in
@@ -120,7 +121,49 @@ async fn naive_charge(client: &reqwest::Client, base: &str, order: &str) -> u32 
     NAIVE_ATTEMPTS
 }
 
-async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> anyhow::Result<Host> {
+/// The demo's tool components, written out from the bytes built into this binary, so that an
+/// installed `oncebox` (`cargo install --path host/cli`) runs the demo with no checkout and no
+/// target directory beside it. The directory goes when the demo ends.
+pub(super) struct Components {
+    dir: std::path::PathBuf,
+}
+
+impl Components {
+    const ALL: [(&str, &[u8]); 7] = [
+        ("stock", oncebox_artifacts::embedded::STOCK),
+        ("reserve", oncebox_artifacts::embedded::RESERVE),
+        ("release", oncebox_artifacts::embedded::RELEASE),
+        ("charge", oncebox_artifacts::embedded::CHARGE),
+        ("refund", oncebox_artifacts::embedded::REFUND),
+        ("fulfill", oncebox_artifacts::embedded::FULFILL),
+        ("notify", oncebox_artifacts::embedded::NOTIFY),
+    ];
+
+    fn write() -> anyhow::Result<Components> {
+        let dir = std::env::temp_dir().join(format!("oncebox-demo-{}-tools", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let components = Components { dir };
+        for (name, bytes) in Self::ALL {
+            let path = components.path(name);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(components)
+    }
+
+    /// The component of the tool `name`.
+    pub(super) fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.join(format!("{name}.wasm"))
+    }
+}
+
+impl Drop for Components {
+    fn drop(&mut self) {
+        // A leftover temporary directory is harmless; failing to remove it is not worth an error.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle, tools: &Components) -> anyhow::Result<Host> {
     let target = HttpTarget {
         honours_keys: true,
         key_retention: Duration::from_secs(24 * 3600),
@@ -138,10 +181,8 @@ async fn oncebox_host(ledger: &std::path::Path, provider: &ProviderHandle) -> an
         .grant("notify", Grant::Outbox("email".into()))
         .build()
         .await?;
-    for tool in
-        [oncebox_artifacts::STOCK, oncebox_artifacts::RESERVE, oncebox_artifacts::CHARGE, oncebox_artifacts::NOTIFY]
-    {
-        host.load(tool).await?;
+    for tool in ["stock", "reserve", "charge", "notify"] {
+        host.load(tools.path(tool)).await?;
     }
     Ok(host)
 }

@@ -20,7 +20,7 @@ pub struct SagaCounts {
     pub approved_shipments: u64,
 }
 
-pub async fn run(ledger: &std::path::Path) -> anyhow::Result<SagaCounts> {
+pub async fn run(ledger: &std::path::Path, tools: &super::demo::Components) -> anyhow::Result<SagaCounts> {
     let provider = Provider::start().await.context("starting the example provider")?;
     provider.set_stock("sku-1", 100);
     let base = provider.base_url();
@@ -38,14 +38,8 @@ pub async fn run(ledger: &std::path::Path) -> anyhow::Result<SagaCounts> {
         builder = builder.grant(tool, Grant::Kv("reservations".into()));
     }
     let host = builder.build().await?;
-    for tool in [
-        oncebox_artifacts::RESERVE,
-        oncebox_artifacts::RELEASE,
-        oncebox_artifacts::CHARGE,
-        oncebox_artifacts::REFUND,
-        oncebox_artifacts::FULFILL,
-    ] {
-        host.load(tool).await?;
+    for tool in ["reserve", "release", "charge", "refund", "fulfill"] {
+        host.load(tools.path(tool)).await?;
     }
     for manifest in ["charge", "reserve"].iter().filter_map(|t| host.manifest(t)) {
         host.check_compensation(&manifest)?;

@@ -131,7 +131,7 @@ impl RedbStore {
     }
 
     /// Opens (or creates) a ledger over any redb storage backend (`name` names it in messages),
-    /// recovering as [`Ledger::open`] does: for a backend that fails on command in a test, or an
+    /// recovering as [`Ledger::open`](crate::Ledger::open) does: for a backend that fails on command in a test, or an
     /// embedder's own storage.
     pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = name.as_ref().to_path_buf();

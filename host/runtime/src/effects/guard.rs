@@ -40,7 +40,7 @@ pub enum Dispatched {
 }
 
 /// A written-ahead effect leaves within this time of its write-ahead's stamp, or not at all
-/// ([`late`]; `HostBuilder::send_deadline`): so every send of it started by then, and a lookup's
+/// (`late`; `HostBuilder::send_deadline`): so every send of it started by then, and a lookup's
 /// settle window counts from there (`Shared::lookup`). Without it, a host paused between its
 /// write-ahead and its send (SIGSTOP, a frozen VM, a starved process) could send long after
 /// another host, on a shared ledger, took the step over, reconciled it `not-committed` and sent

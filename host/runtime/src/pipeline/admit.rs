@@ -9,7 +9,7 @@ use crate::approvals::{self, Gate};
 use crate::attempt_log;
 use crate::call::{Outcome, Prepared, Status};
 use crate::error::CallError;
-use crate::ledger::{Claim, ClaimRequest, OperationStatus, SeenApproval};
+use crate::ledger::{Claim, ClaimRequest, OperationStatus, SeenApproval, verdict};
 use crate::policy::RetryPolicy;
 use crate::redact::redact;
 use crate::stage::{Entry, Stage};
@@ -143,12 +143,31 @@ async fn reopen(host: &Stage, request: &ClaimRequest, policy: &RetryPolicy) -> R
 /// Asks the ledger who runs the operation; while another caller holds it and this one asked to
 /// wait, asks again until the result lands, the lease expires (then this caller takes over), or
 /// the wait is over.
+///
+/// A caller that waits watches the operation's record, read without its lock, and claims only
+/// when that record does not say in progress (by the one rule, [`verdict`]); one that does not
+/// wait claims at once (one ask, no read added to the hot path). A claim decides under the
+/// operation's lock, which the owner's lease renewal needs too: a crowd of waiting callers, each
+/// claiming and holding the lock for a round trip of its own (slow when many processes share the
+/// CPUs), queued the owner's renewal past its lease, and one of them took the step over from a
+/// live owner (issue 35). A record read without the lock may be stale, but only toward "in
+/// progress" (a lease only grows while its owner holds it, and a finish or a take-over wakes the
+/// waiters): it makes a waiter wait longer, never take over.
 async fn claim(host: &Stage, request: &ClaimRequest, wait: Duration) -> Result<Claim, CallError> {
     let until = Instant::now() + wait;
+    let mut watching = !wait.is_zero();
     loop {
         let mut request = request.clone();
         request.now_ms = host.shared.ledger.now_ms();
-        let claim = host.shared.ledger.claim(&request).await?;
+        let seen = match watching {
+            true => host.shared.ledger.operation(&request.key).await?,
+            false => None,
+        };
+        let claim = match seen.and_then(|op| verdict(Some(&op), &request)) {
+            Some(in_progress @ Claim::InProgress(_)) => in_progress,
+            _ => host.shared.ledger.claim(&request).await?,
+        };
+        watching = true;
         let now = Instant::now();
         let owner_lease = match &claim {
             Claim::InProgress(op) if now < until => op.lease_until_ms.saturating_sub(request.now_ms),
