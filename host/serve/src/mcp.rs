@@ -117,7 +117,7 @@ impl Oncebox {
 }
 
 /// The MCP sessions open at once by default (`--max-mcp-sessions`); each holds a session worker
-/// and its buffers until it is closed or idle for [`SESSION_IDLE`].
+/// and its buffers until it is closed or idle for `SESSION_IDLE`.
 pub const MAX_SESSIONS: usize = 1024;
 /// How long an MCP session may sit idle before it ends (its client then opens another).
 pub const SESSION_IDLE: Duration = Duration::from_secs(300);
