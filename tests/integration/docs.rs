@@ -68,7 +68,7 @@ const LANGUAGES: &str = "tests/integration/languages.rs";
 /// The README's two commands, its first block.
 const COMMANDS: &str = "\
 cargo run -- demo            # a naive retry loop charges twice; oncebox charges once
-cargo test --workspace       # every test: unit, the example provider's, and the integration suite
+cargo xtask test             # every test, after installing what they need: unit, provider, integration
 ";
 
 /// The `sh` blocks besides the README's: (doc, its first line), each run by a test here.
@@ -213,6 +213,13 @@ fn the_readme_opens_with_the_two_commands_and_links_every_page_in_at_most_250_li
     let first = blocks(&readme).into_iter().next().expect("a block");
     assert!(first.line <= 5, "the README's first block starts on line {}", first.line);
     assert_eq!((first.tag.as_str(), first.body.as_str()), ("sh", COMMANDS));
+    // CI runs the test command as printed, not a command of its own beside it.
+    let test_command = COMMANDS.lines().nth(1).and_then(|line| line.split('#').next()).map(str::trim);
+    let ci = read(".ci/run");
+    assert!(
+        test_command.is_some_and(|command| ci.lines().any(|line| line.trim() == command)),
+        ".ci/run does not run the README's test command {test_command:?}"
+    );
     for (doc, _) in docs().into_iter().skip(1) {
         assert!(readme.contains(&format!("]({doc})")), "README.md does not link {doc}");
     }

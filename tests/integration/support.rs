@@ -181,10 +181,11 @@ pub fn now_ms() -> u64 {
 
 /// Stops a test that cannot get what it needs from the machine (a browser, a program, a Debian
 /// package) with one line saying what is missing and how to get it, instead of a stack of
-/// unrelated errors further on. `bash .ci/run` installs all of it on Debian.
+/// unrelated errors further on. `cargo xtask test` (the README's test command) installs all of it on
+/// Debian first: xtask/src/needs.rs is the list.
 #[track_caller]
 pub fn require(what: &str, present: bool, package: &str) {
-    assert!(present, "missing {what}: run `bash .ci/run`, or `apt-get install {package}`");
+    assert!(present, "missing {what}: run `cargo xtask test`, or `apt-get install {package}`");
 }
 
 /// Whether `program` is on the `PATH`.

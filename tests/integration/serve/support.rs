@@ -224,7 +224,7 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A Python with the packages of `tests/serve/requirements.txt`: `$ONCEBOX_TEST_PYTHON`, else a
-/// virtual environment under the target directory, made on first use (`.ci/run` makes it first).
+/// virtual environment under the target directory, made on first use.
 pub fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("ONCEBOX_TEST_PYTHON") {
         return PathBuf::from(python);
@@ -239,8 +239,10 @@ pub fn python() -> PathBuf {
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
         return python;
     }
-    let venv_works = Command::new("python3").args(["-m", "venv", "--help"]).output().is_ok_and(|o| o.status.success());
-    crate::support::require("Python's venv (python3 -m venv)", venv_works, "python3-venv");
+    // Debian's python3 has `venv` without `ensurepip` (python3-venv), and then `-m venv` fails.
+    let venv_works =
+        Command::new("python3").args(["-c", "import ensurepip, venv"]).output().is_ok_and(|o| o.status.success());
+    crate::support::require("Python's venv (with ensurepip)", venv_works, "python3-venv");
     let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
     assert!(status.success(), "python3 -m venv {} failed", venv.display());
     let status = Command::new(&python)
