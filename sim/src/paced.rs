@@ -228,6 +228,15 @@ impl<S: Store> Store for Paced<S> {
         self.paced(self.inner.record_delivery(seq, answer))
     }
 
+    fn enqueue_once<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        self.paced(self.inner.enqueue_once(topic, key, payload))
+    }
+
     fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
         self.paced(self.inner.note_reconcile(key, note))
     }

@@ -618,6 +618,31 @@ async fn a_topics_pending_messages_are_its_undelivered_ones_in_order(ledger: Led
     assert!(matches!(unknown, Err(LedgerError::NoSuchMessage { seq: 999 })), "{unknown:?}");
 }
 
+async fn a_notice_is_enqueued_once_per_key_whenever_it_is_noticed_again(ledger: Ledger) {
+    enqueue(&ledger, "op", &[("notify", "a tool's")]).await;
+    let mut relay_woken = ledger.outbox_enqueued();
+    relay_woken.mark_unchanged();
+    assert!(ledger.enqueue_once("notify", "approval/k1", "{\"n\":1}").await.expect("enqueue"));
+    assert!(relay_woken.has_changed().expect("watch"), "an enqueued notice wakes the relay");
+    // Noticed again (a restart, another host): nothing more, even with another payload.
+    assert!(!ledger.enqueue_once("notify", "approval/k1", "{\"n\":2}").await.expect("enqueue"));
+    // Each topic (a receiver) gets it once.
+    assert!(ledger.enqueue_once("elsewhere", "approval/k1", "{\"n\":3}").await.expect("enqueue"));
+    assert!(!ledger.enqueue_once("elsewhere", "approval/k1", "{\"n\":3}").await.expect("enqueue"));
+    assert!(ledger.enqueue_once("notify", "unknown/k2", "{\"n\":4}").await.expect("enqueue"));
+    assert_eq!(pending_payloads(&ledger, "notify", 10).await, ["a tool's", "{\"n\":1}", "{\"n\":4}"]);
+    assert_eq!(pending_payloads(&ledger, "elsewhere", 10).await, ["{\"n\":3}"]);
+    let notice = ledger.outbox_pending("notify", 10).await.expect("read").remove(1);
+    assert_eq!(notice.effect_key, "approval/k1", "the key is the Idempotency-Key the relay sends");
+    // Delivered, and noticed again: still once.
+    ledger.mark_delivered(notice.seq, 2_000).await.expect("record");
+    assert!(!ledger.enqueue_once("notify", "approval/k1", "{\"n\":5}").await.expect("enqueue"));
+    assert_eq!(pending_payloads(&ledger, "notify", 10).await, ["a tool's", "{\"n\":4}"]);
+    // Numbered with the tools' messages, after them.
+    let seqs: Vec<u64> = ledger.outbox().await.expect("read").iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+}
+
 /// The backends, each a fresh ledger (and what must live as long as it).
 async fn redb() -> (Ledger, Option<tempfile::TempDir>) {
     let dir = tempfile::tempdir().expect("dir");
@@ -672,4 +697,5 @@ conformance!(
     an_approval_lets_only_the_component_it_names_claim_its_operation,
     a_request_lapses_only_as_retention_read_it,
     a_topics_pending_messages_are_its_undelivered_ones_in_order,
+    a_notice_is_enqueued_once_per_key_whenever_it_is_noticed_again,
 );

@@ -51,6 +51,12 @@ const QUOTES: &[(&str, &str, &str)] = &[
     ),
     ("docs/serving.md", "docs/examples/tools-call.json", "the_mcp_configuration_serves_the_documented_call_over_stdio"),
     ("docs/serving.md", "tests/serve/orchestrator.py", "serve::orchestrator"),
+    ("docs/operating.md", "tests/serve/notify_receiver.py", "serve::notifications"),
+    (
+        "docs/operating.md",
+        "docs/examples/oncebox.toml",
+        "the_policy_file_example_loads_and_shows_where_each_value_came_from",
+    ),
     (
         "docs/policy-file.md",
         "docs/examples/oncebox.toml",

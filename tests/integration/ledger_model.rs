@@ -331,6 +331,7 @@ impl oncebox::ledger::Store for ReferenceHandle {
         operations(run_id: Option<&'a str>) -> Result<Vec<oncebox::ledger::OperationRecord>, LedgerError>;
         in_flight(run_id: Option<&'a str>) -> Result<Vec<oncebox::ledger::OperationRecord>, LedgerError>;
         note_reconcile(key: &'a str, note: &'a oncebox::ledger::ReconcileNote) -> Result<bool, LedgerError>;
+        enqueue_once(topic: &'a str, key: &'a str, payload: &'a str) -> Result<bool, LedgerError>;
         effect(operation_key: &'a str, effect_key: &'a str) -> Result<Option<EffectRecord>, LedgerError>;
         effects(operation_key: &'a str) -> Result<Vec<EffectRecord>, LedgerError>;
         attempts(operation_key: &'a str) -> Result<Vec<AttemptRecord>, LedgerError>;

@@ -46,7 +46,7 @@ pub use oncebox_runtime::{
     Reconciliation, Relay, ReplayClass, RetryPolicy, RunReconciliation, Sandbox, Status, ToolManifest, redact, settle,
 };
 pub use oncebox_runtime::{
-    approvals, capabilities, failure, keys, ledger, limits, outbox, policy, policy_file, reconciler, recovery,
-    retention, retry, saga, seal, secret,
+    approvals, capabilities, failure, keys, ledger, limits, notice, notify, outbox, policy, policy_file, reconciler,
+    recovery, retention, retry, saga, seal, secret,
 };
 pub use oncebox_testing as testing;

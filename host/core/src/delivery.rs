@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::failure::{self, HttpObservation, HttpVerdict};
+use crate::notice::SigningKey;
 use crate::retry::Failure;
 
 /// The most sends of one message in one pass (`oncebox outbox deliver --once`).
@@ -39,6 +40,8 @@ pub struct Endpoint {
     /// Credentials attached to every send, from the policy file's `[hosts."HOST:PORT".headers]`
     /// for the endpoint's host; never logged, recorded or printed.
     pub headers: Vec<(String, String)>,
+    /// The key each send is signed with (`Oncebox-Signature`): a `[notify]` endpoint's.
+    pub signing: Option<SigningKey>,
 }
 
 impl Endpoint {
@@ -53,6 +56,7 @@ impl Endpoint {
             max_backoff: Duration::from_secs(30),
             attempts_per_pass: 5,
             headers: Vec::new(),
+            signing: None,
         }
     }
 
@@ -75,6 +79,7 @@ impl std::fmt::Debug for Endpoint {
             .field("max_backoff", &self.max_backoff)
             .field("attempts_per_pass", &self.attempts_per_pass)
             .field("headers", &header_names)
+            .field("signed", &self.signing.is_some())
             .finish()
     }
 }

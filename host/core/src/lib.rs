@@ -24,6 +24,7 @@ pub mod delivery;
 pub mod failure;
 pub mod keys;
 pub mod limits;
+pub mod notice;
 pub mod policy;
 pub mod policy_file;
 pub mod reconcile_schedule;

@@ -250,6 +250,13 @@ impl Ledger {
         self.store.outbox_pending(topic, limit).await
     }
 
+    /// See [`Store::enqueue_once`]; wakes the relay when it enqueued.
+    pub async fn enqueue_once(&self, topic: &str, key: &str, payload: &str) -> Result<bool, LedgerError> {
+        let enqueued = self.store.enqueue_once(topic, key, payload).await?;
+        self.enqueued_if(enqueued);
+        Ok(enqueued)
+    }
+
     /// See [`Store::note_reconcile`].
     pub async fn note_reconcile(&self, key: &str, note: &ReconcileNote) -> Result<bool, LedgerError> {
         self.store.note_reconcile(key, note).await

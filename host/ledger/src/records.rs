@@ -230,7 +230,8 @@ pub struct AttemptRecord {
     pub effects: Vec<AttemptEffect>,
 }
 
-/// A message enqueued by an `outbox` effect.
+/// A message enqueued by an `outbox` effect, or by the host itself (a notification, whose key is
+/// the event's: [`OutboxMessage::notice`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxMessage {
     pub seq: u64,
@@ -253,6 +254,18 @@ impl OutboxMessage {
             topic: topic.to_string(),
             payload: payload.to_string(),
             enqueued_ms: effect.updated_ms,
+            delivery: Delivery::default(),
+        }
+    }
+
+    /// A message of the host's own (`Store::enqueue_once`) as number `seq`, under `key`.
+    pub fn notice(seq: u64, key: &str, topic: &str, payload: &str, now_ms: u64) -> Self {
+        OutboxMessage {
+            seq,
+            effect_key: key.to_string(),
+            topic: topic.to_string(),
+            payload: payload.to_string(),
+            enqueued_ms: now_ms,
             delivery: Delivery::default(),
         }
     }

@@ -501,6 +501,23 @@ impl Store for ReferenceStore {
         })
     }
 
+    fn enqueue_once<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            if state.outbox.iter().any(|m| m.effect_key == key && m.topic == topic) {
+                return Ok(false);
+            }
+            let seq = state.outbox.len() as u64 + 1;
+            state.outbox.push(OutboxMessage::notice(seq, key, topic, payload, oncebox_core::clock::now_ms()));
+            Ok(true)
+        })
+    }
+
     fn record_delivery<'a>(
         &'a self,
         seq: u64,

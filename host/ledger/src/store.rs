@@ -326,6 +326,18 @@ pub trait Store: Send + Sync + 'static {
         answer: &'a DeliveryAnswer,
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>>;
 
+    /// Enqueues a message of the host's own (a notification to a person: `oncebox_runtime::notify`)
+    /// on `topic` under `key`, unless a message was enqueued on `topic` under `key` before,
+    /// whenever: true if enqueued now. Durable when it resolves `Ok`. A host that
+    /// notices the same event again (after a restart, or beside another host on a shared ledger)
+    /// enqueues nothing more, so the event reaches its receiver through the relay once per key.
+    fn enqueue_once<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>>;
+
     /// Records the background reconciler's tries of operation `key` while it is unknown: true if
     /// written, false if it is not unknown any more (settled, reopened, or gone), which is no
     /// error. Nothing else of the record changes.

@@ -40,6 +40,13 @@ const GATE_TRIES: usize = 4;
 /// Why a call waits for a request nobody decided yet.
 const ASK: &str = "a person must approve these exact params";
 
+/// Tells a person (`[notify]`) that `record` waits for them.
+async fn asked(shared: &Shared, record: &crate::ledger::ApprovalRecord) {
+    if let Some(notifier) = &shared.notifier {
+        notifier.notice_logged(crate::notify::Event::ApprovalRequested(record)).await;
+    }
+}
+
 /// Whether a call may go on to its claim.
 pub(crate) enum Gate {
     /// With the revision of the approval that lets it through (`None`: the step is on record or
@@ -71,6 +78,7 @@ pub(crate) async fn gate(
             match ledger.put_approval(&record).await {
                 Ok(()) => {
                     tracing::info!(operation_key = %key, tool = %tool.manifest.name, "awaiting approval");
+                    asked(shared, &record).await;
                     return Ok(Gate::Stop(awaiting(&record, ledger, ASK)));
                 }
                 // Another caller asked at the same moment: decide on what it recorded.
@@ -104,6 +112,7 @@ pub(crate) async fn gate(
                         now = %tool.digest,
                         "the component changed: awaiting approval again"
                     );
+                    asked(shared, &renewed).await;
                     return Ok(Gate::Stop(awaiting(&renewed, ledger, &why)));
                 }
                 Err(LedgerError::ApprovalChanged { .. }) => continue,
@@ -118,7 +127,12 @@ pub(crate) async fn gate(
                     format!("the approval expired at {}; approve again", time(record.expires_ms.unwrap_or(0)));
                 Gate::Stop(awaiting(&record, ledger, &message))
             }
-            ApprovalState::Pending => Gate::Stop(awaiting(&record, ledger, ASK)),
+            ApprovalState::Pending => {
+                // Noticed again: enqueues nothing if it was before, and what a crash right after
+                // the request was written lost if not.
+                asked(shared, &record).await;
+                Gate::Stop(awaiting(&record, ledger, ASK))
+            }
             ApprovalState::Rejected => {
                 let message = format!(
                     "rejected by {} at {}{}; nothing was dispatched, and nothing will be for this step",

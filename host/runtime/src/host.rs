@@ -210,7 +210,10 @@ impl HostBuilder {
             (None, path) => crate::secret::load_or_create(&crate::secret::beside(path))?,
         };
         ledger.bind_key(&keying.ids()).await?;
+        let notifier =
+            self.policy_file.notify().map(|settings| Arc::new(crate::notify::Notifier::new(ledger.clone(), settings)));
         let shared = Arc::new(Shared {
+            notifier,
             ledger,
             keying,
             http: crate::http_client::build(&self.tls_roots)?,
@@ -429,9 +432,21 @@ impl Host {
     }
 
     /// Undoes a run's completed compensatable steps (see `saga.rs`).
+    /// Compensates run `run_id` (`saga`); a person is told (`[notify]`) when it cannot go on.
     pub async fn compensate(&self, run_id: &str) -> Result<crate::saga::SagaReport, CallError> {
         let tools = |name: &str| self.entry(name).ok();
-        crate::saga::compensate(&self.inner.stage, &tools, run_id).await
+        let report = crate::saga::compensate(&self.inner.stage, &tools, run_id).await?;
+        if matches!(report.state, crate::saga::SagaState::Blocked | crate::saga::SagaState::Outstanding)
+            && let Some(notifier) = self.notifier()
+        {
+            notifier.notice_logged(crate::notify::Event::CompensationStuck(&report)).await;
+        }
+        Ok(report)
+    }
+
+    /// Who tells a person about approvals, unknowns and stuck compensations (`[notify]`).
+    pub fn notifier(&self) -> Option<&crate::notify::Notifier> {
+        self.inner.stage.shared.notifier.as_deref()
     }
 
     /// Approves or rejects the request for approval of `operation_key`, bound to `fingerprint`

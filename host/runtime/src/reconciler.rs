@@ -98,6 +98,10 @@ pub struct Reconciler {
     /// Keeps this reconciler's jitter apart from another host's.
     jitter_domain: String,
     observers: Vec<Observer>,
+    /// The unknown operations a person was told about by this reconciler (`[notify]`), so that
+    /// each reading of the ledger does not write the notification again; a restart forgets them,
+    /// and the ledger enqueues nothing more for them (`enqueue_once`).
+    told: std::collections::HashSet<String>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -133,6 +137,7 @@ impl Reconciler {
             refreshed_ms: None,
             jitter_domain,
             observers: vec![],
+            told: std::collections::HashSet::new(),
         }
     }
 
@@ -196,21 +201,40 @@ impl Reconciler {
         }
     }
 
-    /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule.
+    /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule,
+    /// and tells a person (`[notify]`) of every unknown one, whatever its tool, left unsettled for
+    /// `unknown_after`.
     async fn refresh(&mut self) -> Result<(), LedgerError> {
         let now = self.host.ledger().now_ms();
         // Marked read even when it fails, so that a failing ledger is read again after `every`,
         // not at once.
         self.refreshed_ms = Some(now);
-        let unknown: Vec<(String, String)> = self
+        let all_unknown: Vec<_> = self
             .host
             .ledger()
             .operations(None)
             .await?
             .into_iter()
-            .filter(|op| op.status == OperationStatus::Unknown && self.host.reconciles(&op.tool))
-            .map(|op| (op.key, op.tool))
+            .filter(|op| op.status == OperationStatus::Unknown)
             .collect();
+        if let Some(notifier) = self.host.notifier() {
+            let unknown_now: std::collections::HashSet<&str> = all_unknown.iter().map(|op| op.key.as_str()).collect();
+            self.told.retain(|key| unknown_now.contains(key.as_str()));
+            for op in &all_unknown {
+                if !self.told.contains(&op.key) && notifier.left_for_a_person(op, now) {
+                    match notifier.notice(crate::notify::Event::Unknown(op)).await {
+                        Ok(_) => {
+                            self.told.insert(op.key.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(operation_key = %op.key, error = %e, "could not enqueue a notification; tried again at the next reading")
+                        }
+                    }
+                }
+            }
+        }
+        let unknown: Vec<(String, String)> =
+            all_unknown.into_iter().filter(|op| self.host.reconciles(&op.tool)).map(|op| (op.key, op.tool)).collect();
         let left_out = self.schedule.refresh(&self.settings, unknown, now);
         if left_out > 0 {
             tracing::warn!(

@@ -75,6 +75,10 @@ impl App {
     }
 
     fn new(host: Host, auth: Auth, loaded: Loaded, base_url: String, max_calls: usize) -> Arc<App> {
+        // The links in notifications point here, unless the policy file's `[notify]` says where.
+        if let Some(notifier) = host.notifier() {
+            notifier.console_at(&base_url);
+        }
         Arc::new(App {
             host,
             auth,

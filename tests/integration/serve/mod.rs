@@ -10,6 +10,7 @@ mod edges;
 mod kill;
 mod limits;
 mod mcp;
+mod notifications;
 mod openapi;
 mod orchestrator;
 mod reconciler;

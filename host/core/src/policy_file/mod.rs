@@ -46,6 +46,8 @@ pub struct PolicyFile {
     outbox: BTreeMap<String, Endpoint>,
     /// `[reconciler]`, its defaults filled in.
     reconciler: crate::reconcile_schedule::Settings,
+    /// `[notify]`, if the file has one.
+    notify: Option<notify::Settings>,
 }
 
 /// A value and the 1-based line it came from, kept so that later refusals can point at it.
@@ -139,7 +141,8 @@ impl PolicyFile {
         }
         let outbox = outbox::parse(&lines, raw.outbox)?;
         let reconciler = lines.reconciler(raw.reconciler)?;
-        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts, outbox, reconciler })
+        let notify = lines.notify(raw.notify)?;
+        Ok(PolicyFile { path: path.to_path_buf(), tools, hosts, outbox, reconciler, notify })
     }
 
     /// No file: every tool gets its class defaults, every host `HttpTarget::default()`.
@@ -150,6 +153,7 @@ impl PolicyFile {
             hosts: BTreeMap::new(),
             outbox: BTreeMap::new(),
             reconciler: crate::reconcile_schedule::Settings::default(),
+            notify: None,
         }
     }
 
@@ -267,7 +271,13 @@ impl PolicyFile {
             }
             endpoint
         };
-        self.outbox.iter().map(|(topic, endpoint)| (topic.clone(), with_credentials(endpoint))).collect()
+        let notify = self.notify.iter().flat_map(notify::Settings::topics);
+        self.outbox.iter().map(|(topic, endpoint)| (topic.clone(), with_credentials(endpoint))).chain(notify).collect()
+    }
+
+    /// `[notify]`: where a person is told, and how it is signed; `None` if the file has none.
+    pub fn notify(&self) -> Option<&notify::Settings> {
+        self.notify.as_ref()
     }
 }
 
@@ -335,6 +345,7 @@ struct RawFile {
     #[serde(default)]
     outbox: BTreeMap<Spanned<String>, outbox::RawOutbox>,
     reconciler: Option<reconciler::RawReconciler>,
+    notify: Option<Spanned<notify::RawNotify>>,
 }
 
 #[derive(Deserialize)]
@@ -430,6 +441,13 @@ impl Lines<'_> {
                     "dirs" => "dir",
                     other => other,
                 };
+                if kind == "outbox" && crate::notice::reserved(&text) {
+                    let reserved = crate::notice::RESERVED_TOPICS;
+                    return Err(self.invalid(
+                        span,
+                        format!("outbox topic `{text}`: topics under `{reserved}` are the host's own"),
+                    ));
+                }
                 let text = if kind == "dir" { self.relative_to_file(&text) } else { text };
                 let grant: Grant = format!("{kind}={text}").parse().map_err(|reason| self.invalid(span, reason))?;
                 grants.add(grant);
@@ -652,6 +670,7 @@ fn is_host_port(key: &str) -> bool {
     }
 }
 
+pub mod notify;
 mod outbox;
 mod reconciler;
 #[cfg(test)]

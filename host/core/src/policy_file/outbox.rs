@@ -57,6 +57,11 @@ impl Lines<'_> {
                 format!("outbox topic `{name}` must be 1 to {MAX_NAME_BYTES} bytes, as topics are granted"),
             ));
         }
+        if crate::notice::reserved(name) {
+            let reserved = crate::notice::RESERVED_TOPICS;
+            return Err(self
+                .invalid(topic.span(), format!("[outbox.\"{name}\"]: topics under `{reserved}` are the host's own")));
+        }
         let Some(url) = raw.endpoint else {
             return Err(self.invalid(
                 topic.span(),
@@ -98,7 +103,7 @@ impl Lines<'_> {
         Ok(endpoint)
     }
 
-    fn endpoint_url(&self, value: Spanned<Value>) -> Result<url::Url, PolicyError> {
+    pub(super) fn endpoint_url(&self, value: Spanned<Value>) -> Result<url::Url, PolicyError> {
         let span = value.span();
         let Value::String(text) = value.into_inner() else {
             return Err(self.invalid(span, "`endpoint` must be a URL string, as in \"http://127.0.0.1:9000/x\"".into()));

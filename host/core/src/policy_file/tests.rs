@@ -403,3 +403,37 @@ fn bad_reconciler_settings_name_their_line() {
         assert!(why.contains(reason), "{text}: {why}");
     }
 }
+
+#[test]
+fn notify_signs_each_url_through_a_reserved_outbox_topic() {
+    let file = parse(
+        r#"
+[notify]
+urls = ["https://hooks.example.com/oncebox", "http://127.0.0.1:9100/x"]
+secret = "0123456789abcdef0123456789abcdef"
+unknown_after = "0s"
+"#,
+    )
+    .expect("parse");
+    let notify = file.notify().expect("[notify]");
+    assert_eq!(notify.unknown_after, Duration::ZERO);
+    let topics = file.outbox_endpoints();
+    assert_eq!(topics.len(), 2);
+    assert!(topics.iter().all(|(topic, e)| crate::notice::reserved(topic) && e.signing.is_some() && e.honours_keys));
+    assert!(!format!("{notify:?}").contains("0123456789abcdef"), "the secret is never printed");
+    assert_eq!(parse("").expect("parse").notify(), None);
+
+    let (line, reason) = refusal(parse("[notify]\nurls = [\"http://127.0.0.1:1/\"]\nsecret = \"short\"\n"));
+    assert_eq!(line, 3);
+    assert!(reason.contains("at least 32 bytes"), "{reason}");
+    let (_, reason) = refusal(parse("[notify]\nsecret = \"0123456789abcdef0123456789abcdef\"\n"));
+    assert!(reason.contains("needs `urls`"), "{reason}");
+    let (_, reason) = refusal(parse("[notify]\nurls = [\"http://127.0.0.1:1/\"]\n"));
+    assert!(reason.contains("needs `secret"), "{reason}");
+    // No tool may enqueue where the host's signed messages go.
+    let (line, reason) = refusal(parse("[tools.t.grants]\noutbox = [\"oncebox/notify x\"]\n"));
+    assert_eq!(line, 2);
+    assert!(reason.contains("the host's own"), "{reason}");
+    let (_, reason) = refusal(parse("[outbox.\"oncebox/x\"]\nendpoint = \"http://127.0.0.1:1/\"\n"));
+    assert!(reason.contains("the host's own"), "{reason}");
+}

@@ -354,6 +354,33 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
     Ok((removed, wrote))
 }
 
+/// A message of the host's own on `topic` under `key`, unless one was enqueued there under it
+/// before (`oncebox_notices` holds `TOPIC\nKEY`). The key's row is inserted first: a second host enqueueing the same key waits on it until the first
+/// commits, then finds it and enqueues nothing.
+pub(super) async fn enqueue_once(tx: &Tx<'_>, topic: &str, key: &str, payload: &str, now_ms: u64) -> Done<bool> {
+    let noticed = format!("{topic}\n{key}");
+    let new = "INSERT INTO oncebox_notices (key, seq) VALUES ($1, 0) ON CONFLICT DO NOTHING RETURNING key";
+    if tx.opt(new, &[&noticed]).await?.is_none() {
+        return Ok((false, false));
+    }
+    // The counter row is locked until the commit, as an outbox effect's numbering locks it.
+    let last = tx.opt("SELECT value FROM oncebox_meta WHERE name = 'outbox_seq' FOR UPDATE", &[]).await?;
+    let last: i64 = match last {
+        Some(row) => column(&row, 0, "oncebox_meta")?,
+        None => return Err(LedgerError::Corrupt { what: format!("{}: no outbox_seq in oncebox_meta", tx.store) }),
+    };
+    let seq = uint(last) + 1;
+    let message = OutboxMessage::notice(seq, key, topic, payload, now_ms);
+    tx.exec("UPDATE oncebox_meta SET value = $1 WHERE name = 'outbox_seq'", &[&int(seq)]).await?;
+    tx.exec(
+        "INSERT INTO oncebox_outbox (seq, topic, delivered, record) VALUES ($1, $2, false, $3)",
+        &[&int(seq), &topic, &encode(&message)?],
+    )
+    .await?;
+    tx.exec("UPDATE oncebox_notices SET seq = $2 WHERE key = $1", &[&noticed, &int(seq)]).await?;
+    Ok((true, true))
+}
+
 /// Records one send's answer for outbox message `seq`.
 pub(super) async fn record_delivery(tx: &Tx<'_>, seq: u64, answer: &DeliveryAnswer) -> Done<OutboxMessage> {
     let row = tx.opt("SELECT record FROM oncebox_outbox WHERE seq = $1 FOR UPDATE", &[&int(seq)]).await?;

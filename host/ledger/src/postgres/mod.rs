@@ -482,6 +482,18 @@ impl Store for PostgresStore {
         Box::pin(async move { transaction!(self, |tx| jobs::record_delivery(&tx, seq, answer)) })
     }
 
+    fn enqueue_once<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move {
+            let now = self.now_ms();
+            transaction!(self, |tx| jobs::enqueue_once(&tx, topic, key, payload, now))
+        })
+    }
+
     fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
         Box::pin(async move { transaction!(self, |tx| jobs::note_reconcile(&tx, key, note)) })
     }

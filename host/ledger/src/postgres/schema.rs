@@ -129,7 +129,15 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// has it too, and a host that does not know it ignores it.
 async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
     leases(tx).await?;
+    notices(tx).await?;
     claim_tokens(tx).await
+}
+
+/// The keys of the host's own outbox messages (`jobs::enqueue_once`: notifications), `TOPIC\nKEY`,
+/// so that an event noticed again, on any host, is enqueued once per topic.
+async fn notices(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let sql = "CREATE TABLE IF NOT EXISTS oncebox_notices (key text COLLATE \"C\" PRIMARY KEY, seq bigint NOT NULL)";
+    tx.exec(sql, &[]).await.map(drop)
 }
 
 /// Half of each page of `oncebox_operations` kept free when rows are inserted: every operation is

@@ -660,6 +660,15 @@ impl Store for RedbStore {
     ) -> BoxFuture<'a, Result<OutboxMessage, LedgerError>> {
         Box::pin(RedbStore::record_delivery(self, seq, answer))
     }
+
+    fn enqueue_once<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(RedbStore::enqueue_once(self, topic, key, payload))
+    }
 }
 
 fn effects_of(

@@ -26,6 +26,15 @@ impl RedbStore {
         Ok(out)
     }
 
+    /// See [`super::Store::enqueue_once`].
+    pub async fn enqueue_once(&self, topic: &str, key: &str, payload: &str) -> Result<bool, LedgerError> {
+        let (topic, key, payload) = (topic.to_string(), key.to_string(), payload.to_string());
+        let now = oncebox_core::clock::now_ms();
+        self.writer
+            .submit(move |txn| enqueue_once(txn, &topic, &key, &payload, now), |wrote| *wrote, Durability::Now)
+            .await
+    }
+
     /// Records one send's answer for message `seq` (see [`super::Store::record_delivery`]).
     pub async fn record_delivery(&self, seq: u64, answer: &DeliveryAnswer) -> Result<OutboxMessage, LedgerError> {
         let answer = answer.clone();
@@ -35,6 +44,30 @@ impl RedbStore {
             .await?;
         Ok(message)
     }
+}
+
+/// The write job of `enqueue_once`: nothing when the key was enqueued before; else the message,
+/// its pending entry and its key, numbered as an outbox effect's message is.
+fn enqueue_once(
+    txn: &WriteTransaction,
+    topic: &str,
+    key: &str,
+    payload: &str,
+    now_ms: u64,
+) -> Result<bool, LedgerError> {
+    let mut notices = txn.open_table(NOTICES)?;
+    let noticed = format!("{topic}\n{key}");
+    if notices.get(noticed.as_str())?.is_some() {
+        return Ok(false);
+    }
+    let mut meta = txn.open_table(META)?;
+    let seq = meta.get(OUTBOX_SEQ_KEY)?.map_or(0, |v| v.value()) + 1;
+    meta.insert(OUTBOX_SEQ_KEY, seq)?;
+    let message = OutboxMessage::notice(seq, key, topic, payload, now_ms);
+    put(&mut txn.open_table(OUTBOX)?, seq, &message)?;
+    txn.open_table(OUTBOX_PENDING)?.insert((topic, seq), ())?;
+    notices.insert(noticed.as_str(), seq)?;
+    Ok(true)
 }
 
 /// The write job: decides from the message's record, then writes it (and drops its pending entry

@@ -29,6 +29,9 @@ pub const APPROVALS: TableDefinition<&str, &[u8]> = TableDefinition::new("approv
 /// Written with the message, removed when its delivery is recorded, so that the relay reads a
 /// topic's head without scanning every message ever sent.
 pub const OUTBOX_PENDING: TableDefinition<(&str, u64), ()> = TableDefinition::new("outbox_pending");
+/// A message of the host's own (`Store::enqueue_once`): `TOPIC\nKEY` -> its sequence number in `OUTBOX`.
+/// Made by the first such message (a ledger without it has none), so no schema version names it.
+pub const NOTICES: TableDefinition<&str, u64> = TableDefinition::new("notices");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 

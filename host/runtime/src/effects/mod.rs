@@ -41,6 +41,8 @@ pub struct Shared {
     /// How soon after its write-ahead's stamp an effect leaves, or is not sent at all
     /// ([`guard::late`]; [`DEFAULT_SEND_BY`]).
     pub send_by: std::time::Duration,
+    /// Tells a person (`[notify]`); `None` when the policy file names nobody.
+    pub notifier: Option<Arc<crate::notify::Notifier>>,
 }
 
 impl Shared {

@@ -19,7 +19,8 @@ pub(super) struct Sent {
 }
 
 /// POSTs `message` to `endpoint` with its effect key as `Idempotency-Key`, and its topic and
-/// sequence number for the consumer's own ordering checks.
+/// sequence number for the consumer's own ordering checks; signed where the endpoint signs (a
+/// `[notify]` URL's: `Oncebox-Signature`).
 pub(super) async fn post(client: &reqwest::Client, endpoint: &Endpoint, message: &OutboxMessage) -> Sent {
     let target = endpoint.host_port();
     let request = match request(client, endpoint, message) {
@@ -93,6 +94,11 @@ fn request(
             .map_err(|_| format!("the configured `{name}` header for {} is not a valid value", endpoint.host_port()))?;
         value.set_sensitive(true);
         request = request.header(name.as_str(), value);
+    }
+    // Signed at each send, so that the timestamp a receiver checks is this send's.
+    if let Some(key) = &endpoint.signing {
+        let unix_s = oncebox_core::clock::now_ms() / 1000;
+        request = request.header(oncebox_core::notice::SIGNATURE_HEADER, key.sign(unix_s, message.payload.as_bytes()));
     }
     Ok(request)
 }
