@@ -208,3 +208,100 @@ async fn whatever_a_js_tool_throws_is_a_trap_that_shows_it() {
         assert!(error.message.contains(shown), "{thrown}: {}", error.message);
     }
 }
+
+/// `oncebox serve` started on a fresh compile cache with a Python and a Rust tool:
+/// it answers at once, `starting` and naming what compiles; a call made meanwhile waits and
+/// completes (never "no such tool"); then it is `ok`. `oncebox compile` finds every component in
+/// the cache the server's scan wrote, and fills a new cache for the next start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_answers_while_its_language_tools_compile_and_oncebox_compile_fills_the_cache() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let provider = Provider::start().await.expect("provider");
+    provider.set_stock("sku-1", 3);
+    let dir = tempfile::tempdir().expect("dir");
+    let tools = dir.path().join("tools");
+    std::fs::create_dir(&tools).expect("tools");
+    std::fs::copy(built(Lang::Python, "example-tools/python/charge"), tools.join("charge-py.wasm")).expect("copy");
+    std::fs::copy(oncebox_artifacts::STOCK, tools.join("stock.wasm")).expect("copy");
+    let base = provider.base_url();
+    let policy = dir.path().join("oncebox.toml");
+    std::fs::write(
+        &policy,
+        format!("[tools.stock.config]\nbase_url = \"{base}\"\n[tools.stock.grants]\nhttp = [\"{base}\"]\n"),
+    )
+    .expect("policy");
+    let cache = dir.path().join("cache");
+    let token = "languages-test-token-0123456789";
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--tools"])
+        .arg(&tools)
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.redb"))
+        .arg("--policy")
+        .arg(&policy)
+        .env("ONCEBOX_CACHE", &cache)
+        .env("ONCEBOX_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("oncebox serve");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.take().expect("stdout")), &mut line)
+        .expect("the address");
+    let printed: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    let url = printed["listening"].as_str().expect("listening").to_string();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let health = || async {
+        let answer = http.get(format!("{url}/healthz")).bearer_auth(token).send().await.expect("healthz");
+        (answer.status().as_u16(), answer.json::<serde_json::Value>().await.expect("json"))
+    };
+
+    let (status, starting) = health().await;
+    assert_eq!((status, starting["status"].as_str()), (503, Some("starting")), "{starting}");
+    let compiling: Vec<&str> =
+        starting["compiling"].as_array().expect("compiling").iter().filter_map(|f| f.as_str()).collect();
+    assert!(compiling.contains(&"charge-py.wasm"), "the Python tool compiles: {starting}");
+    let call = json!({ "tool": "stock", "args": {"sku": "sku-1"} });
+    let answer = http.post(format!("{url}/v1/calls")).json(&call).send().await.expect("call");
+    let status = answer.status().as_u16();
+    let answer: serde_json::Value = answer.json().await.expect("json");
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("completed")),
+        "a call made while starting waits: {answer}"
+    );
+    assert_eq!(answer["output"], json!({"sku": "sku-1", "available": 3}));
+    let (status, ready) = health().await;
+    assert_eq!((status, ready["status"].as_str(), ready["tools"].as_u64()), (200, Some("ok"), Some(2)), "{ready}");
+    assert_eq!(ready["compiling"], json!([]), "{ready}");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let compile = |what: &Path, cache: &Path| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .arg("compile")
+            .arg(what)
+            .env("ONCEBOX_CACHE", cache)
+            .output()
+            .expect("oncebox compile");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect();
+        lines.iter().map(|l| l["from"].as_str().unwrap_or_default().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(compile(&tools, &cache), ["disk"; 2], "the server's scan wrote each to the cache");
+    // (The Rust tool alone from here: a language runtime's component costs seconds per compile.)
+    let rust = tools.join("stock.wasm");
+    let fresh = dir.path().join("fresh-cache");
+    assert_eq!(compile(&rust, &fresh), ["compiled"]);
+    assert_eq!(compile(&rust, &fresh), ["disk"], "the next start reads what `oncebox compile` wrote");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["compile", "Cargo.toml"])
+        .env("ONCEBOX_CACHE", &fresh)
+        .output()
+        .expect("oncebox compile");
+    assert_eq!(refused.status.code(), Some(2), "not a component: refused as input");
+}

@@ -18,11 +18,13 @@ use super::{Measured, Workload, drive};
 pub async fn serve(host: &Host, dir: &Path) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the API's port")?;
     let addr = listener.local_addr().context("the API's address")?;
-    // An empty tools directory, never scanned: the host's tools are loaded already.
+    // An empty tools directory, scanned once (so the server is ready) and never again: the host's
+    // tools are loaded already.
     let tools = dir.join("api-tools");
     std::fs::create_dir_all(&tools).with_context(|| format!("creating {}", tools.display()))?;
     let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a token for the API: {e}"))?;
     let app = App::for_http(host.clone(), token, addr, None, Loaded::new(tools), MAX_CALLS);
+    app.loaded().scan(host, false).await;
     // The server's own router and listener, with its default limits: what `oncebox serve` runs.
     let limits = oncebox_serve::ConnectionLimits::default();
     let router = oncebox_serve::router(&app, limits, oncebox_serve::MAX_MCP_SESSIONS);

@@ -310,6 +310,16 @@ impl Host {
         self.install(path.as_ref(), extra, false).await
     }
 
+    /// Compiles the component at `path` into the compile cache without loading it (`oncebox
+    /// compile`; a server's first scan, all of a directory's at once): the load that follows, in
+    /// this process or the next one with the same cache directory, takes it from there. Answers
+    /// its digest (`sha256:HEX`) and where it came from. Refuses what loading refuses before
+    /// compiling (not a component, an import outside the contract).
+    pub async fn compile(&self, path: impl AsRef<Path>) -> Result<(String, crate::Origin), Error> {
+        let compiled = self.inner.stage.runtime.compile(path.as_ref()).await?;
+        Ok((compiled.digest, compiled.origin))
+    }
+
     /// Loads a component again after its file changed (a server watching its directory): a tool of
     /// the same name loaded from the same path is replaced; a call in flight keeps the one it
     /// started with. A tool of that name from another path is still a duplicate.

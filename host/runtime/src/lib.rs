@@ -78,4 +78,4 @@ pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::{Reconciliation, RunReconciliation, settle};
 pub use reconciler::Reconciler;
 pub use redact::{REDACTED, redact};
-pub use runtime::{MAX_COMPONENT_BYTES, ToolManifest};
+pub use runtime::{MAX_COMPONENT_BYTES, Origin, ToolManifest};

@@ -100,6 +100,7 @@ async fn call(
 
 async fn tools(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
     app.auth.may_call(&headers)?;
+    app.loaded.ready().await;
     let tools: Vec<Value> = app
         .host
         .tools()
@@ -382,9 +383,16 @@ async fn resolve(
     Ok(json_response(StatusCode::OK, &outcome))
 }
 
+/// `ok`, `starting` (the first scan of the tools directory is compiling them: a call waits for
+/// it) or `stopping`: 503 but when `ok`, so that a load balancer routes calls to a server ready
+/// for them.
 async fn healthz(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let status = if app.is_stopping() { "stopping" } else { "ok" };
-    let code = if app.is_stopping() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let status = match (app.is_stopping(), app.loaded.is_ready()) {
+        (true, _) => "stopping",
+        (false, false) => "starting",
+        (false, true) => "ok",
+    };
+    let code = if status == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     // Anyone may ask whether it serves; what it serves from is for those who may call.
     if app.auth.may_call(&headers).is_err() {
         return json_response(code, &json!({ "status": status }));
@@ -394,6 +402,7 @@ async fn healthz(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         &json!({
             "status": status,
             "tools": app.host.tools().len(),
+            "compiling": app.loaded.compiling(),
             "load_errors": app.loaded.errors(),
             "in_flight": app.in_flight(),
             "ledger": app.host.ledger().path(),

@@ -103,6 +103,8 @@ impl App {
             return Err(Arc::new(ApiError::Stopping));
         }
         let call = shape(request).map_err(Arc::new)?;
+        // A server still compiling its tools answers once they are loaded, not "no such tool".
+        self.loaded.ready().await;
         let tool = call.tool.clone();
         // A tool whose compensation is not loaded takes no new step; a step it already took is
         // answered from its record as any other.
@@ -180,6 +182,11 @@ impl App {
     }
 
     /// Stops taking calls; those running may finish.
+    /// The tools directory as the server loaded it.
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+
     /// Where the console is reached (`http://127.0.0.1:7420`, or the public URL's origin).
     pub fn base_url(&self) -> &str {
         &self.base_url

@@ -76,8 +76,11 @@ pub fn relay(app: &Arc<App>) -> Result<(), oncebox_runtime::outbox::RelayError> 
     Ok(())
 }
 
-/// Keeps the tools directory loaded: every `SCAN_EVERY`, and at once on SIGHUP.
+/// Keeps the tools directory loaded: at once (the first scan, which the server is `starting`
+/// until), then every `SCAN_EVERY`, and at once on SIGHUP.
 pub async fn watch(app: Arc<App>) {
+    let loaded = app.loaded.scan(&app.host, false).await;
+    tracing::info!(files = loaded, tools = app.host.tools().len(), dir = %app.loaded.dir().display(), "tools loaded");
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {

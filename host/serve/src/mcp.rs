@@ -85,6 +85,9 @@ impl Oncebox {
     }
 
     async fn tell_listing_changes(self) {
+        // A session's first listing waits for the first scan (`list_tools`): what it loads is no
+        // change to anyone, and telling it would race a client's own listing.
+        self.app.loaded.ready().await;
         let mut told = self.listing();
         loop {
             tokio::time::sleep(LISTING_CHECKED_EVERY).await;
@@ -199,6 +202,8 @@ impl ServerHandler for Oncebox {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        // A server still compiling its tools lists them once they are loaded.
+        self.app.loaded.ready().await;
         Ok(ListToolsResult::with_all_items(self.listing()))
     }
 
@@ -223,6 +228,7 @@ impl ServerHandler for Oncebox {
             Err(why) => return Ok(error_text(why).into()),
         };
         let tool = request.name.to_string();
+        self.app.loaded.ready().await;
         // Decided here, before the args are validated, so that the answer names what is missing
         // even when the model also put a `run_id` among the args (which the schema may refuse).
         if run_id.is_none() && self.changes_the_world(&tool) {

@@ -1,6 +1,13 @@
 //! The tools directory, watched: a component added, changed or removed is picked up within a
 //! second (or at once on SIGHUP). A bad one is reported and skipped; the others go on. A call in
 //! flight keeps the component it started with (the host replaces entries whole).
+//!
+//! A scan compiles every new or changed file at once, each on a blocking thread, before it loads
+//! them one by one in file order (so which of two files naming the same tool wins does not
+//! depend on which compiled first): a directory of language-runtime tools, seconds each to
+//! compile, is ready in the time of the slowest rather than of all of them in turn, and the server
+//! answers meanwhile. Until the first scan is over the server is `starting` (`/healthz` names what
+//! is compiling) and what needs the tools waits for it ([`Loaded::ready`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,11 +44,43 @@ struct File {
 pub struct Loaded {
     dir: PathBuf,
     files: Mutex<BTreeMap<PathBuf, File>>,
+    /// The files being compiled now.
+    compiling: Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// True once the first scan is over.
+    scanned: tokio::sync::watch::Sender<bool>,
 }
 
 impl Loaded {
     pub fn new(dir: PathBuf) -> Loaded {
-        Loaded { dir, files: Mutex::new(BTreeMap::new()) }
+        Loaded {
+            dir,
+            files: Mutex::new(BTreeMap::new()),
+            compiling: Mutex::new(std::collections::BTreeSet::new()),
+            scanned: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Whether the first scan is over: every tool the directory held at the start is loaded (or
+    /// refused, and said why).
+    pub fn is_ready(&self) -> bool {
+        *self.scanned.borrow()
+    }
+
+    /// Resolves once the first scan is over: a call, a listing of the tools, waits for it rather
+    /// than be told that a tool still compiling does not exist.
+    pub async fn ready(&self) {
+        let mut scanned = self.scanned.subscribe();
+        // The sender lives as long as `self`, which the caller borrows: `wait_for` cannot fail.
+        let _ = scanned.wait_for(|scanned| *scanned).await;
+    }
+
+    /// The files being compiled now, by file name.
+    pub fn compiling(&self) -> Vec<String> {
+        let compiling = self.compiling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        compiling
+            .iter()
+            .map(|path| path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()))
+            .collect()
     }
 
     /// The tools directory.
@@ -101,8 +140,14 @@ impl Loaded {
         // or the tool it needed, may be gone or come.
         let retry =
             retry || changed > 0 || listed.iter().any(|(path, seen)| before.get(path).is_none_or(|f| f.seen != *seen));
+        let unchanged = |path: &PathBuf, seen: &Seen| {
+            before.get(path).is_some_and(|file| file.seen == *seen && !(retry && file.error.is_some()))
+        };
+        let wanted: Vec<PathBuf> =
+            listed.iter().filter(|(path, seen)| !unchanged(path, seen)).map(|(path, _)| path.clone()).collect();
+        self.compile_all(host, &wanted).await;
         for (path, seen) in listed {
-            if before.get(&path).is_some_and(|file| file.seen == seen && !(retry && file.error.is_some())) {
+            if unchanged(&path, &seen) {
                 continue;
             }
             changed += 1;
@@ -135,7 +180,30 @@ impl Loaded {
         if changed > 0 {
             self.check_compensations(host);
         }
+        self.scanned.send_if_modified(|scanned| !std::mem::replace(scanned, true));
         changed
+    }
+
+    /// Compiles `paths` into the compile cache, all at once (each on a blocking thread), so that
+    /// loading them after is quick. What fails here fails again when it is loaded, and is
+    /// reported there.
+    async fn compile_all(&self, host: &Host, paths: &[PathBuf]) {
+        if paths.is_empty() {
+            return;
+        }
+        let compile = |path: &PathBuf| {
+            let path = path.clone();
+            async move {
+                self.compiling.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone());
+                let started = std::time::Instant::now();
+                let compiled = host.compile(&path).await;
+                self.compiling.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+                if let Ok((_, origin)) = compiled {
+                    tracing::debug!(file = %path.display(), ?origin, elapsed = ?started.elapsed(), "compiled");
+                }
+            }
+        };
+        futures_util::future::join_all(paths.iter().map(compile)).await;
     }
 
     /// A compensatable tool whose compensation is missing or does not fit is reported, and not

@@ -154,10 +154,12 @@ impl Setup {
             let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
             panic!("oncebox serve printed {line:?} ({e}); its log:\n{log}")
         });
-        let log = std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
-        assert!(!log.contains("refused; skipped"), "every example tool loads:\n{log}");
         let base_url = printed["listening"].as_str().expect("listening").to_string();
-        Server { child: Some(child), base_url, log: self.dir.path().join("serve.log") }
+        let server = Server { child: Some(child), base_url, log: self.dir.path().join("serve.log") };
+        server.wait_ready();
+        let log = server.log();
+        assert!(!log.contains("refused; skipped"), "every example tool loads:\n{log}");
+        server
     }
 }
 
@@ -175,6 +177,28 @@ pub struct Server {
 impl Server {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base_url)
+    }
+
+    /// Waits up to a minute for `/healthz` to answer 200: the server printed its address at once,
+    /// and answers `starting` while its first scan compiles the tools.
+    pub fn wait_ready(&self) {
+        use std::io::{Read, Write};
+        let authority = self.base_url.trim_start_matches("http://").to_string();
+        let status = || -> std::io::Result<String> {
+            let mut stream = std::net::TcpStream::connect(&authority)?;
+            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(stream, "GET /healthz HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n")?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer)?;
+            Ok(answer.lines().next().unwrap_or_default().to_string())
+        };
+        for _ in 0..600 {
+            if status().is_ok_and(|line| line.starts_with("HTTP/1.1 200")) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("oncebox serve was not ready within a minute; its log:\n{}", self.log());
     }
 
     pub fn pid(&self) -> u32 {

@@ -4,6 +4,7 @@
 
 mod approvals;
 mod call;
+mod compile;
 #[cfg(feature = "demo")]
 mod demo;
 #[cfg(feature = "demo")]
@@ -44,6 +45,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Show a tool's manifest, imports and exports.
     Inspect(inspect::Args),
+    /// Compile components into the compile cache ahead of their first load (all at once).
+    Compile(compile::Args),
     /// Call a tool for one step of a run.
     Call(call::Args),
     /// Ask the tool's authority what became of a step whose outcome is unknown; with `--run R
@@ -152,6 +155,7 @@ impl From<Exit> for ExitCode {
 pub async fn run(command: Command) -> Exit {
     let result = match command {
         Command::Inspect(args) => inspect::run(args).await,
+        Command::Compile(args) => compile::run(args).await,
         Command::Call(args) => call::run(args).await,
         Command::Reconcile(args) => reconcile::run(args).await,
         Command::Resolve(args) => resolve::run(args).await,

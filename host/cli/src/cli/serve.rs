@@ -91,15 +91,15 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     let token = token(&args)?;
     // Opening the ledger recovers what a stopped server left: this start is its recovery.
     let host = builder.build().await?;
+    // The tools are loaded by the server's first scan, compiling them all at once while it
+    // already answers (`starting` until then; a call waits for it).
     let loaded = Loaded::new(args.tools.clone());
-    loaded.scan(&host, false).await;
-    let tools = host.tools().len();
     if args.stdio {
         let app = App::for_stdio(host, token, loaded, args.max_calls);
         tokio::spawn(oncebox_serve::watch(app.clone()));
         relay(&app, topics, args.no_relay)?;
         oncebox_serve::spawn_reconciler(&app);
-        eprintln!("oncebox serve: MCP on stdio; {tools} tools from {}", args.tools.display());
+        eprintln!("oncebox serve: MCP on stdio; tools from {}", args.tools.display());
         oncebox_serve::serve_stdio(app.clone()).await?;
         return Ok(finish(&app, args.grace).await);
     }
@@ -122,9 +122,11 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     // The address on stdout as one line of JSON (port 0 picks a free one), for whoever started us.
     crate::cli::print_json(&serde_json::json!({
         "listening": format!("http://{addr}"), "mcp": format!("{base_url}/mcp"), "console": format!("{base_url}/"),
-        "tools": tools,
     }))?;
-    eprintln!("oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); {tools} tools");
+    eprintln!(
+        "oncebox serve: {base_url} (MCP at /mcp, API at /v1, console at /); loading tools from {}",
+        args.tools.display()
+    );
     let shutdown = app.shutdown();
     let mut server = tokio::spawn(oncebox_serve::serve(listener, router, limits, shutdown));
     tokio::select! {

@@ -20,8 +20,22 @@ use wasmtime::component::Component;
 /// without bound.
 const MAX_IN_MEMORY: usize = 256;
 
+/// Where a component came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    /// This process had compiled or read it already.
+    Memory,
+    /// The cache directory's entry.
+    Disk,
+    /// Compiled now.
+    Compiled,
+}
+
 /// The component for `bytes`: from memory, from `dir`, or compiled (and then stored in both).
-pub fn component(engine: &Engine, bytes: &[u8], dir: Option<&Path>) -> wasmtime::Result<Component> {
+/// It compiles on the calling thread, using every core (wasmtime's parallel compilation): call
+/// it where blocking is allowed.
+pub fn component(engine: &Engine, bytes: &[u8], dir: Option<&Path>) -> wasmtime::Result<(Component, Origin)> {
     static MEMORY: OnceLock<Mutex<HashMap<[u8; 32], Component>>> = OnceLock::new();
     let memory = MEMORY.get_or_init(Default::default);
     let digest: [u8; 32] = Sha256::digest(bytes).into();
@@ -31,16 +45,16 @@ pub fn component(engine: &Engine, bytes: &[u8], dir: Option<&Path>) -> wasmtime:
         if let Some(file) = file.as_deref().filter(|file| !file.exists()) {
             write(&component, file);
         }
-        return Ok(component);
+        return Ok((component, Origin::Memory));
     }
-    let component = match file.as_deref().and_then(|file| read(engine, file)) {
-        Some(component) => component,
+    let (component, origin) = match file.as_deref().and_then(|file| read(engine, file)) {
+        Some(component) => (component, Origin::Disk),
         None => {
             let component = Component::new(engine, bytes)?;
             if let Some(file) = &file {
                 write(&component, file);
             }
-            component
+            (component, Origin::Compiled)
         }
     };
     let mut memory = memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -48,7 +62,7 @@ pub fn component(engine: &Engine, bytes: &[u8], dir: Option<&Path>) -> wasmtime:
         memory.clear();
     }
     memory.insert(digest, component.clone());
-    Ok(component)
+    Ok((component, origin))
 }
 
 fn entry_name(engine: &Engine, digest: &[u8; 32]) -> String {

@@ -118,8 +118,24 @@ impl std::fmt::Debug for LoadedTool {
     }
 }
 
+/// A component read, checked before compiling, and compiled: what [`Runtime::compile`] answers.
+pub struct Compiled {
+    pub path: PathBuf,
+    /// `sha256:HEX` of the file as read.
+    pub digest: String,
+    pub origin: super::cache::Origin,
+    imports: Vec<String>,
+    exports: Vec<String>,
+    component: wasmtime::component::Component,
+}
+
 impl Runtime {
-    pub async fn load(&self, path: &Path, shared: Arc<Shared>) -> Result<LoadedTool, LoadError> {
+    /// Reads the component at `path`, refuses what the checks before compiling refuse (not a
+    /// component, too big, an import outside the contract), and compiles it, or takes it from the
+    /// compile cache (the process's, then the cache directory's), on a blocking thread: a server
+    /// keeps answering while a language runtime's component compiles. `oncebox compile` and a
+    /// server's first scan compile ahead of loading this way.
+    pub async fn compile(&self, path: &Path) -> Result<Compiled, LoadError> {
         let path = path.to_path_buf();
         let io = |source| LoadError::Io { path: path.clone(), source };
         let size = std::fs::metadata(&path).map_err(io)?.len();
@@ -158,8 +174,17 @@ impl Runtime {
         }
 
         let digest = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
-        let component = super::cache::component(&self.engine, &bytes, self.cache_dir.as_deref())
-            .map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
+        let (engine, dir) = (self.engine.clone(), self.cache_dir.clone());
+        let compiled = tokio::task::spawn_blocking(move || super::cache::component(&engine, &bytes, dir.as_deref()))
+            .await
+            .map_err(|e| not_component(format!("its compile ended abnormally: {e}")))?;
+        let (component, origin) = compiled.map_err(|e| not_component(one_line(&format!("{e:#}"))))?;
+        Ok(Compiled { path, digest, origin, imports, exports, component })
+    }
+
+    pub async fn load(&self, path: &Path, shared: Arc<Shared>) -> Result<LoadedTool, LoadError> {
+        let Compiled { path, digest, imports, exports, component, .. } = self.compile(path).await?;
+        let not_component = |reason: String| LoadError::NotAComponent { path: path.clone(), reason };
         // The checks that follow (a read-only tool links no effect) rest on the imports read
         // before compiling: the compiled component must name the same ones.
         let mut compiled: Vec<String> =

@@ -14,6 +14,7 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+pub use cache::Origin;
 pub use invoke::Invocation;
 pub use load::{LoadError, LoadedTool, ToolManifest, check_grants};
 // The reconciler asks only about tools that export it.

@@ -194,6 +194,7 @@ fn decision_form(key: &str, fingerprint: &str, component: &str, viewer: &Viewer,
 
 pub async fn tools(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
+    app.loaded.ready().await;
     let mut body =
         format!("<p class=\"muted\">From <code>{}</code>.</p>", escape(&app.loaded.dir().display().to_string()));
     for (manifest, path) in app.host.tools() {
