@@ -129,14 +129,28 @@ async fn two_reconcilers_racing_on_one_operation_record_one_settlement_and_neith
         assert_eq!(first.status, Status::Unknown, "{first:?}");
     }
     let (mut a, mut b) = (f.host.reconciler(AT_ONCE), f.host.reconciler(AT_ONCE));
-    let (ta, tb) = tokio::join!(a.pass(), b.pass());
-    let tries: Vec<_> = ta.expect("pass").into_iter().chain(tb.expect("pass")).collect();
+    // Racing passes until nothing is unknown. On a loaded machine a lookup can outlast the
+    // effect timeout, and that try proves nothing (still unknown): the two ask again.
+    let mut tries = Vec::new();
+    for _ in 0..50 {
+        let (ta, tb) = tokio::join!(a.pass(), b.pass());
+        tries.extend(ta.expect("pass").into_iter().chain(tb.expect("pass")));
+        let ops = f.host.ledger().operations(None).await.expect("read");
+        if ops.iter().all(|op| op.status != oncebox::ledger::OperationStatus::Unknown) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for order in ["r1", "r2", "r3"] {
         let key = f.host.call(charge_call(order)).await.expect("call").operation_key.expect("key");
         let of: Vec<TryResult> = tries.iter().filter(|t| t.operation_key == key).map(|t| t.result).collect();
         // The ledger's resolve is a compare-and-set: the loser is told someone else settled it.
         assert_eq!(of.iter().filter(|r| **r == TryResult::Committed).count(), 1, "{order}: {of:?}");
-        assert!(of.iter().all(|r| matches!(r, TryResult::Committed | TryResult::SettledElsewhere)), "{of:?}");
+        assert!(
+            of.iter()
+                .all(|r| matches!(r, TryResult::Committed | TryResult::SettledElsewhere | TryResult::StillUnknown)),
+            "{of:?}"
+        );
         assert_eq!(f.provider.counts(order).payments, 1);
     }
     assert!(a.pass().await.expect("pass").is_empty() && b.pass().await.expect("pass").is_empty());
