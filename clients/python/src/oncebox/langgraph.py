@@ -1,0 +1,106 @@
+"""oncebox inside a LangGraph node: the run and step come from the running graph's durable identity.
+
+LangGraph runs a node again from its first line when a thread resumes after ``interrupt()`` or a
+crash. The node's ``thread_id`` and ``checkpoint_ns`` (``node:<task id>``, the task id derived from
+the checkpoint the node started from) are the same in both runs, so a call keyed by them is
+answered from oncebox's ledger the second time instead of being done again:
+
+- run  = ``langgraph:<thread_id>``
+- step = ``<checkpoint_ns>/<n>``: ``n`` counts the node's calls in this execution (0, 1, ...), or
+  ``step=NAME`` names it (for calls whose order may change between runs).
+
+Never from the model: a tool call's id is model output, and is never the key.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping, Optional
+
+from langgraph.config import get_config
+from langgraph.types import interrupt
+
+from ._client import Client
+from ._outcome import AnyOutcome, AwaitingApproval, InProgress, StillAwaitingApproval, settled
+
+# The counter of one node execution, kept in that execution's own `configurable` dict (LangGraph
+# makes a new one for every task it runs, a resumed one included).
+_ORDINAL = "__oncebox_ordinal"
+_LOCK = threading.Lock()
+
+
+def identity(step: Optional[str] = None) -> tuple[str, str]:
+    """``(run_id, step_id)`` of the call about to be made by the running node."""
+    try:
+        config = get_config()
+    except RuntimeError as e:
+        raise RuntimeError("oncebox.langgraph.call runs inside a LangGraph node (or tool) only") from e
+    configurable = config.get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    namespace = configurable.get("checkpoint_ns")
+    if thread_id is None or not namespace:
+        raise RuntimeError(
+            "oncebox.langgraph.call needs a graph compiled with a checkpointer and invoked with "
+            "config={'configurable': {'thread_id': ...}}: without them a resumed node has no durable identity"
+        )
+    if step is None:
+        with _LOCK:
+            n = configurable.get(_ORDINAL, 0)
+            configurable[_ORDINAL] = n + 1
+        step = str(n)
+    elif not isinstance(step, str) or not step:
+        raise ValueError(f"`step` must be a non-empty name, got {step!r}")
+    return f"langgraph:{thread_id}", f"{namespace}/{step}"
+
+
+def call(
+    client: Client, tool: str, args: Mapping[str, Any], *, step: Optional[str] = None, wait: float = 30.0
+) -> AnyOutcome:
+    """Calls ``tool`` for the running node: completed outcomes are returned.
+
+    A step awaiting approval stops the graph with ``interrupt()`` (the person approves through the
+    API or the console; resume with any ``Command(resume=...)``, and the call is made again, now
+    approved). A conflict (the node's args changed on re-run), an unknown outcome and a failure are
+    raised (``StepConflict``, ``OutcomeUnknown``, ``StepFailed``).
+    """
+    run_id, step_id = identity(step)
+    outcome = client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
+    if isinstance(outcome, AwaitingApproval):
+        interrupt(
+            {
+                "oncebox": "awaiting-approval",
+                "operation_key": outcome.operation_key,
+                "tool": tool,
+                "run_id": run_id,
+                "step_id": step_id,
+                "consequence": outcome.consequence,
+                "params": outcome.params,
+            }
+        )
+        # Resumed: the person decided (or not); ask again.
+        outcome = client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
+        if isinstance(outcome, AwaitingApproval):
+            raise StillAwaitingApproval(outcome)
+    if isinstance(outcome, InProgress):
+        return outcome
+    return settled(outcome)
+
+
+def tool(client: Client, name: str, description: str, args_schema: Any = None) -> Any:
+    """A LangChain tool that calls oncebox's ``name`` with the graph's identity.
+
+    For a model's tool calls run by LangGraph's ``ToolNode``: the step is ``tool:<name>/<n>``
+    within the node's execution, never the model's tool-call id. Its output is the tool's.
+    """
+    from langchain_core.tools import StructuredTool
+
+    def run(**args: Any) -> Any:
+        identity("-")  # inside a graph, or a clear error
+        with _LOCK:
+            configurable = get_config().get("configurable") or {}
+            per_node = configurable.setdefault("__oncebox_tools", {})
+            n = per_node.get(name, 0)
+            per_node[name] = n + 1
+        return call(client, name, args, step=f"tool:{name}/{n}").output
+
+    return StructuredTool.from_function(func=run, name=name, description=description, args_schema=args_schema)
