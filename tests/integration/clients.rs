@@ -214,3 +214,45 @@ async fn a_langgraph_graph_stops_for_approval_and_ships_once_after_a_person_appr
     assert_eq!(event(&lines, "again")["replayed"], true);
     assert_eq!(stage.provider.counts("lg-ship-1").fulfillments, 1, "shipped once");
 }
+
+/// Starts `workflow` for `order` in a process killed inside its charge step, after the provider's
+/// commit and before DBOS records the step's output.
+async fn killed_in_dbos(stage: &Stage, workflow: &str, order: &str) -> Vec<Value> {
+    use std::os::unix::process::ExitStatusExt;
+    let killed = stage.run("dbos_scenarios.py", &["start", workflow, order], &[("KILL_AFTER_CHARGE", "1")]).await;
+    assert_eq!(killed.status.signal(), Some(9), "killed: {}", String::from_utf8_lossy(&killed.stderr));
+    lines(&killed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dbos_step_killed_between_the_charge_and_its_record_charges_once_on_recovery_where_without_oncebox_twice() {
+    let stage = Stage::new().await;
+    let first = killed_in_dbos(&stage, "pay", "dbos-1").await;
+    assert_eq!(event(&first, "charged")["replayed"], false, "{first:?}");
+    killed_in_dbos(&stage, "pay_plain", "dbos-plain-1").await;
+    assert_eq!((stage.payments("dbos-1"), stage.payments("dbos-plain-1")), (1, 1));
+
+    let recovered = stage.lines("dbos_scenarios.py", &["recover", "dbos-1", "dbos-plain-1"], &[]).await;
+    let charged = event(&recovered, "charged");
+    assert_eq!(charged["replayed"], true, "DBOS ran the step again; the ledger answered it: {recovered:?}");
+    assert_eq!(
+        (charged["run_id"].clone(), charged["step_id"].clone()),
+        (first[0]["run_id"].clone(), first[0]["step_id"].clone())
+    );
+    assert_eq!(charged["run_id"], "dbos:wf-dbos-1");
+    assert_eq!(recovered.iter().filter(|l| l["event"] == "recovered").count(), 2, "{recovered:?}");
+    assert_eq!(stage.payments("dbos-1"), 1, "with oncebox: one charge");
+    assert_eq!(stage.payments("dbos-plain-1"), 2, "the control, without oncebox: two charges");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dbos_workflow_killed_after_a_compensatable_charge_recovers_and_compensates_once() {
+    let stage = Stage::new().await;
+    killed_in_dbos(&stage, "pay_then_ship", "dbos-comp-1").await;
+    let recovered = stage.lines("dbos_scenarios.py", &["recover", "dbos-comp-1"], &[]).await;
+    let result = &event(&recovered, "recovered")["result"];
+    assert_eq!(result["shipped"], false, "{recovered:?}");
+    assert_eq!(event(&recovered, "charged")["replayed"], true);
+    let counts = stage.provider.counts("dbos-comp-1");
+    assert_eq!((counts.payments, counts.refunds), (1, 1), "charged once, refunded once: {result}");
+}
