@@ -256,3 +256,31 @@ async fn a_dbos_workflow_killed_after_a_compensatable_charge_recovers_and_compen
     let counts = stage.provider.counts("dbos-comp-1");
     assert_eq!((counts.payments, counts.refunds), (1, 1), "charged once, refunded once: {result}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn langgraph_calls_oncebox_over_mcp_with_the_graphs_identity_in_meta_and_a_killed_tools_node_charges_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let stage = Stage::new().await;
+    let anonymous = stage.lines("mcp_scenario.py", &["mcp-anon-1", "anonymous"], &[]).await;
+    // The adapters hand a tool's error result to the model as its answer (handle_tool_errors).
+    let refused = event(&anonymous, "answered")["answer"].as_str().unwrap_or_default();
+    assert!(refused.contains("the step identity is missing") && refused.contains("oncebox/run-id"), "{anonymous:?}");
+    assert!(refused.contains("Nothing was run"), "{refused}");
+    assert_eq!(stage.payments("mcp-anon-1"), 0, "a write tool without identity refuses");
+
+    let killed = stage.run("mcp_scenario.py", &["mcp-1", "first"], &[("KILL_AFTER_CHARGE", "1")]).await;
+    assert_eq!(killed.status.signal(), Some(9), "killed: {}", String::from_utf8_lossy(&killed.stderr));
+    assert_eq!(stage.payments("mcp-1"), 1);
+    let resumed = stage.lines("mcp_scenario.py", &["mcp-1", "resume"], &[]).await;
+    let again = event(&resumed, "tool-result")["content"].as_str().unwrap_or_default();
+    assert!(
+        again.contains("mcp-1") && !again.contains("identity"),
+        "the tools node ran again and was answered: {again}"
+    );
+    let steps = &event(&resumed, "run")["steps"];
+    assert_eq!(steps.as_array().map(Vec::len), Some(1), "one step, from the graph's identity: {resumed:?}");
+    let step = steps[0].as_str().unwrap_or_default();
+    assert!(step.starts_with("tools:") && step.ends_with("/mcp:charge/0"), "{step}");
+    assert!(!step.contains("call_from_the_model"), "never the model's tool-call id: {step}");
+    assert_eq!(stage.payments("mcp-1"), 1, "the resumed tools node's charge was answered from the ledger");
+}

@@ -104,3 +104,34 @@ def tool(client: Client, name: str, description: str, args_schema: Any = None) -
         return call(client, name, args, step=f"tool:{name}/{n}").output
 
     return StructuredTool.from_function(func=run, name=name, description=description, args_schema=args_schema)
+
+
+#: The request `_meta` keys oncebox's MCP server reads a call's identity from.
+MCP_RUN = "oncebox/run-id"
+MCP_STEP = "oncebox/step-id"
+
+
+def mcp_meta(step: Optional[str] = None) -> dict[str, str]:
+    """The ``_meta`` of an MCP ``tools/call`` made by the running node: its run and step."""
+    run_id, step_id = identity(step)
+    return {MCP_RUN: run_id, MCP_STEP: step_id}
+
+
+def mcp_interceptor(session: Any) -> Any:
+    """A ``tool_interceptors`` entry for langchain-mcp-adapters' ``load_mcp_tools(session, ...)``:
+    each MCP tool call a graph's ``ToolNode`` makes carries the graph's identity in ``_meta``
+    (step ``mcp:<tool>/<n>`` within the node's execution; never the model's tool-call id).
+
+    It sends the call on ``session`` itself, because the adapters do not pass ``_meta`` on.
+    """
+
+    async def intercept(request: Any, handler: Any) -> Any:
+        with _LOCK:
+            configurable = get_config().get("configurable") or {}
+            per_node = configurable.setdefault("__oncebox_tools", {})
+            n = per_node.get(request.name, 0)
+            per_node[request.name] = n + 1
+        meta = mcp_meta(f"mcp:{request.name}/{n}")
+        return await session.call_tool(request.name, request.args, meta=meta)
+
+    return intercept
