@@ -51,6 +51,9 @@ const QUOTES: &[(&str, &str, &str)] = &[
     ),
     ("docs/serving.md", "docs/examples/tools-call.json", "the_mcp_configuration_serves_the_documented_call_over_stdio"),
     ("docs/serving.md", "tests/serve/orchestrator.py", "serve::orchestrator"),
+    ("docs/integrations.md", "clients/python/tests/langgraph_scenarios.py", "clients::a_langgraph_*"),
+    ("docs/integrations.md", "clients/python/tests/mcp_scenario.py", "clients::langgraph_calls_oncebox_over_mcp_*"),
+    ("docs/integrations.md", "clients/python/tests/dbos_scenarios.py", "clients::a_dbos_*"),
     (
         "docs/policy-file.md",
         "docs/examples/oncebox.toml",

@@ -65,6 +65,16 @@ def charge_plain(order: str) -> dict:
     return response.json()
 
 
+@DBOS.workflow()
+def pay(order: str) -> str:
+    return charge(order)["id"]
+
+
+@DBOS.workflow()
+def pay_plain(order: str) -> str:
+    return charge_plain(order)["id"]
+
+
 @DBOS.step()
 def ship(order: str) -> None:
     raise RuntimeError(f"the warehouse cannot ship {order}")
@@ -74,16 +84,6 @@ def ship(order: str) -> None:
 def compensate(run_id: str) -> Any:
     """Undoes the run's compensatable steps through the server (each once; the operator's token)."""
     return operator.compensate(run_id)
-
-
-@DBOS.workflow()
-def pay(order: str) -> str:
-    return charge(order)["id"]
-
-
-@DBOS.workflow()
-def pay_plain(order: str) -> str:
-    return charge_plain(order)["id"]
 
 
 @DBOS.workflow()
