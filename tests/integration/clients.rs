@@ -284,3 +284,22 @@ async fn langgraph_calls_oncebox_over_mcp_with_the_graphs_identity_in_meta_and_a
     assert!(!step.contains("call_from_the_model"), "never the model's tool-call id: {step}");
     assert_eq!(stage.payments("mcp-1"), 1, "the resumed tools node's charge was answered from the ledger");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_models_tool_call_through_the_langgraph_tool_wrapper_is_keyed_by_the_graph_and_charges_once_after_a_kill() {
+    use std::os::unix::process::ExitStatusExt;
+    let stage = Stage::new().await;
+    let killed =
+        stage.run("langgraph_scenarios.py", &["tool", "lg-tool-1", "first"], &[("KILL_AFTER_CHARGE", "1")]).await;
+    assert_eq!(killed.status.signal(), Some(9), "killed: {}", String::from_utf8_lossy(&killed.stderr));
+    assert_eq!(stage.payments("lg-tool-1"), 1);
+    let resumed = stage.lines("langgraph_scenarios.py", &["tool", "lg-tool-1", "resume"], &[]).await;
+    let again = event(&resumed, "tool-result")["content"].as_str().unwrap_or_default();
+    assert!(again.contains("lg-tool-1"), "the tools node ran again and was answered: {again}");
+    let steps = &event(&resumed, "run")["steps"];
+    assert_eq!(steps.as_array().map(Vec::len), Some(1), "{resumed:?}");
+    let step = steps[0].as_str().unwrap_or_default();
+    assert!(step.starts_with("tools:") && step.ends_with("/tool:charge/0"), "{step}");
+    assert!(!step.contains("call_from_the_model"), "never the model's tool-call id: {step}");
+    assert_eq!(stage.payments("lg-tool-1"), 1, "the resumed tool call was answered from the ledger");
+}

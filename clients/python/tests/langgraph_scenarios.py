@@ -175,6 +175,43 @@ def scenario_approval(order: str) -> None:
         emit("again", status=again.status, replayed=again.replayed)
 
 
+def scenario_tool(order: str, phase: str) -> None:
+    """A scripted model asks for `charge`; ToolNode runs oncebox's tool wrapper, keyed by the graph
+    (never the model's tool-call id). `first` is killed after the charge, before the tools node's
+    checkpoint; `resume` resumes the thread in a new process."""
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    with oncebox.Client(URL) as client:
+        call = {"name": "charge", "args": charge_args(order), "id": "call_from_the_model"}
+        model = FakeMessagesListChatModel(responses=[AIMessage("", tool_calls=[call])])
+        tool_node = ToolNode([oncebox.langgraph.tool(client, "charge")])
+
+        def agent(state: MessagesState) -> dict:
+            return {"messages": [model.invoke(state["messages"])]}
+
+        def tools(state: MessagesState, config) -> dict:
+            result = tool_node.invoke(state, config)
+            emit("tool-result", content=str(result["messages"][0].content))
+            if os.environ.get("KILL_AFTER_CHARGE"):
+                os.kill(os.getpid(), signal.SIGKILL)  # after the charge, before the checkpoint
+            return result
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent)
+        builder.add_node("tools", tools)
+        builder.add_edge(START, "agent")
+        builder.add_edge("agent", "tools")
+        builder.add_edge("tools", END)
+        g = builder.compile(checkpointer=checkpointer("tool"))
+        first = {"messages": [("user", f"charge order {order}")]} if phase == "first" else None
+        g.invoke(first, config(f"thread-{order}"), durability="sync")
+        run = client.run(f"langgraph:thread-{order}")
+        emit("run", steps=[op.get("step_id") for op in run["operations"]])
+
+
 if __name__ == "__main__":
     scenario, *rest = sys.argv[1:]
     globals()[f"scenario_{scenario}"](*rest)

@@ -86,13 +86,22 @@ def call(
     return settled(outcome)
 
 
-def tool(client: Client, name: str, description: str, args_schema: Any = None) -> Any:
+def tool(client: Client, name: str, description: Optional[str] = None, args_schema: Any = None) -> Any:
     """A LangChain tool that calls oncebox's ``name`` with the graph's identity.
 
-    For a model's tool calls run by LangGraph's ``ToolNode``: the step is ``tool:<name>/<n>``
-    within the node's execution, never the model's tool-call id. Its output is the tool's.
+    For a model's tool calls run by LangGraph's ``ToolNode``: the step is
+    ``<checkpoint_ns>/tool:<name>/<n>`` (``n`` counts this tool's calls in the node's execution),
+    never the model's tool-call id. ``args_schema`` defaults to the tool's input schema as the
+    server lists it; the tool's output is the outcome's ``output``.
     """
     from langchain_core.tools import StructuredTool
+
+    if args_schema is None or description is None:
+        listed = next((t for t in client.tools()["tools"] if t["name"] == name), None)
+        if listed is None:
+            raise ValueError(f"oncebox serves no tool named {name!r}")
+        args_schema = args_schema if args_schema is not None else listed["input_schema"]
+        description = description if description is not None else listed["description"]
 
     def run(**args: Any) -> Any:
         identity("-")  # inside a graph, or a clear error
