@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use oncebox_example_provider::{Provider, ProviderHandle};
+use oncebox_example_provider::{Fault, FaultKind, Provider, ProviderHandle, Route};
 use serde_json::Value;
 
 use crate::serve::support::{Server, Setup, TOKEN};
@@ -79,8 +79,13 @@ struct Stage {
 
 impl Stage {
     async fn new() -> Stage {
+        Stage::with(|_| String::new()).await
+    }
+
+    /// A stage whose policy file ends with what `extra` says for this provider.
+    async fn with(extra: impl FnOnce(&ProviderHandle) -> String) -> Stage {
         let provider = Provider::start().await.expect("provider");
-        let setup = Setup::new(&provider);
+        let setup = Setup::with_policy(&provider, &extra(&provider));
         let server = setup.serve();
         Stage { provider, _setup: setup, server, work: tempfile::tempdir().expect("tempdir") }
     }
@@ -302,4 +307,18 @@ async fn a_models_tool_call_through_the_langgraph_tool_wrapper_is_keyed_by_the_g
     assert!(step.starts_with("tools:") && step.ends_with("/tool:charge/0"), "{step}");
     assert!(!step.contains("call_from_the_model"), "never the model's tool-call id: {step}");
     assert_eq!(stage.payments("lg-tool-1"), 1, "the resumed tool call was answered from the ledger");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_outcome_reaches_the_graph_as_a_typed_error_and_is_reconciled_not_sent_again() {
+    // The provider commits, then holds its answer past the host's timeout for it.
+    let stage = Stage::with(|p| format!("[hosts.\"{}\"]\ntimeout = \"300ms\"\n", p.addr())).await;
+    stage.provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 3_000 }).for_order("lg-unknown-1"));
+    let lines = stage.lines("langgraph_scenarios.py", &["unknown", "lg-unknown-1"], &[]).await;
+    let raised = event(&lines, "raised");
+    assert_eq!(raised["error"], "OutcomeUnknown", "{lines:?}");
+    assert!(raised["message"].as_str().is_some_and(|m| m.contains("reconcile")), "{raised}");
+    assert_eq!(event(&lines, "again")["status"], "unknown", "the same ids again: still unknown, not sent anew");
+    assert_eq!(event(&lines, "reconciled")["status"], "completed", "{lines:?}");
+    assert_eq!(stage.payments("lg-unknown-1"), 1, "one charge: the one the provider committed");
 }

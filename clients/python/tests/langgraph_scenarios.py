@@ -175,6 +175,39 @@ def scenario_approval(order: str) -> None:
         emit("again", status=again.status, replayed=again.replayed)
 
 
+def scenario_unknown(order: str) -> None:
+    """The charge's answer is lost (the test's provider holds it past the host's timeout): the graph
+    gets OutcomeUnknown; the same ids again are still unknown; reconciling settles it from the proof."""
+    import time
+
+    with oncebox.Client(URL) as client:
+
+        def pay(state: State) -> State:
+            return {"payment": oncebox.langgraph.call(client, "charge", charge_args(state["order"])).output["id"]}
+
+        builder = StateGraph(State)
+        builder.add_node("pay", pay)
+        builder.add_edge(START, "pay")
+        builder.add_edge("pay", END)
+        g = builder.compile(checkpointer=checkpointer("unknown"))
+        try:
+            g.invoke({"order": order}, config(f"thread-{order}"))
+            emit("not-raised")
+            return
+        except oncebox.OutcomeUnknown as e:
+            outcome = e.outcome
+            emit("raised", error=type(e).__name__, message=str(e), step_id=outcome.step_id)
+        again = client.call("charge", charge_args(order), run_id=outcome.run_id, step_id=outcome.step_id)
+        emit("again", status=again.status, kind=type(again).__name__)
+        for _ in range(40):  # the provider answers its lookup once its held request commits
+            client.reconcile(outcome.run_id)
+            settled = client.call("charge", charge_args(order), run_id=outcome.run_id, step_id=outcome.step_id)
+            if settled.status != "unknown":
+                break
+            time.sleep(0.25)
+        emit("reconciled", status=settled.status, replayed=settled.replayed)
+
+
 def scenario_tool(order: str, phase: str) -> None:
     """A scripted model asks for `charge`; ToolNode runs oncebox's tool wrapper, keyed by the graph
     (never the model's tool-call id). `first` is killed after the charge, before the tools node's
