@@ -322,3 +322,27 @@ async fn an_unknown_outcome_reaches_the_graph_as_a_typed_error_and_is_reconciled
     assert_eq!(event(&lines, "reconciled")["status"], "completed", "{lines:?}");
     assert_eq!(stage.payments("lg-unknown-1"), 1, "one charge: the one the provider committed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_builds_as_a_wheel_that_carries_its_type_marker() {
+    let python = tokio::task::spawn_blocking(python).await.expect("join");
+    let out = tempfile::tempdir().expect("tempdir");
+    let dir = out.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        let built = Command::new(&python)
+            .args(["-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w"])
+            .arg(&dir)
+            .arg(crate::docs::root().join("clients/python"))
+            .output()
+            .expect("pip wheel");
+        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        let list = "import sys, zipfile, glob; print('\\n'.join(zipfile.ZipFile(glob.glob(sys.argv[1] + '/oncebox-*.whl')[0]).namelist()))";
+        Command::new(&python).args(["-c", list]).arg(&dir).output().expect("python")
+    })
+    .await
+    .expect("join");
+    let names = String::from_utf8_lossy(&output.stdout);
+    for file in ["oncebox/__init__.py", "oncebox/py.typed", "oncebox/langgraph.py", "oncebox/dbos.py"] {
+        assert!(names.lines().any(|n| n == file), "the wheel lacks {file}: {names}");
+    }
+}
