@@ -176,6 +176,17 @@ async fn a_langgraph_node_that_charges_then_interrupts_charges_once_where_withou
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_async_langgraph_node_with_the_async_client_charges_once_across_an_interrupt() {
+    let stage = Stage::new().await;
+    let lines = stage.lines("langgraph_scenarios.py", &["async", "lg-async-1"], &[]).await;
+    let charged: Vec<&Value> = lines.iter().filter(|l| l["event"] == "charged").collect();
+    assert_eq!(charged.len(), 2, "the node ran twice: {lines:?}");
+    assert_eq!((charged[0]["replayed"].clone(), charged[1]["replayed"].clone()), (false.into(), true.into()));
+    assert_eq!(event(&lines, "done")["payment"], charged[0]["payment"]);
+    assert_eq!(stage.payments("lg-async-1"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_langgraph_process_killed_after_the_charge_resumed_from_its_checkpoint_charges_once() {
     let stage = Stage::new().await;
     let killed =

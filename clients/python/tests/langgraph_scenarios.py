@@ -108,6 +108,34 @@ def scenario_interrupt(order: str, control_order: str) -> None:
             emit("done", graph=name, payment=done.get("payment"), answer=done.get("answer"))
 
 
+def scenario_async(order: str) -> None:
+    """The same node, async, with an AsyncClient: resumed, it charges once."""
+    import asyncio
+
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async def main() -> None:
+        async with oncebox.AsyncClient(URL) as client:
+
+            async def pay(state: State) -> State:
+                outcome = await oncebox.langgraph.acall(client, "charge", charge_args(state["order"]))
+                emit("charged", step_id=outcome.step_id, replayed=outcome.replayed, payment=outcome.output["id"])
+                answer = interrupt({"confirm": outcome.output["id"]})
+                return {"payment": outcome.output["id"], "answer": answer}
+
+            builder = StateGraph(State)
+            builder.add_node("pay", pay)
+            builder.add_edge(START, "pay")
+            builder.add_edge("pay", END)
+            async with AsyncSqliteSaver.from_conn_string(os.path.join(WORK, "async.sqlite")) as saver:
+                g = builder.compile(checkpointer=saver)
+                await g.ainvoke({"order": order}, config(f"thread-{order}"))
+                done = await g.ainvoke(Command(resume="yes"), config(f"thread-{order}"))
+                emit("done", payment=done.get("payment"))
+
+    asyncio.run(main())
+
+
 def scenario_kill(order: str, phase: str) -> None:
     """The process is killed right after the charge (KILL_AFTER_CHARGE); a new one resumes the thread."""
     with oncebox.Client(URL) as client:

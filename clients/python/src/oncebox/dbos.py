@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 from dbos import DBOS
 
-from ._client import Client
+from ._client import AsyncClient, Client
 from ._outcome import AnyOutcome, settled
 
 
@@ -45,3 +45,11 @@ def call(
     back as outcomes: let the workflow wait (``DBOS.sleep``) and call again with the same step."""
     run_id, step_id = identity(step)
     return settled(client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait))
+
+
+async def acall(
+    client: AsyncClient, tool: str, args: Mapping[str, Any], *, step: Optional[str] = None, wait: float = 30.0
+) -> AnyOutcome:
+    """:func:`call` for an async DBOS step, with an :class:`oncebox.AsyncClient`."""
+    run_id, step_id = identity(step)
+    return settled(await client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait))

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 from langgraph.config import get_config
 from langgraph.types import interrupt
 
-from ._client import Client
+from ._client import AsyncClient, Client
 from ._outcome import AnyOutcome, AwaitingApproval, InProgress, StillAwaitingApproval, settled
 
 # The counter of one node execution, kept in that execution's own `configurable` dict (LangGraph
@@ -66,17 +66,7 @@ def call(
     run_id, step_id = identity(step)
     outcome = client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
     if isinstance(outcome, AwaitingApproval):
-        interrupt(
-            {
-                "oncebox": "awaiting-approval",
-                "operation_key": outcome.operation_key,
-                "tool": tool,
-                "run_id": run_id,
-                "step_id": step_id,
-                "consequence": outcome.consequence,
-                "params": outcome.params,
-            }
-        )
+        interrupt(_awaiting(outcome, tool, run_id, step_id))
         # Resumed: the person decided (or not); ask again.
         outcome = client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
         if isinstance(outcome, AwaitingApproval):
@@ -84,6 +74,35 @@ def call(
     if isinstance(outcome, InProgress):
         return outcome
     return settled(outcome)
+
+
+async def acall(
+    client: AsyncClient, tool: str, args: Mapping[str, Any], *, step: Optional[str] = None, wait: float = 30.0
+) -> AnyOutcome:
+    """:func:`call` for an async node, with an :class:`oncebox.AsyncClient`."""
+    run_id, step_id = identity(step)
+    outcome = await client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
+    if isinstance(outcome, AwaitingApproval):
+        interrupt(_awaiting(outcome, tool, run_id, step_id))
+        outcome = await client.call(tool, args, run_id=run_id, step_id=step_id, wait=wait)
+        if isinstance(outcome, AwaitingApproval):
+            raise StillAwaitingApproval(outcome)
+    if isinstance(outcome, InProgress):
+        return outcome
+    return settled(outcome)
+
+
+def _awaiting(outcome: AwaitingApproval, tool: str, run_id: str, step_id: str) -> dict[str, Any]:
+    """What ``interrupt()`` hands the graph's caller while a step awaits approval."""
+    return {
+        "oncebox": "awaiting-approval",
+        "operation_key": outcome.operation_key,
+        "tool": tool,
+        "run_id": run_id,
+        "step_id": step_id,
+        "consequence": outcome.consequence,
+        "params": outcome.params,
+    }
 
 
 def tool(client: Client, name: str, description: Optional[str] = None, args_schema: Any = None) -> Any:
