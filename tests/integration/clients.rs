@@ -222,6 +222,7 @@ async fn a_langgraph_graph_stops_for_approval_and_ships_once_after_a_person_appr
     let lines = stage.lines("langgraph_scenarios.py", &["approval", "lg-ship-1"], &[]).await;
     let waiting = &event(&lines, "awaiting")["value"];
     assert_eq!(waiting["oncebox"], "awaiting-approval", "{lines:?}");
+    assert_eq!(event(&lines, "before-approval")["counts"]["fulfillments"], 0, "nothing shipped before the approval");
     assert_eq!(event(&lines, "approval")["exact"], true, "the operator sees the exact params");
     assert_eq!(event(&lines, "approval")["params"]["address"], "1 Main St");
     let shipped: Vec<&Value> = lines.iter().filter(|l| l["event"] == "shipped").collect();

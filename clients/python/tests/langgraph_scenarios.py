@@ -192,6 +192,7 @@ def scenario_approval(order: str) -> None:
         g = builder.compile(checkpointer=checkpointer("approval"))
         waiting = interrupted(g.invoke({"order": order}, config(f"thread-{order}")))
         emit("awaiting", value=waiting)
+        emit("before-approval", counts=httpx.get(f"{PROVIDER}/counts/{order}").json())
         pending = operator.approvals(pending=True, run=waiting["run_id"])
         request = next(r for r in pending if r["operation_key"] == waiting["operation_key"])
         emit("approval", params=request["params"], exact=request["params_exact"], consequence=request.get("consequence"))
