@@ -57,6 +57,9 @@ const QUOTES: &[(&str, &str, &str)] = &[
         "docs/examples/oncebox.toml",
         "the_policy_file_example_loads_and_shows_where_each_value_came_from",
     ),
+    ("docs/integrations.md", "clients/python/tests/langgraph_scenarios.py", "clients::a_langgraph_*"),
+    ("docs/integrations.md", "clients/python/tests/mcp_scenario.py", "clients::langgraph_calls_oncebox_over_mcp_*"),
+    ("docs/integrations.md", "clients/python/tests/dbos_scenarios.py", "clients::a_dbos_*"),
     (
         "docs/policy-file.md",
         "docs/examples/oncebox.toml",

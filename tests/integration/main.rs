@@ -8,6 +8,7 @@ mod approval_binding;
 mod approvals;
 mod args;
 mod cli;
+mod clients;
 mod concurrency;
 mod conformance;
 mod docs;

@@ -2,7 +2,7 @@
 //! requests generated from its OpenAPI document, MCP with the Python SDK and the official
 //! conformance suite, the console in headless Chromium, and SIGKILL mid-call.
 
-mod support;
+pub(crate) mod support;
 
 mod api;
 mod console;
