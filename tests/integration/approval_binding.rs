@@ -183,7 +183,8 @@ async fn an_expired_approval_shows_as_expired_and_lets_nothing_through_until_app
     let f = Fixture::new().await;
     let first = f.host.call(ship("ship", "o-1")).await.expect("call");
     let (key, fingerprint) = (first.operation_key.clone().expect("key"), first.fingerprint.clone().expect("fp"));
-    let until = now_ms() + 50;
+    // Long enough that a loaded machine still reads it approved before it expires.
+    let until = now_ms() + 1_000;
     f.host.decide(&key, &fingerprint, Decision::Approve { expires_ms: Some(until) }, "erin", None).await.expect("ok");
     let record = f.host.ledger().approval(&key).await.expect("read").expect("request");
     let view = oncebox::approvals::ApprovalView::of(&record, f.host.ledger());

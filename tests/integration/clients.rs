@@ -12,42 +12,17 @@ use serde_json::Value;
 
 use crate::serve::support::{Server, Setup, TOKEN};
 
-/// The venv's python, with the pinned requirements and the client as it is now.
+/// The venv's python, with the pinned requirements and the client as it is now (pip builds and
+/// reinstalls a directory every time it is named).
 fn python() -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let root = crate::docs::root();
-    let client = root.join("clients/python");
+    let client = crate::docs::root().join("clients/python");
     let requirements = client.join("tests/requirements.txt");
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("clients-venv");
-    let python = venv.join("bin/python");
-    let stamp = venv.join("oncebox-client.installed");
     let wanted = format!(
         "{}\n{}",
         std::fs::read_to_string(&requirements).expect("clients/python/tests/requirements.txt"),
         sources(&client.join("src"))
     );
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        return python;
-    }
-    if !python.exists() {
-        let venv_works =
-            Command::new("python3").args(["-m", "venv", "--help"]).output().is_ok_and(|o| o.status.success());
-        crate::support::require("Python's venv (python3 -m venv)", venv_works, "python3-venv");
-        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
-        assert!(status.success(), "python3 -m venv {} failed", venv.display());
-    }
-    // One pip call: the pinned requirements, and the client from the checkout (pip builds and
-    // reinstalls a directory every time).
-    let status = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-        .arg(&requirements)
-        .arg(&client)
-        .status()
-        .expect("pip install");
-    assert!(status.success(), "pip install {} -r {} failed", client.display(), requirements.display());
-    std::fs::write(&stamp, wanted).expect("stamp");
-    python
+    crate::support::venv("clients-venv", &["-r".as_ref(), requirements.as_os_str(), client.as_os_str()], &wanted)
 }
 
 /// The client's source files, named and sized with their modification times: a change reinstalls it.

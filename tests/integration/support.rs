@@ -192,3 +192,35 @@ pub fn require(what: &str, present: bool, package: &str) {
 pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
+
+/// A virtual environment named `name` under the target directory with `install` pip-installed in
+/// one call (`-r FILE` and directories alike), made on first use and made again when `wanted`
+/// (what the install stands for: the requirements' text, the sources' hashes) changes; its
+/// python. One test at a time makes one; the others wait.
+pub fn venv(name: &str, install: &[&std::ffi::OsStr], wanted: &str) -> std::path::PathBuf {
+    use std::process::Command;
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("oncebox-installed");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted) {
+        return python;
+    }
+    if !python.exists() {
+        // Debian's python3 has `venv` without `ensurepip` (python3-venv), and then `-m venv` fails.
+        let works =
+            Command::new("python3").args(["-c", "import ensurepip, venv"]).output().is_ok_and(|o| o.status.success());
+        require("Python's venv (with ensurepip)", works, "python3-venv");
+        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
+        assert!(status.success(), "python3 -m venv {} failed", venv.display());
+    }
+    let status = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(install)
+        .status()
+        .expect("pip install");
+    assert!(status.success(), "pip install {install:?} into {} failed", venv.display());
+    std::fs::write(&stamp, wanted).expect("stamp");
+    python
+}

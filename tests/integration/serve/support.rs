@@ -253,30 +253,7 @@ pub fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("ONCEBOX_TEST_PYTHON") {
         return PathBuf::from(python);
     }
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-venv");
-    let python = venv.join("bin").join("python");
     let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/serve/requirements.txt");
-    let stamp = venv.join("requirements.installed");
     let wanted = std::fs::read_to_string(&requirements).expect("tests/serve/requirements.txt");
-    // One test at a time makes it; the others wait on the lock.
-    let _lock = VENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        return python;
-    }
-    // Debian's python3 has `venv` without `ensurepip` (python3-venv), and then `-m venv` fails.
-    let venv_works =
-        Command::new("python3").args(["-c", "import ensurepip, venv"]).output().is_ok_and(|o| o.status.success());
-    crate::support::require("Python's venv (with ensurepip)", venv_works, "python3-venv");
-    let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
-    assert!(status.success(), "python3 -m venv {} failed", venv.display());
-    let status = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-        .arg(&requirements)
-        .status()
-        .expect("pip install");
-    assert!(status.success(), "pip install -r {} failed", requirements.display());
-    std::fs::write(&stamp, wanted).expect("stamp");
-    python
+    crate::support::venv("serve-venv", &["-r".as_ref(), requirements.as_os_str()], &wanted)
 }
-
-static VENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
