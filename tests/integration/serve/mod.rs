@@ -15,3 +15,4 @@ mod orchestrator;
 mod reconciler;
 mod sealed;
 mod shared;
+mod traces;
