@@ -282,3 +282,54 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::Ledger(_) => "ledger",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_context_needs_a_traceparent_within_its_bound_and_drops_an_overlong_tracestate() {
+        assert_eq!(TraceContext::new(None, Some("a=b")), None);
+        assert_eq!(TraceContext::new(Some("  "), None), None);
+        assert_eq!(TraceContext::new(Some(&"0".repeat(MAX_TRACEPARENT_BYTES + 1)), None), None);
+        let long = "a=b,".repeat(MAX_TRACESTATE_BYTES);
+        let context = TraceContext::new(Some(PARENT), Some(&long)).expect("a context");
+        assert_eq!(context, TraceContext { traceparent: PARENT.into(), tracestate: None });
+    }
+
+    // No test of this crate installs a tracer: these are the spans of a host without one.
+    #[test]
+    fn without_a_tracer_the_callers_context_goes_downstream_unchanged_and_a_malformed_one_not_at_all() {
+        assert!(!enabled());
+        let caller = TraceContext::new(Some(PARENT), Some("vendor=opaque"));
+        let effect = Span::call(caller.as_ref(), "charge", ReplayClass::Compensatable).attempt(1, 3);
+        assert_eq!(
+            effect.headers(),
+            [("traceparent".to_string(), PARENT.to_string()), ("tracestate".to_string(), "vendor=opaque".to_string())]
+        );
+        for malformed in ["00-00000000000000000000000000000000-00f067aa0ba902b7-01", "not a traceparent"] {
+            let caller = TraceContext::new(Some(malformed), None);
+            let span = Span::call(caller.as_ref(), "charge", ReplayClass::Compensatable);
+            assert_eq!(span.attempt(1, 3).headers(), [], "{malformed}");
+        }
+        assert_eq!(Span::call(None, "charge", ReplayClass::Compensatable).attempt(1, 3).headers(), []);
+    }
+
+    /// What the stages pay per call without a tracer and without a caller's context:
+    /// `cargo test -p oncebox-runtime --release telemetry::tests::cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a timing, not a check"]
+    fn cost() {
+        let n = 10_000_000u32;
+        let start = std::time::Instant::now();
+        for attempt in 0..n {
+            let call = Span::call(None, "charge", ReplayClass::Compensatable);
+            let span = std::hint::black_box(&call).attempt(attempt, 3);
+            std::hint::black_box(span.headers());
+            call.called(&Err(CallError::InvalidId { reason: String::new() }));
+        }
+        println!("{:.2} ns per call's spans, off", start.elapsed().as_nanos() as f64 / f64::from(n));
+    }
+}

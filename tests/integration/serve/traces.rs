@@ -301,3 +301,69 @@ async fn without_an_endpoint_nothing_is_exported_and_the_callers_context_still_r
     let status = server.signal_and_wait("TERM", Duration::from_secs(15)).expect("serve exits");
     assert!(status.success(), "serve exited {status:?}");
 }
+
+/// An exporter that drops what it is given: what spans cost the call, not their export.
+#[derive(Debug)]
+struct Discard;
+
+impl opentelemetry_sdk::trace::SpanExporter for Discard {
+    async fn export(&self, _batch: Vec<opentelemetry_sdk::trace::SpanData>) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The median of `n` calls made by `call`, in microseconds.
+async fn median_us<F: std::future::Future<Output = ()>>(n: usize, mut call: impl FnMut(usize) -> F) -> f64 {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = std::time::Instant::now();
+        call(i).await;
+        samples.push(start.elapsed());
+    }
+    samples.sort_unstable();
+    samples[n / 2].as_secs_f64() * 1e6
+}
+
+/// What spans cost a call: the median of a fresh call with one KV effect (a call, an attempt and
+/// an effect span) and of a replay (a call span), with no tracer, then with the SDK's (its batch
+/// processor, an exporter that drops the spans). It installs a tracer for the whole process, so it
+/// runs alone: `integration serve::traces::cost --ignored --nocapture` (a debug build: the
+/// workspace's crates unoptimised, their dependencies at opt-level 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing, not a check; installs a process-wide tracer"]
+async fn cost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = oncebox::Host::builder(dir.path().join("ledger.redb"))
+        .compile_cache(super::support::cache())
+        .build()
+        .await
+        .expect("host");
+    host.load(oncebox_artifacts::PANICKY).await.expect("load");
+    let args = json!({"mode": "ok", "write_first": true, "echo": "bench"}).to_string();
+    let call = |run: &str, step: usize| oncebox::Call::step(run, format!("s{step}"), "panicky", args.clone());
+    let fresh = |run: &'static str| {
+        let (host, call) = (&host, &call);
+        move |i| async move {
+            let outcome = host.call(call(run, i)).await.expect("call");
+            assert!(outcome.is_completed() && !outcome.replayed, "{outcome:?}");
+        }
+    };
+    let replay = |run: &'static str| {
+        let (host, call) = (&host, &call);
+        move |_| async move {
+            let outcome = host.call(call(run, 0)).await.expect("call");
+            assert!(outcome.replayed, "{outcome:?}");
+        }
+    };
+    let n = 1000;
+    median_us(200, fresh("warm")).await;
+    let off = (median_us(n, fresh("off")).await, median_us(n, replay("off")).await);
+    assert!(!oncebox::telemetry::enabled());
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().with_batch_exporter(Discard).build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    oncebox::telemetry::install(opentelemetry::global::tracer("oncebox"));
+    let on = (median_us(n, fresh("on")).await, median_us(n, replay("on")).await);
+    let _ = provider.shutdown();
+    println!("fresh call with a KV effect: {:.1} us off, {:.1} us on", off.0, on.0);
+    println!("replay: {:.1} us off, {:.1} us on", off.1, on.1);
+}
