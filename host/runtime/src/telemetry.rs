@@ -3,7 +3,7 @@
 //! call came with one, and an effect sends its own context downstream in `traceparent` beside its
 //! `Idempotency-Key`, so that agent -> oncebox -> provider is one trace.
 //!
-//! A [`Span`] rides on the call's existing state (`Prepared`, an attempt's `Scope`), never as an
+//! A `Span` rides on the call's existing state (`Prepared`, an attempt's `Scope`), never as an
 //! argument threaded through the stages. Where the spans go is the embedder's choice
 //! ([`install`]; the `oncebox` binary exports over OTLP when the `OTEL_EXPORTER_OTLP_*`
 //! variables say where): with none installed a span is nothing, and what the pipeline pays is a
