@@ -302,6 +302,51 @@ async fn without_an_endpoint_nothing_is_exported_and_the_callers_context_still_r
     assert!(status.success(), "serve exited {status:?}");
 }
 
+/// `oncebox call` takes the caller's context from `TRACEPARENT`, and sends its spans as it exits:
+/// its batch would wait 5 s, the process is gone long before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oncebox_call_joins_the_trace_in_traceparent_and_sends_its_spans_before_it_exits() {
+    let (otlp, receiver) = receiver().await;
+    let provider = Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let base = provider.base_url();
+    let (config, grant) = (format!("base_url={base}"), format!("http={base}"));
+    let addr = provider.addr().to_string();
+    let args = args("o-cli").to_string();
+    let traceparent = format!("00-{HTTP_TRACE}-{HTTP_PARENT}-01");
+    let cache = super::support::cache();
+    let (code, outcome, stderr) = crate::support::oncebox_with(
+        &[
+            "call",
+            "--ledger",
+            ledger.to_str().expect("utf8"),
+            "--config",
+            &config,
+            "--grant",
+            &grant,
+            "--key-target",
+            &addr,
+            "--run",
+            "r",
+            "--step",
+            "charge-cli",
+            oncebox_artifacts::CHARGE,
+            &args,
+        ],
+        &[
+            ("ONCEBOX_CACHE", cache.to_str().expect("utf8")),
+            ("TRACEPARENT", &traceparent),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &format!("{otlp}/v1/traces")),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(outcome["status"], "completed", "{outcome}");
+    let spans = receiver.spans.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(!spans.is_empty(), "no span received before `oncebox call` exited:\n{stderr}");
+    assert_tree(&spans, &provider.traceparents(), HTTP_TRACE, HTTP_PARENT, "charge-cli");
+}
+
 /// An exporter that drops what it is given: what spans cost the call, not their export.
 #[derive(Debug)]
 struct Discard;
