@@ -212,7 +212,7 @@ impl Span {
                 KeyValue::new(key::EFFECT_KIND, record.kind.clone()),
                 KeyValue::new(key::EFFECT_LABEL, record.label.clone()),
                 KeyValue::new(key::EFFECT_TARGET, record.target.clone()),
-                KeyValue::new(key::SOURCE, source_name(source)),
+                KeyValue::new(key::SOURCE, source.as_str()),
             ]
         })
     }
@@ -221,9 +221,9 @@ impl Span {
     pub(crate) fn effected(&self, record: &EffectRecord) {
         let Some(cx) = self.recording() else { return };
         let span = cx.span();
-        let verdict = format!("{:?}", record.status).to_ascii_lowercase();
+        let verdict = record.status.as_str();
         if record.status.in_doubt() {
-            span.set_status(Status::error(verdict.clone()));
+            span.set_status(Status::error(verdict));
         }
         span.set_attribute(KeyValue::new(key::VERDICT, verdict));
         span.end();
@@ -257,14 +257,6 @@ impl Span {
     /// The context, when its span is one of ours that records.
     fn recording(&self) -> Option<&Context> {
         self.0.as_ref().filter(|cx| TRACER.get().is_some() && cx.span().is_recording())
-    }
-}
-
-fn source_name(source: EffectSource) -> &'static str {
-    match source {
-        EffectSource::Fresh => "fresh",
-        EffectSource::Deduplicated => "deduplicated",
-        EffectSource::Redispatched => "redispatched",
     }
 }
 
