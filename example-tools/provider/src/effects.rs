@@ -47,6 +47,8 @@ pub(crate) async fn handle(provider: &Provider, route: Route, request: Request<I
     provider.store.note_effect_request();
     let authorization = request.headers().get("authorization").and_then(|v| v.to_str().ok()).map(String::from);
     provider.store.note_authorization(authorization);
+    let traceparent = request.headers().get("traceparent").and_then(|v| v.to_str().ok()).map(String::from);
+    provider.store.note_traceparent(traceparent);
     match process(provider, route, request).await {
         Ok(reply) => reply,
         Err(err) => Reply::Send(err.into_response()),

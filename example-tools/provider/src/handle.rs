@@ -106,6 +106,12 @@ impl ProviderHandle {
         self.provider.store.last_authorization()
     }
 
+    /// The `traceparent` header of every effect request received (the latest 1024), in order
+    /// (`None` for one without it): the W3C trace context its client sent.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.provider.store.traceparents()
+    }
+
     /// POST requests received on the effect routes, whatever became of them
     /// (replays, refusals and bad requests included).
     pub fn requests(&self) -> u64 {

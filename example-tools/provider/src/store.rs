@@ -172,6 +172,9 @@ impl State {
     }
 }
 
+/// How many `traceparent` headers the provider keeps (the latest): a long demo stays bounded.
+const MAX_TRACEPARENTS: usize = 1024;
+
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     state: Mutex<State>,
@@ -180,6 +183,9 @@ pub(crate) struct Store {
     /// The `Authorization` header of the latest effect request, so tests can check that the
     /// client's credentials arrived (a real service would verify them instead).
     last_authorization: Mutex<Option<String>>,
+    /// The `traceparent` header of every effect request, in order (`None` where it had none), so
+    /// tests can check that the client's trace context arrived.
+    traceparents: Mutex<Vec<Option<String>>>,
 }
 
 impl Store {
@@ -267,6 +273,18 @@ impl Store {
 
     pub(crate) fn note_authorization(&self, value: Option<String>) {
         *self.last_authorization.lock().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+
+    pub(crate) fn note_traceparent(&self, value: Option<String>) {
+        let mut traceparents = self.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        if traceparents.len() >= MAX_TRACEPARENTS {
+            traceparents.remove(0);
+        }
+        traceparents.push(value);
+    }
+
+    pub(crate) fn traceparents(&self) -> Vec<Option<String>> {
+        self.traceparents.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub(crate) fn last_authorization(&self) -> Option<String> {

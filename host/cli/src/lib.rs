@@ -43,10 +43,11 @@ pub use oncebox_runtime::{Call, CallError, Ledger, LedgerAt, LedgerError};
 pub use oncebox_runtime::{
     DEFAULT_LEASE, DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, Decision, EffectProvider, Error, Grant, Grants, Host,
     HostBuilder, HttpTarget, Limits, LoadError, MAX_COMPONENT_BYTES, Outcome, ProviderOutcome, REDACTED, Reconciler,
-    Reconciliation, Relay, ReplayClass, RetryPolicy, RunReconciliation, Sandbox, Status, ToolManifest, redact, settle,
+    Reconciliation, Relay, ReplayClass, RetryPolicy, RunReconciliation, Sandbox, Status, ToolManifest, TraceContext,
+    install_crypto_provider, redact, settle,
 };
 pub use oncebox_runtime::{
     approvals, capabilities, failure, keys, ledger, limits, notice, notify, outbox, policy, policy_file, reconciler,
-    recovery, retention, retry, saga, seal, secret,
+    recovery, retention, retry, saga, seal, secret, telemetry,
 };
 pub use oncebox_testing as testing;

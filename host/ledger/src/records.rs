@@ -96,6 +96,17 @@ pub enum EffectStatus {
 }
 
 impl EffectStatus {
+    /// The status as its record spells it (and a trace's effect span).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectStatus::Dispatched => "dispatched",
+            EffectStatus::Completed => "completed",
+            EffectStatus::Refused => "refused",
+            EffectStatus::Retryable => "retryable",
+            EffectStatus::Unknown => "unknown",
+        }
+    }
+
     /// It may have taken place, and nobody knows.
     pub fn in_doubt(self) -> bool {
         matches!(self, EffectStatus::Dispatched | EffectStatus::Unknown)
@@ -172,6 +183,17 @@ pub enum EffectSource {
     Deduplicated,
     /// Sent again with the same key after an unknown or retryable outcome.
     Redispatched,
+}
+
+impl EffectSource {
+    /// The source as its record spells it (and a trace's effect span).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectSource::Fresh => "fresh",
+            EffectSource::Deduplicated => "deduplicated",
+            EffectSource::Redispatched => "redispatched",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -496,4 +518,25 @@ pub enum DeliveryAnswer {
     /// It was not acknowledged: `error` says what was seen; `refused` when the endpoint said no
     /// definitively (a 4xx), rather than failing in a way another send may get past.
     NotDelivered { at_ms: u64, error: String, refused: bool },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_effects_status_and_source_are_spelled_as_their_records_spell_them() {
+        for status in [
+            EffectStatus::Dispatched,
+            EffectStatus::Completed,
+            EffectStatus::Refused,
+            EffectStatus::Retryable,
+            EffectStatus::Unknown,
+        ] {
+            assert_eq!(serde_json::to_value(status).ok(), Some(status.as_str().into()));
+        }
+        for source in [EffectSource::Fresh, EffectSource::Deduplicated, EffectSource::Redispatched] {
+            assert_eq!(serde_json::to_value(source).ok(), Some(source.as_str().into()));
+        }
+    }
 }

@@ -17,6 +17,9 @@ pub struct Call {
     /// When another caller is running this step: wait up to this long for its result instead of
     /// returning `in-progress` at once.
     pub wait: Option<std::time::Duration>,
+    /// The caller's W3C trace context: the call's span is its child, and its effects carry the
+    /// trace downstream (`telemetry`).
+    pub trace: Option<crate::TraceContext>,
 }
 
 impl Call {
@@ -33,17 +36,24 @@ impl Call {
             tool: tool.into(),
             args: args.into(),
             wait: None,
+            trace: None,
         }
     }
 
     /// A call outside any run: only read-only tools accept it, and nothing is recorded.
     pub fn unrecorded(tool: impl Into<String>, args: impl Into<String>) -> Self {
-        Call { run_id: None, step_id: None, tool: tool.into(), args: args.into(), wait: None }
+        Call { run_id: None, step_id: None, tool: tool.into(), args: args.into(), wait: None, trace: None }
     }
 
     /// Waits up to `wait` for another caller's result (see [`Call::wait`]).
     pub fn waiting(mut self, wait: std::time::Duration) -> Self {
         self.wait = Some(wait);
+        self
+    }
+
+    /// Runs as a part of the caller's trace (see [`Call::trace`]).
+    pub fn traced(mut self, trace: Option<crate::TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 }
@@ -174,6 +184,8 @@ pub(crate) struct Prepared {
     pub fingerprint: String,
     /// The fingerprints under the ledger's older secrets (see `keys::FingerprintKey`).
     pub older_fingerprints: Vec<String>,
+    /// The call's span: its attempts are its children.
+    pub trace: crate::telemetry::Span,
 }
 
 impl Prepared {

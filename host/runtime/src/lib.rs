@@ -17,7 +17,8 @@
 //! - `effects/`: the guarded path, then one file per kind of effect; `effects::hooks`: where the
 //!   harness (`oncebox-testing`) reaches into the pipeline. `http_client`: the one HTTP client.
 //! - `pipeline/`: the call pipeline as named stages (prepare, admit, attempts); `lease`: the
-//!   owner's lease kept live while it works; `attempt_log`: its tracing events.
+//!   owner's lease kept live while it works; `attempt_log`: its tracing events; `telemetry`: the
+//!   one room its stages report their spans to (OpenTelemetry), and the caller's trace context.
 //! - `approvals`: asking a person, and binding the answer to the params and the component.
 //! - `reconcile`: asking the authority about an unknown outcome, and a person settling one;
 //!   `reconciler`: asking again in the background, with backoff, until the proof arrives.
@@ -51,6 +52,7 @@ pub mod retention;
 mod runtime;
 pub mod saga;
 mod stage;
+pub mod telemetry;
 
 use oncebox_core::redact;
 pub use oncebox_core::{capabilities, clock, failure, keys, limits, notice, policy, policy_file, retry};
@@ -71,6 +73,7 @@ pub use effects::hooks;
 pub use effects::{DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, DIVERGED, EffectProvider, HttpTarget, ProviderOutcome};
 pub use error::{CallError, Error, LedgerError, LoadError};
 pub use host::{DEFAULT_LEASE, Host, HostBuilder};
+pub use http_client::install_crypto_provider;
 pub use ledger::{Ledger, LedgerAt};
 pub use limits::Limits;
 pub use outbox::Relay;
@@ -79,3 +82,4 @@ pub use reconcile::{Reconciliation, RunReconciliation, settle};
 pub use reconciler::Reconciler;
 pub use redact::{REDACTED, redact};
 pub use runtime::{MAX_COMPONENT_BYTES, Origin, ToolManifest};
+pub use telemetry::TraceContext;

@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use oncebox_runtime::TraceContext;
 use oncebox_runtime::approvals::{ApprovalView, Decision};
 use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, OperationStatus, Resolution};
 use serde::Deserialize;
@@ -78,6 +79,12 @@ pub fn wait_of(seconds: Option<f64>) -> Result<Option<Duration>, ApiError> {
         .transpose()
 }
 
+/// The caller's W3C trace context, from its `traceparent` and `tracestate` headers.
+fn trace_of(headers: &HeaderMap) -> Option<TraceContext> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    TraceContext::new(header("traceparent"), header("tracestate"))
+}
+
 async fn call(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -91,6 +98,7 @@ async fn call(
         tool: body.tool,
         args: body.args,
         wait: wait_of(body.wait)?,
+        trace: trace_of(&headers),
     };
     let (outcome, source) = app.call(request).await.map_err(|e| (*e).clone())?;
     let mut response = json_response(StatusCode::OK, &outcome);

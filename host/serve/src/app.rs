@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
-use oncebox_runtime::{Call, Host, Outcome};
+use oncebox_runtime::{Call, Host, Outcome, TraceContext};
 use tokio::sync::Notify;
 
 use super::auth::Auth;
@@ -25,6 +25,10 @@ pub struct CallRequest {
     /// A JSON object.
     pub args: serde_json::Value,
     pub wait: Option<Duration>,
+    /// The caller's W3C trace context (`traceparent`/`tracestate`: HTTP headers, MCP `_meta`).
+    /// Not part of the call's identity: a second request that joins a running call shares its
+    /// answer, and its trace.
+    pub trace: Option<TraceContext>,
 }
 
 type Answer = Result<Outcome, Arc<ApiError>>;
@@ -243,6 +247,7 @@ fn shape(request: CallRequest) -> Result<Call, ApiError> {
         (None, None) => Call::unrecorded(&request.tool, args),
         _ => return Err(ApiError::BadRequest("`run_id` and `step_id` go together".into())),
     };
+    let call = call.traced(request.trace);
     Ok(match request.wait {
         Some(wait) => call.waiting(wait),
         None => call,

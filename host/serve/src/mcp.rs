@@ -5,7 +5,8 @@
 //! Identity: a call's run and step come only from the request's `_meta` (`oncebox/run-id`,
 //! `oncebox/step-id`), which the orchestrator sets and the model never sees; `run_id` or
 //! `step_id` inside the arguments are arguments like any other. A write-class tool called without
-//! them is answered with a tool error that says how to set them.
+//! them is answered with a tool error that says how to set them. A caller's trace context comes
+//! in `_meta` too (`traceparent`, `tracestate`), as MCP's SEP-414 has it.
 //!
 //! Results: `structuredContent` is the outcome exactly as the HTTP API answers it, the content
 //! repeats it as JSON text (after an explanation, where there is one), and the result's `_meta`
@@ -21,7 +22,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use oncebox_runtime::{Outcome, ReplayClass, Status, ToolManifest};
+use oncebox_runtime::{Outcome, ReplayClass, Status, ToolManifest, TraceContext};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
     MetaObject, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
@@ -235,7 +236,8 @@ impl ServerHandler for Oncebox {
             return Ok(error_text(step_identity_missing(&tool)).into());
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let call = CallRequest { run_id: run_id.clone(), step_id, tool: tool.clone(), args, wait: None };
+        let trace = trace_of(meta);
+        let call = CallRequest { run_id: run_id.clone(), step_id, tool: tool.clone(), args, wait: None, trace };
         let result = match self.app.call(call).await {
             Ok((outcome, source)) => result_of(&self.app, &tool, run_id.as_deref(), &outcome, source),
             Err(refused) => return refusal(&tool, &refused).map(Into::into),
@@ -262,6 +264,13 @@ fn refusal(tool: &str, refused: &ApiError) -> Result<CallToolResult, ErrorData> 
         }
         other => Ok(error_text(other.to_string())),
     }
+}
+
+/// The caller's W3C trace context, from the request's `_meta` (`traceparent`, `tracestate`: the
+/// convention of MCP's SEP-414). One that is not a string is ignored, as a malformed header is.
+fn trace_of(meta: &JsonObject) -> Option<TraceContext> {
+    let text = |key: &str| meta.get(key).and_then(Value::as_str);
+    TraceContext::new(text("traceparent"), text("tracestate"))
 }
 
 /// The run and step of a call, from the request's `_meta`: both or neither, each a non-empty string.

@@ -43,6 +43,14 @@ pub fn document() -> Value {
         errors
     };
     let path_param = |name: &str, description: &str| json!({ "name": name, "in": "path", "required": true, "description": description, "schema": { "type": "string" } });
+    let header = |name: &str, description: &str| json!({ "name": name, "in": "header", "required": false, "description": description, "schema": { "type": "string" } });
+    let trace = [
+        header(
+            "traceparent",
+            "The caller's W3C trace context: the call's span is its child, and each HTTP effect sends its own context downstream (docs/operating.md, Traces).",
+        ),
+        header("tracestate", "The W3C tracestate that goes with `traceparent`."),
+    ];
     let object = json!({ "type": "object" });
     let key = path_param("key", "The operation key.");
     let run_id = path_param("run_id", "The run id.");
@@ -58,6 +66,7 @@ pub fn document() -> Value {
             "/v1/calls": { "post": {
                 "operationId": "call",
                 "summary": "Call a tool for one step of a run (or, for a read-only tool, outside any run).",
+                "parameters": trace,
                 "requestBody": body("CallRequest"),
                 "responses": ok("The outcome, the same JSON object `oncebox call` prints. A failed tool is an outcome, not an error.",
                     json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "413", "415", "503"]))

@@ -16,3 +16,4 @@ mod orchestrator;
 mod reconciler;
 mod sealed;
 mod shared;
+mod traces;

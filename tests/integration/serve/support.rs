@@ -127,6 +127,15 @@ impl Setup {
     /// Like [`Setup::serve_with`], logging at `log` (`ONCEBOX_LOG`), started through `wrapper`
     /// (`["prlimit", "--nofile=1024:4096", "--"]`, say) when it is not empty.
     pub fn serve_as(&self, extra: &[&str], log: &str, wrapper: &[&str]) -> Server {
+        self.spawn(extra, log, wrapper, &[])
+    }
+
+    /// `oncebox serve` on loopback with `env` set too (`OTEL_EXPORTER_OTLP_ENDPOINT`, say).
+    pub fn serve_env(&self, env: &[(&str, &str)]) -> Server {
+        self.spawn(&[], "info", &[], env)
+    }
+
+    fn spawn(&self, extra: &[&str], log: &str, wrapper: &[&str], env: &[(&str, &str)]) -> Server {
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
@@ -144,6 +153,7 @@ impl Setup {
             .env("ONCEBOX_CACHE", cache())
             .env("ONCEBOX_LOG", log)
             .env("ONCEBOX_KEY_FILE", self.dir.path().join("hosts.key"))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("serve.log")).expect("log file")));
         let mut child = command.spawn().expect("start oncebox serve");

@@ -130,5 +130,8 @@ pub async fn open(args: Args) -> anyhow::Result<(Host, Call)> {
         (None, None) => Call::unrecorded(&manifest.name, json),
         _ => return Err(Usage("--run and --step go together".into()).into()),
     };
-    Ok((host, call))
+    // A script's trace context, as OpenTelemetry carries it in a child process's environment.
+    let env = |name: &str| std::env::var(name).ok();
+    let trace = oncebox::TraceContext::new(env("TRACEPARENT").as_deref(), env("TRACESTATE").as_deref());
+    Ok((host, call.traced(trace)))
 }

@@ -18,6 +18,7 @@ mod reconcile;
 mod resolve;
 mod saga;
 mod serve;
+pub mod telemetry;
 mod test;
 
 use std::path::PathBuf;

@@ -14,6 +14,7 @@
 use crate::keys;
 use crate::ledger::{AttemptEffect, EffectRecord, EffectSource, EffectStatus};
 use crate::runtime::bindings::ToolError;
+use crate::telemetry::Span;
 
 use super::hooks::{Point, Site};
 use super::{EffectCtx, InDoubt, Scope};
@@ -23,8 +24,9 @@ pub enum Begin {
     /// Answered from the ledger: here is the recorded response.
     Replay(String),
     /// Written ahead; perform it now with `record.key` as the idempotency key. `was_in_doubt`:
-    /// this is a resend of an effect an earlier send may have committed.
-    Dispatch { record: Box<EffectRecord>, source: EffectSource, was_in_doubt: bool },
+    /// this is a resend of an effect an earlier send may have committed. `span`: the effect's,
+    /// whose context goes downstream with it.
+    Dispatch { record: Box<EffectRecord>, source: EffectSource, was_in_doubt: bool, span: Span },
 }
 
 /// How a dispatched effect ended.
@@ -113,7 +115,7 @@ impl EffectCtx {
                 )));
             }
             Some(recorded) if recorded.status.answered() => {
-                self.note(&recorded, EffectSource::Deduplicated);
+                self.note(&recorded, EffectSource::Deduplicated, None);
                 // The guest gets the answer exactly as it came, a sensitive value it echoed included.
                 let response = recorded.response.as_deref().unwrap_or_default();
                 let exact = crate::seal::exact(
@@ -134,7 +136,7 @@ impl EffectCtx {
                 if recorded.status.in_doubt() && !self.shared.resendable(&recorded, scope.redispatch_in_doubt, now) =>
             {
                 self.in_doubt.push(InDoubt { key: recorded.key.clone(), resendable: false });
-                self.note(&recorded, EffectSource::Deduplicated);
+                self.note(&recorded, EffectSource::Deduplicated, None);
                 return Err(ToolError::UnknownOutcome(format!(
                     "effect `{}` ({key}) may have taken place and cannot safely be sent again; reconcile it",
                     request.label
@@ -170,6 +172,7 @@ impl EffectCtx {
             ),
         };
         self.shared.reached(|| site(&record, Point::BeforeWriteAhead)).await;
+        let span = scope.trace.sent(&record, source);
         let resendable = self.shared.resendable(&record, scope.redispatch_in_doubt, now);
         // In doubt from before the write-ahead is submitted until its answer is recorded: if this
         // future is dropped (the attempt deadline, a cancelled call) at any await from here on, the
@@ -214,7 +217,7 @@ impl EffectCtx {
             return Err(error);
         }
         self.shared.reached(|| site(&record, Point::AfterWriteAhead)).await;
-        Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt })
+        Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt, span })
     }
 
     /// Refuses a new effect key for a request an earlier attempt already made under another key
@@ -259,6 +262,7 @@ impl EffectCtx {
         mut record: Box<EffectRecord>,
         source: EffectSource,
         was_in_doubt: bool,
+        span: Span,
         outcome: Dispatched,
     ) -> Result<String, ToolError> {
         let journal = self.scope()?.journal.clone();
@@ -332,7 +336,7 @@ impl EffectCtx {
             for doubt in self.in_doubt.iter_mut().filter(|d| d.key == record.key) {
                 doubt.resendable = false;
             }
-            self.note(&record, source);
+            self.note(&record, source, Some(span));
             return Err(ToolError::UnknownOutcome(format!(
                 "effect {} was sent but its answer could not be recorded: {e}",
                 record.key
@@ -344,12 +348,20 @@ impl EffectCtx {
         if !record.status.in_doubt() {
             self.in_doubt.retain(|d| d.key != record.key);
         }
-        self.note(&record, source);
+        self.note(&record, source, Some(span));
         self.shared.reached(|| site(&record, Point::AfterAnswer)).await;
         result
     }
 
-    pub(super) fn note(&mut self, record: &EffectRecord, source: EffectSource) {
+    /// Counts `record` among the attempt's effects, and ends its span: `span`, the one started
+    /// when it was sent, or one made now for an effect not sent.
+    pub(super) fn note(&mut self, record: &EffectRecord, source: EffectSource, span: Option<Span>) {
+        let span = match (span, &self.scope) {
+            (Some(span), _) => span,
+            (None, Some(scope)) => scope.trace.effect(record, source),
+            (None, None) => Span::default(),
+        };
+        span.effected(record);
         self.effects.push(AttemptEffect {
             key: record.key.clone(),
             label: record.label.clone(),

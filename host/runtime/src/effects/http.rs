@@ -24,8 +24,9 @@ pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Response headers the ledger never keeps.
 const SECRET_HEADERS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "set-cookie"];
 
-/// Headers a tool may not set: the host owns routing, framing and the key.
-const RESERVED_HEADERS: [&str; 5] = ["host", "idempotency-key", "content-length", "transfer-encoding", "connection"];
+/// Headers a tool may not set: the host owns routing, framing, the key and the trace context.
+const RESERVED_HEADERS: [&str; 7] =
+    ["host", "idempotency-key", "traceparent", "tracestate", "content-length", "transfer-encoding", "connection"];
 
 /// An HTTP answer as the ledger keeps it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -286,9 +287,9 @@ impl EffectCtx {
             &[request.method.to_ascii_uppercase().as_bytes(), request.url.as_bytes(), &request.body],
         );
         let begin = self.begin(Request { kind: "http", label: &label, target: &target, fingerprint }).await?;
-        let (record, source, was_in_doubt) = match begin {
+        let (record, source, was_in_doubt, span) = match begin {
             Begin::Replay(json) => return decode(&json),
-            Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
+            Begin::Dispatch { record, source, was_in_doubt, span } => (record, source, was_in_doubt, span),
         };
         tracing::debug!(effect_key = %record.key, %target, %label, ?source, "dispatching http effect");
         let outcome = match &self.shared.hooks {
@@ -301,11 +302,16 @@ impl EffectCtx {
                 judge(hooks.http(site, outgoing).await, &target)
             }
             None => {
-                let prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
+                let mut prepared = prepared.header("idempotency-key", record.key.as_str()).body(request.body);
+                // The effect's trace context goes with its key (`telemetry`): the downstream's
+                // spans are the effect span's children.
+                for (name, value) in span.headers() {
+                    prepared = prepared.header(name, value);
+                }
                 perform(prepared, &target).await
             }
         };
-        let json = self.finish(record, source, was_in_doubt, outcome).await?;
+        let json = self.finish(record, source, was_in_doubt, span, outcome).await?;
         decode(&json)
     }
 }

@@ -72,12 +72,12 @@ impl EffectCtx {
                     }
                 }
                 self.advance(&record.label);
-                self.note(&record, EffectSource::Fresh);
+                self.note(&record, EffectSource::Fresh, None);
                 self.staged.push((record, write));
             }
             LocalOutcome::AlreadyApplied => {
                 self.advance(&record.label);
-                self.note(&record, EffectSource::Deduplicated);
+                self.note(&record, EffectSource::Deduplicated, None);
             }
             LocalOutcome::Diverged(recorded) => {
                 return Err(ToolError::Permanent(format!(

@@ -133,6 +133,8 @@ pub struct Scope {
     /// echoes one is recorded masked, with its exact text sealed for the guest's replays
     /// (`seal::keep`). Empty for a tool whose manifest marks nothing sensitive: no work then.
     pub secrets: Arc<[String]>,
+    /// The attempt's span: the effects' spans are its children.
+    pub(crate) trace: crate::telemetry::Span,
 }
 
 /// One invocation's view: its tool's sandbox, its operation, its config, and what its effects did.

@@ -55,12 +55,12 @@ impl EffectCtx {
         let fingerprint = self.shared.keying.effect_fingerprint("provider", &[name.as_bytes(), request.as_bytes()]);
         let kind = format!("provider:{name}");
         let begin = self.begin(Request { kind: &kind, label: &label, target: &name, fingerprint }).await?;
-        let (record, source, was_in_doubt) = match begin {
+        let (record, source, was_in_doubt, span) = match begin {
             Begin::Replay(json) => return Ok(json),
-            Begin::Dispatch { record, source, was_in_doubt } => (record, source, was_in_doubt),
+            Begin::Dispatch { record, source, was_in_doubt, span } => (record, source, was_in_doubt, span),
         };
         if let Some(late) = super::guard::late(&record, self.shared.ledger.now_ms(), self.shared.send_by) {
-            return self.finish(record, source, was_in_doubt, late).await;
+            return self.finish(record, source, was_in_doubt, span, late).await;
         }
         let outcome = match provider.call(&record.key, &request).await {
             ProviderOutcome::Committed(json) => Dispatched::Committed(json),
@@ -68,6 +68,6 @@ impl EffectCtx {
             ProviderOutcome::Transient(m) => Dispatched::Retryable(ToolError::Transient(m)),
             ProviderOutcome::Unknown(m) => Dispatched::Unknown(m),
         };
-        self.finish(record, source, was_in_doubt, outcome).await
+        self.finish(record, source, was_in_doubt, span, outcome).await
     }
 }

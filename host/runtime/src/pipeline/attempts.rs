@@ -24,7 +24,7 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
     let (tool, policy) = (&entry.tool, &entry.policy);
     let name = tool.manifest.name.as_str();
     let class = tool.manifest.class;
-    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, .. } = prepared;
+    let Prepared { args, canonical_args: canonical, run_id, step_id, operation_key, trace, .. } = prepared;
     let secrets = sensitive_values(&args, &tool.manifest.sensitive);
     let shared_secrets: std::sync::Arc<[String]> = secrets.clone().into();
     let Owned { fence, previous_attempts, claimed_at } = owned;
@@ -40,7 +40,9 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
         let started = Instant::now();
         // A fresh claim's first attempt: nothing of the operation exists but what it writes.
         let first = fence == 1 && attempt == 1 && reruns == 0;
+        let span = trace.attempt(attempt, policy.max_attempts);
         let scope = Scope {
+            trace: span.clone(),
             journal: host.shared.ledger.journal(&operation_key, fence),
             redispatch_in_doubt: policy.redispatch_in_doubt,
             first,
@@ -106,6 +108,7 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
         };
         record.downstream_accepted = attempt_log::downstream_accepted(&record);
         attempt_log::emit(&record);
+        span.attempted(&record);
         // The attempt, its staged local effects, and the operation's final state when this was the
         // last one, in one commit.
         let finish = match next {

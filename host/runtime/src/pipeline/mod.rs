@@ -20,6 +20,7 @@ use crate::error::CallError;
 use crate::keys;
 use crate::redact::sensitive_values;
 use crate::stage::{Entry, Stage};
+use crate::telemetry::Span;
 use admit::Admitted;
 pub(crate) use prepare::prepare;
 
@@ -36,6 +37,20 @@ pub(crate) async fn execute_keyed(
     call: Call,
     operation_key: Option<String>,
 ) -> Result<Outcome, CallError> {
+    let span = Span::call(call.trace.as_ref(), &entry.tool.manifest.name, entry.tool.manifest.class);
+    let result = stages(host, entry, call, operation_key, &span).await;
+    span.called(&result);
+    result
+}
+
+/// The stages, in order, under the call's span.
+async fn stages(
+    host: &Stage,
+    entry: &Entry,
+    call: Call,
+    operation_key: Option<String>,
+    span: &Span,
+) -> Result<Outcome, CallError> {
     let tool = &entry.tool;
     if call.run_id.is_none() && call.step_id.is_none() && !tool.manifest.class.writes() {
         let args = prepare::validate(tool, &call.args)?;
@@ -47,6 +62,8 @@ pub(crate) async fn execute_keyed(
     if let Some(key) = operation_key {
         prepared.operation_key = key;
     }
+    span.keyed(&prepared);
+    prepared.trace = span.clone();
     let owned = match admit::admit(host, entry, &prepared, wait).await? {
         Admitted::Run(owned) => owned,
         Admitted::Answered(outcome) => return Ok(outcome),

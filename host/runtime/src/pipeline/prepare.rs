@@ -27,6 +27,7 @@ pub(crate) fn prepare(host: &Stage, tool: &LoadedTool, call: Call) -> Result<Pre
         args,
         run_id,
         step_id,
+        trace: Default::default(),
     })
 }
 
