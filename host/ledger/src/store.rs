@@ -19,6 +19,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// An operation's final state, its output (JSON) and its error, recorded with its last attempt.
 pub type Finish = (OperationStatus, Option<String>, Option<ErrorRecord>);
 
+/// What keeps each open run open, by run id ([`Store::open_runs`]); a closed run is absent.
+pub type OpenRuns = Result<std::collections::BTreeMap<String, Vec<crate::Open>>, LedgerError>;
+
 /// A KV key's committed value and version.
 pub type KvEntry = (Vec<u8>, u64);
 
@@ -268,6 +271,15 @@ pub trait Store: Send + Sync + 'static {
         approvals: &'a [StaleApproval],
     ) -> BoxFuture<'a, Result<Removed, LedgerError>>;
 
+    /// What keeps each run (or `run`) open at `now_ms`, by the one rule
+    /// ([`run_state::open_reasons`](crate::run_state::open_reasons)); a closed run is absent. A
+    /// store that keeps an index of open work (redb's table, PostgreSQL's partial indexes) reads
+    /// it: O(open), whatever the history. This default reads every record ([`scan_open_runs`]),
+    /// O(history): the reference model's, and the oracle the conformance suite compares with.
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
+        Box::pin(scan_open_runs(self, run, now_ms))
+    }
+
     /// Whether other hosts may use this store at the same time (a database), rather than one
     /// process owning it (a file).
     fn is_shared(&self) -> bool {
@@ -347,4 +359,14 @@ pub trait Store: Send + Sync + 'static {
         let _ = (name, owner);
         Box::pin(async { Ok(()) })
     }
+}
+
+/// What keeps each run (or `run`) open, computed from every record the store holds (or the run's):
+/// the claims in flight are read before the operations, so that a claim recorded in between is
+/// read as the operation it became, never missed by both reads. O(history) for all runs.
+pub async fn scan_open_runs<S: Store + ?Sized>(store: &S, run: Option<&str>, now_ms: u64) -> OpenRuns {
+    let in_flight = store.in_flight(run).await?;
+    let operations = store.operations(run).await?;
+    let approvals = store.approvals(run).await?;
+    Ok(crate::run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
 }

@@ -39,6 +39,7 @@ mod group;
 mod grouped;
 mod jobs;
 mod name;
+mod open;
 mod options;
 mod pipeline;
 mod riding;
@@ -444,6 +445,10 @@ impl Store for PostgresStore {
 
     fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, crate::OpenRuns> {
+        Box::pin(open::open_runs(self, run, now_ms))
     }
 
     fn is_shared(&self) -> bool {

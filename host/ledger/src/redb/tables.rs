@@ -29,6 +29,11 @@ pub const APPROVALS: TableDefinition<&str, &[u8]> = TableDefinition::new("approv
 /// Written with the message, removed when its delivery is recorded, so that the relay reads a
 /// topic's head without scanning every message ever sent.
 pub const OUTBOX_PENDING: TableDefinition<(&str, u64), ()> = TableDefinition::new("outbox_pending");
+/// (run id, operation key) -> (): the index of open work. Every operation or request for approval
+/// that the one rule (`run_state::open_reasons`) names as keeping its run open, kept in the
+/// transaction of each state change (`open_index.rs`), so that what runs in the background or
+/// draws a view reads what is open, never every operation ever recorded.
+pub const OPEN: TableDefinition<(&str, &str), ()> = TableDefinition::new("open");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -37,8 +42,11 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// 3: KV values carry their version (`KV`); a schema 2 ledger is migrated at open.
 /// 4: outbox messages carry their delivery, and the undelivered ones are indexed by topic
 /// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
-pub const SCHEMA_VERSION: u64 = 4;
+/// 5: the index of open work (`OPEN`); an older ledger is indexed at open, once.
+pub const SCHEMA_VERSION: u64 = 5;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
+/// The highest fence a durable operation holds (`open::keep_fence`).
+pub const HIGHEST_FENCE_KEY: &str = "highest_fence";
 
 /// The key of an operation's own record.
 pub fn operation_id(key: &str) -> (&str, u8, &str) {
