@@ -180,6 +180,12 @@ impl Ledger {
         self.store.open_runs(run, now_ms).await
     }
 
+    /// One page of run ids in key order after `after` (the cursor: the last id of the previous
+    /// page), at most `limit` ([`Store::runs_page`]).
+    pub async fn runs_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
+        self.store.runs_page(after, limit).await
+    }
+
     /// [`Ledger::open_runs`] computed from every record instead of the store's index
     /// ([`crate::scan_open_runs`]): O(history). For checks: the conformance suite holds every
     /// backend's index to it.

@@ -280,6 +280,23 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(scan_open_runs(self, run, now_ms))
     }
 
+    /// One page of the runs the ledger knows (by their operations, or their requests for approval
+    /// no operation answers yet), in key order (byte order of the run id): at most `limit`, each
+    /// after `after` (the last run id of the previous page, the cursor). A store with a run index
+    /// reads O(page) runs (redb's `run_steps` and open index, PostgreSQL's run indexes); this
+    /// default reads every record, O(history): the reference model's.
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(async move {
+            let mut runs: Vec<String> = self.operations(None).await?.into_iter().map(|op| op.run_id).collect();
+            runs.extend(self.approvals(None).await?.into_iter().map(|a| a.run_id));
+            Ok(page_of(runs, after, limit))
+        })
+    }
+
     /// Whether other hosts may use this store at the same time (a database), rather than one
     /// process owning it (a file).
     fn is_shared(&self) -> bool {
@@ -369,4 +386,13 @@ pub async fn scan_open_runs<S: Store + ?Sized>(store: &S, run: Option<&str>, now
     let operations = store.operations(run).await?;
     let approvals = store.approvals(run).await?;
     Ok(crate::run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
+}
+
+/// The page of `runs` (any order, repeats allowed) after `after`, at most `limit`, in key order.
+pub fn page_of(mut runs: Vec<String>, after: Option<&str>, limit: usize) -> Vec<String> {
+    runs.retain(|run| after.is_none_or(|after| run.as_str() > after));
+    runs.sort();
+    runs.dedup();
+    runs.truncate(limit);
+    runs
 }

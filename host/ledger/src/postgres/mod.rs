@@ -447,6 +447,14 @@ impl Store for PostgresStore {
         self.commits.load(Ordering::Relaxed)
     }
 
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(open::runs_page(self, after, limit))
+    }
+
     fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, crate::OpenRuns> {
         Box::pin(open::open_runs(self, run, now_ms))
     }

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::PostgresStore;
+use super::db::column;
 use crate::{ApprovalRecord, OpenRuns, OperationRecord, run_state};
 
 /// The runs that may be open (see the module's doc), each through its index. The step prefix is
@@ -19,12 +20,28 @@ const CANDIDATES: &str = "SELECT run_id FROM oncebox_operations WHERE status IN 
      UNION SELECT a.run_id FROM oncebox_approvals a \
        WHERE NOT EXISTS (SELECT 1 FROM oncebox_operations o WHERE o.key = a.operation_key)";
 
+/// One page of run ids after `after` (`""`: from the first), in key order: through the run indexes
+/// of operations and of requests, each stopping after `limit`. O(page).
+pub(super) async fn runs_page(
+    store: &PostgresStore,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, crate::LedgerError> {
+    const PAGE: &str = "(SELECT DISTINCT run_id FROM oncebox_operations WHERE run_id > $1 ORDER BY run_id LIMIT $2) \
+         UNION (SELECT DISTINCT run_id FROM oncebox_approvals WHERE run_id > $1 ORDER BY run_id LIMIT $2) \
+         ORDER BY run_id LIMIT $2";
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = store.read(PAGE, &[&after.unwrap_or(""), &limit]).await?;
+    rows.iter().map(|row| column::<String>(row, 0, "oncebox_operations")).collect()
+}
+
 pub(super) async fn open_runs(store: &PostgresStore, run: Option<&str>, now_ms: u64) -> OpenRuns {
     if let Some(run) = run {
         // One run: its own records, through the run's index.
         return crate::scan_open_runs(store, Some(run), now_ms).await;
     }
-    let runs: Vec<String> = store.read(CANDIDATES, &[]).await?.iter().map(|row| row.get::<_, String>(0)).collect();
+    let rows = store.read(CANDIDATES, &[]).await?;
+    let runs = rows.iter().map(|row| column::<String>(row, 0, "oncebox_operations")).collect::<Result<Vec<_>, _>>()?;
     if runs.is_empty() {
         return Ok(BTreeMap::new());
     }

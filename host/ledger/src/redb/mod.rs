@@ -644,6 +644,14 @@ impl Store for RedbStore {
         RedbStore::commits(self)
     }
 
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(async move { open_index::runs_page(&self.db, after, limit) })
+    }
+
     fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
         Box::pin(async move { open_index::open_runs(&self.db, RedbStore::in_flight(self, run)?, run, now_ms) })
     }

@@ -89,6 +89,43 @@ pub(super) fn open_runs(
     Ok(out)
 }
 
+/// One page of run ids after `after`, in key order, at most `limit`: from the run index (every run
+/// with an operation) and the open index (a run whose only record is a request for approval is
+/// open). O(limit x steps of a run).
+pub(super) fn runs_page(db: &redb::Database, after: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
+    use redb::ReadableDatabase;
+    let txn = db.begin_read()?;
+    let (steps, open) = (txn.open_table(RUN_STEPS)?, txn.open_table(OPEN)?);
+    // Every run id above `after` starts at or after `after` followed by the smallest char.
+    let start = after.map(|after| format!("{after}\0")).unwrap_or_default();
+    let mut runs: Vec<String> = Vec::new();
+    for entry in steps.range((start.as_str(), "", "")..)? {
+        let (step, _) = entry?;
+        let run = step.value().0;
+        if runs.last().is_some_and(|last| last == run) {
+            continue;
+        }
+        if runs.len() == limit {
+            break;
+        }
+        runs.push(run.to_string());
+    }
+    let mut asked: Vec<String> = Vec::new();
+    for entry in open.range((start.as_str(), "")..)? {
+        let (key, _) = entry?;
+        let run = key.value().0;
+        if asked.last().is_some_and(|last| last == run) {
+            continue;
+        }
+        if asked.len() == limit {
+            break;
+        }
+        asked.push(run.to_string());
+    }
+    runs.extend(asked);
+    Ok(crate::page_of(runs, after, limit))
+}
+
 /// The operation keys the index holds (of operations and of requests), every run's.
 pub(super) fn all_keys(txn: &WriteTransaction) -> Result<Vec<String>, LedgerError> {
     let mut keys = Vec::new();
