@@ -190,6 +190,18 @@ async fn same_as_the_scan(ledger: &Ledger, now: u64) -> Result<(), String> {
     if indexed != scanned {
         return Err(format!("the index says {indexed:?}\nthe scan says {scanned:?}"));
     }
+    // What retention visits: the operations that ended, oldest first, whichever index keeps them.
+    let key_of = |op: &oncebox::ledger::OperationRecord| (op.updated_ms, op.key.clone());
+    let mut ended: Vec<_> = ledger.operations(None).await.map_err(|e| e.to_string())?.iter().map(key_of).collect();
+    let all = ledger.operations(None).await.map_err(|e| e.to_string())?;
+    ended.retain(|(_, key)| {
+        all.iter().any(|op| &op.key == key && matches!(op.status, OperationStatus::Completed | OperationStatus::Failed))
+    });
+    ended.sort();
+    let indexed: Vec<_> = ledger.ended_before(u64::MAX).await.map_err(|e| e.to_string())?.iter().map(key_of).collect();
+    if indexed != ended {
+        return Err(format!("ended: the index says {indexed:?}\nthe scan says {ended:?}"));
+    }
     for run in 0..RUNS {
         let run = format!("r{run}");
         let indexed = ledger.open_runs(Some(&run), now).await.map_err(|e| e.to_string())?;

@@ -180,6 +180,11 @@ impl Ledger {
         self.store.open_runs(run, now_ms).await
     }
 
+    /// See [`Store::ended_before`].
+    pub async fn ended_before(&self, cutoff_ms: u64) -> Result<Vec<OperationRecord>, LedgerError> {
+        self.store.ended_before(cutoff_ms).await
+    }
+
     /// One page of run ids in key order after `after` (the cursor: the last id of the previous
     /// page), at most `limit` ([`Store::runs_page`]).
     pub async fn runs_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {

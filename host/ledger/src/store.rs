@@ -280,6 +280,19 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(scan_open_runs(self, run, now_ms))
     }
 
+    /// The completed and failed operations last written before `cutoff_ms`, oldest first: what
+    /// retention may remove (if their run is closed). redb keeps an index of them (`ended`), so
+    /// gc visits O(expired); this default reads every operation, O(history): the reference
+    /// model's, and PostgreSQL's for now.
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move {
+            let mut ops: Vec<OperationRecord> = self.operations(None).await?;
+            ops.retain(|op| crate::expirable(op).is_ok() && op.updated_ms < cutoff_ms);
+            ops.sort_by(|a, b| (a.updated_ms, &a.key).cmp(&(b.updated_ms, &b.key)));
+            Ok(ops)
+        })
+    }
+
     /// One page of the runs the ledger knows (by their operations, or their requests for approval
     /// no operation answers yet), in key order (byte order of the run id): at most `limit`, each
     /// after `after` (the last run id of the previous page, the cursor). A store with a run index

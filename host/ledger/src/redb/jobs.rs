@@ -429,6 +429,7 @@ pub(super) fn expire(
             records.remove((key, kind, id.as_str()))?;
         }
         records.remove(operation_id(key))?;
+        txn.open_table(ENDED)?.remove((op.updated_ms, key))?;
         steps.remove((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()))?;
         approval_table.remove(key)?;
         touched.push((op.run_id.clone(), key.to_string()));

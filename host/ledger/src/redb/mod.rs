@@ -644,6 +644,10 @@ impl Store for RedbStore {
         RedbStore::commits(self)
     }
 
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move { open_index::ended_before(&self.db, cutoff_ms) })
+    }
+
     fn runs_page<'a>(
         &'a self,
         after: Option<&'a str>,

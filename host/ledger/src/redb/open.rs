@@ -55,6 +55,7 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(APPROVALS)?;
         txn.open_table(OUTBOX_PENDING)?;
         txn.open_table(OPEN)?;
+        txn.open_table(ENDED)?;
     }
     txn.commit()?;
     Ok(())

@@ -33,6 +33,10 @@ pub(super) fn reindex(txn: &WriteTransaction, run: &str, touched: &[&str]) -> Re
         keys.extend(run_keys(&steps, run)?);
     }
     let (ops, asked) = records_of(&records, &approvals, &keys)?;
+    let mut ended = txn.open_table(ENDED)?;
+    for op in ops.iter().filter(|op| crate::expirable(op).is_ok()) {
+        ended.insert((op.updated_ms, op.key.as_str()), ())?;
+    }
     let now_open = run_state::open_keys(&ops, &asked);
     for key in &keys {
         if now_open.contains(key) {
@@ -126,6 +130,21 @@ pub(super) fn runs_page(db: &redb::Database, after: Option<&str>, limit: usize) 
     Ok(crate::page_of(runs, after, limit))
 }
 
+/// The completed and failed operations last written before `cutoff_ms`, oldest first: O(expired).
+pub(super) fn ended_before(db: &redb::Database, cutoff_ms: u64) -> Result<Vec<OperationRecord>, LedgerError> {
+    use redb::ReadableDatabase;
+    let txn = db.begin_read()?;
+    let (ended, records) = (txn.open_table(ENDED)?, txn.open_table(RECORDS)?);
+    let mut ops = Vec::new();
+    for entry in ended.range(..(cutoff_ms, ""))? {
+        let (key, _) = entry?;
+        if let Some(op) = get::<_, OperationRecord>(&records, operation_id(key.value().1))? {
+            ops.push(op);
+        }
+    }
+    Ok(ops)
+}
+
 /// The operation keys the index holds (of operations and of requests), every run's.
 pub(super) fn all_keys(txn: &WriteTransaction) -> Result<Vec<String>, LedgerError> {
     let mut keys = Vec::new();
@@ -155,6 +174,10 @@ pub(super) fn build(txn: &WriteTransaction) -> Result<(usize, u64), LedgerError>
     }
     let read = ops.len() + asked.len();
     let highest_fence = ops.iter().map(|op| op.fence).max().unwrap_or(0);
+    let mut ended = txn.open_table(ENDED)?;
+    for op in ops.iter().filter(|op| crate::expirable(op).is_ok()) {
+        ended.insert((op.updated_ms, op.key.as_str()), ())?;
+    }
     let mut open = txn.open_table(OPEN)?;
     for (run, reasons) in run_state::open_runs(&ops, &[], &asked, 0) {
         for reason in reasons {

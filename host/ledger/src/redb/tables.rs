@@ -34,6 +34,10 @@ pub const OUTBOX_PENDING: TableDefinition<(&str, u64), ()> = TableDefinition::ne
 /// transaction of each state change (`open_index.rs`), so that what runs in the background or
 /// draws a view reads what is open, never every operation ever recorded.
 pub const OPEN: TableDefinition<(&str, &str), ()> = TableDefinition::new("open");
+/// (last written, operation key) -> (): the completed and failed operations, oldest first, so that
+/// retention visits what expired and nothing else. Written with the open index (an operation
+/// that ended is written no more), removed with the operation.
+pub const ENDED: TableDefinition<(u64, &str), ()> = TableDefinition::new("ended");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -42,7 +46,8 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// 3: KV values carry their version (`KV`); a schema 2 ledger is migrated at open.
 /// 4: outbox messages carry their delivery, and the undelivered ones are indexed by topic
 /// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
-/// 5: the index of open work (`OPEN`); an older ledger is indexed at open, once.
+/// 5: the index of open work (`OPEN`) and of ended operations (`ENDED`); an older ledger is
+/// indexed at open, once.
 pub const SCHEMA_VERSION: u64 = 5;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 /// The highest fence a durable operation holds (`open::keep_fence`).
