@@ -273,9 +273,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// What keeps each run (or `run`) open at `now_ms`, by the one rule
     /// ([`run_state::open_reasons`](crate::run_state::open_reasons)); a closed run is absent. A
-    /// store that keeps an index of open work (redb's table, PostgreSQL's partial indexes) reads
-    /// it: O(open), whatever the history. This default reads every record ([`scan_open_runs`]),
-    /// O(history): the reference model's, and the oracle the conformance suite compares with.
+    /// store that keeps an index of open work (redb's table) reads it: O(open), whatever the
+    /// history. This default reads every record ([`scan_open_runs`]), O(history): the reference
+    /// model's, the oracle the conformance suite compares with, and PostgreSQL's for now.
     fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
         Box::pin(scan_open_runs(self, run, now_ms))
     }

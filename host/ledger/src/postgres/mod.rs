@@ -455,10 +455,6 @@ impl Store for PostgresStore {
         Box::pin(open::runs_page(self, after, limit))
     }
 
-    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, crate::OpenRuns> {
-        Box::pin(open::open_runs(self, run, now_ms))
-    }
-
     fn is_shared(&self) -> bool {
         true
     }

@@ -129,27 +129,7 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// has it too, and a host that does not know it ignores it.
 async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
     leases(tx).await?;
-    claim_tokens(tx).await?;
-    open_indexes(tx).await
-}
-
-/// The partial indexes that find the open work (`open.rs`): PostgreSQL keeps them in the
-/// transaction of every write, and they hold only claimed or unknown operations and compensations,
-/// so what is open is found without reading the completed history. Made on a database made
-/// before them too, once (a build reads the table once; later connects find them there).
-pub(super) const OPEN_INDEXES: &str = "\
-CREATE INDEX IF NOT EXISTS oncebox_operations_open ON oncebox_operations (run_id) \
-    WHERE status IN ('claimed', 'unknown'); \
-CREATE INDEX IF NOT EXISTS oncebox_operations_compensation ON oncebox_operations (run_id) \
-    WHERE step_id LIKE 'compensate/%';";
-
-async fn open_indexes(tx: &Tx<'_>) -> Result<(), LedgerError> {
-    let there = "SELECT 1 WHERE to_regclass('oncebox_operations_compensation') IS NOT NULL";
-    if tx.opt(there, &[]).await?.is_some() {
-        return Ok(());
-    }
-    tracing::info!(store = tx.store, "building the ledger's indexes of open work, once");
-    tx.tx.batch_execute(OPEN_INDEXES).await.map_err(|e| super::db::failed(tx.store, "CREATE INDEX ...", &e))
+    claim_tokens(tx).await
 }
 
 /// Half of each page of `oncebox_operations` kept free when rows are inserted: every operation is
