@@ -8,6 +8,7 @@
 
 mod alternatives;
 mod baselines;
+mod growth;
 mod host_runs;
 mod languages;
 mod peers;
@@ -36,10 +37,14 @@ struct Args {
     quick: bool,
     /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64,
     /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us, pg_fresh_http_us or pg_throughput_64,
-    /// or `languages`), for a profiler:
+    /// or `languages`, or `growth`: the costs that should follow open work, at two sizes of
+    /// history, `--growth SMALL,LARGE`), for a profiler:
     /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
     only: Option<String>,
+    /// `--only growth`: the two numbers of completed operations to compare.
+    #[arg(long, value_name = "SMALL,LARGE", default_value = "10000,1000000", value_delimiter = ',')]
+    growth: Vec<usize>,
     /// Skip the tools in Python and JavaScript (their toolchains come from PyPI and npm).
     #[arg(long)]
     no_languages: bool,
@@ -75,6 +80,10 @@ async fn main() -> anyhow::Result<()> {
         let results = languages::measure(&dir, fast / 10).await?;
         report::print_languages(&results);
         return Ok(());
+    }
+    if args.only.as_deref() == Some("growth") {
+        let [small, large] = args.growth[..] else { anyhow::bail!("--growth SMALL,LARGE: two numbers") };
+        return growth::run(&dir, small, large, args.quick).await;
     }
     if args.peers {
         let results = peers::run(&args.dir, &dir, &cache, args.quick).await?;

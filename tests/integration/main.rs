@@ -20,6 +20,7 @@ mod languages;
 mod ledger_model;
 mod loading;
 mod multihost;
+mod open_index;
 mod outbox;
 mod pg;
 mod reconciler;

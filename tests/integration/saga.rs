@@ -409,9 +409,12 @@ async fn an_operator_sees_the_exact_params_with_reveal_approves_them_and_the_shi
     assert_eq!(again["replayed"], true);
     assert_eq!(provider.counts("o-1").fulfillments, 1);
 
-    // Nothing left to decide: recover says so, and gc (with a zero retention) removes the shipment,
-    // after which the step is refused as expired, not shipped again.
+    // Nothing left to decide: recover says so (the whole ledger's report lists the open runs, of
+    // which there is none; the run asked by name shows its steps), and gc (with a zero retention)
+    // removes the shipment, after which the step is refused as expired, not shipped again.
     let (code, recovered, _) = crate::support::oncebox(&["recover", "--ledger", ledger_arg]);
+    assert_eq!((code, &recovered["runs"]), (0, &serde_json::json!({})), "{recovered}");
+    let (code, recovered, _) = crate::support::oncebox(&["recover", "--ledger", ledger_arg, "--run", "r"]);
     assert_eq!((code, recovered["runs"]["r"]["completed"][0]["tool"].as_str()), (0, Some("fulfill")), "{recovered}");
     std::thread::sleep(Duration::from_millis(5));
     let (code, gc, _) = crate::support::oncebox(&["ledger", "gc", "--ledger", ledger_arg, "--older-than", "0s"]);

@@ -8,7 +8,7 @@ use crate::redb::RedbStore;
 use crate::{
     ApprovalRecord, AttemptRecord, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish, KvEntry,
     Latency, LatencySnapshot, LedgerError, LocalOutcome, LocalWrite, Open, OperationRecord, OutboxMessage,
-    ReconcileNote, Removed, Resolution, Settlement, Staged, StaleApproval, Store, Tombstone, run_state,
+    ReconcileNote, Removed, Resolution, Settlement, Staged, StaleApproval, Store, Tombstone,
 };
 
 /// The host's handle on its ledger: cheap to clone, over any [`Store`].
@@ -171,17 +171,57 @@ impl Ledger {
     }
 
     /// What keeps each run (or `run`) open at `now_ms`, by the one rule ([`run_state`]); a closed
-    /// run is absent. The claims in flight are read before the operations: a claim recorded in
-    /// between is then read as the operation it became, never missed by both reads.
+    /// run is absent. Read from the store's index of open work ([`Store::open_runs`]): O(open).
     pub async fn open_runs(
         &self,
         run: Option<&str>,
         now_ms: u64,
     ) -> Result<std::collections::BTreeMap<String, Vec<Open>>, LedgerError> {
-        let in_flight = self.in_flight(run).await?;
-        let operations = self.operations(run).await?;
-        let approvals = self.approvals(run).await?;
-        Ok(run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
+        self.store.open_runs(run, now_ms).await
+    }
+
+    /// See [`Store::ended_before`].
+    pub async fn ended_before(&self, cutoff_ms: u64) -> Result<Vec<OperationRecord>, LedgerError> {
+        self.store.ended_before(cutoff_ms).await
+    }
+
+    /// One page of run ids in key order after `after` (the cursor: the last id of the previous
+    /// page), at most `limit` ([`Store::runs_page`]).
+    pub async fn runs_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
+        self.store.runs_page(after, limit).await
+    }
+
+    /// [`Ledger::open_runs`] computed from every record instead of the store's index
+    /// ([`crate::scan_open_runs`]): O(history). For checks: the conformance suite holds every
+    /// backend's index to it.
+    pub async fn open_runs_scanned(
+        &self,
+        run: Option<&str>,
+        now_ms: u64,
+    ) -> Result<std::collections::BTreeMap<String, Vec<Open>>, LedgerError> {
+        crate::scan_open_runs(&*self.store, run, now_ms).await
+    }
+
+    /// The operations (recorded, not in flight) that are open at `now_ms` with `why` (e.g.
+    /// unknown), in key order: read from the index, O(open).
+    pub async fn open_operations(
+        &self,
+        now_ms: u64,
+        why: impl Fn(&crate::Why) -> bool,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let mut keys: Vec<String> = Vec::new();
+        for reasons in self.open_runs(None, now_ms).await?.into_values() {
+            keys.extend(reasons.into_iter().filter(|open| why(&open.why)).map(|open| open.operation_key));
+        }
+        keys.sort();
+        keys.dedup();
+        let mut ops = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(op) = self.operation(&key).await? {
+                ops.push(op);
+            }
+        }
+        Ok(ops)
     }
 
     pub async fn effect(&self, operation_key: &str, effect_key: &str) -> Result<Option<EffectRecord>, LedgerError> {

@@ -147,6 +147,23 @@ pub fn open_reasons(
     open
 }
 
+/// The keys (of operations, and of requests for approval without one) that keep their run open:
+/// the keys [`open_reasons`] names. Which steps keep a run open never depends on the time (only
+/// how they do: in flight or abandoned, approved or expired), so an index of these keys kept with
+/// each state change stays right as time passes. And only compensation ties one record's
+/// openness to the run's others: in a run with no compensation operation, each operation (with
+/// the request for approval of its key) is open or not on its own, so an index need look at the
+/// records a change touched, and at the whole run only once compensation started
+/// ([`ties_the_run`]).
+pub fn open_keys(operations: &[OperationRecord], approvals: &[ApprovalRecord]) -> BTreeSet<String> {
+    open_reasons(operations, &[], approvals, 0).into_iter().map(|open| open.operation_key).collect()
+}
+
+/// Whether a run whose operations include `op` must be judged whole (see [`open_keys`]).
+pub fn ties_the_run(op: &OperationRecord) -> bool {
+    is_compensation(op)
+}
+
 /// [`open_reasons`] for every run the records name, each run's own records given to it: the runs
 /// that are open, with their reasons (a closed run is absent). The records are sorted into their
 /// runs in one pass, so this grows with the records (times the log of the runs), not with runs
@@ -345,6 +362,36 @@ mod tests {
             assert_eq!(json["reason"], why.as_str(), "{json}");
             assert_eq!(json["step_id"], "s", "{json}");
         }
+    }
+
+    #[test]
+    fn which_keys_are_open_does_not_depend_on_the_time_and_without_compensation_each_record_alone_decides() {
+        let claimed = op("c", "c", OperationStatus::Claimed, ReplayClass::Compensatable, 100);
+        let unknown = op("u", "u", OperationStatus::Unknown, ReplayClass::Compensatable, 0);
+        let ops = [charged("a"), claimed, unknown, op("f", "f", OperationStatus::Failed, ReplayClass::ReadOnly, 0)];
+        let asked = [
+            request("p", ApprovalState::Pending, None),
+            request("e", ApprovalState::Approved, Some(5)),
+            request("x", ApprovalState::Rejected, None),
+            request("a", ApprovalState::Approved, None),
+        ];
+        for now in [0, 50, 100, 1_000] {
+            let at: BTreeSet<String> =
+                open_reasons(&ops, &[], &asked, now).into_iter().map(|o| o.operation_key).collect();
+            assert_eq!(at, open_keys(&ops, &asked), "at {now}");
+        }
+        let mut alone = BTreeSet::new();
+        for key in ["a", "c", "u", "f", "p", "e", "x"] {
+            let op: Vec<_> = ops.iter().filter(|op| op.key == key).cloned().collect();
+            let request: Vec<_> = asked.iter().filter(|a| a.operation_key == key).cloned().collect();
+            alone.extend(open_keys(&op, &request));
+        }
+        assert_eq!(alone, open_keys(&ops, &asked));
+        assert_eq!(alone.into_iter().collect::<Vec<_>>(), ["c", "e", "p", "u"]);
+        // Once compensation started, a completed step's openness is its run's.
+        let undo = undoing(&ops[0], OperationStatus::Claimed);
+        assert!(ties_the_run(&undo) && !ties_the_run(&ops[0]));
+        assert!(open_keys(&[ops[0].clone(), undo], &[]).contains("a"));
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// An operation's final state, its output (JSON) and its error, recorded with its last attempt.
 pub type Finish = (OperationStatus, Option<String>, Option<ErrorRecord>);
 
+/// What keeps each open run open, by run id ([`Store::open_runs`]); a closed run is absent.
+pub type OpenRuns = Result<std::collections::BTreeMap<String, Vec<crate::Open>>, LedgerError>;
+
 /// A KV key's committed value and version.
 pub type KvEntry = (Vec<u8>, u64);
 
@@ -268,6 +271,45 @@ pub trait Store: Send + Sync + 'static {
         approvals: &'a [StaleApproval],
     ) -> BoxFuture<'a, Result<Removed, LedgerError>>;
 
+    /// What keeps each run (or `run`) open at `now_ms`, by the one rule
+    /// ([`run_state::open_reasons`](crate::run_state::open_reasons)); a closed run is absent. A
+    /// store that keeps an index of open work (redb's table) reads it: O(open), whatever the
+    /// history. This default reads every record ([`scan_open_runs`]), O(history): the reference
+    /// model's, the oracle the conformance suite compares with, and PostgreSQL's for now.
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
+        Box::pin(scan_open_runs(self, run, now_ms))
+    }
+
+    /// The completed and failed operations last written before `cutoff_ms`, oldest first: what
+    /// retention may remove (if their run is closed). redb keeps an index of them (`ended`), so
+    /// gc visits O(expired); this default reads every operation, O(history): the reference
+    /// model's, and PostgreSQL's for now.
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move {
+            let mut ops: Vec<OperationRecord> = self.operations(None).await?;
+            ops.retain(|op| crate::expirable(op).is_ok() && op.updated_ms < cutoff_ms);
+            ops.sort_by(|a, b| (a.updated_ms, &a.key).cmp(&(b.updated_ms, &b.key)));
+            Ok(ops)
+        })
+    }
+
+    /// One page of the runs the ledger knows (by their operations, or their requests for approval
+    /// no operation answers yet), in key order (byte order of the run id): at most `limit`, each
+    /// after `after` (the last run id of the previous page, the cursor). A store with a run index
+    /// reads O(page) runs (redb's `run_steps` and open index, PostgreSQL's run indexes); this
+    /// default reads every record, O(history): the reference model's.
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(async move {
+            let mut runs: Vec<String> = self.operations(None).await?.into_iter().map(|op| op.run_id).collect();
+            runs.extend(self.approvals(None).await?.into_iter().map(|a| a.run_id));
+            Ok(page_of(runs, after, limit))
+        })
+    }
+
     /// Whether other hosts may use this store at the same time (a database), rather than one
     /// process owning it (a file).
     fn is_shared(&self) -> bool {
@@ -359,4 +401,23 @@ pub trait Store: Send + Sync + 'static {
         let _ = (name, owner);
         Box::pin(async { Ok(()) })
     }
+}
+
+/// What keeps each run (or `run`) open, computed from every record the store holds (or the run's):
+/// the claims in flight are read before the operations, so that a claim recorded in between is
+/// read as the operation it became, never missed by both reads. O(history) for all runs.
+pub async fn scan_open_runs<S: Store + ?Sized>(store: &S, run: Option<&str>, now_ms: u64) -> OpenRuns {
+    let in_flight = store.in_flight(run).await?;
+    let operations = store.operations(run).await?;
+    let approvals = store.approvals(run).await?;
+    Ok(crate::run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
+}
+
+/// The page of `runs` (any order, repeats allowed) after `after`, at most `limit`, in key order.
+pub fn page_of(mut runs: Vec<String>, after: Option<&str>, limit: usize) -> Vec<String> {
+    runs.retain(|run| after.is_none_or(|after| run.as_str() > after));
+    runs.sort();
+    runs.dedup();
+    runs.truncate(limit);
+    runs
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::clock::millis;
 use crate::error::{CallError, LedgerError};
 use crate::host::Host;
-use crate::ledger::{OperationStatus, ReconcileNote};
+use crate::ledger::{OperationStatus, ReconcileNote, Why};
 use crate::reconcile::Reconciliation;
 
 pub use oncebox_core::reconcile_schedule::{MAX_SCHEDULED, MAX_TRIES_PER_PASS, MIN_GAP, Schedule, Settings, next_try};
@@ -202,8 +202,8 @@ impl Reconciler {
     }
 
     /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule,
-    /// and tells a person (`[notify]`) of every unknown one, whatever its tool, left unsettled for
-    /// `unknown_after`.
+    /// from the ledger's index of open work, O(open), whatever the history; and tells a person
+    /// (`[notify]`) of every unknown one, whatever its tool, left unsettled for `unknown_after`.
     async fn refresh(&mut self) -> Result<(), LedgerError> {
         let now = self.host.ledger().now_ms();
         // Marked read even when it fails, so that a failing ledger is read again after `every`,
@@ -212,7 +212,7 @@ impl Reconciler {
         let all_unknown: Vec<_> = self
             .host
             .ledger()
-            .operations(None)
+            .open_operations(now, |why| *why == Why::Unknown)
             .await?
             .into_iter()
             .filter(|op| op.status == OperationStatus::Unknown)

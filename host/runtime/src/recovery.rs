@@ -63,12 +63,24 @@ fn recovered(step_id: &str, tool: &str, operation_key: &str) -> RecoveredStep {
     }
 }
 
-/// The state of every run (or one) after the ledger was opened, i.e. recovered. What is open, and
-/// so what a person must decide, is the ledger's rule's to say; this sorts it and says how.
+/// The state of every open run (or of `run`, open or not) after the ledger was opened, i.e.
+/// recovered. What is open, and so what a person must decide, is the ledger's rule's to say; this
+/// sorts it and says how. The whole ledger's report visits the open runs only, read from the
+/// index of open work: O(open runs x their steps), never the completed history (a closed run has
+/// nothing to recover; ask for it by `run` to see it).
 pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<String, RunRecovery>, LedgerError> {
     let path = ledger.path().display().to_string();
     let open = ledger.open_runs(run, ledger.now_ms()).await?;
-    let ops = ledger.operations(run).await?;
+    let ops = match run {
+        Some(run) => ledger.operations(Some(run)).await?,
+        None => {
+            let mut ops = Vec::new();
+            for run in open.keys() {
+                ops.extend(ledger.operations(Some(run)).await?);
+            }
+            ops
+        }
+    };
     let mut runs: BTreeMap<String, RunRecovery> = BTreeMap::new();
     for op in &ops {
         let entry = runs.entry(op.run_id.clone()).or_default();

@@ -26,7 +26,7 @@ use crate::call::{Outcome, Status};
 use crate::clock::rfc3339 as time;
 use crate::ledger::{
     ApprovalRecord, ApprovalState, Ledger, LedgerError, Open, OperationRecord, OperationStatus, StaleApproval,
-    Tombstone, Why,
+    Tombstone, Why, expirable,
 };
 
 /// How long records are kept by default.
@@ -56,22 +56,39 @@ pub(crate) fn expired(tombstone: &Tombstone) -> Outcome {
     Outcome::stopped(&tombstone.operation_key, Status::Expired, "expired", message)
 }
 
-/// Removes what expired before `now_ms - retention` (see the module's docs).
+/// Removes what expired before `now_ms - retention` (see the module's docs). Visits the operations
+/// that ended before the cutoff (the ledger's index of them: O(expired) on redb) and the open ones
+/// (the index of open work: O(open)), never the whole history of operations; requests for
+/// approval are still read whole (O(requests), fewer than operations: only tools that need
+/// approval make them).
 pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcReport, LedgerError> {
     let cutoff = now_ms.saturating_sub(retention.as_millis() as u64);
     // What keeps each run open, by the ledger's one rule (claims in flight included), read before
     // the records gc removes from, so that a step claimed before this look keeps its run.
     let open = ledger.open_runs(None, now_ms).await?;
-    let operations = ledger.operations(None).await?;
+    // The expired candidates: those that ended before the cutoff, and the open ones as old (kept,
+    // and said why).
+    let mut operations = ledger.ended_before(cutoff).await?;
+    for key in open.values().flatten().map(|o| &o.operation_key).collect::<BTreeSet<_>>() {
+        if let Some(op) = ledger.operation(key).await?
+            && expirable(&op).is_err()
+            && op.updated_ms < cutoff
+        {
+            operations.push(op);
+        }
+    }
     let approvals = ledger.approvals(None).await?;
     let mut report = GcReport::default();
-    let with_operation: BTreeSet<&str> = operations.iter().map(|op| op.key.as_str()).collect();
     // Requests without an operation that this gc removes: rejected ones (with a tombstone), and
     // pending or approved ones that lapsed (see the module's docs).
-    let (rejected, lapsed): (Vec<&ApprovalRecord>, Vec<&ApprovalRecord>) = approvals
-        .iter()
-        .filter(|a| !with_operation.contains(a.operation_key.as_str()) && last_written(a) < cutoff)
-        .partition(|a| a.state == ApprovalState::Rejected);
+    let mut without_operation = Vec::new();
+    for approval in approvals.iter().filter(|a| last_written(a) < cutoff) {
+        if ledger.operation(&approval.operation_key).await?.is_none() {
+            without_operation.push(approval);
+        }
+    }
+    let (rejected, lapsed): (Vec<&ApprovalRecord>, Vec<&ApprovalRecord>) =
+        without_operation.into_iter().partition(|a| a.state == ApprovalState::Rejected);
     let lapsing: BTreeSet<&str> = lapsed.iter().map(|a| a.operation_key.as_str()).collect();
     // An open run keeps every record: a saga may still need them (its compensation cannot start
     // yet, and would find nothing to undo if the completed steps were gone). A request this gc

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use oncebox_runtime::TraceContext;
 use oncebox_runtime::approvals::{ApprovalView, Decision};
-use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, OperationStatus, Resolution};
+use oncebox_runtime::ledger::{ApprovalRecord, ApprovalState, Resolution, Why};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -33,6 +33,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/v1/tools", get(tools))
         .route("/v1/operations/{key}", get(operation))
         .route("/v1/operations/{key}/resolve", post(resolve))
+        .route("/v1/runs", get(runs))
         .route("/v1/runs/{run_id}", get(run))
         .route("/v1/runs/{run_id}/reconcile", post(reconcile))
         .route("/v1/runs/{run_id}/compensate", post(compensate))
@@ -146,6 +147,27 @@ async fn operation(
     ))
 }
 
+/// One page of runs in key order (`?limit=&after=`, `next` the cursor of the following page, null
+/// on the last): O(page), whatever the history (`page.rs`).
+async fn runs(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    query: Result<Query<crate::page::PageQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    app.auth.may_call(&headers)?;
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    query.checked_limit().map_err(ApiError::BadRequest)?;
+    let (runs, next) = crate::console::runs::summaries_page(&app, &query, false).await?;
+    let runs: Vec<Value> = runs
+        .iter()
+        .map(|run| {
+            json!({ "run_id": run.run_id, "steps": run.steps, "statuses": run.statuses,
+                    "awaiting_approval": run.awaiting_approval, "last_ms": run.last_ms })
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &json!({ "runs": runs, "next": next })))
+}
+
 async fn run(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -196,7 +218,11 @@ struct ApprovalsQuery {
 /// sensitive values unsealed (they decide about exactly those); anyone else sees them masked.
 pub async fn approval_views(app: &App, run: Option<&str>, pending: bool, exact: bool) -> Result<Vec<Value>, ApiError> {
     let mut views = Vec::new();
-    for record in app.host.ledger().approvals(run).await? {
+    let records = match (pending, run) {
+        (true, None) => open_requests(app).await?,
+        _ => app.host.ledger().approvals(run).await?,
+    };
+    for record in records {
         let view = approval_view(app, &record, exact).await?;
         if pending && (view["used"] == true || record.state != ApprovalState::Pending) {
             continue;
@@ -204,6 +230,23 @@ pub async fn approval_views(app: &App, run: Option<&str>, pending: bool, exact: 
         views.push(view);
     }
     Ok(views)
+}
+
+/// The requests for approval no operation answers yet, every run's, in key order: read from the
+/// index of open work (such a request keeps its run open, by the one rule), O(open). A pending
+/// one is among them; `approval_views` keeps those.
+async fn open_requests(app: &App) -> Result<Vec<ApprovalRecord>, ApiError> {
+    let ledger = app.host.ledger();
+    let mut records = Vec::new();
+    for open in ledger.open_runs(None, ledger.now_ms()).await?.into_values().flatten() {
+        if let Why::AwaitingApproval { .. } = open.why
+            && let Some(record) = ledger.approval(&open.operation_key).await?
+        {
+            records.push(record);
+        }
+    }
+    records.sort_by(|a, b| a.operation_key.cmp(&b.operation_key));
+    Ok(records)
 }
 
 /// One request for approval as the API and the console show it (see [`approval_views`]).
@@ -421,7 +464,9 @@ async fn healthz(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// What is outstanding, read from the ledger.
 pub async fn outstanding(app: &App) -> Result<Outstanding, ApiError> {
     let ledger = app.host.ledger();
-    let unknown = ledger.operations(None).await?.iter().filter(|op| op.status == OperationStatus::Unknown).count();
+    // O(open): the index of open work, never every operation (`Store::open_runs`).
+    let open = ledger.open_runs(None, ledger.now_ms()).await?;
+    let unknown = open.values().flatten().filter(|open| open.why == Why::Unknown).count();
     let approvals_pending = approval_views(app, None, true, false).await?.len();
     Ok(Outstanding { unknown: unknown as u64, approvals_pending: approvals_pending as u64 })
 }

@@ -23,6 +23,7 @@ mod listen;
 mod mcp;
 mod metrics;
 mod openapi;
+mod page;
 mod reconciling;
 mod reload;
 mod sessions;

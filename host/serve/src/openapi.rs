@@ -100,6 +100,15 @@ pub fn document() -> Value {
                 "parameters": [run_id],
                 "responses": ok("The saga's report.", object.clone(), refusals(&["401"]))
             }},
+            "/v1/runs": { "get": {
+                "operationId": "runs",
+                "summary": "The runs the ledger knows, one page at a time, in key order (the run ids' byte order): at most `limit` (default 50, at most 500) after the cursor `after` (the `next` of the previous page, opaque; absent for the first). `next` is null on the last page.",
+                "parameters": [
+                    { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 500 } },
+                    { "name": "after", "in": "query", "required": false, "schema": { "type": "string" } }
+                ],
+                "responses": ok("A page of runs and the next page's cursor.", object.clone(), refusals(&["400", "401"]))
+            }},
             "/v1/approvals": { "get": {
                 "operationId": "approvals", "summary": "Requests for approval.",
                 "parameters": [

@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use oncebox_runtime::Host;
+use oncebox_runtime::ledger::Why;
 
 /// How often the directory is looked at.
 pub const SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -229,9 +230,14 @@ impl Loaded {
 /// attempt must run the component that began it. A new version may label its effects
 /// differently, derive other keys, and send anew what the old one may already have sent. The
 /// file is tried again at the next change (touch it once they are reconciled).
+/// O(open): read from the ledger's index of open work.
 async fn in_doubt(host: &Host, tool: &str) -> Option<String> {
     use oncebox_runtime::ledger::OperationStatus;
-    let operations = match host.ledger().operations(None).await {
+    let now = host.ledger().now_ms();
+    let open = host
+        .ledger()
+        .open_operations(now, |why| matches!(why, Why::Unknown | Why::InFlight { .. } | Why::Abandoned { .. }));
+    let operations = match open.await {
         Ok(operations) => operations,
         Err(e) => {
             return Some(format!(

@@ -39,6 +39,7 @@ mod group;
 mod grouped;
 mod jobs;
 mod name;
+mod open;
 mod options;
 mod pipeline;
 mod riding;
@@ -444,6 +445,14 @@ impl Store for PostgresStore {
 
     fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(open::runs_page(self, after, limit))
     }
 
     fn is_shared(&self) -> bool {

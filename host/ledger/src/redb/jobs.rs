@@ -5,6 +5,8 @@
 use crate::ReconcileNote;
 use redb::{ReadableTable, Table, WriteTransaction};
 
+use super::open::keep_fence;
+use super::open_index::reindex;
 use super::tables::*;
 use super::{
     Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError, Live, LocalWrite, OperationRecord,
@@ -26,7 +28,10 @@ pub(super) fn claim(txn: &WriteTransaction, req: &ClaimRequest, fence: u64) -> R
     let mut op = take_over(existing, req, fence);
     op.status = OperationStatus::Claimed;
     put(&mut records, operation_id(&req.key), &op)?;
+    drop(records);
     index_step(txn, &op)?;
+    reindex(txn, &op.run_id, &[&req.key])?;
+    keep_fence(txn, op.fence)?;
     Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
 }
 
@@ -58,6 +63,9 @@ pub(super) fn reopen(
     op.status = OperationStatus::Claimed;
     op.error = None;
     put(&mut records, operation_id(&req.key), &op)?;
+    drop(records);
+    reindex(txn, &op.run_id, &[&req.key])?;
+    keep_fence(txn, op.fence)?;
     Ok(Claim::Owned { fence: op.fence, previous_attempts: op.attempts })
 }
 
@@ -175,6 +183,7 @@ pub(super) fn record_attempt(
     // Decided; from here on only writes.
     op.attempts = op.attempts.max(number);
     op.updated_ms = now_ms;
+    let changes = first_write || finish.is_some();
     if let Some((status, output, error)) = finish {
         op.status = status;
         op.output = output;
@@ -187,6 +196,11 @@ pub(super) fn record_attempt(
     }
     apply_local(txn, &mut records, key, fresh)?;
     records.insert((key, ATTEMPT, attempt_id(number).as_str()), attempt)?;
+    if changes {
+        drop(records);
+        reindex(txn, &op.run_id, &[key])?;
+        keep_fence(txn, op.fence)?;
+    }
     Ok(())
 }
 
@@ -222,6 +236,11 @@ pub(super) fn put_effect(
     }
     apply_local(txn, &mut records, key, fresh)?;
     records.insert((key, EFFECT, effect_key), effect)?;
+    if first_write {
+        drop(records);
+        reindex(txn, &op.run_id, &[key])?;
+        keep_fence(txn, op.fence)?;
+    }
     Ok(())
 }
 
@@ -341,6 +360,8 @@ pub(super) fn resolve(
         put(&mut records, (operation_key, EFFECT, effect.key.as_str()), &effect)?;
     }
     put(&mut records, operation_id(operation_key), &op)?;
+    drop(records);
+    reindex(txn, &op.run_id, &[operation_key])?;
     Ok(op)
 }
 
@@ -354,7 +375,9 @@ pub(super) fn put_approval(txn: &WriteTransaction, record: &ApprovalRecord) -> R
     let mut approvals = txn.open_table(APPROVALS)?;
     let stored: Option<ApprovalRecord> = get(&approvals, record.operation_key.as_str())?;
     approval_follows(stored.as_ref(), record)?;
-    put(&mut approvals, record.operation_key.as_str(), record)
+    put(&mut approvals, record.operation_key.as_str(), record)?;
+    drop(approvals);
+    reindex(txn, &record.run_id, &[key])
 }
 
 /// Removes expired operations with every record of theirs, leaving their tombstones, and the
@@ -387,8 +410,12 @@ pub(super) fn expire(
     }
     // Decided; from here on only writes.
     let mut steps = txn.open_table(RUN_STEPS)?;
+    let mut touched: Vec<(String, String)> = Vec::new();
     for key in &lapsed {
-        approval_table.remove(*key)?;
+        if let Some(request) = approval_table.remove(*key)? {
+            let request: ApprovalRecord = super::decode("approvals", key, request.value())?;
+            touched.push((request.run_id, key.to_string()));
+        }
     }
     for op in &found {
         let key = op.key.as_str();
@@ -402,11 +429,18 @@ pub(super) fn expire(
             records.remove((key, kind, id.as_str()))?;
         }
         records.remove(operation_id(key))?;
+        txn.open_table(ENDED)?.remove((op.updated_ms, key))?;
         steps.remove((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()))?;
         approval_table.remove(key)?;
+        touched.push((op.run_id.clone(), key.to_string()));
     }
     for tombstone in tombstones {
         put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
+    }
+    drop((records, approval_table, steps));
+    // O(expired): each removed key's run is reindexed for that key (and its open ones).
+    for (run, key) in &touched {
+        reindex(txn, run, &[key])?;
     }
     Ok(Removed { operations: found.len(), approvals: lapsed.len() })
 }

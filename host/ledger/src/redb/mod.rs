@@ -21,6 +21,7 @@
 
 mod jobs;
 mod open;
+mod open_index;
 mod outbox;
 mod tables;
 mod writer;
@@ -40,8 +41,8 @@ use super::take_over;
 use super::{ApprovalRecord, Removed, StaleApproval, Tombstone};
 use super::{
     AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
-    LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
-    answer_may_ride, verdict,
+    LedgerError, LocalWrite, OpenRuns, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged,
+    Store, answer_may_ride, verdict,
 };
 use jobs::{
     claim, encode_staged, expire, note_reconcile, put_approval, put_effect, record_attempt, renew, reopen, resolve,
@@ -641,6 +642,22 @@ impl Store for RedbStore {
 
     fn commits(&self) -> u64 {
         RedbStore::commits(self)
+    }
+
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(async move { open_index::ended_before(&self.db, cutoff_ms) })
+    }
+
+    fn runs_page<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(async move { open_index::runs_page(&self.db, after, limit) })
+    }
+
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
+        Box::pin(async move { open_index::open_runs(&self.db, RedbStore::in_flight(self, run)?, run, now_ms) })
     }
 
     // Outbox delivery (`outbox.rs`).

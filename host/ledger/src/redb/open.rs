@@ -6,7 +6,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable};
 
 use super::tables::*;
-use super::{EffectStatus, ErrorRecord, LedgerError, OperationRecord, OperationStatus, decode, effects_of, put};
+use super::{EffectStatus, ErrorRecord, LedgerError, OperationRecord, OperationStatus, effects_of, put};
 
 /// Creates the tables and checks the schema version. Runs before the writer starts.
 pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
@@ -19,14 +19,23 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
             Some(SCHEMA_VERSION) => {}
-            Some(2) => {
-                migrate_kv_versions(&txn)?;
-                super::outbox::migrate_pending(&txn)?;
+            Some(older @ 2..=4) => {
+                if older == 2 {
+                    migrate_kv_versions(&txn)?;
+                }
+                if older <= 3 {
+                    super::outbox::migrate_pending(&txn)?;
+                }
+                let (read, highest_fence) = super::open_index::build(&txn)?;
+                meta.insert(HIGHEST_FENCE_KEY, highest_fence)?;
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
-            }
-            Some(3) => {
-                super::outbox::migrate_pending(&txn)?;
-                meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+                tracing::info!(
+                    ledger = %path.display(),
+                    from = older,
+                    to = SCHEMA_VERSION,
+                    records = read,
+                    "built the ledger's index of open work, once: from now on what is open is read from it"
+                );
             }
             Some(other) => {
                 return Err(LedgerError::Corrupt {
@@ -45,6 +54,8 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         // Added to schema 3 without a change of layout: a file without it gets it here.
         txn.open_table(APPROVALS)?;
         txn.open_table(OUTBOX_PENDING)?;
+        txn.open_table(OPEN)?;
+        txn.open_table(ENDED)?;
     }
     txn.commit()?;
     Ok(())
@@ -66,22 +77,35 @@ fn migrate_kv_versions(txn: &redb::WriteTransaction) -> Result<(), LedgerError> 
     Ok(())
 }
 
+/// Keeps the highest fence a durable operation holds in `META`, so that opening the ledger finds
+/// it without reading every operation. New operations hold fence 1, drawn from no counter; a
+/// job that writes an operation with a drawn fence (a take-over, a reopen, the first write of a
+/// claim taken over in memory) keeps it here, in its transaction.
+pub(super) fn keep_fence(txn: &redb::WriteTransaction, fence: u64) -> Result<(), LedgerError> {
+    if fence <= 1 {
+        return Ok(());
+    }
+    let mut meta = txn.open_table(META)?;
+    let kept = meta.get(HIGHEST_FENCE_KEY)?.map_or(0, |v| v.value());
+    if fence > kept {
+        meta.insert(HIGHEST_FENCE_KEY, fence)?;
+    }
+    Ok(())
+}
+
 /// Effects written ahead but never answered become `unknown`, operations holding one become
 /// `unknown`, and the other claims lose their lease. Runs at open, before the writer starts.
 /// Returns the highest fence on disk, above which new take-overs draw theirs.
+/// O(open): a claimed operation keeps its run open, so the index of open work lists every one
+/// (`open_index.rs`), and the highest fence is kept (`keep_fence`).
 pub(super) fn recover(db: &Database, now_ms: u64) -> Result<u64, LedgerError> {
     let txn = db.begin_write()?;
-    let mut highest_fence = 0;
+    let mut highest_fence = txn.open_table(META)?.get(HIGHEST_FENCE_KEY)?.map_or(0, |v| v.value());
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut claimed = Vec::new();
-        for entry in records.iter()? {
-            let (key, value) = entry?;
-            let (key, kind, _) = key.value();
-            if kind != OPERATION {
-                continue;
-            }
-            let op: OperationRecord = decode("operations", key, value.value())?;
+        for key in super::open_index::all_keys(&txn)? {
+            let Some(op) = super::get::<_, OperationRecord>(&records, operation_id(&key))? else { continue };
             highest_fence = highest_fence.max(op.fence);
             if op.status == OperationStatus::Claimed {
                 claimed.push(op);

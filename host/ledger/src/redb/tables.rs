@@ -32,6 +32,15 @@ pub const OUTBOX_PENDING: TableDefinition<(&str, u64), ()> = TableDefinition::ne
 /// A message of the host's own (`Store::enqueue_once`): `TOPIC\nKEY` -> its sequence number in `OUTBOX`.
 /// Made by the first such message (a ledger without it has none), so no schema version names it.
 pub const NOTICES: TableDefinition<&str, u64> = TableDefinition::new("notices");
+/// (run id, operation key) -> (): the index of open work. Every operation or request for approval
+/// that the one rule (`run_state::open_reasons`) names as keeping its run open, kept in the
+/// transaction of each state change (`open_index.rs`), so that what runs in the background or
+/// draws a view reads what is open, never every operation ever recorded.
+pub const OPEN: TableDefinition<(&str, &str), ()> = TableDefinition::new("open");
+/// (last written, operation key) -> (): the completed and failed operations, oldest first, so that
+/// retention visits what expired and nothing else. Written with the open index (an operation
+/// that ended is written no more), removed with the operation.
+pub const ENDED: TableDefinition<(u64, &str), ()> = TableDefinition::new("ended");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -40,8 +49,12 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// 3: KV values carry their version (`KV`); a schema 2 ledger is migrated at open.
 /// 4: outbox messages carry their delivery, and the undelivered ones are indexed by topic
 /// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
-pub const SCHEMA_VERSION: u64 = 4;
+/// 5: the index of open work (`OPEN`) and of ended operations (`ENDED`); an older ledger is
+/// indexed at open, once.
+pub const SCHEMA_VERSION: u64 = 5;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
+/// The highest fence a durable operation holds (`open::keep_fence`).
+pub const HIGHEST_FENCE_KEY: &str = "highest_fence";
 
 /// The key of an operation's own record.
 pub fn operation_id(key: &str) -> (&str, u8, &str) {

@@ -11,7 +11,7 @@
 mod actions;
 mod html;
 mod pages;
-mod runs;
+pub(crate) mod runs;
 
 use std::sync::Arc;
 

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use oncebox_runtime::ledger::OperationStatus;
+use oncebox_runtime::ledger::Why;
 use serde_json::Value;
 
 use super::html::{self, Page, Viewer, approvals_table, badge, escape, field, hidden, json_pre, link, time};
-use super::runs::run_summaries;
+use super::runs::summaries_page;
 use super::{Refusal, flash, viewer};
 use crate::api;
 use crate::app::App;
@@ -17,16 +17,17 @@ use crate::app::App;
 pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
     let pending = api::approval_views(&app, None, true, viewer.signed_in()).await?;
-    let ops = app.host.ledger().operations(None).await?;
-    let unknown: Vec<_> = ops.iter().filter(|op| op.status == OperationStatus::Unknown).collect();
-    let runs = run_summaries(&ops, &api::approval_views(&app, None, false, viewer.signed_in()).await?);
+    // What is open from the index, the runs by the page: O(open + page), whatever the history.
+    let ledger = app.host.ledger();
+    let unknown = ledger.open_operations(ledger.now_ms(), |why| *why == Why::Unknown).await?;
+    let first = crate::page::PageQuery { limit: Some(10), after: None };
+    let (runs, more) = summaries_page(&app, &first, viewer.signed_in()).await?;
     let tools = app.host.tools();
     let errors = app.loaded.errors();
     let mut body = String::from("<div class=\"counts\">");
     for (path, count, label) in [
         ("/approvals", pending.len(), "pending approvals"),
         ("/unknowns", unknown.len(), "unknowns to reconcile"),
-        ("/runs", runs.len(), "runs"),
         ("/tools", tools.len(), "tools loaded"),
         ("/tools", errors.len(), "load errors"),
     ] {
@@ -51,8 +52,11 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri)
         }
         body.push_str("</table><p><a href=\"/unknowns\">Reconcile or settle them</a></p>");
     }
-    body.push_str("<h2>Recent runs</h2>");
-    body.push_str(&super::runs::runs_table(&runs[..runs.len().min(10)]));
+    body.push_str("<h2>Runs</h2>");
+    body.push_str(&super::runs::runs_table(&runs));
+    if more.is_some() {
+        body.push_str("<p><a href=\"/runs\">Every run, by the page</a></p>");
+    }
     body.push_str("<h2>Tools</h2><table><tr><th>Tool</th><th>Class</th><th>Description</th></tr>");
     for (manifest, _) in &tools {
         let _ = write!(

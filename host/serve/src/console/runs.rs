@@ -4,11 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use oncebox_runtime::ledger::{
-    AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, OperationStatus, Why, run_state,
-};
+use oncebox_runtime::ledger::{AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, Why, run_state};
 use oncebox_runtime::recovery::RunRecovery;
 use oncebox_runtime::saga;
 use serde_json::Value;
@@ -19,6 +17,7 @@ use super::html::{
 use super::{Refusal, flash, viewer};
 use crate::api;
 use crate::app::App;
+use crate::page::PageQuery;
 
 /// One run as the lists show it.
 pub struct RunSummary {
@@ -83,11 +82,46 @@ pub fn runs_table(runs: &[RunSummary]) -> String {
     out
 }
 
-pub async fn runs(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
+/// One page of runs in key order (their ids' byte order), each summed up from its own records:
+/// O(page x steps of a run), whatever the history; and the cursor of the next page.
+pub async fn summaries_page(
+    app: &App,
+    query: &PageQuery,
+    exact: bool,
+) -> Result<(Vec<RunSummary>, Option<String>), crate::error::ApiError> {
+    let ledger = app.host.ledger();
+    let ids = ledger.runs_page(query.after(), query.limit().saturating_add(1)).await?;
+    let (ids, next) = query.of(ids, |id| id.as_str());
+    let mut summaries = Vec::with_capacity(ids.len());
+    for id in ids {
+        let ops = ledger.operations(Some(&id)).await?;
+        summaries.extend(run_summaries(&ops, &api::approval_views(app, Some(&id), false, exact).await?));
+    }
+    Ok((summaries, next))
+}
+
+/// The link to the next page of a listing, if there is one.
+pub fn next_page(path: &str, next: Option<&str>, limit: usize) -> String {
+    next.map(|next| {
+        format!(
+            "<p><a href=\"{}?after={}&amp;limit={limit}\" rel=\"next\">Next page</a></p>",
+            escape(path),
+            escape(&html::encode(next))
+        )
+    })
+    .unwrap_or_default()
+}
+
+pub async fn runs(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    uri: Uri,
+    Query(query): Query<PageQuery>,
+) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
-    let ops = app.host.ledger().operations(None).await?;
-    let runs = run_summaries(&ops, &api::approval_views(&app, None, false, viewer.signed_in()).await?);
-    Ok(Page::ok(html::page("Runs", &viewer, flash(&uri), &runs_table(&runs))))
+    let (runs, next) = summaries_page(&app, &query, viewer.signed_in()).await?;
+    let body = format!("{}{}", runs_table(&runs), next_page("/runs", next.as_deref(), query.limit()));
+    Ok(Page::ok(html::page("Runs", &viewer, flash(&uri), &body)))
 }
 
 pub async fn run(
@@ -350,19 +384,27 @@ fn reconcile_form(run_id: &str, viewer: &Viewer, back: &str) -> String {
     )
 }
 
-pub async fn unknowns(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Result<Page, Refusal> {
+/// The unknown operations, a page of them in key order: read from the index of open work, O(open),
+/// and drawn O(page).
+pub async fn unknowns(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    uri: Uri,
+    Query(query): Query<PageQuery>,
+) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
     let ledger = app.host.ledger();
-    let ops = ledger.operations(None).await?;
-    let unknown: Vec<&OperationRecord> = ops.iter().filter(|op| op.status == OperationStatus::Unknown).collect();
+    let ops = ledger.open_operations(ledger.now_ms(), |why| *why == Why::Unknown).await?;
+    let (unknown, next) = query.of(ops, |op| op.key.as_str());
     let mut body = String::new();
     if unknown.is_empty() {
         body.push_str("<p class=\"muted\">No operation's outcome is unknown: nothing to reconcile.</p>");
     }
-    for op in unknown {
+    for op in &unknown {
         let effects = ledger.effects(&op.key).await?;
         body.push_str(&unknown_card(op, &effects, &viewer));
     }
+    body.push_str(&next_page("/unknowns", next.as_deref(), query.limit()));
     Ok(Page::ok(html::page("Unknowns", &viewer, flash(&uri), &body)))
 }
 

@@ -1,0 +1,247 @@
+//! `--only growth`: how the costs that should follow open work grow with history. The same figures
+//! on two redb ledgers that differ only in how many completed operations they hold (the open work
+//! is the same: a few unknown operations and pending requests for approval), and their ratio: the
+//! goal is at most 1.2 each.
+//!
+//! The ledgers are filled directly through the ledger's API (a claim and a finished attempt per
+//! operation, many at once so that the group commit batches them), not through tool calls: a
+//! million calls through the API would take hours. The figures are the ledger's side of what a
+//! server does: what `/metrics` and the background reconciler read (the open runs), the
+//! console's unknowns and first page of runs, opening the file (`serve`'s startup before it
+//! listens), a whole-ledger `recover`, `gc` with nothing expired, a fresh operation's commit and a
+//! replay's lookup, and the file's bytes per operation. Serve's idle CPU and resident memory are
+//! not measured here (see BENCHMARKS.md).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oncebox::ReplayClass;
+use oncebox::ledger::{
+    ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, Ledger, OperationStatus, Why,
+};
+
+use crate::stats::Latency;
+
+/// Operations each side keeps open: the same at every size.
+const UNKNOWN: usize = 10;
+const PENDING: usize = 5;
+/// Operations filled at once (the writer batches up to 512 per commit).
+const AT_ONCE: usize = 512;
+
+/// The figures of one ledger.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Figures {
+    pub completed: usize,
+    pub fill_s: f64,
+    pub startup_ms: f64,
+    pub open_runs_us: f64,
+    pub unknowns_us: f64,
+    pub first_page_us: f64,
+    pub recover_ms: f64,
+    pub gc_ms: f64,
+    pub fresh_us: f64,
+    pub replay_us: f64,
+    pub bytes_per_operation: f64,
+}
+
+fn request(run: &str, step: &str, now_ms: u64) -> ClaimRequest {
+    ClaimRequest {
+        key: format!("{run}/{step}"),
+        run_id: run.into(),
+        step_id: step.into(),
+        tool: "charge".into(),
+        class: ReplayClass::IdempotentWrite,
+        fingerprint: "f".into(),
+        older_fingerprints: Vec::new(),
+        args: serde_json::json!({"order": run}),
+        sealed: None,
+        owner: "bench".into(),
+        now_ms,
+        lease_ms: 60_000,
+        approval: None,
+    }
+}
+
+async fn finished(ledger: &Ledger, run: &str, step: &str, status: OperationStatus) -> anyhow::Result<()> {
+    let now = ledger.now_ms();
+    let req = request(run, step, now);
+    let Claim::Owned { fence, .. } = ledger.claim(&req).await? else { anyhow::bail!("{run}/{step} not claimed") };
+    let attempt = AttemptRecord {
+        operation_key: req.key.clone(),
+        run_id: run.into(),
+        step_id: step.into(),
+        tool: "charge".into(),
+        attempt: 1,
+        max_attempts: 3,
+        fence,
+        started_ms: now,
+        duration_us: 100,
+        outcome: "ok".into(),
+        message: None,
+        source: AttemptSource::Fresh,
+        downstream_accepted: Some(true),
+        effects: Vec::new(),
+    };
+    let finish = Some((status, Some(r#"{"charge":"ch_1"}"#.to_string()), None));
+    ledger.record_attempt(fence, &attempt, finish, now, Vec::new()).await?;
+    Ok(())
+}
+
+/// A ledger at `path` with `completed` completed operations (one per run) and the open work.
+async fn fill(path: &Path, completed: usize) -> anyhow::Result<f64> {
+    let _ = std::fs::remove_file(path);
+    let ledger = Ledger::open(path)?;
+    let start = Instant::now();
+    let mut done = 0;
+    while done < completed {
+        let batch = (completed - done).min(AT_ONCE);
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in done..done + batch {
+            let ledger = ledger.clone();
+            tasks.spawn(async move {
+                finished(&ledger, &format!("run-{n:08}"), "charge", OperationStatus::Completed).await
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined??;
+        }
+        done += batch;
+    }
+    for n in 0..UNKNOWN {
+        finished(&ledger, &format!("open-{n}"), "charge", OperationStatus::Unknown).await?;
+    }
+    for n in 0..PENDING {
+        let key = format!("asked-{n}/ship");
+        let record = ApprovalRecord {
+            operation_key: key,
+            fingerprint: "f".into(),
+            component: Some("sha256:aa".into()),
+            run_id: format!("asked-{n}"),
+            step_id: "ship".into(),
+            tool: "fulfill".into(),
+            description: String::new(),
+            consequence: None,
+            args: serde_json::Value::Null,
+            sealed: None,
+            requested_ms: ledger.now_ms(),
+            state: ApprovalState::Pending,
+            decided_by: None,
+            decided_ms: None,
+            note: None,
+            expires_ms: None,
+            revision: 1,
+        };
+        ledger.put_approval(&record).await?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+async fn median<F: std::future::Future<Output = anyhow::Result<()>>>(
+    n: usize,
+    mut f: impl FnMut(usize) -> F,
+) -> anyhow::Result<f64> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        f(i).await?;
+        samples.push(start.elapsed());
+    }
+    Ok(Latency::of(samples).p50)
+}
+
+async fn figures(dir: &Path, completed: usize, n: usize) -> anyhow::Result<Figures> {
+    let path = dir.join(format!("growth-{completed}.redb"));
+    eprintln!("filling a ledger with {completed} completed operations...");
+    let fill_s = fill(&path, completed).await?;
+    let bytes = std::fs::metadata(&path)?.len() as f64;
+    // Opening: the schema check and the recovery of what a stopped host left (serve does this
+    // before it listens).
+    let start = Instant::now();
+    let ledger = Ledger::open(&path)?;
+    let startup_ms = start.elapsed().as_secs_f64() * 1e3;
+    let now = ledger.now_ms();
+    let open_runs_us = median(n, |_| async {
+        let open = ledger.open_runs(None, now).await?;
+        anyhow::ensure!(open.len() == UNKNOWN + PENDING, "{} open runs", open.len());
+        Ok(())
+    })
+    .await?;
+    let unknowns_us = median(n, |_| async {
+        let unknown = ledger.open_operations(now, |why| *why == Why::Unknown).await?;
+        anyhow::ensure!(unknown.len() == UNKNOWN, "{} unknown", unknown.len());
+        Ok(())
+    })
+    .await?;
+    let first_page_us = median(n, |_| async {
+        for run in ledger.runs_page(None, 50).await? {
+            ledger.operations(Some(&run)).await?;
+        }
+        Ok(())
+    })
+    .await?;
+    let start = Instant::now();
+    let report = oncebox::recovery::report(&ledger, None).await?;
+    let recover_ms = start.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(report.len() == UNKNOWN + PENDING, "recover reported {} runs", report.len());
+    let start = Instant::now();
+    let gc = oncebox::retention::gc(&ledger, Duration::from_secs(7 * 86_400), now).await?;
+    let gc_ms = start.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(gc.removed_operations == 0, "gc removed {}", gc.removed_operations);
+    let fresh_us = median(n, |i| {
+        let ledger = ledger.clone();
+        async move { finished(&ledger, &format!("fresh-{i}"), "charge", OperationStatus::Completed).await }
+    })
+    .await?;
+    let replay_us = median(n * 10, |i| {
+        let ledger = ledger.clone();
+        async move {
+            let run = format!("run-{:08}", (i * 7919) % completed.max(1));
+            match ledger.claim(&request(&run, "charge", ledger.now_ms())).await? {
+                Claim::Recorded(_) => Ok(()),
+                other => anyhow::bail!("{run}: not replayed: {other:?}"),
+            }
+        }
+    })
+    .await?;
+    drop(ledger);
+    let _ = std::fs::remove_file(&path);
+    Ok(Figures {
+        completed,
+        fill_s,
+        startup_ms,
+        open_runs_us,
+        unknowns_us,
+        first_page_us,
+        recover_ms,
+        gc_ms,
+        fresh_us,
+        replay_us,
+        bytes_per_operation: bytes / (completed + UNKNOWN) as f64,
+    })
+}
+
+/// The figures at `small` and `large` completed operations, printed with their ratios.
+pub async fn run(dir: &Path, small: usize, large: usize, quick: bool) -> anyhow::Result<()> {
+    let n = if quick { 20 } else { 200 };
+    let (a, b) = (figures(dir, small, n).await?, figures(dir, large, n).await?);
+    println!(
+        "growth: {small} vs {large} completed operations ({UNKNOWN} unknown, {PENDING} pending approval open in both)"
+    );
+    println!("{:<34} {:>14} {:>14} {:>8}", "figure", small, large, "ratio");
+    let rows = [
+        ("fill (s, through the ledger API)", a.fill_s, b.fill_s),
+        ("startup: open + recover (ms)", a.startup_ms, b.startup_ms),
+        ("open runs: /metrics, reconciler (us)", a.open_runs_us, b.open_runs_us),
+        ("unknowns listing (us)", a.unknowns_us, b.unknowns_us),
+        ("console first page of runs (us)", a.first_page_us, b.first_page_us),
+        ("recover, whole ledger (ms)", a.recover_ms, b.recover_ms),
+        ("gc, nothing expired (ms)", a.gc_ms, b.gc_ms),
+        ("fresh operation p50 (us)", a.fresh_us, b.fresh_us),
+        ("replay p50 (us)", a.replay_us, b.replay_us),
+        ("bytes per operation", a.bytes_per_operation, b.bytes_per_operation),
+    ];
+    for (name, x, y) in rows {
+        println!("{name:<34} {x:>14.1} {y:>14.1} {:>8.2}", y / x);
+    }
+    Ok(())
+}
