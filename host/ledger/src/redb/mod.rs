@@ -241,6 +241,7 @@ impl RedbStore {
         // so between the two, one of them is always visible here.
         // One read transaction for the operation and, for a new one, its tombstone and approval.
         let txn = self.db.begin_read()?;
+        oncebox_core::window::at(oncebox_core::window::Window::ClaimSnapshot, &req.key);
         let records = txn.open_table(RECORDS)?;
         if let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? {
             live.remove(&req.key);
@@ -593,6 +594,7 @@ impl Store for RedbStore {
                 let mut held = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 Deciding::hold(&self.deciding, &mut held, key)
             };
+            oncebox_core::window::at(oncebox_core::window::Window::DecisionMarked, &record.operation_key);
             self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await.map(drop)
         })
     }
