@@ -18,6 +18,9 @@ pub enum Window {
     /// A decision on a request for approval is marked as being decided and not yet handed to
     /// the store's writer: a claim that starts now must see the mark.
     DecisionMarked,
+    /// A decision is written (committed), and its mark not yet dropped: the task that wrote it
+    /// has not resumed. Another decision on the request may be marked meanwhile.
+    DecisionWritten,
 }
 
 /// The watcher installed, when one is.

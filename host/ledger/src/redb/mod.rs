@@ -594,8 +594,12 @@ impl Store for RedbStore {
                 let mut held = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 Deciding::hold(&self.deciding, &mut held, key)
             };
-            oncebox_core::window::at(oncebox_core::window::Window::DecisionMarked, &record.operation_key);
-            self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await.map(drop)
+            let key = record.operation_key.clone();
+            oncebox_core::window::at(oncebox_core::window::Window::DecisionMarked, &key);
+            let written =
+                self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await;
+            oncebox_core::window::at(oncebox_core::window::Window::DecisionWritten, &key);
+            written.map(drop)
         })
     }
 
