@@ -41,6 +41,10 @@ pub struct Facts {
     pub reserved: BTreeMap<String, u64>,
     /// The digest of the `fulfill` component loaded.
     pub fulfill_digest: Option<String>,
+    /// The params and component of every request the ledger holds approved (opened): a decision
+    /// recorded whose answer a crash lost (its person never heard, so the history has no
+    /// `Decided` for it) is a decision all the same.
+    pub ledger_approved: Vec<(Value, Option<String>)>,
     /// Orders of the order workflow (their refunds are compensations).
     pub workflow_orders: BTreeSet<String>,
 }
@@ -104,12 +108,19 @@ impl Facts {
                 Job::Call { .. } => None,
             })
             .collect();
+        let approvals = ledger.approvals(None).await?;
+        let ledger_approved = approvals
+            .iter()
+            .filter(|a| a.state == ApprovalState::Approved)
+            .map(|a| (host.reveal(a).unwrap_or(Value::Null), a.component.clone()))
+            .collect();
         Ok(Facts {
             requests: world.requests(),
             commits: world.commits(),
             history,
             operations: ledger.operations(None).await?,
-            approvals: ledger.approvals(None).await?,
+            approvals,
+            ledger_approved,
             named_open,
             open,
             compensating,
@@ -253,7 +264,11 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
             }
             _ => false,
         });
-        if !approved {
+        let recorded = facts
+            .ledger_approved
+            .iter()
+            .any(|(params, component)| *params == request.body && *component == facts.fulfill_digest);
+        if !approved && !recorded {
             let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
             found.push(violation(
                 "irreversible-without-approval",
@@ -294,8 +309,9 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
 
 /// A run whose compensation reported done is undone at the end, by the downstream's record and
 /// the reservations held: every payment refunded, no reservation left. (Its orchestrators start no
-/// step once compensation is asked for, so a step that took effect later was in flight when
-/// compensation said it was done.)
+/// step once compensation is asked for; a stale retry may call again a step they started, which
+/// its record must answer. So a step that took effect later was in flight when compensation said
+/// it was done, or ran again on that retry instead of being answered.)
 fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
     let done: BTreeSet<&str> = facts
         .history

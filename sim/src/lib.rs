@@ -29,7 +29,8 @@
 //! - `check`: the invariants, over the facts a seed left (`check/tests.rs`: each on a history made
 //!   by hand).
 //! - `clock`: the simulated wall clock; `paced`: the ledger store whose calls finish before any
-//!   other task runs.
+//!   other task runs; `race`: a decision held back inside the store until a claim of its step
+//!   has opened its snapshot (races inside the store on the seed's schedule).
 
 pub mod check;
 pub mod clock;
@@ -37,6 +38,7 @@ pub mod drive;
 pub mod history;
 pub mod paced;
 pub mod plan;
+pub mod race;
 pub mod world;
 
 use std::path::Path;

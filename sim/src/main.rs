@@ -48,6 +48,10 @@ fn main() -> ExitCode {
         eprintln!("sim: the simulated clock could not be installed");
         return ExitCode::from(2);
     }
+    if !oncebox_sim::race::install() {
+        eprintln!("sim: the store's windows could not be watched");
+        return ExitCode::from(2);
+    }
     let cache = match tempfile::tempdir() {
         Ok(dir) => dir,
         Err(e) => {

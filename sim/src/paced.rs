@@ -21,16 +21,20 @@ use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
 
 use oncebox_runtime::LedgerError;
+
+use crate::race::Holds;
 use oncebox_runtime::ledger::{
     ApprovalRecord, AttemptRecord, BoxFuture, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish,
     KvEntry, OperationRecord, OutboxMessage, ReconcileNote, Removed, Resolution, Settlement, Staged, StaleApproval,
     Store, Tombstone,
 };
 
-/// `inner`, each call finished before anything else runs (or, `free`, awaited with the clock held).
+/// `inner`, each call finished before anything else runs (or, `free`, awaited with the clock held);
+/// a decision's write held back at the store's window when `holds` says so (`race.rs`).
 pub struct Paced<S> {
-    pub inner: S,
+    pub inner: Arc<S>,
     pub free: bool,
+    pub holds: Option<Holds>,
 }
 
 /// Wakes the thread that blocks on a store call.
@@ -43,6 +47,10 @@ impl Wake for Unpark {
 }
 
 impl<S> Paced<S> {
+    pub fn new(inner: S, free: bool, holds: Option<Holds>) -> Paced<S> {
+        Paced { inner: Arc::new(inner), free, holds }
+    }
+
     fn paced<'a, T: Send + 'a>(&self, call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
         if self.free { held(call) } else { blocking(call) }
     }
@@ -79,7 +87,7 @@ fn held<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
     })
 }
 
-impl<S: Store> Store for Paced<S> {
+impl<S: Store + 'static> Store for Paced<S> {
     fn name(&self) -> &Path {
         self.inner.name()
     }
@@ -177,7 +185,14 @@ impl<S: Store> Store for Paced<S> {
     }
 
     fn put_approval<'a>(&'a self, record: &'a ApprovalRecord) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.paced(self.inner.put_approval(record))
+        Box::pin(async move {
+            if let Some(holds) = &self.holds
+                && let Some(out) = crate::race::put_approval(holds, &self.inner, record).await
+            {
+                return out;
+            }
+            self.paced(self.inner.put_approval(record)).await
+        })
     }
 
     fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {

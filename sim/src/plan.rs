@@ -31,6 +31,14 @@ pub struct Plan {
     /// inside the store (a decision being written while a claim is taken) become possible, and
     /// the run is no longer deterministic (see `paced.rs`). A quarter of the seeds.
     pub free: bool,
+    /// Percent of the writes of decisions on requests for approval held back inside the store,
+    /// after their mark and before their write, until a claim of their step has opened its
+    /// snapshot or a few ms have passed (`race.rs`): a race inside the store on the seed's
+    /// schedule, where a `free` seed meets one only by luck.
+    pub holds_pct: u64,
+    /// When the operator deploys the other build of `charge` (ms into a life): one naming
+    /// another refund tool (`refun2`), or back (`drive/upgrade.rs`).
+    pub upgrades: Vec<u64>,
 }
 
 /// What the downstream is like, and how it answers.
@@ -264,7 +272,10 @@ impl Plan {
             gcs,
         };
         let free = rng.u64(0..100) < 25;
-        Plan { seed, callers, downstream, jobs, crashes, operator, free }
+        // Drawn after the rest, so that the rest stays as it was before these were drawn.
+        let holds_pct = [0, 30, 70][rng.usize(0..3)];
+        let upgrades = (0..rng.usize(0..=2)).map(|_| rng.u64(0..3_000)).collect();
+        Plan { seed, callers, downstream, jobs, crashes, operator, free, holds_pct, upgrades }
     }
 
     /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:

@@ -398,7 +398,7 @@ fn route_in(url: &str) -> Option<String> {
 pub fn route_of(tool: &str) -> Option<&'static str> {
     match tool {
         "charge" => Some("payments"),
-        "refund" => Some("refunds"),
+        "refund" | "refun2" => Some("refunds"),
         "fulfill" => Some("fulfillments"),
         _ => None,
     }

@@ -17,6 +17,8 @@
 //! - `policy_file/`: the operator's `oncebox.toml`, checked with file:line errors.
 //! - `clock`: ms stamps: this host's wall clock (the one read of the system here; records are
 //!   judged by their ledger's clock) and how they are shown.
+//! - `window`: named moments inside a store's synchronous functions, where the whole-system
+//!   simulator (and only it: the `simulate` feature) lets another thread's work finish.
 
 pub mod capabilities;
 pub mod clock;
@@ -31,3 +33,4 @@ pub mod reconcile_schedule;
 pub mod redact;
 pub mod retry;
 pub mod targets;
+pub mod window;

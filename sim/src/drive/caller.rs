@@ -1,6 +1,7 @@
 //! The orchestrators: each works through its jobs, calling a step until it has an answer it can
 //! act on, and compensating a run whose step failed; they start no step of a run once someone asked
-//! to undo it.
+//! to undo it (what they started, a stale retry may call again once it is undone: see
+//! `call_again_after_undo`).
 
 use std::time::Duration;
 
@@ -81,7 +82,15 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
         if undoing && c != LAST_PASS_CALLER {
             return last;
         }
-        ctx.shared().calls += 1;
+        {
+            let mut shared = ctx.shared();
+            shared.calls += 1;
+            // Started and not yet known completed: what an orchestrator's retry may call again.
+            let left = shared.left.entry(run.clone()).or_default();
+            if !left.iter().any(|c| c.step_id == call.step_id) {
+                left.push(call.clone());
+            }
+        }
         let answered = host.call(call.clone()).await;
         let wait = match answered {
             Ok(outcome) => {
@@ -98,6 +107,11 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
                     error: outcome.error.as_ref().map(|e| same_everywhere(ctx, &e.message)),
                 });
                 last = Some(outcome.status);
+                if outcome.status == Status::Completed
+                    && let Some(left) = ctx.shared().left.get_mut(&run)
+                {
+                    left.retain(|c| c.step_id != call.step_id);
+                }
                 match outcome.status {
                     Status::AwaitingApproval | Status::InProgress => {
                         Duration::from_millis(ctx.plan.operator.every_ms * 2)

@@ -8,9 +8,11 @@
 
 mod caller;
 mod operator;
+mod upgrade;
 
 use caller::caller;
 use operator::{last_pass, operator, second_person};
+use upgrade::{Builds, REFUN2};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ use crate::check::Facts;
 use crate::history::{Event, History};
 use crate::paced::Paced;
 use crate::plan::{Crash, Plan, percent};
+use crate::race::Holds;
 use crate::world::{ORIGIN, World};
 
 /// Which ledger the host runs on.
@@ -75,8 +78,12 @@ struct Shared {
     next_job: Vec<usize>,
     /// Runs someone decided to compensate, until compensation is done.
     to_compensate: BTreeSet<String>,
-    /// Runs whose compensation reported done: their orchestrators call none of their steps again.
+    /// Runs whose compensation reported done: their orchestrators start none of their steps (a
+    /// stale retry may call again one they started: `call_again_after_undo`).
     undone: BTreeSet<String>,
+    /// Per run: the steps its orchestrators started and did not see completed (a crash, an
+    /// answer they could not act on), which a stale retry may call again once the run is undone.
+    left: BTreeMap<String, Vec<oncebox_runtime::Call>>,
     /// Per operation: reconciles the operator made, and when the first was.
     reconciles: BTreeMap<String, (u32, u64)>,
     /// When the operator last reconciled (ledger ms).
@@ -84,6 +91,9 @@ struct Shared {
     /// Rejections a second person makes the moment the approved call is about to send (by
     /// operation key).
     armed: BTreeMap<String, oncebox_runtime::ledger::ApprovalRecord>,
+    /// The build of `charge` deployed (1 or 2, see `upgrade.rs`; 0 until another than the first
+    /// is): what each life's host loads.
+    charge_build: u8,
     calls: u64,
 }
 
@@ -99,6 +109,8 @@ struct Ctx {
     key_file: PathBuf,
     /// The seed's directory, as messages that name the ledger's path spell it.
     dir: String,
+    /// The second builds of `charge` and its refund tool.
+    builds: Builds,
 }
 
 #[derive(Clone)]
@@ -146,6 +158,7 @@ pub async fn run(
         cache,
         key_file,
         dir: dir.display().to_string(),
+        builds: Builds::write(dir)?,
     };
     let mut life = 0usize;
     let host = loop {
@@ -230,7 +243,13 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
     let host = loop {
         let builder = match &ctx.ledger {
             LedgerAt::File(path) => match oncebox_runtime::ledger::redb::RedbStore::open(path) {
-                Ok(store) => HostBuilder::on_ledger(Ledger::on(Paced { inner: store, free: ctx.plan.free })),
+                Ok(store) => {
+                    // Held up to a few of the operator's looks: long enough for the step's orchestrator to
+                    // call it again meanwhile (a slow disk, a writer with a long queue).
+                    let max_ms = 3 * ctx.plan.operator.every_ms;
+                    let holds = Holds::new(ctx.plan.seed, ctx.plan.holds_pct, max_ms);
+                    HostBuilder::on_ledger(Ledger::on(Paced::new(store, ctx.plan.free, Some(holds))))
+                }
                 Err(_) if tries < 200 => {
                     // A redb file stays locked until the last handle of the dead host is gone
                     // (a task of the dead host still finishing, such as a second person's
@@ -249,15 +268,17 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
         break configure(builder, hooks.clone(), ctx)?.build().await.context("start the host")?;
     };
     for path in oncebox_artifacts::EXAMPLE_TOOLS {
-        host.load(path).await.with_context(|| format!("load {path}"))?;
+        let path = if path == oncebox_artifacts::CHARGE { ctx.builds.charge.clone() } else { PathBuf::from(path) };
+        host.load(&path).await.with_context(|| format!("load {}", path.display()))?;
     }
+    host.load(&ctx.builds.refun2).await.context("load refun2")?;
     Ok(host)
 }
 
 fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyhow::Result<HostBuilder> {
     let origin: oncebox_runtime::capabilities::HttpGrant =
         ORIGIN.parse().map_err(|e: String| anyhow::anyhow!("the downstream's origin: {e}"))?;
-    for tool in ["stock", "charge", "refund", "fulfill"] {
+    for tool in ["stock", "charge", "refund", REFUN2, "fulfill"] {
         builder = builder.tool_config(tool, "base_url", ORIGIN).grant(tool, Grant::Http(origin.clone()));
     }
     for tool in ["reserve", "release"] {
@@ -270,6 +291,7 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
         ("release", ReplayClass::IdempotentWrite),
         ("charge", ReplayClass::Compensatable),
         ("refund", ReplayClass::IdempotentWrite),
+        (REFUN2, ReplayClass::IdempotentWrite),
         ("fulfill", ReplayClass::Irreversible),
         ("notify", ReplayClass::IdempotentWrite),
     ] {
@@ -408,5 +430,53 @@ async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
         }
         Err(e) => format!("error: {e}"),
     };
+    let done = result.starts_with("Done");
     ctx.history.push(Event::Compensated { run: run.to_string(), by: by.to_string(), result });
+    if done {
+        call_again_after_undo(ctx, host, run).await;
+    }
+}
+
+/// An orchestrator whose retry outlived the compensation: once a run is undone, now and then
+/// the steps its orchestrators started and never saw completed are called again, once each. The
+/// run's record must answer them (completed, failed; an abandoned claim was ended by the
+/// compensation), never run them. Only steps the ledger knows: one whose claim never became
+/// durable left nothing, and a new call of it is a new step to the host.
+async fn call_again_after_undo(ctx: &Ctx, host: &Host, run: &str) {
+    if percent(ctx.plan.seed, &["call-again-after-undo", run]) >= 50 {
+        return;
+    }
+    let left = ctx.shared().left.remove(run).unwrap_or_default();
+    for call in left {
+        let key = oncebox_runtime::keys::operation_key(run, call.step_id.as_deref().unwrap_or_default(), &call.tool);
+        if !matches!(host.ledger().operation(&key).await, Ok(Some(_))) {
+            continue;
+        }
+        ctx.shared().calls += 1;
+        let order = serde_json::from_str::<serde_json::Value>(&call.args)
+            .ok()
+            .and_then(|a| a.get("order_id").and_then(serde_json::Value::as_str).map(str::to_string));
+        let event = match host.call(call.clone()).await {
+            Ok(outcome) => Event::Called {
+                caller: "an orchestrator, again after the compensation".into(),
+                run: run.to_string(),
+                step: call.step_id.clone().unwrap_or_default(),
+                tool: call.tool.clone(),
+                order,
+                status: outcome.status,
+                replayed: outcome.replayed,
+                operation_key: outcome.operation_key.clone(),
+                output: outcome.output.clone(),
+                error: outcome.error.as_ref().map(|e| same_everywhere(ctx, &e.message)),
+            },
+            Err(e) => Event::CallError {
+                caller: "an orchestrator, again after the compensation".into(),
+                run: run.to_string(),
+                step: call.step_id.clone().unwrap_or_default(),
+                tool: call.tool.clone(),
+                error: same_everywhere(ctx, &e.to_string()),
+            },
+        };
+        ctx.history.push(event);
+    }
 }

@@ -15,13 +15,14 @@ use super::{
     Act, Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
 };
 use crate::history::Event;
-use crate::plan::{Job, percent};
+use crate::plan::{Job, choice, percent};
 use crate::world::route_of;
 
 /// The operator, while the callers work: looks every `every_ms`.
 pub(super) async fn operator(ctx: Ctx, host: Host) {
     let mut looked = 0u64;
     let mut reloads = ctx.plan.operator.reloads.clone();
+    let mut upgrades = ctx.plan.upgrades.clone();
     let mut gcs = ctx.plan.operator.gcs.clone();
     let relay = host.outbox_relay();
     loop {
@@ -35,12 +36,31 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
                 reloads.push((at, tool));
                 continue;
             }
-            let path = oncebox_artifacts::EXAMPLE_TOOLS.iter().find(|p| p.ends_with(&format!("{tool}.wasm")));
+            let path = match tool.as_str() {
+                // The build deployed.
+                "charge" => Some(ctx.builds.charge.clone()),
+                _ => oncebox_artifacts::EXAMPLE_TOOLS
+                    .iter()
+                    .find(|p| p.ends_with(&format!("{tool}.wasm")))
+                    .map(std::path::PathBuf::from),
+            };
             let result = match path {
                 Some(path) => host.reload(path).await.map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
                 None => "no such tool".into(),
             };
             ctx.history.push(Event::Reloaded { tool, result });
+        }
+        if upgrades.iter().any(|at| *at <= into_life) {
+            upgrades.retain(|at| *at > into_life);
+            upgrade(&ctx, &host).await;
+        }
+        // A person asks again for the compensation of a run already undone (a retry of a call
+        // whose answer they did not see): answered from the records, whatever build runs now.
+        let undone: Vec<String> = ctx.shared().undone.iter().cloned().collect();
+        for run in undone {
+            if percent(ctx.plan.seed, &["undo-again", &run, &looked.to_string()]) < 3 {
+                compensate(&ctx, &host, &run, "operator, again").await;
+            }
         }
         if gcs.iter().any(|at| *at <= into_life) {
             gcs.retain(|at| *at > into_life);
@@ -56,6 +76,24 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
             }
         }
     }
+}
+
+/// Deploys the other build of `charge`: the one naming `refun2` as its compensation, or back.
+async fn upgrade(ctx: &Ctx, host: &Host) {
+    let build = if ctx.shared().charge_build == 2 { 1 } else { 2 };
+    let result = match ctx.builds.deploy(build) {
+        Ok(()) => {
+            ctx.shared().charge_build = build;
+            match host.reload(&ctx.builds.charge).await {
+                Ok(manifest) => {
+                    format!("build {build}, compensated by {}", manifest.compensated_by.as_deref().unwrap_or("nothing"))
+                }
+                Err(e) => format!("build {build}: error: {e}"),
+            }
+        }
+        Err(e) => format!("error: {e:#}"),
+    };
+    ctx.history.push(Event::Reloaded { tool: "charge".into(), result });
 }
 
 /// One look of the operator: decides requests for approval, reconciles what is unknown, settles
@@ -100,12 +138,16 @@ async fn decide(ctx: &Ctx, host: &Host, record: &ApprovalRecord, last: bool) {
         !ending && percent(seed, &["reject", &record.run_id, &record.step_id]) >= ctx.plan.operator.reject_pct;
     let racing =
         approve && percent(seed, &["race", &record.run_id, &record.step_id]) < ctx.plan.operator.racing_reject_pct;
-    if racing && !last && percent(seed, &["at-once", &record.run_id, &record.step_id]) < 34 {
-        // Two people decide at once, one each way, while the orchestrator calls the step again.
+    if racing && !last && percent(seed, &["at-once", &record.run_id, &record.step_id]) < 50 {
+        // Two people decide at once, one each way, while the orchestrator calls the step again
+        // (at once, or a few ms later: while a decision's write may still be held, `race.rs`).
         let call = args_of(ctx, &record.run_id, &record.step_id)
             .map(|args| Call::step(&record.run_id, &record.step_id, &record.tool, args));
+        let later =
+            choice(seed, &["at-once-call", &record.run_id, &record.step_id]) % ctx.plan.operator.every_ms.max(1);
         let calling = async {
             let Some(call) = call else { return };
+            tokio::time::sleep(Duration::from_millis(later)).await;
             // An error is the host's refusal to run it now; what counts is what reached the downstream.
             if let Ok(outcome) = host.call(call).await {
                 ctx.history.push(Event::Called {
@@ -124,12 +166,13 @@ async fn decide(ctx: &Ctx, host: &Host, record: &ApprovalRecord, last: bool) {
         };
         let (approving, rejecting) =
             (decide_as(ctx, host, record, true, "sim-operator"), decide_as(ctx, host, record, false, "second-person"));
-        // In the order they are first polled: the call between the two decisions, or after both.
-        if percent(seed, &["at-once-order", &record.run_id, &record.step_id]) < 50 {
-            tokio::join!(approving, calling, rejecting);
-        } else {
-            tokio::join!(approving, rejecting, calling);
-        }
+        // In the order they are first polled: the call between the two decisions, or after both;
+        // or the rejection first (whose write the store may hold back: `race.rs`).
+        match percent(seed, &["at-once-order", &record.run_id, &record.step_id]) % 3 {
+            0 => tokio::join!(approving, calling, rejecting),
+            1 => tokio::join!(approving, rejecting, calling),
+            _ => tokio::join!(rejecting, approving, calling),
+        };
         return;
     }
     decide_as(ctx, host, record, approve, "sim-operator").await;

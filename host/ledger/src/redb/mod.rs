@@ -242,6 +242,7 @@ impl RedbStore {
         // so between the two, one of them is always visible here.
         // One read transaction for the operation and, for a new one, its tombstone and approval.
         let txn = self.db.begin_read()?;
+        oncebox_core::window::at(oncebox_core::window::Window::ClaimSnapshot, &req.key);
         let records = txn.open_table(RECORDS)?;
         if let Some(op) = get::<_, OperationRecord>(&records, operation_id(&req.key))? {
             live.remove(&req.key);
@@ -594,7 +595,12 @@ impl Store for RedbStore {
                 let mut held = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 Deciding::hold(&self.deciding, &mut held, key)
             };
-            self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await.map(drop)
+            let key = record.operation_key.clone();
+            oncebox_core::window::at(oncebox_core::window::Window::DecisionMarked, &key);
+            let written =
+                self.writer.submit(move |txn| put_approval(txn, &record).map(|()| deciding), |_| true, Now).await;
+            oncebox_core::window::at(oncebox_core::window::Window::DecisionWritten, &key);
+            written.map(drop)
         })
     }
 
