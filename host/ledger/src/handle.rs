@@ -170,7 +170,7 @@ impl Ledger {
         self.store.in_flight(run_id).await
     }
 
-    /// What keeps each run (or `run`) open at `now_ms`, by the one rule ([`run_state`]); a closed
+    /// What keeps each run (or `run`) open at `now_ms`, by the one rule ([`run_state`](crate::run_state)); a closed
     /// run is absent. Read from the store's index of open work ([`Store::open_runs`]): O(open).
     pub async fn open_runs(
         &self,
