@@ -159,8 +159,10 @@ impl Grants {
         }
     }
 
+    /// A topic under `oncebox/` is the host's own (signed notifications): never a tool's, whatever
+    /// granted it.
     pub fn check_outbox(&self, topic: &str) -> Result<(), Denied> {
-        if self.outbox.iter().any(|t| t == topic) {
+        if !crate::notice::reserved(topic) && self.outbox.iter().any(|t| t == topic) {
             return Ok(());
         }
         Err(Denied { key: "outbox", value: topic.to_string() })
@@ -287,7 +289,14 @@ impl FromStr for Grant {
         Ok(match kind {
             "http" => Grant::Http(value.parse()?),
             "kv" => Grant::Kv(name("namespace")?),
-            "outbox" => Grant::Outbox(name("topic")?),
+            "outbox" => {
+                let topic = name("topic")?;
+                if crate::notice::reserved(&topic) {
+                    let reserved = crate::notice::RESERVED_TOPICS;
+                    return Err(format!("outbox topic `{topic}`: topics under `{reserved}` are the host's own"));
+                }
+                Grant::Outbox(topic)
+            }
             "provider" => Grant::Provider(name("provider")?),
             "dir" => Grant::Dir(value.parse()?),
             other => return Err(format!("`{other}` is not a capability: http, kv, outbox, provider or dir")),
@@ -309,6 +318,16 @@ mod tests {
             g.add(Grant::Http(text.parse().expect("valid grant")));
         }
         g
+    }
+
+    #[test]
+    fn no_grant_reaches_a_topic_the_host_signs() {
+        let refused = "outbox=oncebox/notify https://hooks.example.com/x".parse::<Grant>();
+        assert!(refused.is_err_and(|e| e.contains("the host's own")));
+        // Granted anyway (an embedder's Grant::Outbox): still refused where it is checked.
+        let mut g = Grants::default();
+        g.add(Grant::Outbox("oncebox/notify https://hooks.example.com/x".into()));
+        assert!(g.check_outbox("oncebox/notify https://hooks.example.com/x").is_err());
     }
 
     #[test]

@@ -111,7 +111,6 @@ mod key {
     pub const DOWNSTREAM_ACCEPTED: &str = "oncebox.downstream_accepted";
     pub const EFFECT_KEY: &str = "oncebox.effect.key";
     pub const EFFECT_KIND: &str = "oncebox.effect.kind";
-    pub const EFFECT_LABEL: &str = "oncebox.effect.label";
     pub const EFFECT_TARGET: &str = "oncebox.effect.target";
 }
 
@@ -210,7 +209,6 @@ impl Span {
             vec![
                 KeyValue::new(key::EFFECT_KEY, record.key.clone()),
                 KeyValue::new(key::EFFECT_KIND, record.kind.clone()),
-                KeyValue::new(key::EFFECT_LABEL, record.label.clone()),
                 KeyValue::new(key::EFFECT_TARGET, record.target.clone()),
                 KeyValue::new(key::SOURCE, source.as_str()),
             ]

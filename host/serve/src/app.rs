@@ -59,12 +59,15 @@ pub struct App {
 
 impl App {
     /// The server for an agent that started it over stdio: no HTTP request ever reaches it.
+    ///
+    /// Calls wait for `loaded`'s first scan ([`Loaded::ready`]): run [`crate::watch`] (or
+    /// [`Loaded::scan`] once) beside it, as `oncebox serve` does.
     pub fn for_stdio(host: Host, token: String, loaded: Loaded, max_calls: usize) -> Arc<App> {
         App::new(host, Auth::new(token, None, None), loaded, String::new(), max_calls)
     }
 
     /// The server for HTTP at `addr`, the address it listens on, reached at `public_url` when
-    /// given. Who may do what is judged from these two (`auth.rs`), so that nothing else can tell
+    /// given (calls wait for `loaded`'s first scan, as over stdio). Who may do what is judged from these two (`auth.rs`), so that nothing else can tell
     /// it that a server listening beyond loopback is on loopback.
     pub fn for_http(
         host: Host,

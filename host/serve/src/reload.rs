@@ -122,6 +122,9 @@ impl Loaded {
             Ok(listed) => listed,
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the tools directory");
+                // A scan that could not read the directory is over too: what waits for the first
+                // one is answered with what is loaded (nothing), not kept waiting for good.
+                self.scanned.send_if_modified(|scanned| !std::mem::replace(scanned, true));
                 return 0;
             }
         };
