@@ -263,3 +263,102 @@ async fn a_schema_2_ledger_is_migrated_and_its_kv_values_keep_their_bytes() {
     assert_eq!(value, b"5");
     assert_ne!(version, 1, "a write stamps a new version");
 }
+
+/// The owner of an irreversible step, as the host that takes it over finds it: it sent the
+/// fulfillment once, heard 429 (proven not taken, and recorded, as a shared ledger records an
+/// answer at once), and stopped before it recorded the attempt.
+#[derive(Default)]
+struct StopsAfterItsAnswer {
+    sent: std::sync::atomic::AtomicU32,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl oncebox_runtime::hooks::Hooks for StopsAfterItsAnswer {
+    fn at(&self, site: oncebox_runtime::hooks::Site) -> oncebox_runtime::hooks::HookFuture<'_, ()> {
+        Box::pin(async move {
+            if site.point == oncebox_runtime::hooks::Point::AfterAnswer {
+                self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+
+    fn http(
+        &self,
+        _site: oncebox_runtime::hooks::Site,
+        _request: oncebox_runtime::hooks::Outgoing,
+    ) -> oncebox_runtime::hooks::HookFuture<'_, oncebox_runtime::hooks::Exchange> {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let headers = vec![("retry-after".to_string(), "1".to_string())];
+        Box::pin(async move { oncebox_runtime::hooks::Exchange::Answered { status: 429, headers, body: Vec::new() } })
+    }
+
+    fn read(
+        &self,
+        _request: oncebox_runtime::hooks::Outgoing,
+    ) -> oncebox_runtime::hooks::HookFuture<'_, oncebox_runtime::hooks::Exchange> {
+        Box::pin(async { oncebox_runtime::hooks::Exchange::NotConnected })
+    }
+
+    fn target(&self) -> oncebox::HttpTarget {
+        oncebox::HttpTarget::default()
+    }
+}
+
+/// DESIGN section 7: a take-over is an attempt when the stopped owner's attempt wrote an effect
+/// ahead, judged from what it left and never run again under its number. So the host never sends
+/// an irreversible effect twice, even one whose first send was proven not taken: the step fails,
+/// and sending it again takes a new step and a new approval. Counted where the sends land.
+#[tokio::test]
+async fn a_take_over_never_sends_an_irreversible_effect_again_even_after_a_send_proven_not_taken() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = oncebox::Ledger::open(dir.path().join("ledger.redb")).expect("ledger");
+    let provider = Provider::start().await.expect("provider");
+    let lease = std::time::Duration::from_millis(300);
+    let owner = std::sync::Arc::new(StopsAfterItsAnswer::default());
+    let builder = || {
+        let on = oncebox::HostBuilder::on_ledger(ledger.clone()).key_file(dir.path().join("hosts.key"));
+        crate::support::configure(on, &provider, false).lease(lease)
+    };
+    let first = builder().hooks(owner.clone()).build().await.expect("host");
+    crate::support::load_all(&first).await;
+    let args =
+        serde_json::json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
+    let call = oncebox::Call::step("run-1", "ship", "fulfill", args.to_string());
+    let asked = first.call(call.clone()).await.expect("call");
+    crate::support::approve(&first, &asked).await;
+    let running = tokio::spawn({
+        let (first, call) = (first.clone(), call.clone());
+        async move { first.call(call).await }
+    });
+    eventually("the owner stopped after its answer", || owner.stopped.load(Ordering::SeqCst)).await;
+    running.abort();
+    assert!(running.await.is_err_and(|e| e.is_cancelled()));
+    drop(first);
+    let key = asked.operation_key.clone().expect("key");
+    let effects = ledger.effects(&key).await.expect("effects");
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!((effects[0].status, effects[0].dispatches), (EffectStatus::Retryable, 1), "{effects:?}");
+    tokio::time::sleep(lease * 2).await;
+
+    let second = builder().build().await.expect("host");
+    crate::support::load_all(&second).await;
+    let outcome = second.call(call.clone()).await.expect("call");
+    assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
+    assert_eq!(owner.sent.load(Ordering::SeqCst), 1, "the stopped owner's one send");
+    assert_eq!(provider.requests(), 0, "the host that took the step over sent nothing");
+    let attempts = ledger.attempts(&key).await.expect("attempts");
+    let outcomes: Vec<(u32, &str)> = attempts.iter().map(|a| (a.attempt, a.outcome.as_str())).collect();
+    assert_eq!(outcomes, [(1, "interrupted")], "the stopped attempt counts: {attempts:?}");
+    assert_eq!(attempts[0].effects.len(), 1, "{attempts:?}");
+    let error = outcome.error.expect("why");
+    assert!(error.message.contains("stopped"), "{error:?}");
+
+    // Asked again: the record answers. The same intent is a new step, with an approval of its own.
+    let again = second.call(call).await.expect("call");
+    assert!(again.replayed && again.status == Status::Failed, "{again:?}");
+    let anew = second.call(oncebox::Call::step("run-1", "ship-again", "fulfill", args.to_string())).await;
+    assert_eq!(anew.expect("call").status, Status::AwaitingApproval);
+    assert_eq!((provider.requests(), provider.counts("o-1").fulfillments), (0, 0));
+}

@@ -157,6 +157,10 @@ pub enum End {
     Limit(Limit),
     /// The guest returned something that is not the contract's JSON.
     InvalidOutput,
+    /// An earlier owner's attempt that wrote effects ahead and never recorded its end (it crashed,
+    /// or stalled past its lease and was taken over): judged from its effects on record, never run
+    /// again under its number (DESIGN section 7).
+    Interrupted,
 }
 
 /// The limit an attempt went past.
@@ -227,6 +231,8 @@ pub fn attempt(end: &End, in_doubt: &[bool], class: ReplayClass) -> Option<Class
         // retrying cannot help.
         End::Limit(limit) => of(Failure::Permanent, limit.name()),
         End::InvalidOutput => of(Failure::Permanent, "invalid-output"),
+        // Every effect it sent is answered or proven not taken: like a trap after them.
+        End::Interrupted => of(Failure::Transient, "interrupted"),
     }
 }
 

@@ -2,8 +2,8 @@
 //! refused, when an approval stands or lapses, what settling an unknown makes of its records.
 
 use crate::{
-    ApprovalRecord, ApprovalState, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, LedgerError,
-    OperationRecord, OperationStatus, Resolution, Settlement, StaleApproval,
+    ApprovalRecord, ApprovalState, AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectSource, EffectStatus,
+    ErrorRecord, LedgerError, OperationRecord, OperationStatus, Resolution, Settlement, StaleApproval,
 };
 
 /// What an operation's record (or its absence) means for a caller that wants to run it.
@@ -252,6 +252,19 @@ pub fn stamp(effect_key: &str) -> u64 {
     n.max(1)
 }
 
+/// The effects that an attempt which never recorded its end sent: those written ahead more often
+/// than the recorded attempts say they were sent (each recorded attempt lists every effect it sent,
+/// fresh or again). Asked by whoever takes an operation over. Empty: its owner stopped before any
+/// write-ahead, nothing of the attempt left the host, and the take-over is not an attempt (DESIGN
+/// section 7); else the take-over counts it, and an irreversible effect is never sent twice.
+pub fn unrecorded_sends<'e>(effects: &'e [EffectRecord], attempts: &[AttemptRecord]) -> Vec<&'e EffectRecord> {
+    let sent = |key: &str| {
+        let recorded = attempts.iter().flat_map(|a| &a.effects);
+        recorded.filter(|e| e.key == key && e.source != EffectSource::Deduplicated).count()
+    };
+    effects.iter().filter(|effect| effect.dispatches as usize > sent(&effect.key)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,5 +317,57 @@ mod tests {
         }
         // A local effect's record is written as it is taken, never from `dispatched`.
         assert!(!answer_may_ride(&effect(Completed), None, 0));
+    }
+
+    fn attempt(sent: &[(&str, EffectSource)]) -> AttemptRecord {
+        AttemptRecord {
+            operation_key: "op".into(),
+            run_id: "r".into(),
+            step_id: "s".into(),
+            tool: "t".into(),
+            attempt: 1,
+            max_attempts: 3,
+            fence: 1,
+            started_ms: 1,
+            duration_us: 1,
+            outcome: "transient".into(),
+            message: None,
+            source: crate::AttemptSource::Fresh,
+            downstream_accepted: None,
+            effects: sent
+                .iter()
+                .map(|(key, source)| crate::AttemptEffect {
+                    key: (*key).into(),
+                    label: "charge".into(),
+                    source: *source,
+                    status: EffectStatus::Retryable,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_send_no_recorded_attempt_accounts_for_was_the_stopped_attempts() {
+        use EffectSource::*;
+        let sent = |key: &str, dispatches: u32| EffectRecord {
+            key: key.into(),
+            dispatches,
+            ..effect(EffectStatus::Retryable)
+        };
+        let keys = |effects: &[EffectRecord], attempts: &[AttemptRecord]| -> Vec<String> {
+            unrecorded_sends(effects, attempts).iter().map(|e| e.key.clone()).collect()
+        };
+        // No attempt recorded: whatever is on record was sent by the one that stopped.
+        assert_eq!(keys(&[sent("a", 1)], &[]), ["a"]);
+        // Sent once and recorded once: the stopped attempt sent nothing.
+        assert_eq!(keys(&[sent("a", 1)], &[attempt(&[("a", Fresh)])]), Vec::<String>::new());
+        // Answered from the ledger by a later attempt: no send; a third dispatch nobody recorded.
+        let two = [attempt(&[("a", Fresh)]), attempt(&[("a", Deduplicated)])];
+        assert_eq!(keys(&[sent("a", 1)], &two), Vec::<String>::new());
+        assert_eq!(keys(&[sent("a", 2)], &two), ["a"]);
+        let resent = [attempt(&[("a", Fresh)]), attempt(&[("a", Redispatched)])];
+        assert_eq!(keys(&[sent("a", 2), sent("b", 1)], &resent), ["b"]);
+        // Nothing on record: nothing left the host.
+        assert_eq!(keys(&[], &[]), Vec::<String>::new());
     }
 }

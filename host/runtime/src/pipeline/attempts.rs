@@ -12,7 +12,9 @@ use crate::call::{Outcome, Prepared, Status};
 use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::lease::Lease;
-use crate::ledger::{AttemptEffect, AttemptRecord, AttemptSource, ErrorRecord, LedgerError, OperationStatus};
+use crate::ledger::{
+    AttemptEffect, AttemptRecord, AttemptSource, EffectSource, ErrorRecord, LedgerError, OperationStatus,
+};
 use crate::policy::RetryPolicy;
 use crate::redact::sensitive_values;
 use crate::retry::{self, Decision, Failure};
@@ -32,6 +34,10 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
     let mut lease =
         Lease { host, key: operation_key.clone(), fence, until_ms: claimed_at + host.lease.as_millis() as u64 };
     let mut attempt = previous_attempts;
+    // A take-over (a fresh claim has fence 1): the attempt its owner stopped in, if it sent
+    // anything, is one of the class's attempts, judged first from what it left and never run again
+    // under its number (DESIGN section 7). So an irreversible effect is never sent twice.
+    let mut stopped = if fence == 1 { None } else { stopped_attempt(host, &operation_key).await? };
     // Attempts run again because another step's KV write committed first (see below).
     let mut reruns = 0;
     loop {
@@ -48,10 +54,18 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
             first,
             secrets: shared_secrets.clone(),
         };
-        let ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), Some(scope));
-        let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
-        // The attempt's deadline bounds it (the store's timeout), with a moment to hand back.
-        let (mut invocation, mut ctx) = lease.over(policy.attempt_deadline + Duration::from_secs(1), invoke).await;
+        let mut ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), Some(scope));
+        let (mut invocation, mut ctx) = match stopped.take() {
+            Some((why, sent)) => {
+                ctx.effects = sent;
+                (Invocation::Interrupted(why), ctx)
+            }
+            None => {
+                let invoke = host.runtime.invoke(tool, ctx, &canonical, policy.attempt_deadline, &secrets);
+                // The attempt's deadline bounds it (the store's timeout), with a moment to hand back.
+                lease.over(policy.attempt_deadline + Duration::from_secs(1), invoke).await
+            }
+        };
         if ctx.rerun && reruns < MAX_KV_RERUNS {
             // A write-ahead carried a versioned KV write whose key another step wrote first: it was
             // refused, nothing of it left, and the attempt runs again from the start, uncounted.
@@ -203,6 +217,35 @@ async fn unknown(
 
 /// How often one call runs an attempt again after a KV conflict before it gives up.
 const MAX_KV_RERUNS: u32 = 64;
+
+/// The attempt an earlier owner of the operation stopped in, if it sent anything (DESIGN section
+/// 7): why it ended, and the effects it sent, as its record lists them. A try run again after a KV
+/// conflict lists an effect its first try sent as answered from the ledger, so a later take-over
+/// may count one attempt more than ran, never one less.
+async fn stopped_attempt(host: &Stage, operation_key: &str) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
+    let ledger = &host.shared.ledger;
+    let (effects, attempts) = (ledger.effects(operation_key).await?, ledger.attempts(operation_key).await?);
+    let sent = crate::ledger::unrecorded_sends(&effects, &attempts);
+    if sent.is_empty() {
+        return Ok(None);
+    }
+    let keys: Vec<&str> = sent.iter().map(|e| e.key.as_str()).collect();
+    let why = format!(
+        "its owner stopped (a crash, or a stall past its lease) after sending effect(s) {} and before recording \
+         the attempt's end; taken over, that attempt counts and is not run again",
+        keys.join(", ")
+    );
+    let sent = sent
+        .into_iter()
+        .map(|e| AttemptEffect {
+            key: e.key.clone(),
+            label: e.label.clone(),
+            source: if e.dispatches > 1 { EffectSource::Redispatched } else { EffectSource::Fresh },
+            status: e.status,
+        })
+        .collect();
+    Ok(Some((why, sent)))
+}
 
 /// The attempt's own in-doubt effects, plus any that an earlier attempt (or a stopped owner) left
 /// in doubt and this attempt did not settle: until each is settled, the operation cannot be called

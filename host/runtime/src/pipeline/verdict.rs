@@ -127,6 +127,7 @@ pub(super) fn classify(invocation: Invocation, in_doubt: &[InDoubt], class: Repl
         Invocation::LimitExceeded(limit, message) => (End::Limit(limit), message, None),
         // The guest never ran, so nothing happened: like a trap before any effect.
         Invocation::Unavailable(message) => (End::Trap, format!("host: {message}"), None),
+        Invocation::Interrupted(message) => (End::Interrupted, message, None),
     };
     let resendable: Vec<bool> = in_doubt.iter().map(|d| d.resendable).collect();
     match (failure::attempt(&end, &resendable, class), output) {

@@ -25,6 +25,9 @@ pub enum Invocation {
     LimitExceeded(Limit, String),
     /// The host could not set the attempt up (a granted directory is gone); the guest never ran.
     Unavailable(String),
+    /// Not run here: the attempt of an earlier owner that wrote effects ahead and stopped before
+    /// recording its end (`failure::End::Interrupted`), judged by whoever took the operation over.
+    Interrupted(String),
 }
 
 /// Epoch ticks covering `d`, at least one.
