@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::clock::millis;
 use crate::error::{CallError, LedgerError};
 use crate::host::Host;
-use crate::ledger::{OperationStatus, ReconcileNote, Why};
+use crate::ledger::{ApprovalStanding, OperationStatus, ReconcileNote, Why};
 use crate::reconcile::Reconciliation;
 
 pub use oncebox_core::reconcile_schedule::{MAX_SCHEDULED, MAX_TRIES_PER_PASS, MIN_GAP, Schedule, Settings, next_try};
@@ -102,6 +102,10 @@ pub struct Reconciler {
     /// each reading of the ledger does not write the notification again; a restart forgets them,
     /// and the ledger enqueues nothing more for them (`enqueue_once`).
     told: std::collections::HashSet<String>,
+    /// The requests for approval this reconciler made sure a person was told of: each one the
+    /// call that made it may not have (it notifies after its request is written, and a crash may
+    /// come between), or made while `[notify]` was not set.
+    told_pending: std::collections::HashSet<String>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -138,6 +142,7 @@ impl Reconciler {
             jitter_domain,
             observers: vec![],
             told: std::collections::HashSet::new(),
+            told_pending: std::collections::HashSet::new(),
         }
     }
 
@@ -232,6 +237,9 @@ impl Reconciler {
                     }
                 }
             }
+        }
+        if let Some(notifier) = self.host.notifier() {
+            tell_pending(self.host.ledger(), notifier, &mut self.told_pending, now).await?;
         }
         let unknown: Vec<(String, String)> =
             all_unknown.into_iter().filter(|op| self.host.reconciles(&op.tool)).map(|op| (op.key, op.tool)).collect();
@@ -339,6 +347,42 @@ impl Reconciler {
         }
         attempt
     }
+}
+
+/// Makes sure a person was told of every request for approval still pending, from the index of
+/// open work: O(pending), and a request is read once per reconciler (`told`, kept to those still
+/// pending). The notification's key is the request's, so one that its call enqueued is not
+/// enqueued again (`Ledger::enqueue_once`).
+async fn tell_pending(
+    ledger: &crate::ledger::Ledger,
+    notifier: &crate::notify::Notifier,
+    told: &mut std::collections::HashSet<String>,
+    now_ms: u64,
+) -> Result<(), LedgerError> {
+    let pending: std::collections::HashSet<String> = ledger
+        .open_runs(None, now_ms)
+        .await?
+        .into_values()
+        .flatten()
+        .filter(|open| matches!(open.why, Why::AwaitingApproval { standing: ApprovalStanding::Pending }))
+        .map(|open| open.operation_key)
+        .collect();
+    told.retain(|key| pending.contains(key));
+    for key in pending {
+        if told.contains(&key) {
+            continue;
+        }
+        let Some(request) = ledger.approval(&key).await? else { continue };
+        match notifier.notice(crate::notify::Event::ApprovalRequested(&request)).await {
+            Ok(_) => {
+                told.insert(key);
+            }
+            Err(e) => {
+                tracing::warn!(operation_key = %key, error = %e, "could not enqueue a notification; tried again at the next reading")
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

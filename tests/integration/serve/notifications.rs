@@ -186,3 +186,34 @@ async fn the_documented_receiver_refuses_a_notification_not_signed_with_the_secr
     }
     assert_eq!(answers, [401, 401, 204], "another key and an hour-old stamp are refused");
 }
+
+/// A request for approval made while no `[notify]` was set (or written just before a crash, ahead
+/// of its notification) is told by the server's background reading of open work, once, without
+/// anyone calling the step again; the reading after it tells nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_no_call_told_of_is_told_by_the_background_reading_once() {
+    let provider = Provider::start().await.expect("provider");
+    let reconciler = "[reconciler]\nfirst = \"1h\"\nmax = \"2h\"\nevery = \"200ms\"\n";
+    let setup = Setup::reconciling(&provider, reconciler);
+    let mut server = setup.serve();
+    let address = json!({"order_id": "n2", "address": "10 Downing Street", "items": [{"sku": "sku-1", "quantity": 1}]});
+    let asked = call(&server, "rp", "ship-n2", "fulfill", address).await;
+    assert_eq!(asked["status"], "awaiting-approval", "{asked}");
+    server.kill();
+
+    let port = free_port();
+    let mut policy = std::fs::read_to_string(setup.policy()).expect("policy");
+    policy.push_str(&format!("[notify]\nurls = [\"http://127.0.0.1:{port}/hook\"]\nsecret = \"{SECRET}\"\n"));
+    std::fs::write(setup.policy(), policy).expect("policy");
+    let receiver = Receiver::start(port, setup.dir.path());
+    let server = setup.serve();
+    let events = receiver.collect(1, Duration::from_secs(30));
+    // Several readings of the ledger passed while it collected (one every 200 ms).
+    assert_eq!(events.len(), 1, "told once: {events:#?}\n{}", server.log());
+    assert_eq!(events[0]["event"], "approval-requested", "{events:#?}");
+    assert_eq!(events[0]["operation_key"], asked["operation_key"]);
+    assert!(!events[0].to_string().contains("Downing"), "no sensitive value: {}", events[0]);
+    assert!(!receiver.stderr().contains("repeat"), "{}", receiver.stderr());
+    assert_eq!(server.log().matches("a person is notified").count(), 1, "{}", server.log());
+    assert_eq!(provider.requests(), 0, "telling a person sends nothing");
+}
