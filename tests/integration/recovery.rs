@@ -311,9 +311,22 @@ impl oncebox_runtime::hooks::Hooks for StopsAfterItsAnswer {
 /// and sending it again takes a new step and a new approval. Counted where the sends land.
 #[tokio::test]
 async fn a_take_over_never_sends_an_irreversible_effect_again_even_after_a_send_proven_not_taken() {
-    use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().expect("dir");
     let ledger = oncebox::Ledger::open(dir.path().join("ledger.redb")).expect("ledger");
+    an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger, dir).await;
+}
+
+/// The same on PostgreSQL, where every answer is recorded for every host at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_ledger_a_take_over_never_sends_an_irreversible_effect_again() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = crate::pg::fresh_database().await;
+    let ledger = oncebox::Ledger::connect(&url).await.expect("ledger");
+    an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger, dir).await;
+}
+
+async fn an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger: oncebox::Ledger, dir: tempfile::TempDir) {
+    use std::sync::atomic::Ordering;
     let provider = Provider::start().await.expect("provider");
     let lease = std::time::Duration::from_millis(300);
     let owner = std::sync::Arc::new(StopsAfterItsAnswer::default());
