@@ -146,6 +146,7 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     undone_stays_undone(facts, &mut found);
     compensation_finishes(facts, &mut found);
     irreversible_sent_once(facts, &mut found);
+    irreversible_never_resent(facts, &mut found);
     acknowledged_survive(facts, &mut found);
     completed_took_effect(facts, &mut found);
     outbox_once(facts, &mut found);
@@ -363,6 +364,21 @@ fn irreversible_sent_once(facts: &Facts, found: &mut Vec<Violation>) {
     for (order, n) in sent.into_iter().filter(|(_, n)| *n > 1) {
         let detail = format!("an irreversible fulfillment was sent {n} times");
         found.push(violation("irreversible-sent-twice", &run_of(facts, order), order, detail));
+    }
+}
+
+/// An irreversible request leaves the host once under its key, a send proven not taken (a refused
+/// connection) included: whoever takes its step over judges the stopped attempt from what it left
+/// and sends nothing again (DESIGN section 7); sending it again takes a new step and a new approval.
+fn irreversible_never_resent(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut sent: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    for request in facts.requests.iter().filter(|r| r.route == "fulfillments") {
+        *sent.entry((request.order.as_str(), request.key.as_str())).or_default() += 1;
+    }
+    for ((order, key), n) in sent.into_iter().filter(|(_, n)| *n > 1) {
+        let detail =
+            format!("an irreversible fulfillment left {n} times under its key {key}, refused connections included");
+        found.push(violation("irreversible-resent", &run_of(facts, order), order, detail));
     }
 }
 

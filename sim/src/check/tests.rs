@@ -302,12 +302,32 @@ fn an_irreversible_request_sent_twice_is_found() {
         ..Facts::default()
     };
     assert_eq!(names(&facts), Vec::<&str>::new());
+    // A refused connection under another step's key sent nothing: a new step, a new approval.
     let mut refused = request("fulfillments", "o-1", body.clone());
     refused.answer = Some(crate::plan::Answer::NotConnected);
+    refused.key = "an earlier step's".into();
     facts.requests.insert(0, refused);
     assert_eq!(names(&facts), Vec::<&str>::new(), "a refused connection sent nothing");
-    facts.requests.push(request("fulfillments", "o-1", body));
+    let mut second = request("fulfillments", "o-1", body);
+    second.key = "another step's".into();
+    facts.requests.push(second);
     assert_eq!(names(&facts), ["irreversible-sent-twice"]);
+}
+
+#[test]
+fn an_irreversible_request_sent_again_under_its_key_after_a_refused_connection_is_found() {
+    let body = json!({"order_id": "o-1"});
+    let approved = decided(true, body.clone(), "sha256:1", "approved");
+    let mut refused = request("fulfillments", "o-1", body.clone());
+    refused.answer = Some(crate::plan::Answer::NotConnected);
+    let facts = Facts {
+        requests: vec![refused, request("fulfillments", "o-1", body)],
+        fulfill_digest: Some("sha256:1".into()),
+        operations: vec![op("fulfill", "o-1", "failed", None)],
+        history: vec![approved],
+        ..Facts::default()
+    };
+    assert_eq!(names(&facts), ["irreversible-resent"]);
 }
 
 #[test]
