@@ -213,6 +213,7 @@ async fn fences_never_repeat_across_in_memory_and_durable_take_overs() {
         last_dispatched_ms: 0,
         updated_ms: 0,
         resolution: None,
+        attempt: 1,
     };
     for round in 0..50 {
         let op = format!("op-{round}");

@@ -47,6 +47,7 @@ pub(crate) fn effect(op: &str, n: u32, status: EffectStatus, dispatches: u32) ->
         last_dispatched_ms: n.into(),
         updated_ms: 0,
         resolution: None,
+        attempt: 1,
     }
 }
 

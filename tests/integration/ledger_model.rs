@@ -158,6 +158,7 @@ fn effect(op: usize, effect: usize, status: EffectStatus, dispatches: u32, now_m
         last_dispatched_ms: now_ms,
         updated_ms: now_ms,
         resolution: None,
+        attempt: 1,
     }
 }
 

@@ -113,6 +113,7 @@ fn effect(run: usize, step: usize, status: EffectStatus) -> EffectRecord {
         last_dispatched_ms: 1,
         updated_ms: 0,
         resolution: None,
+        attempt: 1,
     }
 }
 

@@ -178,6 +178,7 @@ async fn enqueue(ledger: &Ledger, op: &str, messages: &[(&str, String)]) {
                 last_dispatched_ms: now,
                 updated_ms: now,
                 resolution: None,
+                attempt: 1,
             };
             (record, LocalWrite::Outbox { topic: topic.to_string(), payload: payload.clone() })
         })

@@ -313,34 +313,51 @@ impl oncebox_runtime::hooks::Hooks for StopsAfterItsAnswer {
 async fn a_take_over_never_sends_an_irreversible_effect_again_even_after_a_send_proven_not_taken() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = oncebox::Ledger::open(dir.path().join("ledger.redb")).expect("ledger");
-    an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger, dir).await;
+    an_irreversible_step_taken_over_after_its_send_sends_nothing([ledger.clone(), ledger], dir).await;
 }
 
-/// The same on PostgreSQL, where every answer is recorded for every host at once.
+/// The same on PostgreSQL, two hosts each with its own connections, where an answer is recorded
+/// for every host at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_shared_ledger_a_take_over_never_sends_an_irreversible_effect_again() {
     let dir = tempfile::tempdir().expect("dir");
     let url = crate::pg::fresh_database().await;
-    let ledger = oncebox::Ledger::connect(&url).await.expect("ledger");
-    an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger, dir).await;
+    let first = oncebox::Ledger::connect(&url).await.expect("ledger");
+    let second = oncebox::Ledger::connect(&url).await.expect("ledger");
+    an_irreversible_step_taken_over_after_its_send_sends_nothing([first, second], dir).await;
 }
 
-async fn an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger: oncebox::Ledger, dir: tempfile::TempDir) {
+/// Hosts on `ledgers` (the first stops), as the tests configure them, with a short lease.
+fn take_over_hosts(
+    ledger: &oncebox::Ledger,
+    dir: &tempfile::TempDir,
+    provider: &oncebox_example_provider::ProviderHandle,
+) -> oncebox::HostBuilder {
+    let on = oncebox::HostBuilder::on_ledger(ledger.clone()).key_file(dir.path().join("hosts.key"));
+    crate::support::configure(on, provider, false).lease(TAKE_OVER_LEASE)
+}
+
+const TAKE_OVER_LEASE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Runs `call` on a host whose send is answered 429 and which stops right after recording it,
+/// then waits out its lease: what the next host finds. A tool that needs approval is approved
+/// first (its request's key is returned).
+async fn stopped_after_a_429(
+    ledger: &oncebox::Ledger,
+    dir: &tempfile::TempDir,
+    provider: &oncebox_example_provider::ProviderHandle,
+    call: &oncebox::Call,
+) -> (std::sync::Arc<StopsAfterItsAnswer>, Option<String>) {
     use std::sync::atomic::Ordering;
-    let provider = Provider::start().await.expect("provider");
-    let lease = std::time::Duration::from_millis(300);
     let owner = std::sync::Arc::new(StopsAfterItsAnswer::default());
-    let builder = || {
-        let on = oncebox::HostBuilder::on_ledger(ledger.clone()).key_file(dir.path().join("hosts.key"));
-        crate::support::configure(on, &provider, false).lease(lease)
-    };
-    let first = builder().hooks(owner.clone()).build().await.expect("host");
+    let first = take_over_hosts(ledger, dir, provider).hooks(owner.clone()).build().await.expect("host");
     crate::support::load_all(&first).await;
-    let args =
-        serde_json::json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
-    let call = oncebox::Call::step("run-1", "ship", "fulfill", args.to_string());
-    let asked = first.call(call.clone()).await.expect("call");
-    crate::support::approve(&first, &asked).await;
+    let mut key = None;
+    if first.manifest(&call.tool).expect("loaded").class == oncebox::ReplayClass::Irreversible {
+        let asked = first.call(call.clone()).await.expect("call");
+        crate::support::approve(&first, &asked).await;
+        key = asked.operation_key;
+    }
     let running = tokio::spawn({
         let (first, call) = (first.clone(), call.clone());
         async move { first.call(call).await }
@@ -349,19 +366,32 @@ async fn an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger: on
     running.abort();
     assert!(running.await.is_err_and(|e| e.is_cancelled()));
     drop(first);
-    let key = asked.operation_key.clone().expect("key");
-    let effects = ledger.effects(&key).await.expect("effects");
+    tokio::time::sleep(TAKE_OVER_LEASE * 2).await;
+    (owner, key)
+}
+
+async fn an_irreversible_step_taken_over_after_its_send_sends_nothing(
+    [first, second]: [oncebox::Ledger; 2],
+    dir: tempfile::TempDir,
+) {
+    use std::sync::atomic::Ordering;
+    let provider = Provider::start().await.expect("provider");
+    let args =
+        serde_json::json!({"order_id": "o-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
+    let call = oncebox::Call::step("run-1", "ship", "fulfill", args.to_string());
+    let (owner, key) = stopped_after_a_429(&first, &dir, &provider, &call).await;
+    let key = key.expect("the request's key");
+    let effects = second.effects(&key).await.expect("effects");
     assert_eq!(effects.len(), 1, "{effects:?}");
     assert_eq!((effects[0].status, effects[0].dispatches), (EffectStatus::Retryable, 1), "{effects:?}");
-    tokio::time::sleep(lease * 2).await;
 
-    let second = builder().build().await.expect("host");
-    crate::support::load_all(&second).await;
-    let outcome = second.call(call.clone()).await.expect("call");
+    let host = take_over_hosts(&second, &dir, &provider).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    let outcome = host.call(call.clone()).await.expect("call");
     assert_eq!(outcome.status, Status::Failed, "{outcome:?}");
     assert_eq!(owner.sent.load(Ordering::SeqCst), 1, "the stopped owner's one send");
     assert_eq!(provider.requests(), 0, "the host that took the step over sent nothing");
-    let attempts = ledger.attempts(&key).await.expect("attempts");
+    let attempts = second.attempts(&key).await.expect("attempts");
     let outcomes: Vec<(u32, &str)> = attempts.iter().map(|a| (a.attempt, a.outcome.as_str())).collect();
     assert_eq!(outcomes, [(1, "interrupted")], "the stopped attempt counts: {attempts:?}");
     assert_eq!(attempts[0].effects.len(), 1, "{attempts:?}");
@@ -369,9 +399,33 @@ async fn an_irreversible_step_taken_over_after_its_send_sends_nothing(ledger: on
     assert!(error.message.contains("stopped"), "{error:?}");
 
     // Asked again: the record answers. The same intent is a new step, with an approval of its own.
-    let again = second.call(call).await.expect("call");
+    let again = host.call(call).await.expect("call");
     assert!(again.replayed && again.status == Status::Failed, "{again:?}");
-    let anew = second.call(oncebox::Call::step("run-1", "ship-again", "fulfill", args.to_string())).await;
+    let anew = host.call(oncebox::Call::step("run-1", "ship-again", "fulfill", args.to_string())).await;
     assert_eq!(anew.expect("call").status, Status::AwaitingApproval);
     assert_eq!((provider.requests(), provider.counts("o-1").fulfillments), (0, 0));
+}
+
+/// A compensatable step taken over after the same stop: the stopped attempt is attempt 1 (nothing
+/// of it was taken), and attempt 2 sends the charge with its key: charged once, in two attempts.
+#[tokio::test]
+async fn a_take_over_counts_the_stopped_attempt_and_retries_within_the_class_budget() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = oncebox::Ledger::open(dir.path().join("ledger.redb")).expect("ledger");
+    let provider = Provider::start().await.expect("provider");
+    let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
+    let (owner, _) = stopped_after_a_429(&ledger, &dir, &provider, &call).await;
+    let host = take_over_hosts(&ledger, &dir, &provider).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    let outcome = host.call(call).await.expect("call");
+    assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+    assert_eq!(outcome.attempts, 2, "{outcome:?}");
+    let key = outcome.operation_key.expect("key");
+    let attempts = ledger.attempts(&key).await.expect("attempts");
+    let outcomes: Vec<&str> = attempts.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["interrupted", "ok"], "{attempts:?}");
+    assert_eq!(owner.sent.load(Ordering::SeqCst), 1);
+    provider.settled().await;
+    assert_eq!((provider.requests(), provider.counts("o-1").payments), (1, 1));
 }

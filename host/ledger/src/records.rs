@@ -152,6 +152,11 @@ pub struct EffectRecord {
     /// How it left doubt, when reconciliation or a person settled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolution: Option<Settlement>,
+    /// The number of the attempt that last wrote it (ahead of a send, or with a local write): one
+    /// above the operation's recorded attempts means that attempt never recorded its end
+    /// (`rules::unrecorded_sends`). 0 in records written before it was kept.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 impl EffectRecord {

@@ -2,7 +2,7 @@
 //! refused, when an approval stands or lapses, what settling an unknown makes of its records.
 
 use crate::{
-    ApprovalRecord, ApprovalState, AttemptRecord, Claim, ClaimRequest, EffectRecord, EffectSource, EffectStatus,
+    ApprovalRecord, ApprovalState, AttemptEffect, Claim, ClaimRequest, EffectRecord, EffectSource, EffectStatus,
     ErrorRecord, LedgerError, OperationRecord, OperationStatus, Resolution, Settlement, StaleApproval,
 };
 
@@ -252,17 +252,27 @@ pub fn stamp(effect_key: &str) -> u64 {
     n.max(1)
 }
 
-/// The effects that an attempt which never recorded its end sent: those written ahead more often
-/// than the recorded attempts say they were sent (each recorded attempt lists every effect it sent,
-/// fresh or again). Asked by whoever takes an operation over. Empty: its owner stopped before any
-/// write-ahead, nothing of the attempt left the host, and the take-over is not an attempt (DESIGN
-/// section 7); else the take-over counts it, and an irreversible effect is never sent twice.
-pub fn unrecorded_sends<'e>(effects: &'e [EffectRecord], attempts: &[AttemptRecord]) -> Vec<&'e EffectRecord> {
-    let sent = |key: &str| {
-        let recorded = attempts.iter().flat_map(|a| &a.effects);
-        recorded.filter(|e| e.key == key && e.source != EffectSource::Deduplicated).count()
-    };
-    effects.iter().filter(|effect| effect.dispatches as usize > sent(&effect.key)).collect()
+/// The effects that an attempt which never recorded its end wrote (ahead of a send, or with a
+/// local write): those stamped with an attempt number above the `recorded` attempts of their
+/// operation. Asked by whoever takes an operation over, and by redb's recovery at open. Empty: its
+/// owner stopped before any write-ahead, nothing of the attempt left the host, and the take-over is
+/// not an attempt (DESIGN section 7); else the take-over counts it, and an irreversible effect is
+/// never sent twice.
+pub fn unrecorded_sends(effects: &[EffectRecord], recorded: u32) -> Vec<&EffectRecord> {
+    effects.iter().filter(|effect| effect.attempt > recorded).collect()
+}
+
+/// The record an attempt that stopped without recording its end leaves, judged by whoever takes
+/// its operation over (or recovers it): the effects it wrote, as an attempt lists them.
+pub fn sent_by_stopped(sent: &[&EffectRecord]) -> Vec<AttemptEffect> {
+    sent.iter()
+        .map(|e| AttemptEffect {
+            key: e.key.clone(),
+            label: e.label.clone(),
+            source: if e.dispatches > 1 { EffectSource::Redispatched } else { EffectSource::Fresh },
+            status: e.status,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -300,6 +310,7 @@ mod tests {
             last_dispatched_ms: 1,
             updated_ms: 1,
             resolution: None,
+            attempt: 1,
         }
     }
 
@@ -319,55 +330,22 @@ mod tests {
         assert!(!answer_may_ride(&effect(Completed), None, 0));
     }
 
-    fn attempt(sent: &[(&str, EffectSource)]) -> AttemptRecord {
-        AttemptRecord {
-            operation_key: "op".into(),
-            run_id: "r".into(),
-            step_id: "s".into(),
-            tool: "t".into(),
-            attempt: 1,
-            max_attempts: 3,
-            fence: 1,
-            started_ms: 1,
-            duration_us: 1,
-            outcome: "transient".into(),
-            message: None,
-            source: crate::AttemptSource::Fresh,
-            downstream_accepted: None,
-            effects: sent
-                .iter()
-                .map(|(key, source)| crate::AttemptEffect {
-                    key: (*key).into(),
-                    label: "charge".into(),
-                    source: *source,
-                    status: EffectStatus::Retryable,
-                })
-                .collect(),
-        }
-    }
-
     #[test]
-    fn a_send_no_recorded_attempt_accounts_for_was_the_stopped_attempts() {
-        use EffectSource::*;
-        let sent = |key: &str, dispatches: u32| EffectRecord {
-            key: key.into(),
-            dispatches,
-            ..effect(EffectStatus::Retryable)
+    fn what_an_attempt_above_the_recorded_ones_wrote_was_the_stopped_attempts() {
+        let by = |key: &str, attempt: u32| EffectRecord { key: key.into(), attempt, ..effect(EffectStatus::Retryable) };
+        let keys = |effects: &[EffectRecord], recorded: u32| -> Vec<String> {
+            unrecorded_sends(effects, recorded).iter().map(|e| e.key.clone()).collect()
         };
-        let keys = |effects: &[EffectRecord], attempts: &[AttemptRecord]| -> Vec<String> {
-            unrecorded_sends(effects, attempts).iter().map(|e| e.key.clone()).collect()
-        };
-        // No attempt recorded: whatever is on record was sent by the one that stopped.
-        assert_eq!(keys(&[sent("a", 1)], &[]), ["a"]);
-        // Sent once and recorded once: the stopped attempt sent nothing.
-        assert_eq!(keys(&[sent("a", 1)], &[attempt(&[("a", Fresh)])]), Vec::<String>::new());
-        // Answered from the ledger by a later attempt: no send; a third dispatch nobody recorded.
-        let two = [attempt(&[("a", Fresh)]), attempt(&[("a", Deduplicated)])];
-        assert_eq!(keys(&[sent("a", 1)], &two), Vec::<String>::new());
-        assert_eq!(keys(&[sent("a", 2)], &two), ["a"]);
-        let resent = [attempt(&[("a", Fresh)]), attempt(&[("a", Redispatched)])];
-        assert_eq!(keys(&[sent("a", 2), sent("b", 1)], &resent), ["b"]);
-        // Nothing on record: nothing left the host.
-        assert_eq!(keys(&[], &[]), Vec::<String>::new());
+        // No attempt recorded: what attempt 1 wrote, it never recorded.
+        assert_eq!(keys(&[by("a", 1)], 0), ["a"]);
+        assert_eq!(keys(&[by("a", 1)], 1), Vec::<String>::new(), "recorded");
+        // A second attempt resent one and wrote another, then stopped.
+        assert_eq!(keys(&[by("a", 2), by("b", 2), by("c", 1)], 1), ["a", "b"]);
+        // Written before attempts were stamped: never counted.
+        assert_eq!(keys(&[by("a", 0)], 0), Vec::<String>::new());
+        let sent = [by("a", 1), EffectRecord { dispatches: 2, ..by("b", 1) }];
+        let listed = sent_by_stopped(&sent.iter().collect::<Vec<_>>());
+        let sources: Vec<EffectSource> = listed.iter().map(|e| e.source).collect();
+        assert_eq!(sources, [EffectSource::Fresh, EffectSource::Redispatched]);
     }
 }

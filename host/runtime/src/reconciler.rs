@@ -238,8 +238,11 @@ impl Reconciler {
                 }
             }
         }
-        if let Some(notifier) = self.host.notifier() {
-            tell_pending(self.host.ledger(), notifier, &mut self.told_pending, now).await?;
+        if let Some(notifier) = self.host.notifier()
+            && let Err(e) = tell_pending(self.host.ledger(), notifier, &mut self.told_pending, now).await
+        {
+            // Telling a person never holds up the reconciling: tried again at the next reading.
+            tracing::warn!(error = %e, "could not read the pending requests for approval to tell of them");
         }
         let unknown: Vec<(String, String)> =
             all_unknown.into_iter().filter(|op| self.host.reconciles(&op.tool)).map(|op| (op.key, op.tool)).collect();
@@ -350,8 +353,8 @@ impl Reconciler {
 }
 
 /// Makes sure a person was told of every request for approval still pending, from the index of
-/// open work: O(pending), and a request is read once per reconciler (`told`, kept to those still
-/// pending). The notification's key is the request's, so one that its call enqueued is not
+/// open work: a reading of it (O(open)), and each pending request read once per reconciler
+/// (`told`, kept to those still pending). The notification's key is the request's, so one that its call enqueued is not
 /// enqueued again (`Ledger::enqueue_once`).
 async fn tell_pending(
     ledger: &crate::ledger::Ledger,

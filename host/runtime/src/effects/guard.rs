@@ -142,11 +142,23 @@ impl EffectCtx {
                     request.label
                 )));
             }
+            // An irreversible effect leaves once, whatever its first send met (DESIGN section 7):
+            // sending it again takes a new step and a new approval. (A rerun of this attempt after a
+            // KV conflict meets its own send here.)
+            Some(recorded) if scope.once => {
+                self.note(&recorded, EffectSource::Deduplicated, None);
+                return Err(ToolError::Transient(format!(
+                    "effect `{}` ({key}) was sent once and not taken; an irreversible effect is never sent twice: \
+                     a new step, with its own approval, sends it again",
+                    request.label
+                )));
+            }
             Some(mut recorded) => {
                 recorded.status = EffectStatus::Dispatched;
                 recorded.dispatches += 1;
                 recorded.updated_ms = now;
                 recorded.last_dispatched_ms = now;
+                recorded.attempt = scope.attempt;
                 (recorded, EffectSource::Redispatched)
             }
             None => (
@@ -167,6 +179,7 @@ impl EffectCtx {
                     last_dispatched_ms: now,
                     updated_ms: now,
                     resolution: None,
+                    attempt: scope.attempt,
                 },
                 EffectSource::Fresh,
             ),

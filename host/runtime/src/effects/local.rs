@@ -50,6 +50,7 @@ impl EffectCtx {
             last_dispatched_ms: now,
             updated_ms: now,
             resolution: None,
+            attempt: scope.attempt,
         };
         // Checked now, so the tool hears of a divergence at the call that diverged; checked again
         // when the staged write commits.

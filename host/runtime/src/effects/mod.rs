@@ -133,6 +133,10 @@ pub struct Scope {
     /// echoes one is recorded masked, with its exact text sealed for the guest's replays
     /// (`seal::keep`). Empty for a tool whose manifest marks nothing sensitive: no work then.
     pub secrets: Arc<[String]>,
+    /// The attempt's number, stamped on every effect it writes (`EffectRecord::attempt`).
+    pub attempt: u32,
+    /// The class is irreversible: an effect on record is never sent again (DESIGN section 7).
+    pub once: bool,
     /// The attempt's span: the effects' spans are its children.
     pub(crate) trace: crate::telemetry::Span,
 }

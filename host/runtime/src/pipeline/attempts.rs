@@ -12,9 +12,7 @@ use crate::call::{Outcome, Prepared, Status};
 use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::lease::Lease;
-use crate::ledger::{
-    AttemptEffect, AttemptRecord, AttemptSource, EffectSource, ErrorRecord, LedgerError, OperationStatus,
-};
+use crate::ledger::{AttemptEffect, AttemptRecord, AttemptSource, ErrorRecord, LedgerError, OperationStatus};
 use crate::policy::RetryPolicy;
 use crate::redact::sensitive_values;
 use crate::retry::{self, Decision, Failure};
@@ -37,7 +35,7 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
     // A take-over (a fresh claim has fence 1): the attempt its owner stopped in, if it sent
     // anything, is one of the class's attempts, judged first from what it left and never run again
     // under its number (DESIGN section 7). So an irreversible effect is never sent twice.
-    let mut stopped = if fence == 1 { None } else { stopped_attempt(host, &operation_key).await? };
+    let mut stopped = if fence == 1 { None } else { stopped_attempt(host, &operation_key, previous_attempts).await? };
     // Attempts run again because another step's KV write committed first (see below).
     let mut reruns = 0;
     loop {
@@ -53,6 +51,8 @@ pub(super) async fn run(host: &Stage, entry: &Entry, prepared: Prepared, owned: 
             redispatch_in_doubt: policy.redispatch_in_doubt,
             first,
             secrets: shared_secrets.clone(),
+            attempt,
+            once: class == crate::policy::ReplayClass::Irreversible,
         };
         let mut ctx = EffectCtx::new(host.shared.clone(), tool.sandbox.clone(), entry.config.clone(), Some(scope));
         let (mut invocation, mut ctx) = match stopped.take() {
@@ -218,33 +218,26 @@ async fn unknown(
 /// How often one call runs an attempt again after a KV conflict before it gives up.
 const MAX_KV_RERUNS: u32 = 64;
 
-/// The attempt an earlier owner of the operation stopped in, if it sent anything (DESIGN section
-/// 7): why it ended, and the effects it sent, as its record lists them. A try run again after a KV
-/// conflict lists an effect its first try sent as answered from the ledger, so a later take-over
-/// may count one attempt more than ran, never one less.
-async fn stopped_attempt(host: &Stage, operation_key: &str) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
-    let ledger = &host.shared.ledger;
-    let (effects, attempts) = (ledger.effects(operation_key).await?, ledger.attempts(operation_key).await?);
-    let sent = crate::ledger::unrecorded_sends(&effects, &attempts);
+/// The attempt an earlier owner of the operation stopped in, if it wrote anything (DESIGN section
+/// 7): why it ended, and the effects it wrote, as its record lists them. `recorded`: the attempts
+/// on record, whose number the stopped one's effects are stamped above.
+async fn stopped_attempt(
+    host: &Stage,
+    operation_key: &str,
+    recorded: u32,
+) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
+    let effects = host.shared.ledger.effects(operation_key).await?;
+    let sent = crate::ledger::unrecorded_sends(&effects, recorded);
     if sent.is_empty() {
         return Ok(None);
     }
     let keys: Vec<&str> = sent.iter().map(|e| e.key.as_str()).collect();
     let why = format!(
-        "its owner stopped (a crash, or a stall past its lease) after sending effect(s) {} and before recording \
+        "its owner stopped (a crash, or a stall past its lease) after writing effect(s) {} and before recording \
          the attempt's end; taken over, that attempt counts and is not run again",
         keys.join(", ")
     );
-    let sent = sent
-        .into_iter()
-        .map(|e| AttemptEffect {
-            key: e.key.clone(),
-            label: e.label.clone(),
-            source: if e.dispatches > 1 { EffectSource::Redispatched } else { EffectSource::Fresh },
-            status: e.status,
-        })
-        .collect();
-    Ok(Some((why, sent)))
+    Ok(Some((why, crate::ledger::sent_by_stopped(&sent))))
 }
 
 /// The attempt's own in-doubt effects, plus any that an earlier attempt (or a stopped owner) left
