@@ -37,6 +37,7 @@ mod clock;
 mod db;
 mod group;
 mod grouped;
+mod index;
 mod jobs;
 mod name;
 mod open;
@@ -345,7 +346,9 @@ impl Store for PostgresStore {
     }
 
     fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
-        // Every host's: the rows claimed and not yet written to (`recorded = false`).
+        // Every host's: the rows claimed and not yet written to (`recorded = false`). Read from
+        // the table itself, not the index of open work: `scan_open_runs`, the oracle the index is
+        // held to, reads them here. (`open_runs` reads them through the index.)
         // One statement each way: the sessions plan generically, and a generic plan of `$1 IS NULL
         // OR run_id = $1` could not use the run's index.
         Box::pin(async move {
@@ -453,6 +456,14 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         Box::pin(open::runs_page(self, after, limit))
+    }
+
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, super::OpenRuns> {
+        Box::pin(open::open_runs(self, run, now_ms))
+    }
+
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(open::ended_before(self, cutoff_ms))
     }
 
     fn is_shared(&self) -> bool {
