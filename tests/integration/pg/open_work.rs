@@ -51,8 +51,11 @@ async fn finish(ledger: &Ledger, req: &ClaimRequest, fence: u64, status: Operati
     ledger.record_attempt(fence, &attempt(req, fence), finish, now_ms, Vec::new()).await.expect("finish");
 }
 
-/// What the index reads, all runs' and each run's, and the ended operations, against the scan.
+/// What the index reads, all runs' and each run's, and the ended operations, against the scan; and
+/// the index holds exactly the keys the rule names (a key missing from a run that has others
+/// would not show in what it reads: the run is judged whole once it is being compensated).
 async fn agrees(
+    client: &tokio_postgres::Client,
     ledger: &Ledger,
     now_ms: u64,
     when: &str,
@@ -75,6 +78,13 @@ async fn agrees(
     let indexed: Vec<(u64, String)> =
         ledger.ended_before(u64::MAX).await.expect("ended").into_iter().map(|op| (op.updated_ms, op.key)).collect();
     assert_eq!(indexed, ended, "{when}: ended");
+    let scanned = ledger.open_runs_scanned(None, now_ms).await.expect("scanned");
+    let mut named: Vec<String> = scanned.values().flatten().map(|open| open.operation_key.clone()).collect();
+    named.sort();
+    named.dedup();
+    let rows = client.query("SELECT key FROM oncebox_open ORDER BY key", &[]).await.expect("index");
+    let held: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(held, named, "{when}: the keys the index holds");
     indexed_open_runs(ledger, now_ms).await
 }
 
@@ -93,28 +103,29 @@ async fn indexed_open_runs(
 async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
     let url = fresh_database().await;
     let (one, two) = (Ledger::connect(&url).await.expect("one"), Ledger::connect(&url).await.expect("two"));
+    let client = connect(&url).await;
     let mut now = 1_000;
     let charge = request("a", "charge", ReplayClass::Compensatable, now);
     let fence = claim(&one, &charge).await;
-    let open = agrees(&two, now, "a claim in flight").await;
+    let open = agrees(&client, &two, now, "a claim in flight").await;
     assert!(matches!(open["a"][0].why, oncebox::ledger::Why::InFlight { recorded: false, .. }), "{open:?}");
     let effect = crate::conformance::effect(&charge.key, 1, EffectStatus::Dispatched, 1);
     one.put_effect(fence, &effect, None, Vec::new()).await.expect("write-ahead");
-    agrees(&two, now, "a write-ahead").await;
+    agrees(&client, &two, now, "a write-ahead").await;
 
     // The host dies; its lease runs out; the other takes over and ends it unknown.
     now += LEASE + 1;
-    agrees(&two, now, "abandoned").await;
+    agrees(&client, &two, now, "abandoned").await;
     let taken = request("a", "charge", ReplayClass::Compensatable, now);
     let fence = claim(&two, &taken).await;
-    agrees(&one, now, "taken over").await;
+    agrees(&client, &one, now, "taken over").await;
     finish(&two, &taken, fence, OperationStatus::Unknown, now).await;
-    let open = agrees(&one, now, "unknown").await;
+    let open = agrees(&client, &one, now, "unknown").await;
     assert!(matches!(open["a"][0].why, oncebox::ledger::Why::Unknown), "{open:?}");
     let settlement = Settlement { verdict: "committed".into(), by: "ops".into(), note: None, at_ms: now };
     let resolution = Resolution::Committed { output: "{}".into() };
     one.resolve(&charge.key, None, None, &resolution, &settlement).await.expect("settled");
-    let open = agrees(&two, now, "settled").await;
+    let open = agrees(&client, &two, now, "settled").await;
     assert!(!open.contains_key("a"), "{open:?}");
 
     // An unknown reopened to resend its effect with its key.
@@ -126,37 +137,37 @@ async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
     doubt.status = EffectStatus::Unknown;
     one.put_effect(fence, &doubt, Some((EffectStatus::Dispatched, 1)), Vec::new()).await.expect("in doubt");
     finish(&one, &resend, fence, OperationStatus::Unknown, now).await;
-    agrees(&two, now, "unknown, to resend").await;
+    agrees(&client, &two, now, "unknown, to resend").await;
     let reopened = two.reopen(&resend, vec![effect.key.clone()]).await.expect("reopen");
     let Claim::Owned { fence, .. } = reopened else { panic!("{reopened:?}") };
-    agrees(&one, now, "reopened").await;
+    agrees(&client, &one, now, "reopened").await;
     let mut answered = doubt.clone();
     answered.status = EffectStatus::Completed;
     two.put_effect(fence, &answered, Some((EffectStatus::Unknown, 1)), Vec::new()).await.expect("answered");
     finish(&two, &resend, fence, OperationStatus::Completed, now).await;
-    agrees(&one, now, "completed").await;
+    agrees(&client, &one, now, "completed").await;
 
     // A request for approval: pending, approved, used; another rejected.
     let mut asked = approval("b/fulfill", 1, ApprovalState::Pending);
     asked.run_id = "b".into();
     asked.step_id = "fulfill".into();
     one.put_approval(&asked).await.expect("asked");
-    let open = agrees(&two, now, "pending").await;
+    let open = agrees(&client, &two, now, "pending").await;
     assert_eq!(open["b"].len(), 1, "{open:?}");
     asked.state = ApprovalState::Approved;
     asked.revision = 2;
     two.put_approval(&asked).await.expect("approved");
-    agrees(&one, now, "approved").await;
+    agrees(&client, &one, now, "approved").await;
     let mut under = request("b", "fulfill", ReplayClass::Irreversible, now);
     under.approval = Some(oncebox::ledger::SeenApproval { revision: 2, component: "sha256:aaaa".into() });
     let fence = claim(&one, &under).await;
-    agrees(&two, now, "used").await;
+    agrees(&client, &two, now, "used").await;
     finish(&one, &under, fence, OperationStatus::Completed, now).await;
     let mut rejected = approval("c/refund", 1, ApprovalState::Rejected);
     rejected.run_id = "c".into();
     rejected.step_id = "refund".into();
     two.put_approval(&rejected).await.expect("rejected");
-    let open = agrees(&one, now, "used and rejected").await;
+    let open = agrees(&client, &one, now, "used and rejected").await;
     assert!(open.is_empty(), "{open:?}");
 
     // A compensation: started, the completed compensatable step is outstanding until undone.
@@ -167,11 +178,11 @@ async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
         now,
     );
     let fence = claim(&two, &undo).await;
-    let open = agrees(&one, now, "compensation started").await;
+    let open = agrees(&client, &one, now, "compensation started").await;
     let reasons: Vec<&str> = open["a"].iter().map(|o| o.why.as_str()).collect();
     assert_eq!(reasons, ["in-flight", "compensation-outstanding"], "{open:?}");
     finish(&two, &undo, fence, OperationStatus::Completed, now).await;
-    let open = agrees(&one, now, "compensated").await;
+    let open = agrees(&client, &one, now, "compensated").await;
     assert!(open.is_empty(), "{open:?}");
 
     // Retention removes what ended, and the ended index forgets it.
@@ -194,7 +205,7 @@ async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
         .collect();
     let stale = oncebox::ledger::StaleApproval::of(&rejected);
     two.expire(&tombstones, &[stale]).await.expect("expired");
-    agrees(&one, now, "expired").await;
+    agrees(&client, &one, now, "expired").await;
     assert!(one.ended_before(u64::MAX).await.expect("ended").is_empty());
 }
 
@@ -240,7 +251,7 @@ async fn a_database_made_before_the_index_is_indexed_at_its_first_connect() {
         .await
         .expect("schema 1");
     let ledger = Ledger::connect(&url).await.expect("migrated");
-    assert_eq!(agrees(&ledger, now, "migrated").await, before);
+    assert_eq!(agrees(&client, &ledger, now, "migrated").await, before);
     let version: i64 = client
         .query_one("SELECT value FROM oncebox_meta WHERE name = 'schema_version'", &[])
         .await
@@ -324,4 +335,56 @@ async fn operations_read(client: &tokio_postgres::Client) -> i64 {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     last
+}
+
+/// Two hosts at once on the same runs: their steps end while their compensations start and undo
+/// some of them, each host's writes in groups of their own. Whatever order the database takes
+/// them in, the index ends as the rule computes from the records: the run's lock keeps a host
+/// from judging a step by a compensation another host is writing (without it, a host that ends a
+/// step reads the run as not compensated while the other starts its compensation, and drops the
+/// step that just became outstanding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_ending_steps_while_a_compensation_starts_leave_the_index_right() {
+    const RUNS: usize = 12;
+    const STEPS: usize = 8;
+    let url = fresh_database().await;
+    let hosts = [Ledger::connect(&url).await.expect("one"), Ledger::connect(&url).await.expect("two")];
+    let client = connect(&url).await;
+    let now = 1_000;
+    let mut steps = Vec::new();
+    for run in 0..RUNS {
+        for n in 0..STEPS {
+            let step = request(&format!("r{run:02}"), &format!("s{n}"), ReplayClass::Compensatable, now);
+            let fence = claim(&hosts[n % 2], &step).await;
+            steps.push((run, n, step, fence));
+        }
+    }
+    // Every step ends, on either host, while the compensations of the first two of its run are
+    // claimed and finished on the other.
+    let mut tasks = Vec::new();
+    for (run, n, step, fence) in steps {
+        let ledger = hosts[n % 2].clone();
+        tasks.push(tokio::spawn(async move { finish(&ledger, &step, fence, OperationStatus::Completed, now).await }));
+        if n < 2 {
+            let ledger = hosts[(n + 1) % 2].clone();
+            let run = format!("r{run:02}");
+            let step = format!("{}{run}/s{n}", oncebox::keys::COMPENSATION_PREFIX);
+            let undo = request(&run, &step, ReplayClass::IdempotentWrite, now);
+            tasks.push(tokio::spawn(async move {
+                let fence = claim(&ledger, &undo).await;
+                let status = if n == 0 { OperationStatus::Completed } else { OperationStatus::Failed };
+                finish(&ledger, &undo, fence, status, now).await
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    let open = agrees(&client, &hosts[0], now, "after the race").await;
+    // Started: every completed step not undone is outstanding (the one whose undo failed too).
+    for run in 0..RUNS {
+        let reasons = &open[&format!("r{run:02}")];
+        assert!(reasons.iter().all(|o| o.why.as_str() == "compensation-outstanding"), "{reasons:?}");
+        assert_eq!(reasons.len(), STEPS - 1, "{reasons:?}");
+    }
 }

@@ -255,13 +255,9 @@ pub(super) async fn read_wholes(
 
 /// Reindexes, in `tx` (which holds the locks of the touched keys and of their runs, exclusive
 /// where the flag says the change is a compensation's), each run of `touched`: run → (whether the
-/// change is a compensation's, the keys after it). Reads the runs it must read whole, then writes
-/// with `out`.
-pub(super) async fn reindex_in(
-    tx: &Tx<'_>,
-    touched: BTreeMap<String, (bool, Vec<After>)>,
-    mut out: IndexWrites,
-) -> Result<(), LedgerError> {
+/// change is a compensation's, the keys after it). Reads the runs it must read whole, then writes.
+pub(super) async fn reindex_in(tx: &Tx<'_>, touched: BTreeMap<String, (bool, Vec<After>)>) -> Result<(), LedgerError> {
+    let mut out = IndexWrites::default();
     if !touched.is_empty() {
         let wholes = read_wholes(tx, touched.iter().map(|(run, (tie, _))| (run.clone(), *tie)).collect()).await?;
         for (run, (_, after)) in &touched {

@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 
 use super::db::{Tx, column, encode, int, operation_lock, record, uint};
-use super::index::{self, IndexWrites};
+use super::index;
 use super::notify;
 use crate::ReconcileNote;
 use crate::{
@@ -167,7 +167,7 @@ pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String
 /// run's, exclusive if it is a compensation.
 async fn reindex_op(tx: &Tx<'_>, op: &OperationRecord) -> Result<(), LedgerError> {
     let touched = (crate::run_state::ties_the_run(op), vec![index::After::op(op)]);
-    index::reindex_in(tx, [(op.run_id.clone(), touched)].into(), IndexWrites::default()).await
+    index::reindex_in(tx, [(op.run_id.clone(), touched)].into()).await
 }
 
 /// Writes the reconciler's note on operation `key` if it is unknown (see `Store::note_reconcile`).
@@ -322,7 +322,7 @@ pub(super) async fn put_approval(tx: &Tx<'_>, approval: &ApprovalRecord) -> Done
     }
     let after = index::After { key: key.to_string(), op: None, asked: Some(Some(approval.clone())) };
     let tie = index::ties(&approval.step_id);
-    index::reindex_in(tx, [(approval.run_id.clone(), (tie, vec![after]))].into(), IndexWrites::default()).await?;
+    index::reindex_in(tx, [(approval.run_id.clone(), (tie, vec![after]))].into()).await?;
     Ok(((), true))
 }
 
@@ -423,7 +423,7 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         )
         .await?;
     }
-    index::reindex_in(tx, touched, IndexWrites::default()).await?;
+    index::reindex_in(tx, touched).await?;
     let wrote = !tombstones.is_empty() || !lapsed.is_empty();
     Ok((removed, wrote))
 }
