@@ -17,6 +17,11 @@
 //! in flight (the host going away) leave unknown whether the write was recorded, as the redb
 //! backend's failed batch does.
 //!
+//! Every transaction that changes a status or a request for approval also keeps the index of
+//! open work and of ended operations (`index.rs`), which `Store::open_runs` and
+//! `Store::ended_before` read (`open.rs`), so that background work and views follow the open work,
+//! not the history.
+//!
 //! As in the redb backend, an operation claimed but not yet written to (no write-ahead, no
 //! attempt) is not shown by reads; here its row exists all the same (`recorded = false`), since
 //! the row is what other hosts' claims meet.
