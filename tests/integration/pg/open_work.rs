@@ -388,3 +388,47 @@ async fn hosts_ending_steps_while_a_compensation_starts_leave_the_index_right() 
         assert_eq!(reasons.len(), STEPS - 1, "{reasons:?}");
     }
 }
+
+/// What the index costs the hot path: 64 callers each claiming and ending operations of runs of
+/// their own (a claim and a finished attempt with one KV write each), in calls per second. A
+/// timing, not a check: `cargo test ... pg::open_work::cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing, not a check"]
+async fn cost() {
+    const CALLERS: usize = 64;
+    const EACH: usize = 50;
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let started = Instant::now();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                for n in 0..EACH {
+                    let req = request(&format!("c{caller}-{n}"), "charge", ReplayClass::IdempotentWrite, 1_000);
+                    let fence = claim(&ledger, &req).await;
+                    let (_, staged) = kv(&req.key);
+                    let finish = Some((OperationStatus::Completed, Some("{}".to_string()), None));
+                    ledger.record_attempt(fence, &attempt(&req, fence), finish, 1_001, staged).await.expect("end");
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.expect("join");
+    }
+    let rate = (CALLERS * EACH) as f64 / started.elapsed().as_secs_f64();
+    eprintln!("{} calls (claim + attempt) at {CALLERS} callers: {rate:.0} calls/s", CALLERS * EACH);
+}
+
+fn kv(op: &str) -> ((), oncebox::ledger::Staged) {
+    let mut effect = crate::conformance::effect(op, 1, EffectStatus::Completed, 1);
+    effect.kind = "kv-set".into();
+    let write = oncebox::ledger::LocalWrite::KvSet {
+        namespace: "ns".into(),
+        key: op.into(),
+        value: b"v".to_vec(),
+        expected: None,
+    };
+    ((), vec![(effect, write)])
+}
