@@ -249,6 +249,28 @@ async fn run_on(backend: &Backend, steps: &[Step]) -> Result<(), String> {
         }
         let Some(current) = ledger.clone() else { return Err("no ledger".into()) };
         same_as_the_scan(&current, now).await.map_err(|e| format!("after step {n} {step:?}: {e}"))?;
+        if let Backend::Postgres(url) = backend {
+            holds_the_open_keys(url, &current, now).await.map_err(|e| format!("after step {n} {step:?}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// PostgreSQL's index holds exactly the keys the rule names (what it reads would not show a key
+/// missing from a run being compensated: such a run is judged whole).
+async fn holds_the_open_keys(url: &str, ledger: &Ledger, now: u64) -> Result<(), String> {
+    let scanned = ledger.open_runs_scanned(None, now).await.map_err(|e| e.to_string())?;
+    let mut named: Vec<String> = scanned.values().flatten().map(|open| open.operation_key.clone()).collect();
+    named.sort();
+    named.dedup();
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
+    let connection = tokio::spawn(connection);
+    let rows = client.query("SELECT key FROM oncebox_open ORDER BY key", &[]).await.map_err(|e| e.to_string())?;
+    drop(client);
+    let _ = connection.await;
+    let held: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    if held != named {
+        return Err(format!("the index holds {held:?}\nthe rule names {named:?}"));
     }
     Ok(())
 }

@@ -16,7 +16,7 @@
 //! The rules every backend applies (who gets an operation, when a finish is refused) live here,
 //! in [`verdict`] and [`refused_finish`], once; what keeps a run open is `run_state`'s. A
 //! backend may keep an index of what that rule calls open with every state change
-//! ([`Store::open_runs`]: redb's `open` table; PostgreSQL scans for now), so that what runs in
+//! ([`Store::open_runs`]: redb's `open` table, PostgreSQL's `oncebox_open`), so that what runs in
 //! the background or draws a view reads the open work or the page it asked for
 //! ([`Store::runs_page`], [`Store::ended_before`]), never the whole history.
 //!

@@ -30,7 +30,7 @@ pub fn compensation_step(op: &OperationRecord) -> String {
 
 /// Whether `op` is itself a compensation.
 pub fn is_compensation(op: &OperationRecord) -> bool {
-    op.step_id.starts_with(COMPENSATION_PREFIX)
+    step_ties_the_run(&op.step_id)
 }
 
 /// Whether `op` is a step a compensation would undo: completed, compensatable, not itself a
@@ -161,7 +161,13 @@ pub fn open_keys(operations: &[OperationRecord], approvals: &[ApprovalRecord]) -
 
 /// Whether a run whose operations include `op` must be judged whole (see [`open_keys`]).
 pub fn ties_the_run(op: &OperationRecord) -> bool {
-    is_compensation(op)
+    step_ties_the_run(&op.step_id)
+}
+
+/// Whether an operation of step `step_id` ties its run ([`ties_the_run`]), known before its
+/// record is read: a compensation's step.
+pub fn step_ties_the_run(step_id: &str) -> bool {
+    step_id.starts_with(COMPENSATION_PREFIX)
 }
 
 /// [`open_reasons`] for every run the records name, each run's own records given to it: the runs

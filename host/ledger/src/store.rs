@@ -275,15 +275,15 @@ pub trait Store: Send + Sync + 'static {
     /// ([`run_state::open_reasons`](crate::run_state::open_reasons)); a closed run is absent. A
     /// store that keeps an index of open work (redb's table) reads it: O(open), whatever the
     /// history. This default reads every record ([`scan_open_runs`]), O(history): the reference
-    /// model's, the oracle the conformance suite compares with, and PostgreSQL's for now.
+    /// model's, and the oracle the conformance suite compares every index with.
     fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {
         Box::pin(scan_open_runs(self, run, now_ms))
     }
 
     /// The completed and failed operations last written before `cutoff_ms`, oldest first: what
-    /// retention may remove (if their run is closed). redb keeps an index of them (`ended`), so
-    /// gc visits O(expired); this default reads every operation, O(history): the reference
-    /// model's, and PostgreSQL's for now.
+    /// retention may remove (if their run is closed). redb and PostgreSQL keep an index of them
+    /// (`ended`, `oncebox_ended`), so gc visits O(expired); this default reads every operation,
+    /// O(history): the reference model's.
     fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
         Box::pin(async move {
             let mut ops: Vec<OperationRecord> = self.operations(None).await?;

@@ -10,6 +10,7 @@ pub use oncebox_pg_cluster::fresh_database;
 
 mod claims;
 mod groups;
+mod open_work;
 mod riding;
 mod schema;
 

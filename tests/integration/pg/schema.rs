@@ -39,7 +39,7 @@ async fn a_database_of_another_schema_version_is_refused_naming_both() {
     let error = Ledger::connect(&url).await.expect_err("another version");
     assert!(error.is_unusable_ledger(), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains("schema version 99") && message.contains("version 1"), "{message}");
+    assert!(message.contains("schema version 99") && message.contains("version 2"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -44,15 +44,11 @@ impl Tx<'_> {
         self.exec("SELECT pg_advisory_xact_lock($1)", &[&id]).await.map(|_| ())
     }
 
-    /// Takes the locks of `ids` in ascending order (the one order every transaction uses, so two
-    /// of them never wait for each other in a cycle).
-    pub async fn lock_all(&self, mut ids: Vec<i64>) -> Result<(), LedgerError> {
-        ids.sort_unstable();
-        ids.dedup();
-        for id in ids {
-            self.lock(id).await?;
-        }
-        Ok(())
+    /// Takes the locks of `locks` (id, exclusive: else shared) in ascending order of id, in one
+    /// statement ([`LOCK_MODES`]).
+    pub async fn lock_modes(&self, locks: Vec<(i64, bool)>) -> Result<(), LedgerError> {
+        let (ids, exclusive) = ordered(locks);
+        self.exec(LOCK_MODES, &[&ids, &exclusive]).await.map(drop)
     }
 
     /// Commits; `Ok` only once the database answered the COMMIT (durably: the session runs with
@@ -109,6 +105,33 @@ pub(super) fn describe(e: &Error) -> String {
 /// approval, its tombstone. Taken first by every write about the operation.
 pub(super) fn operation_lock(key: &str) -> i64 {
     lock_id(&[b"operation", key.as_bytes()])
+}
+
+/// The advisory lock of a run, taken by every write that changes the status of one of its
+/// operations or a request for approval of it: shared by an ordinary step's, exclusive by a
+/// compensation's (`index.rs` says why).
+pub(super) fn run_lock(run: &str) -> i64 {
+    lock_id(&[b"run", run.as_bytes()])
+}
+
+/// Takes advisory locks in the order given, each row's before the next row is read (the
+/// function scan of `unnest` yields them in array order): `$1` the ids, `$2` whether each is
+/// exclusive (else shared).
+pub(super) const LOCK_MODES: &str = "SELECT CASE WHEN x THEN pg_advisory_xact_lock(id) \
+                                     ELSE pg_advisory_xact_lock_shared(id) END \
+                                     FROM unnest($1::bigint[], $2::bool[]) AS u(id, x)";
+
+/// `locks` in ascending order of id, each once: exclusive if any asked it so.
+pub(super) fn ordered(mut locks: Vec<(i64, bool)>) -> (Vec<i64>, Vec<bool>) {
+    locks.sort_unstable();
+    let mut out: Vec<(i64, bool)> = Vec::with_capacity(locks.len());
+    for (id, exclusive) in locks {
+        match out.last_mut() {
+            Some(last) if last.0 == id => last.1 |= exclusive,
+            _ => out.push((id, exclusive)),
+        }
+    }
+    out.into_iter().unzip()
 }
 
 /// The advisory lock of a KV key (present or absent).
@@ -169,6 +192,13 @@ mod tests {
         assert_eq!(operation_lock("op"), operation_lock("op"));
         assert_ne!(kv_lock("ab", "c"), kv_lock("a", "bc"));
         assert_ne!(operation_lock("k"), kv_lock("", "k"));
+    }
+
+    #[test]
+    fn locks_are_taken_once_each_in_ascending_order_exclusive_if_any_asked_so() {
+        let (ids, exclusive) = ordered(vec![(3, false), (1, true), (3, true), (2, false), (2, false)]);
+        assert_eq!((ids, exclusive), (vec![1, 2, 3], vec![true, false, true]));
+        assert_ne!(run_lock("op"), operation_lock("op"));
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! the callers a few times before it closes ([`YIELDS`]), so that those the last group answered
 //! join it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::db::{describe, uint};
 use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Reads};
+use super::index::{self, After, IndexWrites};
 use super::pipeline::{self, Sql, sql};
 use super::riding::Riding;
 use super::writes::Writes;
@@ -236,9 +237,9 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     let client = connection.client.as_ref().ok_or_else(|| Failed::Unreachable("no connection".into()))?;
 
     // Round 1: BEGIN, the locks, the reads.
-    let mut locks: Vec<i64> = jobs.iter().flat_map(Job::locks).collect();
-    locks.sort_unstable();
-    locks.dedup();
+    // Operations' and KV keys' locks exclusive; runs' as their jobs ask (`index.rs`).
+    let mut locks: Vec<(i64, bool)> = jobs.iter().flat_map(Job::locks).map(|id| (id, true)).collect();
+    locks.extend(jobs.iter().filter_map(Job::run_lock).map(|(run, tie)| (super::db::run_lock(run), tie)));
     // A group of several waits for a lock held elsewhere (another host's group, a stalled host's
     // write) a second at most, then its jobs run alone, each waiting for its own locks only: one
     // busy operation does not hold up every call of this host. A lone job waits as its session
@@ -317,6 +318,15 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
             }
         }
     }
+    // The index of open work, from what the jobs wrote, by run (`index.rs`).
+    let mut index = IndexWrites::default();
+    let mut by_run: BTreeMap<String, Vec<After>> = BTreeMap::new();
+    for op in std::mem::take(&mut writes.reindex) {
+        by_run.entry(op.run_id.clone()).or_default().push(After::op(&op));
+    }
+    for (run, after) in &by_run {
+        index::reindex(&shared.store, run, after, read.wholes.get(run), &mut index).map_err(Failed::RolledBack)?;
+    }
     if writes.is_empty() {
         // Nothing to write: no commit to pay for (the locks go with the transaction).
         if read_round(shared, client, &[sql!("ROLLBACK")]).await.is_ok() {
@@ -332,6 +342,9 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
         second.push(sql!("SET LOCAL synchronous_commit = off"));
     }
     second.extend(writes.statements());
+    if !index.is_empty() {
+        second.push(index.statement());
+    }
     if let Some(seq) = read.outbox_seq
         && Some(seq) != before
     {

@@ -20,11 +20,12 @@
 //! would fail and take the whole group's transaction with it (the writes and COMMIT are sent
 //! together, and a COMMIT of a failed transaction rolls it back).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use deadpool_postgres::tokio_postgres::Row;
 
 use super::db::{column, encode, int, kv_lock, operation_lock, record, uint};
+use super::index;
 use super::jobs::effect_status_str;
 use super::pipeline::{Sql, sql};
 use super::writes::{EffectRow, OperationRow, Writes};
@@ -133,6 +134,19 @@ impl Job {
         std::iter::once(operation_lock(self.operation_key())).chain(kv).collect()
     }
 
+    /// The run whose lock the job takes, and whether exclusive (`index.rs`): a claim's, and an
+    /// attempt's that ends its operation, the jobs that change a status. Each reindexes what it
+    /// wrote ([`Writes::reindex`]).
+    pub fn run_lock(&self) -> Option<(&str, bool)> {
+        match self {
+            Job::Claim { req, .. } => Some((&req.run_id, index::ties(&req.step_id))),
+            Job::RecordAttempt { attempt, finish: Some(_), .. } => {
+                Some((&attempt.run_id, index::ties(&attempt.step_id)))
+            }
+            Job::PutEffect { .. } | Job::RecordAttempt { .. } => None,
+        }
+    }
+
     /// Whether the job may enqueue outbox messages (the group then reads the counter).
     pub fn enqueues(&self) -> bool {
         self.staged().iter().any(|(_, write)| matches!(write, LocalWrite::Outbox { .. }))
@@ -188,6 +202,9 @@ pub(super) struct Read {
     kv: HashMap<(String, String), u64>,
     /// The last outbox sequence number handed out, if a job may enqueue (`FOR UPDATE`).
     pub outbox_seq: Option<u64>,
+    /// Every record of each run the jobs change that is being compensated, or whose change is a
+    /// compensation's (`index.rs`).
+    pub wholes: BTreeMap<String, index::Whole>,
 }
 
 const OPERATIONS: &str =
@@ -214,6 +231,7 @@ pub(super) enum Reads {
     Effects,
     Kv,
     OutboxSeq,
+    Runs,
 }
 
 impl Read {
@@ -263,6 +281,13 @@ impl Read {
         if jobs.iter().any(Job::enqueues) {
             reads.push((Reads::OutboxSeq, sql!(OUTBOX_SEQ_FOR_UPDATE)));
         }
+        let mut runs: BTreeMap<String, bool> = BTreeMap::new();
+        for (run, tie) in jobs.iter().filter_map(Job::run_lock) {
+            *runs.entry(run.to_string()).or_default() |= tie;
+        }
+        if !runs.is_empty() {
+            reads.push((Reads::Runs, index::whole_runs(runs)));
+        }
         reads
     }
 
@@ -309,6 +334,7 @@ impl Read {
                         read.outbox_seq = Some(uint(column(row, 0, "oncebox_meta")?));
                     }
                 }
+                Reads::Runs => read.wholes = index::wholes(rows)?,
             }
         }
         Ok(read)
@@ -347,6 +373,7 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Dec
             // the call's retry, as the refusal said.)
             let rides = op.fence == 1 && req.approval.is_none();
             writes.inserted.push(OperationRow::of(&op)?.claimed_with(token));
+            writes.reindex.push(op.clone());
             let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
             return Ok(Some(Decided::claim(answer, writes, rides)));
         };
@@ -356,8 +383,9 @@ fn claim(req: &ClaimRequest, token: i64, read: &Read, drawn: Option<u64>) -> Dec
         let mut op = take_over(Some(expired.clone()), req, drawn.max(held + 1));
         op.status = OperationStatus::Claimed;
         writes.updated.push((OperationRow::of(&op)?, *recorded, int(held), OperationStatus::Claimed.as_str()));
-        writes.announce.push(req.key.clone());
         let answer = Claim::Owned { fence: op.fence, previous_attempts: op.attempts };
+        writes.reindex.push(op);
+        writes.announce.push(req.key.clone());
         Ok(Some(Decided::claim(answer, writes, false)))
     })();
     decided.transpose()
@@ -428,6 +456,13 @@ fn record_attempt(
 ) -> Result<Decided, LedgerError> {
     let key = attempt.operation_key.as_str();
     let (mut op, _) = owned(read, key, fence)?;
+    // The run's lock was taken, and its records read, by the run and step the attempt names.
+    if finish.is_some() && (op.run_id != attempt.run_id || op.step_id != attempt.step_id) {
+        return Err(LedgerError::Database {
+            store: store.to_string(),
+            what: format!("the attempt of {key} names another run or step than its operation; nothing was written"),
+        });
+    }
     let on_record = read.effects.get(key).map_or(&[][..], Vec::as_slice);
     let fresh = unapplied(key, staged, on_record, &read.kv)?;
     // The rule of evidence, enforced whoever asks (`ledger::refused_finish`).
@@ -447,6 +482,7 @@ fn record_attempt(
         op.error = error;
         op.lease_until_ms = 0;
         writes.announce.push(key.to_string());
+        writes.reindex.push(op.clone());
     }
     writes.updated.push((OperationRow::of(&op)?, true, int(fence), OperationStatus::Claimed.as_str()));
     apply_local(store, key, fresh, &mut read.outbox_seq, &mut writes)?;

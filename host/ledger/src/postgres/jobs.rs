@@ -34,7 +34,10 @@
 //! effect's status and dispatches, an approval's revision) state the same condition once more to
 //! the database: were a lock ever missed, a write would still find no row, and be refused.
 
+use std::collections::BTreeMap;
+
 use super::db::{Tx, column, encode, int, operation_lock, record, uint};
+use super::index;
 use super::notify;
 use crate::ReconcileNote;
 use crate::{
@@ -128,7 +131,7 @@ pub(super) async fn bind_key(tx: &Tx<'_>, ids: &[String]) -> Done<()> {
 pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String]) -> Done<Claim> {
     // Drawn first, as the other backends do, so fences follow the same course in every backend.
     let fence = fresh_fence(tx).await?;
-    tx.lock(operation_lock(&req.key)).await?;
+    tx.lock_modes(vec![(operation_lock(&req.key), true), index::lock_of(&req.run_id, &req.step_id)]).await?;
     let Some((op, true)) = operation_for_update(tx, &req.key).await? else {
         return Err(LedgerError::NotInDoubt { operation_key: req.key.clone() });
     };
@@ -147,9 +150,24 @@ pub(super) async fn reopen(tx: &Tx<'_>, req: &ClaimRequest, resendable: &[String
     let mut op = take_over(Some(op), req, fence.max(held + 1));
     op.status = OperationStatus::Claimed;
     op.error = None;
+    // Its run's lock was taken by the run and step the request names: the operation's own.
+    if op.run_id != req.run_id || op.step_id != req.step_id {
+        return Err(LedgerError::Database {
+            store: tx.store.to_string(),
+            what: format!("the request to reopen {} names another run or step than its operation", req.key),
+        });
+    }
     update_operation(tx, &op, true, (held, OperationStatus::Unknown)).await?;
+    reindex_op(tx, &op).await?;
     notify::changed(tx, &req.key).await?;
     Ok((Claim::Owned { fence: op.fence, previous_attempts: op.attempts }, true))
+}
+
+/// Reindexes operation `op` as just written (`index.rs`): the transaction holds its lock and its
+/// run's, exclusive if it is a compensation.
+async fn reindex_op(tx: &Tx<'_>, op: &OperationRecord) -> Result<(), LedgerError> {
+    let touched = (crate::run_state::ties_the_run(op), vec![index::After::op(op)]);
+    index::reindex_in(tx, [(op.run_id.clone(), touched)].into()).await
 }
 
 /// Writes the reconciler's note on operation `key` if it is unknown (see `Store::note_reconcile`).
@@ -231,8 +249,20 @@ pub(super) async fn resolve(
     resolution: &Resolution,
     settlement: &Settlement,
 ) -> Done<OperationRecord> {
-    tx.lock(operation_lock(operation_key)).await?;
+    // The run and step of a key never change: read before the locks, to take the run's too.
+    let step = "SELECT run_id, step_id FROM oncebox_operations WHERE key = $1";
+    let mut locks = vec![(operation_lock(operation_key), true)];
+    let mut held_run = None;
+    if let Some(row) = tx.opt(step, &[&operation_key]).await? {
+        let (run, step): (String, String) =
+            (column(&row, 0, "oncebox_operations")?, column(&row, 1, "oncebox_operations")?);
+        locks.push(index::lock_of(&run, &step));
+        held_run = Some(run);
+    }
+    tx.lock_modes(locks).await?;
     let op = operation_for_update(tx, operation_key).await?.filter(|(_, recorded)| *recorded).map(|(op, _)| op);
+    // A row made since the first read is as if the settlement had come first.
+    let op = op.filter(|op| held_run.as_deref() == Some(op.run_id.as_str()));
     let held = op.as_ref().map(|op| (op.fence, op.status));
     let effects = match &op {
         Some(_) => effects_of(tx, operation_key).await?,
@@ -247,6 +277,7 @@ pub(super) async fn resolve(
         upsert_effect(tx, operation_key, effect).await?;
     }
     update_operation(tx, &op, true, held).await?;
+    reindex_op(tx, &op).await?;
     notify::changed(tx, operation_key).await?;
     Ok((op, true))
 }
@@ -255,7 +286,7 @@ pub(super) async fn resolve(
 /// never claimed.
 pub(super) async fn put_approval(tx: &Tx<'_>, approval: &ApprovalRecord) -> Done<()> {
     let key = approval.operation_key.as_str();
-    tx.lock(operation_lock(key)).await?;
+    tx.lock_modes(vec![(operation_lock(key), true), index::lock_of(&approval.run_id, &approval.step_id)]).await?;
     // Claimed (recorded or not) or recorded: what it ran under can no longer change.
     if tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some() {
         return Err(LedgerError::ApprovalClosed { operation_key: key.to_string() });
@@ -289,6 +320,9 @@ pub(super) async fn put_approval(tx: &Tx<'_>, approval: &ApprovalRecord) -> Done
     if written == 0 {
         return Err(LedgerError::ApprovalChanged { operation_key: key.to_string() });
     }
+    let after = index::After { key: key.to_string(), op: None, asked: Some(Some(approval.clone())) };
+    let tie = index::ties(&approval.step_id);
+    index::reindex_in(tx, [(approval.run_id.clone(), (tie, vec![after]))].into()).await?;
     Ok(((), true))
 }
 
@@ -305,16 +339,36 @@ async fn approval_for_update(tx: &Tx<'_>, key: &str) -> Result<Option<ApprovalRe
 /// (reads do not show it, so retention cannot have meant it), as in the other backends. Every
 /// key's operation lock is held, as a claim and a decision hold it.
 pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[StaleApproval]) -> Done<Removed> {
-    let keys =
-        tombstones.iter().map(|t| t.operation_key.as_str()).chain(approvals.iter().map(|a| a.operation_key.as_str()));
-    tx.lock_all(keys.map(operation_lock).collect()).await?;
+    let keys: Vec<String> = tombstones
+        .iter()
+        .map(|t| t.operation_key.clone())
+        .chain(approvals.iter().map(|a| a.operation_key.clone()))
+        .collect();
+    // The operations' runs, read before the locks to take theirs too (a key's run and step never
+    // change). A request for approval without an operation needs none: whether it keeps its key
+    // open depends on its key's records alone (`index.rs`).
+    let mut locks: Vec<(i64, bool)> = keys.iter().map(|key| (operation_lock(key), true)).collect();
+    let mut runs = std::collections::HashMap::new();
+    for row in tx.rows("SELECT key, run_id, step_id FROM oncebox_operations WHERE key = ANY($1)", &[&keys]).await? {
+        let key: String = column(&row, 0, "oncebox_operations")?;
+        let (run, step): (String, String) =
+            (column(&row, 1, "oncebox_operations")?, column(&row, 2, "oncebox_operations")?);
+        locks.push(index::lock_of(&run, &step));
+        runs.insert(key, run);
+    }
+    tx.lock_modes(locks).await?;
     let mut found = Vec::with_capacity(tombstones.len());
     for tombstone in tombstones {
         let op = operation_for_update(tx, &tombstone.operation_key).await?;
         if let Some((op, true)) = &op {
             expirable(op)?;
+            // Made since the first read: its run's lock is not held. Retention read it ended, so
+            // this is no operation retention meant.
+            if runs.get(&op.key) != Some(&op.run_id) {
+                return Err(LedgerError::NotExpirable { operation_key: op.key.clone(), status: "claimed" });
+            }
         }
-        found.push(op.map(|(_, recorded)| recorded));
+        found.push(op);
     }
     let mut lapsed = Vec::new();
     for stale in approvals {
@@ -327,20 +381,39 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
     }
     // Decided; from here on only writes.
     let mut removed = Removed::default();
+    // What the index must forget: by run, (whether a compensation's, the keys after).
+    let mut touched: BTreeMap<String, (bool, Vec<index::After>)> = BTreeMap::new();
+    let gone = |key: &str| index::After { key: key.to_string(), op: None, asked: Some(None) };
     for stale in &lapsed {
         // The revision once more, to the database (see the module's docs).
-        let sql = "DELETE FROM oncebox_approvals WHERE operation_key = $1 AND revision = $2";
-        removed.approvals += tx.exec(sql, &[&stale.operation_key, &i64::from(stale.revision)]).await? as usize;
+        let sql = "DELETE FROM oncebox_approvals WHERE operation_key = $1 AND revision = $2 RETURNING run_id";
+        for row in tx.rows(sql, &[&stale.operation_key, &i64::from(stale.revision)]).await? {
+            removed.approvals += 1;
+            let run: String = column(&row, 0, "oncebox_approvals")?;
+            touched.entry(run).or_default().1.push(gone(&stale.operation_key));
+        }
     }
-    for (tombstone, recorded) in tombstones.iter().zip(found) {
+    for (tombstone, op) in tombstones.iter().zip(found) {
         let key = tombstone.operation_key.as_str();
-        match recorded {
-            Some(false) => continue,
+        match op {
+            Some((_, false)) => continue,
             // Its effects and attempts go with it (ON DELETE CASCADE).
-            Some(true) => {
-                removed.operations += tx.exec("DELETE FROM oncebox_operations WHERE key = $1", &[&key]).await? as usize
+            Some((op, true)) => {
+                removed.operations += tx.exec("DELETE FROM oncebox_operations WHERE key = $1", &[&key]).await? as usize;
+                // Its end leaves the index of ended operations (`index.rs`).
+                let sql = "DELETE FROM oncebox_ended WHERE ended_ms = $1 AND key = $2";
+                tx.exec(sql, &[&int(op.updated_ms), &key]).await?;
+                let run = touched.entry(op.run_id.clone()).or_default();
+                run.0 |= crate::run_state::ties_the_run(&op);
+                run.1.push(gone(key));
             }
-            None => {}
+            None => {
+                let sql = "DELETE FROM oncebox_approvals WHERE operation_key = $1 RETURNING run_id";
+                for row in tx.rows(sql, &[&key]).await? {
+                    let run: String = column(&row, 0, "oncebox_approvals")?;
+                    touched.entry(run).or_default().1.push(gone(key));
+                }
+            }
         }
         tx.exec("DELETE FROM oncebox_approvals WHERE operation_key = $1", &[&key]).await?;
         tx.exec(
@@ -350,6 +423,7 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         )
         .await?;
     }
+    index::reindex_in(tx, touched).await?;
     let wrote = !tombstones.is_empty() || !lapsed.is_empty();
     Ok((removed, wrote))
 }

@@ -17,6 +17,11 @@
 //! in flight (the host going away) leave unknown whether the write was recorded, as the redb
 //! backend's failed batch does.
 //!
+//! Every transaction that changes a status or a request for approval also keeps the index of
+//! open work and of ended operations (`index.rs`), which `Store::open_runs` and
+//! `Store::ended_before` read (`open.rs`), so that background work and views follow the open work,
+//! not the history.
+//!
 //! As in the redb backend, an operation claimed but not yet written to (no write-ahead, no
 //! attempt) is not shown by reads; here its row exists all the same (`recorded = false`), since
 //! the row is what other hosts' claims meet.
@@ -37,6 +42,7 @@ mod clock;
 mod db;
 mod group;
 mod grouped;
+mod index;
 mod jobs;
 mod name;
 mod open;
@@ -345,7 +351,9 @@ impl Store for PostgresStore {
     }
 
     fn in_flight<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
-        // Every host's: the rows claimed and not yet written to (`recorded = false`).
+        // Every host's: the rows claimed and not yet written to (`recorded = false`). Read from
+        // the table itself, not the index of open work: `scan_open_runs`, the oracle the index is
+        // held to, reads them here. (`open_runs` reads them through the index.)
         // One statement each way: the sessions plan generically, and a generic plan of `$1 IS NULL
         // OR run_id = $1` could not use the run's index.
         Box::pin(async move {
@@ -453,6 +461,14 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         Box::pin(open::runs_page(self, after, limit))
+    }
+
+    fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, super::OpenRuns> {
+        Box::pin(open::open_runs(self, run, now_ms))
+    }
+
+    fn ended_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OperationRecord>, LedgerError>> {
+        Box::pin(open::ended_before(self, cutoff_ms))
     }
 
     fn is_shared(&self) -> bool {

@@ -100,9 +100,9 @@ async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     futures.iter_mut().filter_map(|future| future.as_mut().take_output()).collect()
 }
 
-/// The statement that takes the advisory locks `ids` in the order given (the function scan of
-/// `unnest` yields them in array order, and each row's lock is taken before the next row is
-/// read).
-pub(super) fn lock_all(ids: Vec<i64>) -> Sql {
-    sql!("SELECT pg_advisory_xact_lock(id) FROM unnest($1::bigint[]) AS id", ids)
+/// The statement that takes the advisory locks `locks` (id, exclusive: else shared) in ascending
+/// order of id, each once (`db::LOCK_MODES`).
+pub(super) fn lock_all(locks: Vec<(i64, bool)>) -> Sql {
+    let (ids, exclusive) = super::db::ordered(locks);
+    sql!(super::db::LOCK_MODES, ids, exclusive)
 }

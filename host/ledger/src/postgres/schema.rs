@@ -9,11 +9,17 @@
 //! test. Text columns that order results use the "C" collation: byte order, as in redb and in
 //! Rust, whatever the database's locale.
 
-use super::db::{Tx, int, uint};
-use crate::LedgerError;
+use super::db::{Tx, column, int, record, uint};
+use super::index::{self, IndexWrites};
+use crate::{ApprovalRecord, LedgerError, OperationRecord};
 
-/// 1: the first PostgreSQL schema.
-pub(super) const SCHEMA_VERSION: u64 = 1;
+/// How many runs the migration to schema 2 reads at a time.
+const RUNS_AT_ONCE: i64 = 1000;
+
+/// 1: the first PostgreSQL schema. 2: the index of open work (`index.rs`), kept by every write
+/// that changes a status: a host that reads version 1 would write without keeping it, so it is
+/// refused a database of version 2.
+pub(super) const SCHEMA_VERSION: u64 = 2;
 
 /// The advisory lock (two-key form, a key space apart from the one-key locks of `db.rs`) that
 /// makes one connecting host create the schema while the others wait: "oncebox", "schema".
@@ -109,6 +115,10 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
     match version.map(|row| row.try_get::<_, i64>(0)).transpose() {
         Ok(None) => {
             tx.tx.batch_execute(TABLES).await.map_err(|e| super::db::failed(tx.store, "CREATE TABLE ...", &e))?;
+            tx.tx
+                .batch_execute(index::TABLES)
+                .await
+                .map_err(|e| super::db::failed(tx.store, "CREATE TABLE oncebox_open ...", &e))?;
             // `outbox_seq`: the last outbox sequence number handed out (see `jobs::apply_local`).
             tx.exec(
                 "INSERT INTO oncebox_meta (name, value) VALUES ('schema_version', $1), ('outbox_seq', 0)",
@@ -118,6 +128,12 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
             added(tx).await
         }
         Ok(Some(version)) if uint(version) == SCHEMA_VERSION => added(tx).await,
+        Ok(Some(1)) => {
+            added(tx).await?;
+            build_index(tx).await?;
+            let sql = "UPDATE oncebox_meta SET value = $1 WHERE name = 'schema_version'";
+            tx.exec(sql, &[&int(SCHEMA_VERSION)]).await.map(drop)
+        }
         Ok(Some(other)) => Err(LedgerError::Corrupt {
             what: format!("{}: schema version {other}, this oncebox reads version {SCHEMA_VERSION}", tx.store),
         }),
@@ -182,4 +198,40 @@ async fn leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
     let sql = "CREATE TABLE IF NOT EXISTS oncebox_leases (name text COLLATE \"C\" PRIMARY KEY, \
                owner text NOT NULL, until_ms bigint NOT NULL)";
     tx.exec(sql, &[]).await.map(drop)
+}
+
+/// Builds the index of open work of a database of schema 1, in the migration's transaction: every
+/// operation and request once, a page of runs at a time ([`RUNS_AT_ONCE`]), each run judged by the
+/// one rule ([`crate::run_state::open_runs`]) as the redb migration does (`redb/open_index.rs`).
+/// The other hosts wait for it on the schema lock; hosts of schema 1 still connected would write
+/// without keeping the index (operating.md: stop them first).
+async fn build_index(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    tx.tx
+        .batch_execute(index::TABLES)
+        .await
+        .map_err(|e| super::db::failed(tx.store, "CREATE TABLE oncebox_open ...", &e))?;
+    let mut after = String::new();
+    loop {
+        let runs: Vec<String> = tx
+            .rows(super::open::RUNS_PAGE, &[&after, &RUNS_AT_ONCE])
+            .await?
+            .iter()
+            .map(|row| column(row, 0, "oncebox_operations"))
+            .collect::<Result<_, _>>()?;
+        let Some(last) = runs.last() else { return Ok(()) };
+        after = last.clone();
+        let ops: Vec<OperationRecord> = tx
+            .rows("SELECT record FROM oncebox_operations WHERE run_id = ANY($1)", &[&runs])
+            .await?
+            .iter()
+            .map(|row| record(row, 0, "oncebox_operations"))
+            .collect::<Result<_, _>>()?;
+        let asked: Vec<ApprovalRecord> = tx
+            .rows("SELECT record FROM oncebox_approvals WHERE run_id = ANY($1)", &[&runs])
+            .await?
+            .iter()
+            .map(|row| record(row, 0, "oncebox_approvals"))
+            .collect::<Result<_, _>>()?;
+        IndexWrites::built(&ops, &asked).write(tx).await?;
+    }
 }

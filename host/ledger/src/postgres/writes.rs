@@ -102,6 +102,9 @@ pub(super) struct Writes {
     pub attempts: Vec<(String, i64, Vec<u8>)>,
     /// Operations whose change other hosts' waiters should hear of.
     pub announce: Vec<String>,
+    /// Operations written by a job that holds their run's lock (`grouped::Job::run_lock`), as
+    /// written: the group reindexes them (`index.rs`).
+    pub reindex: Vec<OperationRecord>,
 }
 
 impl Writes {
@@ -115,6 +118,7 @@ impl Writes {
             && self.outbox.is_empty()
             && self.attempts.is_empty()
             && self.announce.is_empty()
+            && self.reindex.is_empty()
     }
 
     pub fn extend(&mut self, other: Writes) {
@@ -127,6 +131,7 @@ impl Writes {
         self.outbox.extend(other.outbox);
         self.attempts.extend(other.attempts);
         self.announce.extend(other.announce);
+        self.reindex.extend(other.reindex);
     }
 
     /// One statement per kind of row written (parents before the rows that refer to them), or a
