@@ -17,9 +17,9 @@ use super::{
     ApprovalRecord, Removed, StaleApproval, Tombstone, approval_follows, approval_lapses, approval_stands, expirable,
 };
 use super::{
-    AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, ErrorRecord, Finish, KvEntry,
-    LedgerError, LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store,
-    refused_finish, settled, take_over, verdict,
+    AttemptRecord, BoxFuture, Claim, ClaimRequest, EffectRecord, EffectStatus, Finish, KvEntry, LedgerError,
+    LocalWrite, OperationRecord, OperationStatus, OutboxMessage, Resolution, Settlement, Staged, Store, refused_finish,
+    settled, take_over, verdict,
 };
 
 #[derive(Debug, Default)]
@@ -74,30 +74,16 @@ impl ReferenceStore {
             if state.operations[&key].0.status != OperationStatus::Claimed {
                 continue;
             }
-            let mut in_doubt = None;
-            for mut effect in state.effects_of(&key) {
-                if effect.status == EffectStatus::Dispatched {
-                    effect.status = EffectStatus::Unknown;
-                    effect.error = Some("the host stopped before the answer arrived".into());
-                    effect.updated_ms = now_ms;
-                    state.effects.insert((key.clone(), effect.key.clone()), effect.clone());
-                }
-                if effect.status.in_doubt() {
-                    in_doubt.get_or_insert(effect.key);
-                }
+            let effects = state.effects_of(&key);
+            let recovered = crate::rules::recovered(state.operations[&key].0.clone(), effects, now_ms);
+            for effect in recovered.changed {
+                state.effects.insert((key.clone(), effect.key.clone()), effect);
+            }
+            if let Some(attempt) = recovered.attempt {
+                state.attempts.insert((key.clone(), attempt.attempt), attempt);
             }
             if let Some((op, _)) = state.operations.get_mut(&key) {
-                if let Some(effect_key) = in_doubt {
-                    op.status = OperationStatus::Unknown;
-                    op.error = Some(ErrorRecord {
-                        class: "unknown-outcome".into(),
-                        message: format!(
-                            "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
-                        ),
-                    });
-                }
-                op.lease_until_ms = 0;
-                op.updated_ms = now_ms;
+                *op = recovered.op;
             }
         }
         let highest = state.operations.values().map(|(op, _)| op.fence).max().unwrap_or(0);

@@ -2,8 +2,9 @@
 //! refused, when an approval stands or lapses, what settling an unknown makes of its records.
 
 use crate::{
-    ApprovalRecord, ApprovalState, AttemptEffect, Claim, ClaimRequest, EffectRecord, EffectSource, EffectStatus,
-    ErrorRecord, LedgerError, OperationRecord, OperationStatus, Resolution, Settlement, StaleApproval,
+    ApprovalRecord, ApprovalState, AttemptEffect, AttemptRecord, AttemptSource, Claim, ClaimRequest, EffectRecord,
+    EffectSource, EffectStatus, ErrorRecord, LedgerError, OperationRecord, OperationStatus, Resolution, Settlement,
+    StaleApproval,
 };
 
 /// What an operation's record (or its absence) means for a caller that wants to run it.
@@ -260,6 +261,65 @@ pub fn stamp(effect_key: &str) -> u64 {
 /// never sent twice.
 pub fn unrecorded_sends(effects: &[EffectRecord], recorded: u32) -> Vec<&EffectRecord> {
     effects.iter().filter(|effect| effect.attempt > recorded).collect()
+}
+
+/// What a restart makes of an operation its stopped owner left claimed, with its `effects` on
+/// record: the effects sent and never answered become unknown (`changed`); an operation holding
+/// one in doubt becomes unknown, its stopped attempt recorded (`attempt`), as a take-over on a
+/// shared ledger judges it; every other claim loses its lease, so the next call takes it over.
+/// Asked by redb's recovery at open and by the reference model's crash.
+pub fn recovered(mut op: OperationRecord, effects: Vec<EffectRecord>, now_ms: u64) -> Recovered {
+    let mut changed = Vec::new();
+    let mut all = Vec::with_capacity(effects.len());
+    for mut effect in effects {
+        if effect.status == EffectStatus::Dispatched {
+            effect.status = EffectStatus::Unknown;
+            effect.error = Some("the host stopped before the answer arrived".into());
+            effect.updated_ms = now_ms;
+            changed.push(effect.clone());
+        }
+        all.push(effect);
+    }
+    let mut attempt = None;
+    if let Some(effect_key) = all.iter().find(|e| e.status.in_doubt()).map(|e| e.key.clone()) {
+        let error = ErrorRecord {
+            class: "unknown-outcome".into(),
+            message: format!("the host stopped while effect {effect_key} was in flight; reconcile before retrying"),
+        };
+        let sent = unrecorded_sends(&all, op.attempts);
+        if !sent.is_empty() {
+            let number = op.attempts + 1;
+            attempt = Some(AttemptRecord {
+                operation_key: op.key.clone(),
+                run_id: op.run_id.clone(),
+                step_id: op.step_id.clone(),
+                tool: op.tool.clone(),
+                attempt: number,
+                max_attempts: number,
+                fence: op.fence,
+                started_ms: now_ms,
+                duration_us: 0,
+                outcome: error.class.clone(),
+                message: Some(error.message.clone()),
+                source: AttemptSource::Fresh,
+                downstream_accepted: Some(false),
+                effects: sent_by_stopped(&sent),
+            });
+            op.attempts = number;
+        }
+        op.status = OperationStatus::Unknown;
+        op.error = Some(error);
+    }
+    op.lease_until_ms = 0;
+    op.updated_ms = now_ms;
+    Recovered { op, changed, attempt }
+}
+
+/// What [`recovered`] makes of a stopped owner's operation: to write back.
+pub struct Recovered {
+    pub op: OperationRecord,
+    pub changed: Vec<EffectRecord>,
+    pub attempt: Option<AttemptRecord>,
 }
 
 /// The record an attempt that stopped without recording its end leaves, judged by whoever takes

@@ -6,7 +6,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable};
 
 use super::tables::*;
-use super::{AttemptRecord, EffectStatus, ErrorRecord, LedgerError, OperationRecord, OperationStatus, effects_of, put};
+use super::{LedgerError, OperationRecord, OperationStatus, effects_of, put};
 
 /// Creates the tables and checks the schema version. Runs before the writer starts.
 pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
@@ -111,58 +111,17 @@ pub(super) fn recover(db: &Database, now_ms: u64) -> Result<u64, LedgerError> {
                 claimed.push(op);
             }
         }
-        for mut op in claimed {
-            let mut in_doubt = None;
-            let mut effects = effects_of(&records, &op.key)?;
-            for effect in &mut effects {
-                if effect.status == EffectStatus::Dispatched {
-                    effect.status = EffectStatus::Unknown;
-                    effect.error = Some("the host stopped before the answer arrived".into());
-                    effect.updated_ms = now_ms;
-                    put(&mut records, (op.key.as_str(), EFFECT, effect.key.as_str()), &*effect)?;
-                }
-                if effect.status.in_doubt() {
-                    in_doubt.get_or_insert(effect.key.clone());
-                }
+        for op in claimed {
+            let effects = effects_of(&records, &op.key)?;
+            let recovered = crate::rules::recovered(op, effects, now_ms);
+            let key = recovered.op.key.as_str();
+            for effect in &recovered.changed {
+                put(&mut records, (key, EFFECT, effect.key.as_str()), effect)?;
             }
-            if let Some(effect_key) = in_doubt {
-                let error = ErrorRecord {
-                    class: "unknown-outcome".into(),
-                    message: format!(
-                        "the host stopped while effect {effect_key} was in flight; reconcile before retrying"
-                    ),
-                };
-                // The stopped attempt is one of the operation's attempts, as a take-over judges it
-                // on a shared ledger (DESIGN section 7): recorded, so that a settlement that reopens
-                // the step later does not count it again.
-                let sent = crate::rules::unrecorded_sends(&effects, op.attempts);
-                if !sent.is_empty() {
-                    let number = op.attempts + 1;
-                    let attempt = AttemptRecord {
-                        operation_key: op.key.clone(),
-                        run_id: op.run_id.clone(),
-                        step_id: op.step_id.clone(),
-                        tool: op.tool.clone(),
-                        attempt: number,
-                        max_attempts: number,
-                        fence: op.fence,
-                        started_ms: now_ms,
-                        duration_us: 0,
-                        outcome: error.class.clone(),
-                        message: Some(error.message.clone()),
-                        source: crate::AttemptSource::Fresh,
-                        downstream_accepted: Some(false),
-                        effects: crate::rules::sent_by_stopped(&sent),
-                    };
-                    put(&mut records, (op.key.as_str(), ATTEMPT, attempt_id(number).as_str()), &attempt)?;
-                    op.attempts = number;
-                }
-                op.status = OperationStatus::Unknown;
-                op.error = Some(error);
+            if let Some(attempt) = &recovered.attempt {
+                put(&mut records, (key, ATTEMPT, attempt_id(attempt.attempt).as_str()), attempt)?;
             }
-            op.lease_until_ms = 0;
-            op.updated_ms = now_ms;
-            put(&mut records, operation_id(&op.key), &op)?;
+            put(&mut records, operation_id(key), &recovered.op)?;
         }
     }
     txn.commit()?;
