@@ -13,6 +13,7 @@ use oncebox_runtime::ledger::{
 use oncebox_runtime::{LedgerError, Status};
 
 use crate::history::{Entry, Event, History};
+use crate::pause::Breach;
 use crate::plan::{Job, Plan, SKUS};
 use crate::world::{Commit, Delivery, Request, World, route_of};
 
@@ -47,6 +48,8 @@ pub struct Facts {
     pub ledger_approved: Vec<(Value, Option<String>)>,
     /// Orders of the order workflow (their refunds are compensations).
     pub workflow_orders: BTreeSet<String>,
+    /// What paused owners wrote or sent once another had taken their step over (`pause.rs`).
+    pub breaches: Vec<Breach>,
 }
 
 /// An invariant that did not hold.
@@ -72,6 +75,7 @@ impl Facts {
         history: &History,
         host: &Host,
         compensating: BTreeSet<String>,
+        breaches: Vec<Breach>,
     ) -> Result<Facts, LedgerError> {
         let ledger = host.ledger();
         let history = history.entries();
@@ -131,6 +135,7 @@ impl Facts {
             reserved,
             fulfill_digest: host.digest("fulfill"),
             workflow_orders,
+            breaches,
         })
     }
 }
@@ -152,7 +157,20 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     outbox_delivered_in_order(facts, &mut found);
     reservations_counted(facts, &mut found);
     nothing_stuck_silently(facts, &mut found);
+    taken_over_owners_fenced(facts, &mut found);
     found
+}
+
+/// An owner paused past its lease, whose step another took over, is fenced when it resumes: the
+/// store refuses every write it makes with its old fence, and nothing it wrote ahead leaves
+/// (its send deadline has passed: `late`).
+fn taken_over_owners_fenced(facts: &Facts, found: &mut Vec<Violation>) {
+    for breach in &facts.breaches {
+        let invariant = if breach.what == "sent" { "taken-over-owner-sent" } else { "taken-over-owner-wrote" };
+        let order = breach.order.clone().unwrap_or_default();
+        let detail = format!("{}/{} resumed after a take-over: {}", breach.run, breach.step, breach.detail);
+        found.push(violation(invariant, &breach.run, &order, detail));
+    }
 }
 
 fn order_of(op: &OperationRecord) -> String {

@@ -93,6 +93,16 @@ pub enum Event {
     Relayed {
         result: String,
     },
+    /// A caller's call stopped dead (its process paused), past its lease (`pause.rs`).
+    Paused {
+        run: String,
+        what: String,
+    },
+    /// The paused call goes on where it stopped.
+    Resumed {
+        run: String,
+        what: String,
+    },
 }
 
 impl Event {
@@ -104,7 +114,9 @@ impl Event {
             | Event::Decided { run: r, .. }
             | Event::Reconciled { run: r, .. }
             | Event::Settled { run: r, .. }
-            | Event::Compensated { run: r, .. } => r == run,
+            | Event::Compensated { run: r, .. }
+            | Event::Paused { run: r, .. }
+            | Event::Resumed { run: r, .. } => r == run,
             Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } | Event::Delivered { order: o, .. } => {
                 o == order
             }
@@ -156,6 +168,8 @@ impl fmt::Display for Event {
                 write!(f, "endpoint: send #{nth} of {order}'s message meets {answer}{taken}")
             }
             Event::Relayed { result } => write!(f, "operator's relay: {result}"),
+            Event::Paused { what, .. } => write!(f, "a caller's call stops dead (paused): {what}"),
+            Event::Resumed { what, .. } => write!(f, "the paused call resumes: {what}"),
         }
     }
 }

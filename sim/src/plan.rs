@@ -39,6 +39,10 @@ pub struct Plan {
     /// When the operator deploys the other build of `charge` (ms into a life): one naming
     /// another refund tool (`refun2`), or back (`drive/upgrade.rs`).
     pub upgrades: Vec<u64>,
+    /// Percent of the pipeline's points a caller's call reaches at which it stops dead (its
+    /// process paused, alive) for longer than its lease, while another worker of its
+    /// orchestrator takes the step over; then it resumes (`pause.rs`). At most two per seed.
+    pub pause_pct: u64,
 }
 
 /// What the downstream is like, and how it answers.
@@ -275,7 +279,8 @@ impl Plan {
         // Drawn after the rest, so that the rest stays as it was before these were drawn.
         let holds_pct = [0, 30, 70][rng.usize(0..3)];
         let upgrades = (0..rng.usize(0..=2)).map(|_| rng.u64(0..3_000)).collect();
-        Plan { seed, callers, downstream, jobs, crashes, operator, free, holds_pct, upgrades }
+        let pause_pct = [0, 0, 3, 10][rng.usize(0..4)];
+        Plan { seed, callers, downstream, jobs, crashes, operator, free, holds_pct, upgrades, pause_pct }
     }
 
     /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:

@@ -315,3 +315,16 @@ fn a_completed_notify_enqueues_exactly_one_message() {
     let facts = Facts { operations: vec![op("notify", "o-1", "completed", None)], ..Facts::default() };
     assert_eq!(names(&facts), ["outbox"]);
 }
+
+#[test]
+fn what_a_resumed_owner_did_after_a_take_over_is_found() {
+    let breach = |what| Breach {
+        run: "run-1".into(),
+        step: "s-charge".into(),
+        order: Some("o-1".into()),
+        what,
+        detail: "after fence 2 took it over".into(),
+    };
+    let facts = Facts { breaches: vec![breach("wrote"), breach("sent")], ..Facts::default() };
+    assert_eq!(names(&facts), ["taken-over-owner-wrote", "taken-over-owner-sent"]);
+}

@@ -45,7 +45,9 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
                     .map(std::path::PathBuf::from),
             };
             let result = match path {
-                Some(path) => host.reload(path).await.map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
+                Some(path) => crate::paced::blocking(Box::pin(host.reload(path)))
+                    .await
+                    .map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
                 None => "no such tool".into(),
             };
             ctx.history.push(Event::Reloaded { tool, result });
@@ -84,7 +86,7 @@ async fn upgrade(ctx: &Ctx, host: &Host) {
     let result = match ctx.builds.deploy(build) {
         Ok(()) => {
             ctx.shared().charge_build = build;
-            match host.reload(&ctx.builds.charge).await {
+            match crate::paced::blocking(Box::pin(host.reload(&ctx.builds.charge))).await {
                 Ok(manifest) => {
                     format!("build {build}, compensated by {}", manifest.compensated_by.as_deref().unwrap_or("nothing"))
                 }
