@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use oncebox_runtime::Host;
 use oncebox_runtime::ledger::{
-    ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Why,
+    ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Tombstone, Why,
 };
 use oncebox_runtime::{LedgerError, Status};
 
@@ -33,6 +33,10 @@ pub struct Facts {
     pub compensating: BTreeSet<String>,
     /// Operation keys whose records `gc` removed (a tombstone stands for them).
     pub collected: BTreeSet<String>,
+    /// Their tombstones.
+    pub tombstones: Vec<Tombstone>,
+    /// The retention the seed's gc ran with.
+    pub gc_retention_ms: u64,
     pub outbox: Vec<OutboxMessage>,
     /// What the outbox topic's endpoint took, in order.
     pub deliveries: Vec<Delivery>,
@@ -80,11 +84,14 @@ impl Facts {
         let ledger = host.ledger();
         let history = history.entries();
         let mut collected = BTreeSet::new();
+        let mut tombstones = Vec::new();
         for entry in &history {
             if let Event::Called { operation_key: Some(key), .. } = &entry.event
-                && ledger.tombstone(key).await?.is_some()
+                && !collected.contains(key)
+                && let Some(tombstone) = ledger.tombstone(key).await?
             {
                 collected.insert(key.clone());
+                tombstones.push(tombstone);
             }
         }
         let open = ledger.open_runs(None, ledger.now_ms()).await?;
@@ -129,6 +136,8 @@ impl Facts {
             open,
             compensating,
             collected,
+            tombstones,
+            gc_retention_ms: plan.gc_retention_ms,
             outbox: ledger.outbox().await?,
             deliveries: world.deliveries(),
             reservations,
@@ -158,7 +167,48 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     reservations_counted(facts, &mut found);
     nothing_stuck_silently(facts, &mut found);
     taken_over_owners_fenced(facts, &mut found);
+    collected_only_what_was_over(facts, &mut found);
     found
+}
+
+/// `gc` removes only what is over and no one may still need: an operation that ended (completed
+/// or failed; a rejected request), at least the retention before, of a run that nothing kept
+/// open when it was removed (no step of it claimed or unknown then: a saga, a reconcile or a
+/// caller's repeat may still need every record of such a run). Judged by the records a last
+/// reader sees: a step of the run that began before the removal and ended after it (or never)
+/// was open at the removal.
+fn collected_only_what_was_over(facts: &Facts, found: &mut Vec<Violation>) {
+    for stone in &facts.tombstones {
+        let order = facts.operations.iter().find(|op| op.run_id == stone.run_id).map(order_of).unwrap_or_default();
+        let ended = matches!(stone.status, OperationStatus::Completed | OperationStatus::Failed) || stone.rejected;
+        if !ended {
+            let detail = format!("{} was removed while {}", stone.step_id, stone.status.as_str());
+            found.push(violation("collected-while-open", &stone.run_id, &order, detail));
+        }
+        if stone.ended_ms.saturating_add(facts.gc_retention_ms) > stone.removed_ms {
+            let detail = format!(
+                "{} ended at {} and was removed at {}, inside the retention of {} ms",
+                stone.step_id, stone.ended_ms, stone.removed_ms, facts.gc_retention_ms
+            );
+            found.push(violation("collected-too-soon", &stone.run_id, &order, detail));
+        }
+        let open_then = facts.operations.iter().find(|op| {
+            let over = matches!(op.status, OperationStatus::Completed | OperationStatus::Failed);
+            op.run_id == stone.run_id && op.created_ms < stone.removed_ms && (!over || op.updated_ms > stone.removed_ms)
+        });
+        if let Some(op) = open_then {
+            let detail = format!(
+                "{} was removed at {} while {} of its run was open (begun at {}, {} since {})",
+                stone.step_id,
+                stone.removed_ms,
+                op.step_id,
+                op.created_ms,
+                op.status.as_str(),
+                op.updated_ms
+            );
+            found.push(violation("collected-while-open", &stone.run_id, &order, detail));
+        }
+    }
 }
 
 /// An owner paused past its lease, whose step another took over, is fenced when it resumes: the
@@ -346,6 +396,12 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         }) else {
             continue;
         };
+        // A step that gc removed (its run over at the time, its retention passed) has no record
+        // left for a saga to undo: by the retention's design, not a broken promise (sim/README.md
+        // reports the saga's answer, `Done`, as a finding).
+        if facts.tombstones.iter().any(|t| t.run_id == run && t.status == OperationStatus::Completed) {
+            continue;
+        }
         let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
         if payments > refunds {
             let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
@@ -484,12 +540,20 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
     for message in &facts.outbox {
         *enqueued.entry(order_of_message(message)).or_default() += 1;
     }
-    let completed: BTreeSet<String> = facts
+    let mut completed: BTreeSet<String> = facts
         .operations
         .iter()
         .filter(|op| op.tool == "notify" && op.status == OperationStatus::Completed)
         .map(order_of)
         .collect();
+    // A completed notify that gc removed since (its tombstone says it completed).
+    for stone in facts.tombstones.iter().filter(|t| t.tool == "notify" && t.status == OperationStatus::Completed) {
+        let order = facts.history.iter().find_map(|entry| match &entry.event {
+            Event::Called { run, order: Some(order), .. } if *run == stone.run_id => Some(order.clone()),
+            _ => None,
+        });
+        completed.extend(order);
+    }
     for order in &completed {
         let n = enqueued.get(order).copied().unwrap_or(0);
         if n != 1 {

@@ -43,6 +43,11 @@ pub struct Plan {
     /// process paused, alive) for longer than its lease, while another worker of its
     /// orchestrator takes the step over; then it resumes (`pause.rs`). At most two per seed.
     pub pause_pct: u64,
+    /// The retention the operator's `gc` runs with: mostly longer than the seed's lives (it
+    /// collects nothing), on some seeds none at all or a second or two, so that gc removes what
+    /// ended, at any moment: at the plan's times, and as a request is about to be written ahead
+    /// or has just been answered.
+    pub gc_retention_ms: u64,
 }
 
 /// What the downstream is like, and how it answers.
@@ -280,7 +285,20 @@ impl Plan {
         let holds_pct = [0, 30, 70][rng.usize(0..3)];
         let upgrades = (0..rng.usize(0..=2)).map(|_| rng.u64(0..3_000)).collect();
         let pause_pct = [0, 0, 3, 10][rng.usize(0..4)];
-        Plan { seed, callers, downstream, jobs, crashes, operator, free, holds_pct, upgrades, pause_pct }
+        let gc_retention_ms = [600_000, 600_000, 0, 1_500][rng.usize(0..4)];
+        Plan {
+            seed,
+            callers,
+            downstream,
+            jobs,
+            crashes,
+            operator,
+            free,
+            holds_pct,
+            upgrades,
+            pause_pct,
+            gc_retention_ms,
+        }
     }
 
     /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:

@@ -64,7 +64,8 @@ const LEASE_REAL: Duration = Duration::from_secs(10);
 /// the host's default (60 s), so that the lives a pause stretches cost less of the operator's
 /// looks; still far longer than any attempt of the example tools on the simulated clock.
 const LEASE: Duration = Duration::from_secs(10);
-/// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
+/// A retention longer than a seed's lives, shorter than its last pass: a gc run with it collects
+/// nothing within the lives. Most seeds' (`Plan::gc_retention_ms`).
 const GC_RETENTION: Duration = Duration::from_secs(600);
 /// How long after its write-ahead a request may still leave (the host's send deadline): short, so
 /// that an empty lookup can count as proof within a seed's lives.
@@ -337,6 +338,8 @@ enum Act {
     Reject(Box<oncebox_runtime::ledger::ApprovalRecord>),
     /// Compensate the run of this operation (one of its requests is about to leave).
     Undo(String),
+    /// Run `gc` now (a request is about to be written ahead, or was just answered).
+    Collect,
 }
 
 /// The hooks of one life: the world as the network, and the plan's crash.
@@ -347,6 +350,8 @@ struct LifeHooks {
     /// The plan's `pause_pct`, and the fences the paused owners are judged by.
     pause_pct: u64,
     fences: Arc<Fences>,
+    /// The seed's gc collects within its lives: it may run at any of the pipeline's points.
+    gc_at_any_moment: bool,
     shared: Arc<Mutex<Shared>>,
     /// Where an armed rejection goes when its call reaches the point before its write-ahead.
     racer: tokio::sync::mpsc::UnboundedSender<Act>,
@@ -363,6 +368,7 @@ impl LifeHooks {
             world: ctx.world.clone(),
             compensate_pct: ctx.plan.operator.compensate_pct,
             pause_pct: ctx.plan.pause_pct,
+            gc_at_any_moment: ctx.plan.gc_retention_ms < GC_RETENTION.as_millis() as u64,
             fences: ctx.fences.clone(),
             shared: ctx.shared.clone(),
             racer,
@@ -402,6 +408,14 @@ impl Hooks for LifeHooks {
             let undo = percent(self.world.seed(), &["undo-now", &site.operation_key, &site.key]);
             if site.point == Point::BeforeWriteAhead && undo < 3 * self.compensate_pct {
                 let _ = self.racer.send(Act::Undo(site.operation_key.clone()));
+            }
+            // And, on a seed whose gc collects, someone runs it at just this moment.
+            let gc_now = percent(self.world.seed(), &["gc-now", &site.operation_key, &site.key, site.point.name()]);
+            if self.gc_at_any_moment
+                && matches!(site.point, Point::BeforeWriteAhead | Point::AfterDispatch | Point::AfterAttemptRecord)
+                && gc_now < 10
+            {
+                let _ = self.racer.send(Act::Collect);
             }
             // An await point, as a write to disk is in a host: whatever is ready runs here (the
             // racing rejection among them).

@@ -11,9 +11,7 @@ use oncebox_runtime::{Call, Decision, Host, Relay};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::caller::{args_of, ask};
-use super::{
-    Act, Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
-};
+use super::{Act, Ctx, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere};
 use crate::history::Event;
 use crate::plan::{Job, choice, percent};
 use crate::world::route_of;
@@ -66,8 +64,7 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
         }
         if gcs.iter().any(|at| *at <= into_life) {
             gcs.retain(|at| *at > into_life);
-            let result = host.gc(GC_RETENTION).await.map_or_else(|e| format!("error: {e}"), |r| format!("{r:?}"));
-            ctx.history.push(Event::Collected { result });
+            collect(&ctx, &host).await;
         }
         // A person undoing an order midway, racing its steps.
         for job in &ctx.plan.jobs {
@@ -217,6 +214,7 @@ pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedRecei
     while let Some(act) = acts.recv().await {
         match act {
             Act::Reject(record) => decide_as(&ctx, &host, &record, false, "second-person").await,
+            Act::Collect => collect(&ctx, &host).await,
             Act::Undo(operation_key) => {
                 // Its claim may be in memory only (nothing of it durable yet): in flight.
                 let in_flight = host.ledger().in_flight(None).await.unwrap_or_default();
@@ -232,6 +230,13 @@ pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedRecei
             }
         }
     }
+}
+
+/// Runs `gc` with the seed's retention.
+pub(super) async fn collect(ctx: &Ctx, host: &Host) {
+    let retention = Duration::from_millis(ctx.plan.gc_retention_ms);
+    let result = host.gc(retention).await.map_or_else(|e| format!("error: {e}"), |r| format!("{r:?}"));
+    ctx.history.push(Event::Collected { result });
 }
 
 /// Reconciles an unknown operation; after a few tries that settle nothing, settles it by hand
