@@ -98,6 +98,10 @@ pub enum Event {
         run: String,
         what: String,
     },
+    /// The host's wall clock stepped (forward or back).
+    ClockJumped {
+        delta_ms: i64,
+    },
     /// The paused call goes on where it stopped.
     Resumed {
         run: String,
@@ -120,7 +124,7 @@ impl Event {
             Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } | Event::Delivered { order: o, .. } => {
                 o == order
             }
-            Event::Crashed { .. } | Event::Restarted => true,
+            Event::Crashed { .. } | Event::Restarted | Event::ClockJumped { .. } => true,
             Event::Reloaded { .. } | Event::Collected { .. } | Event::Relayed { .. } => false,
         }
     }
@@ -168,6 +172,7 @@ impl fmt::Display for Event {
                 write!(f, "endpoint: send #{nth} of {order}'s message meets {answer}{taken}")
             }
             Event::Relayed { result } => write!(f, "operator's relay: {result}"),
+            Event::ClockJumped { delta_ms } => write!(f, "the host's clock steps by {delta_ms:+} ms"),
             Event::Paused { what, .. } => write!(f, "a caller's call stops dead (paused): {what}"),
             Event::Resumed { what, .. } => write!(f, "the paused call resumes: {what}"),
         }
@@ -202,7 +207,7 @@ impl History {
     }
 
     pub fn push(&self, event: Event) {
-        let at_ms = oncebox_runtime::clock::now_ms().saturating_sub(self.start_ms);
+        let at_ms = crate::clock::world_ms().saturating_sub(self.start_ms);
         let life = self.life.load(Ordering::SeqCst);
         let entry = Entry { at_ms, life, event };
         // For a seed that hangs (and so prints nothing): its history as it is made.

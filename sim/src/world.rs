@@ -123,7 +123,7 @@ impl World {
     }
 
     fn now(&self) -> u64 {
-        oncebox_runtime::clock::now_ms()
+        crate::clock::world_ms()
     }
 
     /// What the host is told of this downstream.

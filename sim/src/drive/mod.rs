@@ -133,6 +133,11 @@ enum LedgerAt {
 }
 
 impl Ctx {
+    /// On redb: the host's clock is the simulated one, which can be stepped.
+    fn ledger_is_file(&self) -> bool {
+        matches!(self.ledger, LedgerAt::File(_))
+    }
+
     fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -22,11 +22,20 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
     let mut reloads = ctx.plan.operator.reloads.clone();
     let mut upgrades = ctx.plan.upgrades.clone();
     let mut gcs = ctx.plan.operator.gcs.clone();
+    let mut jumps = if ctx.ledger_is_file() { ctx.plan.clock_jumps.clone() } else { Vec::new() };
     let relay = host.outbox_relay();
     loop {
         tokio::time::sleep(Duration::from_millis(ctx.plan.operator.every_ms)).await;
         looked += 1;
         let into_life = looked * ctx.plan.operator.every_ms;
+        for (at, delta) in std::mem::take(&mut jumps) {
+            if at > into_life {
+                jumps.push((at, delta));
+                continue;
+            }
+            crate::clock::jump(delta);
+            ctx.history.push(Event::ClockJumped { delta_ms: delta });
+        }
         look(&ctx, &host, false).await;
         relay_pass(&ctx, relay.as_ref().ok()).await;
         for (at, tool) in std::mem::take(&mut reloads) {
