@@ -192,7 +192,9 @@ fn collected_only_what_was_over(facts: &Facts, found: &mut Vec<Violation>) {
             );
             found.push(violation("collected-too-soon", &stone.run_id, &order, detail));
         }
-        let open_then = facts.operations.iter().find(|op| {
+        // A rejected request goes whatever its run (`retention::gc`): its tombstone answers as
+        // the request did, and nothing of it ran (sim/README.md: a finding).
+        let open_then = facts.operations.iter().filter(|_| !stone.rejected).find(|op| {
             let over = matches!(op.status, OperationStatus::Completed | OperationStatus::Failed);
             op.run_id == stone.run_id && op.created_ms < stone.removed_ms && (!over || op.updated_ms > stone.removed_ms)
         });
