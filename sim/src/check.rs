@@ -37,6 +37,8 @@ pub struct Facts {
     pub tombstones: Vec<Tombstone>,
     /// The retention the seed's gc ran with.
     pub gc_retention_ms: u64,
+    /// How far the host's clock may have been stepped, all told (its stamps are that unsure).
+    pub clock_slack_ms: u64,
     pub outbox: Vec<OutboxMessage>,
     /// What the outbox topic's endpoint took, in order.
     pub deliveries: Vec<Delivery>,
@@ -85,12 +87,36 @@ impl Facts {
         let history = history.entries();
         let mut collected = BTreeSet::new();
         let mut tombstones = Vec::new();
-        for entry in &history {
-            if let Event::Called { operation_key: Some(key), .. } = &entry.event
-                && !collected.contains(key)
-                && let Some(tombstone) = ledger.tombstone(key).await?
+        // Every step of the workload, whether or not its caller heard an answer (a crash may
+        // take the answer of a step that completed, and gc its record afterwards).
+        let mut keys: Vec<String> = history
+            .iter()
+            .filter_map(|entry| match &entry.event {
+                Event::Called { operation_key: Some(key), .. } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        for job in &plan.jobs {
+            match job {
+                Job::Order { run, .. } => {
+                    for (step, tool) in [
+                        ("1-stock", "stock"),
+                        ("2-reserve", "reserve"),
+                        ("3-charge", "charge"),
+                        ("4-fulfill", "fulfill"),
+                        ("5-notify", "notify"),
+                    ] {
+                        keys.push(oncebox_runtime::keys::operation_key(run, step, tool));
+                    }
+                }
+                Job::Call { run, step, tool, .. } => keys.push(oncebox_runtime::keys::operation_key(run, step, tool)),
+            }
+        }
+        for key in keys {
+            if !collected.contains(&key)
+                && let Some(tombstone) = ledger.tombstone(&key).await?
             {
-                collected.insert(key.clone());
+                collected.insert(key);
                 tombstones.push(tombstone);
             }
         }
@@ -138,6 +164,9 @@ impl Facts {
             collected,
             tombstones,
             gc_retention_ms: plan.gc_retention_ms,
+            // Each life's operator makes the plan's steps again.
+            clock_slack_ms: plan.clock_jumps.iter().map(|(_, d)| d.unsigned_abs()).sum::<u64>()
+                * (plan.crashes.len() as u64 + 1),
             outbox: ledger.outbox().await?,
             deliveries: world.deliveries(),
             reservations,
@@ -185,7 +214,8 @@ fn collected_only_what_was_over(facts: &Facts, found: &mut Vec<Violation>) {
             let detail = format!("{} was removed while {}", stone.step_id, stone.status.as_str());
             found.push(violation("collected-while-open", &stone.run_id, &order, detail));
         }
-        if stone.ended_ms.saturating_add(facts.gc_retention_ms) > stone.removed_ms {
+        if stone.ended_ms.saturating_add(facts.gc_retention_ms) > stone.removed_ms.saturating_add(facts.clock_slack_ms)
+        {
             let detail = format!(
                 "{} ended at {} and was removed at {}, inside the retention of {} ms",
                 stone.step_id, stone.ended_ms, stone.removed_ms, facts.gc_retention_ms
@@ -196,7 +226,10 @@ fn collected_only_what_was_over(facts: &Facts, found: &mut Vec<Violation>) {
         // the request did, and nothing of it ran (sim/README.md: a finding).
         let open_then = facts.operations.iter().filter(|_| !stone.rejected).find(|op| {
             let over = matches!(op.status, OperationStatus::Completed | OperationStatus::Failed);
-            op.run_id == stone.run_id && op.created_ms < stone.removed_ms && (!over || op.updated_ms > stone.removed_ms)
+            let slack = facts.clock_slack_ms;
+            op.run_id == stone.run_id
+                && op.created_ms.saturating_add(slack) < stone.removed_ms
+                && (!over || op.updated_ms > stone.removed_ms.saturating_add(slack))
         });
         if let Some(op) = open_then {
             let detail = format!(
@@ -222,6 +255,16 @@ fn taken_over_owners_fenced(facts: &Facts, found: &mut Vec<Violation>) {
         let order = breach.order.clone().unwrap_or_default();
         let detail = format!("{}/{} resumed after a take-over: {}", breach.run, breach.step, breach.detail);
         found.push(violation(invariant, &breach.run, &order, detail));
+    }
+}
+
+/// The order a run of the workload concerns, by the plan's names (`run-N`: `o-N`; a single
+/// call's `call-N`: `x-N`).
+fn order_of_run(run: &str) -> String {
+    match (run.strip_prefix("run-"), run.strip_prefix("call-")) {
+        (Some(n), _) => format!("o-{n}"),
+        (_, Some(n)) => format!("x-{n}"),
+        _ => String::new(),
     }
 }
 
@@ -338,7 +381,11 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
             .ledger_approved
             .iter()
             .any(|(params, component)| *params == request.body && *component == facts.fulfill_digest);
-        if !approved && !recorded {
+        // A decision whose answer a crash lost is known by its record only, which gc removes
+        // with the operation it let run (its tombstone: the step ended).
+        let collected =
+            facts.tombstones.iter().any(|t| t.tool == "fulfill" && order_of_run(&t.run_id) == request.order);
+        if !approved && !recorded && !collected {
             let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
             found.push(violation(
                 "irreversible-without-approval",
@@ -550,11 +597,7 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
         .collect();
     // A completed notify that gc removed since (its tombstone says it completed).
     for stone in facts.tombstones.iter().filter(|t| t.tool == "notify" && t.status == OperationStatus::Completed) {
-        let order = facts.history.iter().find_map(|entry| match &entry.event {
-            Event::Called { run, order: Some(order), .. } if *run == stone.run_id => Some(order.clone()),
-            _ => None,
-        });
-        completed.extend(order);
+        completed.insert(order_of_run(&stone.run_id));
     }
     for order in &completed {
         let n = enqueued.get(order).copied().unwrap_or(0);
