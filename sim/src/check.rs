@@ -8,11 +8,12 @@ use serde_json::Value;
 
 use oncebox_runtime::Host;
 use oncebox_runtime::ledger::{
-    ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Why,
+    ApprovalRecord, ApprovalState, Open, OperationRecord, OperationStatus, OutboxMessage, Tombstone, Why,
 };
 use oncebox_runtime::{LedgerError, Status};
 
 use crate::history::{Entry, Event, History};
+use crate::pause::Breach;
 use crate::plan::{Job, Plan, SKUS};
 use crate::world::{Commit, Delivery, Request, World, route_of};
 
@@ -32,6 +33,12 @@ pub struct Facts {
     pub compensating: BTreeSet<String>,
     /// Operation keys whose records `gc` removed (a tombstone stands for them).
     pub collected: BTreeSet<String>,
+    /// Their tombstones.
+    pub tombstones: Vec<Tombstone>,
+    /// The retention the seed's gc ran with.
+    pub gc_retention_ms: u64,
+    /// How far the host's clock may have been stepped, all told (its stamps are that unsure).
+    pub clock_slack_ms: u64,
     pub outbox: Vec<OutboxMessage>,
     /// What the outbox topic's endpoint took, in order.
     pub deliveries: Vec<Delivery>,
@@ -47,6 +54,8 @@ pub struct Facts {
     pub ledger_approved: Vec<(Value, Option<String>)>,
     /// Orders of the order workflow (their refunds are compensations).
     pub workflow_orders: BTreeSet<String>,
+    /// What paused owners wrote or sent once another had taken their step over (`pause.rs`).
+    pub breaches: Vec<Breach>,
 }
 
 /// An invariant that did not hold.
@@ -72,15 +81,43 @@ impl Facts {
         history: &History,
         host: &Host,
         compensating: BTreeSet<String>,
+        breaches: Vec<Breach>,
     ) -> Result<Facts, LedgerError> {
         let ledger = host.ledger();
         let history = history.entries();
         let mut collected = BTreeSet::new();
-        for entry in &history {
-            if let Event::Called { operation_key: Some(key), .. } = &entry.event
-                && ledger.tombstone(key).await?.is_some()
+        let mut tombstones = Vec::new();
+        // Every step of the workload, whether or not its caller heard an answer (a crash may
+        // take the answer of a step that completed, and gc its record afterwards).
+        let mut keys: Vec<String> = history
+            .iter()
+            .filter_map(|entry| match &entry.event {
+                Event::Called { operation_key: Some(key), .. } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        for job in &plan.jobs {
+            match job {
+                Job::Order { run, .. } => {
+                    for (step, tool) in [
+                        ("1-stock", "stock"),
+                        ("2-reserve", "reserve"),
+                        ("3-charge", "charge"),
+                        ("4-fulfill", "fulfill"),
+                        ("5-notify", "notify"),
+                    ] {
+                        keys.push(oncebox_runtime::keys::operation_key(run, step, tool));
+                    }
+                }
+                Job::Call { run, step, tool, .. } => keys.push(oncebox_runtime::keys::operation_key(run, step, tool)),
+            }
+        }
+        for key in keys {
+            if !collected.contains(&key)
+                && let Some(tombstone) = ledger.tombstone(&key).await?
             {
-                collected.insert(key.clone());
+                collected.insert(key);
+                tombstones.push(tombstone);
             }
         }
         let open = ledger.open_runs(None, ledger.now_ms()).await?;
@@ -125,12 +162,18 @@ impl Facts {
             open,
             compensating,
             collected,
+            tombstones,
+            gc_retention_ms: plan.gc_retention_ms,
+            // Each life's operator makes the plan's steps again.
+            clock_slack_ms: plan.clock_jumps.iter().map(|(_, d)| d.unsigned_abs()).sum::<u64>()
+                * (plan.crashes.len() as u64 + 1),
             outbox: ledger.outbox().await?,
             deliveries: world.deliveries(),
             reservations,
             reserved,
             fulfill_digest: host.digest("fulfill"),
             workflow_orders,
+            breaches,
         })
     }
 }
@@ -153,7 +196,77 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     outbox_delivered_in_order(facts, &mut found);
     reservations_counted(facts, &mut found);
     nothing_stuck_silently(facts, &mut found);
+    taken_over_owners_fenced(facts, &mut found);
+    collected_only_what_was_over(facts, &mut found);
     found
+}
+
+/// `gc` removes only what is over and no one may still need: an operation that ended (completed
+/// or failed; a rejected request), at least the retention before, of a run that nothing kept
+/// open when it was removed (no step of it claimed or unknown then: a saga, a reconcile or a
+/// caller's repeat may still need every record of such a run). Judged by the records a last
+/// reader sees: a step of the run that began before the removal and ended after it (or never)
+/// was open at the removal.
+fn collected_only_what_was_over(facts: &Facts, found: &mut Vec<Violation>) {
+    for stone in &facts.tombstones {
+        let order = facts.operations.iter().find(|op| op.run_id == stone.run_id).map(order_of).unwrap_or_default();
+        let ended = matches!(stone.status, OperationStatus::Completed | OperationStatus::Failed) || stone.rejected;
+        if !ended {
+            let detail = format!("{} was removed while {}", stone.step_id, stone.status.as_str());
+            found.push(violation("collected-while-open", &stone.run_id, &order, detail));
+        }
+        if stone.ended_ms.saturating_add(facts.gc_retention_ms) > stone.removed_ms.saturating_add(facts.clock_slack_ms)
+        {
+            let detail = format!(
+                "{} ended at {} and was removed at {}, inside the retention of {} ms",
+                stone.step_id, stone.ended_ms, stone.removed_ms, facts.gc_retention_ms
+            );
+            found.push(violation("collected-too-soon", &stone.run_id, &order, detail));
+        }
+        // A rejected request goes whatever its run (`retention::gc`): its tombstone answers as
+        // the request did, and nothing of it ran (sim/README.md: a finding).
+        let open_then = facts.operations.iter().filter(|_| !stone.rejected).find(|op| {
+            let over = matches!(op.status, OperationStatus::Completed | OperationStatus::Failed);
+            let slack = facts.clock_slack_ms;
+            op.run_id == stone.run_id
+                && op.created_ms.saturating_add(slack) < stone.removed_ms
+                && (!over || op.updated_ms > stone.removed_ms.saturating_add(slack))
+        });
+        if let Some(op) = open_then {
+            let detail = format!(
+                "{} was removed at {} while {} of its run was open (begun at {}, {} since {})",
+                stone.step_id,
+                stone.removed_ms,
+                op.step_id,
+                op.created_ms,
+                op.status.as_str(),
+                op.updated_ms
+            );
+            found.push(violation("collected-while-open", &stone.run_id, &order, detail));
+        }
+    }
+}
+
+/// An owner paused past its lease, whose step another took over, is fenced when it resumes: the
+/// store refuses every write it makes with its old fence, and nothing it wrote ahead leaves
+/// (its send deadline has passed: `late`).
+fn taken_over_owners_fenced(facts: &Facts, found: &mut Vec<Violation>) {
+    for breach in &facts.breaches {
+        let invariant = if breach.what == "sent" { "taken-over-owner-sent" } else { "taken-over-owner-wrote" };
+        let order = breach.order.clone().unwrap_or_default();
+        let detail = format!("{}/{} resumed after a take-over: {}", breach.run, breach.step, breach.detail);
+        found.push(violation(invariant, &breach.run, &order, detail));
+    }
+}
+
+/// The order a run of the workload concerns, by the plan's names (`run-N`: `o-N`; a single
+/// call's `call-N`: `x-N`).
+fn order_of_run(run: &str) -> String {
+    match (run.strip_prefix("run-"), run.strip_prefix("call-")) {
+        (Some(n), _) => format!("o-{n}"),
+        (_, Some(n)) => format!("x-{n}"),
+        _ => String::new(),
+    }
 }
 
 fn order_of(op: &OperationRecord) -> String {
@@ -269,7 +382,11 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
             .ledger_approved
             .iter()
             .any(|(params, component)| *params == request.body && *component == facts.fulfill_digest);
-        if !approved && !recorded {
+        // A decision whose answer a crash lost is known by its record only, which gc removes
+        // with the operation it let run (its tombstone: the step ended).
+        let collected =
+            facts.tombstones.iter().any(|t| t.tool == "fulfill" && order_of_run(&t.run_id) == request.order);
+        if !approved && !recorded && !collected {
             let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
             found.push(violation(
                 "irreversible-without-approval",
@@ -329,6 +446,12 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         }) else {
             continue;
         };
+        // A step that gc removed (its run over at the time, its retention passed) has no record
+        // left for a saga to undo: by the retention's design, not a broken promise (sim/README.md
+        // reports the saga's answer, `Done`, as a finding).
+        if facts.tombstones.iter().any(|t| t.run_id == run && t.status == OperationStatus::Completed) {
+            continue;
+        }
         let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
         if payments > refunds {
             let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
@@ -482,12 +605,16 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
     for message in &facts.outbox {
         *enqueued.entry(order_of_message(message)).or_default() += 1;
     }
-    let completed: BTreeSet<String> = facts
+    let mut completed: BTreeSet<String> = facts
         .operations
         .iter()
         .filter(|op| op.tool == "notify" && op.status == OperationStatus::Completed)
         .map(order_of)
         .collect();
+    // A completed notify that gc removed since (its tombstone says it completed).
+    for stone in facts.tombstones.iter().filter(|t| t.tool == "notify" && t.status == OperationStatus::Completed) {
+        completed.insert(order_of_run(&stone.run_id));
+    }
     for order in &completed {
         let n = enqueued.get(order).copied().unwrap_or(0);
         if n != 1 {

@@ -3,7 +3,7 @@
 //! carry the same stamps on every run and an hour of settle windows passes in no time.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use tokio::time::Instant;
 
@@ -13,10 +13,27 @@ pub const EPOCH_MS: u64 = 1_767_225_600_000;
 /// Where the current seed's clock started, on the paused tokio clock.
 static STARTED: Mutex<Option<Instant>> = Mutex::new(None);
 
+/// How far the host's wall clock is off the world's (ms; a jump moves it, `jump`).
+static OFFSET: AtomicI64 = AtomicI64::new(0);
+
 fn now_ms() -> u64 {
+    world_ms().saturating_add_signed(OFFSET.load(Ordering::SeqCst))
+}
+
+/// The world's time (the downstream's, the history's): the simulated clock without the host's
+/// jumps. On PostgreSQL, where no clock is installed, the real one.
+pub fn world_ms() -> u64 {
     let started = *STARTED.lock().unwrap_or_else(|p| p.into_inner());
-    let elapsed = started.map_or(Duration::ZERO, |at| Instant::now().saturating_duration_since(at));
-    EPOCH_MS + oncebox_runtime::clock::millis(elapsed)
+    match started {
+        Some(at) => EPOCH_MS + oncebox_runtime::clock::millis(Instant::now().saturating_duration_since(at)),
+        None => oncebox_runtime::clock::now_ms(),
+    }
+}
+
+/// The host's wall clock steps by `delta_ms` (forward or back), as NTP stepping a clock or a
+/// person setting it does; the world's time goes on as it was.
+pub fn jump(delta_ms: i64) {
+    OFFSET.fetch_add(delta_ms, Ordering::SeqCst);
 }
 
 /// Makes the simulated clock the host's, for this process. `false` if another was set first.
@@ -27,5 +44,6 @@ pub fn install() -> bool {
 /// Starts a seed's clock at [`EPOCH_MS`] (inside the seed's runtime, whose clock is paused).
 pub fn start() -> u64 {
     *STARTED.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    OFFSET.store(0, Ordering::SeqCst);
     EPOCH_MS
 }

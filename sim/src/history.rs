@@ -93,6 +93,20 @@ pub enum Event {
     Relayed {
         result: String,
     },
+    /// A caller's call stopped dead (its process paused), past its lease (`pause.rs`).
+    Paused {
+        run: String,
+        what: String,
+    },
+    /// The host's wall clock stepped (forward or back).
+    ClockJumped {
+        delta_ms: i64,
+    },
+    /// The paused call goes on where it stopped.
+    Resumed {
+        run: String,
+        what: String,
+    },
 }
 
 impl Event {
@@ -104,11 +118,13 @@ impl Event {
             | Event::Decided { run: r, .. }
             | Event::Reconciled { run: r, .. }
             | Event::Settled { run: r, .. }
-            | Event::Compensated { run: r, .. } => r == run,
+            | Event::Compensated { run: r, .. }
+            | Event::Paused { run: r, .. }
+            | Event::Resumed { run: r, .. } => r == run,
             Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } | Event::Delivered { order: o, .. } => {
                 o == order
             }
-            Event::Crashed { .. } | Event::Restarted => true,
+            Event::Crashed { .. } | Event::Restarted | Event::ClockJumped { .. } => true,
             Event::Reloaded { .. } | Event::Collected { .. } | Event::Relayed { .. } => false,
         }
     }
@@ -156,6 +172,9 @@ impl fmt::Display for Event {
                 write!(f, "endpoint: send #{nth} of {order}'s message meets {answer}{taken}")
             }
             Event::Relayed { result } => write!(f, "operator's relay: {result}"),
+            Event::ClockJumped { delta_ms } => write!(f, "the host's clock steps by {delta_ms:+} ms"),
+            Event::Paused { what, .. } => write!(f, "a caller's call stops dead (paused): {what}"),
+            Event::Resumed { what, .. } => write!(f, "the paused call resumes: {what}"),
         }
     }
 }
@@ -188,7 +207,7 @@ impl History {
     }
 
     pub fn push(&self, event: Event) {
-        let at_ms = oncebox_runtime::clock::now_ms().saturating_sub(self.start_ms);
+        let at_ms = crate::clock::world_ms().saturating_sub(self.start_ms);
         let life = self.life.load(Ordering::SeqCst);
         let entry = Entry { at_ms, life, event };
         // For a seed that hangs (and so prints nothing): its history as it is made.

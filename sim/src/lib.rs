@@ -30,13 +30,15 @@
 //!   by hand).
 //! - `clock`: the simulated wall clock; `paced`: the ledger store whose calls finish before any
 //!   other task runs; `race`: a decision held back inside the store until a claim of its step
-//!   has opened its snapshot (races inside the store on the seed's schedule).
+//!   has opened its snapshot (races inside the store on the seed's schedule); `pause`: an owner
+//!   stopped dead past its lease while another takes its step over, then resumed (fenced).
 
 pub mod check;
 pub mod clock;
 pub mod drive;
 pub mod history;
 pub mod paced;
+pub mod pause;
 pub mod plan;
 pub mod race;
 pub mod world;

@@ -22,6 +22,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use oncebox_runtime::LedgerError;
 
+use crate::pause::Fences;
 use crate::race::Holds;
 use oncebox_runtime::ledger::{
     ApprovalRecord, AttemptRecord, BoxFuture, Claim, ClaimRequest, DeliveryAnswer, EffectRecord, EffectStatus, Finish,
@@ -35,6 +36,8 @@ pub struct Paced<S> {
     pub inner: Arc<S>,
     pub free: bool,
     pub holds: Option<Holds>,
+    /// Told of every claim granted and every write accepted (`pause.rs`).
+    pub fences: Option<Arc<Fences>>,
 }
 
 /// Wakes the thread that blocks on a store call.
@@ -48,7 +51,25 @@ impl Wake for Unpark {
 
 impl<S> Paced<S> {
     pub fn new(inner: S, free: bool, holds: Option<Holds>) -> Paced<S> {
-        Paced { inner: Arc::new(inner), free, holds }
+        Paced { inner: Arc::new(inner), free, holds, fences: None }
+    }
+
+    /// Tells `fences` of every claim granted and every write accepted.
+    pub fn watched(mut self, fences: Arc<Fences>) -> Paced<S> {
+        self.fences = Some(fences);
+        self
+    }
+
+    fn claimed(&self, key: &str, claim: &Result<Claim, LedgerError>) {
+        if let (Some(fences), Ok(Claim::Owned { fence, .. })) = (&self.fences, claim) {
+            fences.claimed(key, *fence);
+        }
+    }
+
+    fn wrote<T>(&self, key: &str, fence: u64, what: &str, out: &Result<T, LedgerError>) {
+        if let (Some(fences), Ok(_)) = (&self.fences, out) {
+            fences.wrote(key, fence, what);
+        }
     }
 
     fn paced<'a, T: Send + 'a>(&self, call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
@@ -57,8 +78,10 @@ impl<S> Paced<S> {
 }
 
 /// `call`, run to its end on this thread when first polled. Unconstrained by tokio's cooperative
-/// budget: a spent budget would answer `Pending` to every poll of this loop.
-fn blocking<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
+/// budget: a spent budget would answer `Pending` to every poll of this loop. Also the operator's
+/// reloads (`drive/operator.rs`): a compile on tokio's blocking pool would otherwise end while
+/// whichever tasks happened to run, and a seed would not run the same way twice.
+pub(crate) fn blocking<'a, T: Send + 'a>(call: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
     Box::pin(async move {
         let mut call = std::pin::pin!(tokio::task::unconstrained(call));
         let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -93,7 +116,11 @@ impl<S: Store + 'static> Store for Paced<S> {
     }
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.paced(self.inner.claim(req))
+        Box::pin(async move {
+            let out = self.paced(self.inner.claim(req)).await;
+            self.claimed(&req.key, &out);
+            out
+        })
     }
 
     fn reopen<'a>(
@@ -101,11 +128,19 @@ impl<S: Store + 'static> Store for Paced<S> {
         req: &'a ClaimRequest,
         resendable: Vec<String>,
     ) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.paced(self.inner.reopen(req, resendable))
+        Box::pin(async move {
+            let out = self.paced(self.inner.reopen(req, resendable)).await;
+            self.claimed(&req.key, &out);
+            out
+        })
     }
 
     fn renew<'a>(&'a self, key: &'a str, fence: u64, until_ms: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.paced(self.inner.renew(key, fence, until_ms))
+        Box::pin(async move {
+            let out = self.paced(self.inner.renew(key, fence, until_ms)).await;
+            self.wrote(key, fence, "a renewal of its lease", &out);
+            out
+        })
     }
 
     fn put_effect<'a>(
@@ -115,7 +150,11 @@ impl<S: Store + 'static> Store for Paced<S> {
         expected: Option<(EffectStatus, u32)>,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.paced(self.inner.put_effect(fence, effect, expected, staged))
+        Box::pin(async move {
+            let out = self.paced(self.inner.put_effect(fence, effect, expected, staged)).await;
+            self.wrote(&effect.operation_key, fence, "a write of an effect", &out);
+            out
+        })
     }
 
     fn record_attempt<'a>(
@@ -126,7 +165,11 @@ impl<S: Store + 'static> Store for Paced<S> {
         now_ms: u64,
         staged: Staged,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.paced(self.inner.record_attempt(fence, attempt, finish, now_ms, staged))
+        Box::pin(async move {
+            let out = self.paced(self.inner.record_attempt(fence, attempt, finish, now_ms, staged)).await;
+            self.wrote(&attempt.operation_key, fence, "an attempt's record", &out);
+            out
+        })
     }
 
     fn resolve<'a>(

@@ -39,6 +39,18 @@ pub struct Plan {
     /// When the operator deploys the other build of `charge` (ms into a life): one naming
     /// another refund tool (`refun2`), or back (`drive/upgrade.rs`).
     pub upgrades: Vec<u64>,
+    /// Percent of the pipeline's points a caller's call reaches at which it stops dead (its
+    /// process paused, alive) for longer than its lease, while another worker of its
+    /// orchestrator takes the step over; then it resumes (`pause.rs`). At most two per seed.
+    pub pause_pct: u64,
+    /// The retention the operator's `gc` runs with: mostly longer than the seed's lives (it
+    /// collects nothing), on some seeds none at all or a second or two, so that gc removes what
+    /// ended, at any moment: at the plan's times, and as a request is about to be written ahead
+    /// or has just been answered.
+    pub gc_retention_ms: u64,
+    /// Steps of the host's wall clock (ms into a life, by how many ms, forward or back), on a
+    /// quarter of the seeds: within what the host's margins absorb (see sim/README.md).
+    pub clock_jumps: Vec<(u64, i64)>,
 }
 
 /// What the downstream is like, and how it answers.
@@ -221,6 +233,11 @@ pub fn percent(seed: u64, parts: &[&str]) -> u64 {
     choice(seed, parts) % 100
 }
 
+/// The largest step of the host's clock a seed makes: below the margin a lookup's proof keeps
+/// over the longest late commit (the send deadline, 1 s, plus the host's timeout), so that a
+/// forward step never turns an empty lookup into proof while the request can still commit.
+pub const MAX_JUMP_MS: i64 = 800;
+
 /// The tools the simulated workload calls (each loaded from `oncebox-artifacts`).
 pub const TOOLS: [&str; 7] = ["stock", "reserve", "release", "charge", "refund", "fulfill", "notify"];
 
@@ -275,7 +292,28 @@ impl Plan {
         // Drawn after the rest, so that the rest stays as it was before these were drawn.
         let holds_pct = [0, 30, 70][rng.usize(0..3)];
         let upgrades = (0..rng.usize(0..=2)).map(|_| rng.u64(0..3_000)).collect();
-        Plan { seed, callers, downstream, jobs, crashes, operator, free, holds_pct, upgrades }
+        let pause_pct = [0, 0, 3, 10][rng.usize(0..4)];
+        let gc_retention_ms = [600_000, 600_000, 0, 1_500][rng.usize(0..4)];
+        let clock_jumps = match rng.u64(0..4) {
+            0 => (0..rng.usize(1..=2))
+                .map(|_| (rng.u64(0..3_000), rng.i64(MAX_JUMP_MS / 20..=MAX_JUMP_MS) * [1, -1][rng.usize(0..2)]))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Plan {
+            seed,
+            callers,
+            downstream,
+            jobs,
+            crashes,
+            operator,
+            free,
+            holds_pct,
+            upgrades,
+            pause_pct,
+            gc_retention_ms,
+            clock_jumps,
+        }
     }
 
     /// The plan without the jobs and crashes `cut` names (the world's choices stay the seed's:

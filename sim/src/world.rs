@@ -108,6 +108,11 @@ impl World {
         World { seed, settings: Arc::new(settings), state: Arc::default(), history }
     }
 
+    /// The history it writes to.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
     /// The seed this world's choices are drawn from.
     pub fn seed(&self) -> u64 {
         self.seed
@@ -118,7 +123,7 @@ impl World {
     }
 
     fn now(&self) -> u64 {
-        oncebox_runtime::clock::now_ms()
+        crate::clock::world_ms()
     }
 
     /// What the host is told of this downstream.

@@ -335,3 +335,44 @@ fn a_completed_notify_enqueues_exactly_one_message() {
     let facts = Facts { operations: vec![op("notify", "o-1", "completed", None)], ..Facts::default() };
     assert_eq!(names(&facts), ["outbox"]);
 }
+
+#[test]
+fn what_a_resumed_owner_did_after_a_take_over_is_found() {
+    let breach = |what| Breach {
+        run: "run-1".into(),
+        step: "s-charge".into(),
+        order: Some("o-1".into()),
+        what,
+        detail: "after fence 2 took it over".into(),
+    };
+    let facts = Facts { breaches: vec![breach("wrote"), breach("sent")], ..Facts::default() };
+    assert_eq!(names(&facts), ["taken-over-owner-wrote", "taken-over-owner-sent"]);
+}
+
+#[test]
+fn gc_removing_a_step_of_a_run_still_open_is_found() {
+    let stone = Tombstone {
+        operation_key: "key-charge-o-1".into(),
+        run_id: "run-1".into(),
+        step_id: "s-charge".into(),
+        tool: "charge".into(),
+        fingerprint: "f".into(),
+        status: OperationStatus::Completed,
+        ended_ms: 0,
+        removed_ms: 10,
+        rejected: false,
+    };
+    // Its run's other step, begun before the removal, still unknown: the run was open.
+    let mut fulfill = op("fulfill", "o-1", "unknown", None);
+    fulfill.created_ms = 5;
+    let facts = Facts { tombstones: vec![stone.clone()], operations: vec![fulfill.clone()], ..Facts::default() };
+    assert!(names(&facts).contains(&"collected-while-open"));
+    // Ended before the removal: the run was over.
+    fulfill.status = OperationStatus::Failed;
+    fulfill.updated_ms = 8;
+    let facts = Facts { tombstones: vec![stone.clone()], operations: vec![fulfill], ..Facts::default() };
+    assert_eq!(names(&facts), Vec::<&str>::new());
+    // Inside its retention.
+    let facts = Facts { tombstones: vec![stone], gc_retention_ms: 60_000, ..Facts::default() };
+    assert_eq!(names(&facts), ["collected-too-soon"]);
+}

@@ -3,13 +3,15 @@
 //! to undo it (what they started, a stale retry may call again once it is undone: see
 //! `call_again_after_undo`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use oncebox_runtime::{Call, Host, Status};
 
-use super::{Ctx, LAST_PASS_CALLER, MAX_ASKS, compensate, same_everywhere};
+use super::{Ctx, LAST_PASS_CALLER, MAX_ASKS, OTHER_WORKER, compensate, same_everywhere};
 use crate::history::Event;
 use crate::plan::{Job, charge_args, fulfill_args, notify_args};
 
@@ -91,7 +93,14 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
                 left.push(call.clone());
             }
         }
-        let answered = host.call(call.clone()).await;
+        // A call that may stop dead past its lease, while another worker takes its step over.
+        let (ctx2, host2, call2) = (ctx.clone(), host.clone(), call.clone());
+        let on_pause = Box::new(move |after: Duration| {
+            let worker = tokio::spawn(again_after(ctx2.clone(), host2, call2, after));
+            ctx2.shared().workers.push(worker.abort_handle());
+        });
+        let owner = ctx.fences.owner(&run, &step, order.clone(), on_pause);
+        let answered = crate::pause::frozen(owner, host.call(call.clone())).await;
         let wait = match answered {
             Ok(outcome) => {
                 ctx.history.push(Event::Called {
@@ -134,6 +143,15 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
         tokio::time::sleep(wait).await;
     }
     last
+}
+
+/// Another worker of the orchestrator, whose call of a step stopped dead: it calls the step
+/// `after` (once the paused call's lease has run out), and takes it over.
+fn again_after(ctx: Ctx, host: Host, call: Call, after: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        tokio::time::sleep(after).await;
+        ask(&ctx, &host, OTHER_WORKER, call).await;
+    })
 }
 
 /// The same step with other args: a caller that re-plans under an old step id.

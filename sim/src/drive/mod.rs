@@ -31,6 +31,7 @@ use oncebox_runtime::{Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass,
 use crate::check::Facts;
 use crate::history::{Event, History};
 use crate::paced::Paced;
+use crate::pause::Fences;
 use crate::plan::{Crash, Plan, percent};
 use crate::race::Holds;
 use crate::world::{ORIGIN, World};
@@ -46,6 +47,9 @@ pub enum LedgerKind {
 
 /// The caller that, in the last pass, calls again the steps callers left.
 const LAST_PASS_CALLER: usize = 99;
+/// The caller that takes over the step of a paused call (`pause.rs`): another worker of the
+/// same orchestrator.
+const OTHER_WORKER: usize = 98;
 /// How many times a caller asks for one step before it leaves it to the operator.
 const MAX_ASKS: u32 = 60;
 /// How long the last pass may take before what is open is reported: on the simulated clock (redb),
@@ -56,7 +60,12 @@ const LAST_PASS_REAL: Duration = Duration::from_secs(60);
 /// only once it expires, on the database's real clock, so it must be well inside the last pass
 /// (the default, 60 s, is as long as the whole pass). On redb a crash takes its claims with it.
 const LEASE_REAL: Duration = Duration::from_secs(10);
-/// The retention `gc` runs with: longer than a seed's lives, shorter than its last pass.
+/// The lease of a host on redb: a paused owner stands still longer (`pause.rs`). Shorter than
+/// the host's default (60 s), so that the lives a pause stretches cost less of the operator's
+/// looks; still far longer than any attempt of the example tools on the simulated clock.
+const LEASE: Duration = Duration::from_secs(10);
+/// A retention longer than a seed's lives, shorter than its last pass: a gc run with it collects
+/// nothing within the lives. Most seeds' (`Plan::gc_retention_ms`).
 const GC_RETENTION: Duration = Duration::from_secs(600);
 /// How long after its write-ahead a request may still leave (the host's send deadline): short, so
 /// that an empty lookup can count as proof within a seed's lives.
@@ -95,6 +104,8 @@ struct Shared {
     /// is): what each life's host loads.
     charge_build: u8,
     calls: u64,
+    /// The workers of this life that took over a paused owner's step (they die with the life).
+    workers: Vec<tokio::task::AbortHandle>,
 }
 
 /// The world, the plan, the history and where the ledger lives: what every life shares.
@@ -111,6 +122,8 @@ struct Ctx {
     dir: String,
     /// The second builds of `charge` and its refund tool.
     builds: Builds,
+    /// The claims the store granted, and what paused owners did after a take-over.
+    fences: Arc<Fences>,
 }
 
 #[derive(Clone)]
@@ -120,6 +133,11 @@ enum LedgerAt {
 }
 
 impl Ctx {
+    /// On redb: the host's clock is the simulated one, which can be stepped.
+    fn ledger_is_file(&self) -> bool {
+        matches!(self.ledger, LedgerAt::File(_))
+    }
+
     fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -159,6 +177,7 @@ pub async fn run(
         key_file,
         dir: dir.display().to_string(),
         builds: Builds::write(dir)?,
+        fences: Arc::new(Fences::default()),
     };
     let mut life = 0usize;
     let host = loop {
@@ -194,6 +213,9 @@ pub async fn run(
         };
         // The process dies (or the orchestrators are done): no task of this life goes on.
         callers.abort_all();
+        for worker in std::mem::take(&mut ctx.shared().workers) {
+            worker.abort();
+        }
         operator.abort();
         second_person.abort();
         let _ = second_person.await;
@@ -231,7 +253,7 @@ pub async fn run(
     };
     last_pass(&ctx, &host).await?;
     let compensating = ctx.shared().to_compensate.clone();
-    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host, compensating).await?;
+    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host, compensating, ctx.fences.breaches()).await?;
     let shared = ctx.shared();
     let faults = ctx.world.faults() + life as u64;
     Ok(Ran { facts, history: ctx.history.clone(), operations: shared.calls, faults })
@@ -248,7 +270,8 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
                     // call it again meanwhile (a slow disk, a writer with a long queue).
                     let max_ms = 3 * ctx.plan.operator.every_ms;
                     let holds = Holds::new(ctx.plan.seed, ctx.plan.holds_pct, max_ms);
-                    HostBuilder::on_ledger(Ledger::on(Paced::new(store, ctx.plan.free, Some(holds))))
+                    let store = Paced::new(store, ctx.plan.free, Some(holds)).watched(ctx.fences.clone());
+                    HostBuilder::on_ledger(Ledger::on(store)).lease(LEASE)
                 }
                 Err(_) if tries < 200 => {
                     // A redb file stays locked until the last handle of the dead host is gone
@@ -320,6 +343,8 @@ enum Act {
     Reject(Box<oncebox_runtime::ledger::ApprovalRecord>),
     /// Compensate the run of this operation (one of its requests is about to leave).
     Undo(String),
+    /// Run `gc` now (a request is about to be written ahead, or was just answered).
+    Collect,
 }
 
 /// The hooks of one life: the world as the network, and the plan's crash.
@@ -327,6 +352,11 @@ struct LifeHooks {
     world: World,
     /// The operator's `compensate_pct`, for the undoing that races a request about to leave.
     compensate_pct: u64,
+    /// The plan's `pause_pct`, and the fences the paused owners are judged by.
+    pause_pct: u64,
+    fences: Arc<Fences>,
+    /// The seed's gc collects within its lives: it may run at any of the pipeline's points.
+    gc_at_any_moment: bool,
     shared: Arc<Mutex<Shared>>,
     /// Where an armed rejection goes when its call reaches the point before its write-ahead.
     racer: tokio::sync::mpsc::UnboundedSender<Act>,
@@ -342,6 +372,9 @@ impl LifeHooks {
         LifeHooks {
             world: ctx.world.clone(),
             compensate_pct: ctx.plan.operator.compensate_pct,
+            pause_pct: ctx.plan.pause_pct,
+            gc_at_any_moment: ctx.plan.gc_retention_ms < GC_RETENTION.as_millis() as u64,
+            fences: ctx.fences.clone(),
             shared: ctx.shared.clone(),
             racer,
             crash,
@@ -360,6 +393,15 @@ impl LifeHooks {
 impl Hooks for LifeHooks {
     fn at(&self, site: Site) -> HookFuture<'_, ()> {
         Box::pin(async move {
+            // Now and then the caller's whole call stops dead here, past its lease (`pause.rs`).
+            if let Some((run, what)) = self.fences.maybe_pause(&site, self.world.seed(), self.pause_pct, LEASE) {
+                self.world.history().push(Event::Paused { run: run.clone(), what: what.clone() });
+                crate::pause::yield_to_pause().await;
+                self.world.history().push(Event::Resumed { run, what });
+                // It goes on at once, as a resumed process does: nothing else runs first (its
+                // attempt's deadline, long past, has not had a look in yet).
+                return;
+            }
             if site.point == Point::BeforeWriteAhead {
                 let armed = self.shared.lock().unwrap_or_else(|p| p.into_inner()).armed.remove(&site.operation_key);
                 if let Some(record) = armed {
@@ -371,6 +413,14 @@ impl Hooks for LifeHooks {
             let undo = percent(self.world.seed(), &["undo-now", &site.operation_key, &site.key]);
             if site.point == Point::BeforeWriteAhead && undo < 3 * self.compensate_pct {
                 let _ = self.racer.send(Act::Undo(site.operation_key.clone()));
+            }
+            // And, on a seed whose gc collects, someone runs it at just this moment.
+            let gc_now = percent(self.world.seed(), &["gc-now", &site.operation_key, &site.key, site.point.name()]);
+            if self.gc_at_any_moment
+                && matches!(site.point, Point::BeforeWriteAhead | Point::AfterDispatch | Point::AfterAttemptRecord)
+                && gc_now < 10
+            {
+                let _ = self.racer.send(Act::Collect);
             }
             // An await point, as a write to disk is in a host: whatever is ready runs here (the
             // racing rejection among them).
@@ -390,6 +440,7 @@ impl Hooks for LifeHooks {
     }
 
     fn http(&self, site: Site, request: Outgoing) -> HookFuture<'_, Exchange> {
+        self.fences.sending(&site.operation_key);
         Box::pin(self.world.effect(site.key, request))
     }
 

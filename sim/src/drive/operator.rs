@@ -11,9 +11,7 @@ use oncebox_runtime::{Call, Decision, Host, Relay};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::caller::{args_of, ask};
-use super::{
-    Act, Ctx, GC_RETENTION, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere,
-};
+use super::{Act, Ctx, LAST_PASS, LAST_PASS_CALLER, LAST_PASS_REAL, LedgerAt, SEND_BY, compensate, same_everywhere};
 use crate::history::Event;
 use crate::plan::{Job, choice, percent};
 use crate::world::route_of;
@@ -24,11 +22,20 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
     let mut reloads = ctx.plan.operator.reloads.clone();
     let mut upgrades = ctx.plan.upgrades.clone();
     let mut gcs = ctx.plan.operator.gcs.clone();
+    let mut jumps = if ctx.ledger_is_file() { ctx.plan.clock_jumps.clone() } else { Vec::new() };
     let relay = host.outbox_relay();
     loop {
         tokio::time::sleep(Duration::from_millis(ctx.plan.operator.every_ms)).await;
         looked += 1;
         let into_life = looked * ctx.plan.operator.every_ms;
+        for (at, delta) in std::mem::take(&mut jumps) {
+            if at > into_life {
+                jumps.push((at, delta));
+                continue;
+            }
+            crate::clock::jump(delta);
+            ctx.history.push(Event::ClockJumped { delta_ms: delta });
+        }
         look(&ctx, &host, false).await;
         relay_pass(&ctx, relay.as_ref().ok()).await;
         for (at, tool) in std::mem::take(&mut reloads) {
@@ -45,7 +52,9 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
                     .map(std::path::PathBuf::from),
             };
             let result = match path {
-                Some(path) => host.reload(path).await.map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
+                Some(path) => crate::paced::blocking(Box::pin(host.reload(path)))
+                    .await
+                    .map_or_else(|e| format!("error: {e}"), |_| "reloaded".into()),
                 None => "no such tool".into(),
             };
             ctx.history.push(Event::Reloaded { tool, result });
@@ -64,8 +73,7 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
         }
         if gcs.iter().any(|at| *at <= into_life) {
             gcs.retain(|at| *at > into_life);
-            let result = host.gc(GC_RETENTION).await.map_or_else(|e| format!("error: {e}"), |r| format!("{r:?}"));
-            ctx.history.push(Event::Collected { result });
+            collect(&ctx, &host).await;
         }
         // A person undoing an order midway, racing its steps.
         for job in &ctx.plan.jobs {
@@ -84,7 +92,7 @@ async fn upgrade(ctx: &Ctx, host: &Host) {
     let result = match ctx.builds.deploy(build) {
         Ok(()) => {
             ctx.shared().charge_build = build;
-            match host.reload(&ctx.builds.charge).await {
+            match crate::paced::blocking(Box::pin(host.reload(&ctx.builds.charge))).await {
                 Ok(manifest) => {
                     format!("build {build}, compensated by {}", manifest.compensated_by.as_deref().unwrap_or("nothing"))
                 }
@@ -215,6 +223,7 @@ pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedRecei
     while let Some(act) = acts.recv().await {
         match act {
             Act::Reject(record) => decide_as(&ctx, &host, &record, false, "second-person").await,
+            Act::Collect => collect(&ctx, &host).await,
             Act::Undo(operation_key) => {
                 // Its claim may be in memory only (nothing of it durable yet): in flight.
                 let in_flight = host.ledger().in_flight(None).await.unwrap_or_default();
@@ -230,6 +239,13 @@ pub(super) async fn second_person(ctx: Ctx, host: Host, mut acts: UnboundedRecei
             }
         }
     }
+}
+
+/// Runs `gc` with the seed's retention.
+pub(super) async fn collect(ctx: &Ctx, host: &Host) {
+    let retention = Duration::from_millis(ctx.plan.gc_retention_ms);
+    let result = host.gc(retention).await.map_or_else(|e| format!("error: {e}"), |r| format!("{r:?}"));
+    ctx.history.push(Event::Collected { result });
 }
 
 /// Reconciles an unknown operation; after a few tries that settle nothing, settles it by hand
