@@ -20,9 +20,6 @@ use serde_json::json;
 
 use crate::stats::Latency;
 
-/// First and warm loads are whole processes: a few of each.
-const LOADS: usize = 3;
-
 #[derive(Debug, Serialize)]
 pub struct LangLoad {
     pub lang: &'static str,
@@ -45,7 +42,8 @@ const LANGS: [(&str, &str, Built); 3] = [
 ];
 
 /// The three languages' rows; a language whose toolchain is missing is left out, said why.
-pub async fn measure(dir: &Path, n: usize) -> anyhow::Result<Vec<LangLoad>> {
+/// `loads` first and warm loads each (whole processes; 0: none, their figures are then NaN).
+pub async fn measure(dir: &Path, n: usize, loads: usize) -> anyhow::Result<Vec<LangLoad>> {
     let work = dir.parent().unwrap_or(dir).join("guest-langs");
     let mut rows = Vec::new();
     for (lang, tool, source) in LANGS {
@@ -61,7 +59,7 @@ pub async fn measure(dir: &Path, n: usize) -> anyhow::Result<Vec<LangLoad>> {
             },
         };
         eprintln!("measuring {tool}...");
-        rows.push(row(lang, tool, &component, dir, n).await?);
+        rows.push(row(lang, tool, &component, dir, n, loads).await?);
     }
     Ok(rows)
 }
@@ -72,11 +70,12 @@ async fn row(
     component: &Path,
     dir: &Path,
     n: usize,
+    loads: usize,
 ) -> anyhow::Result<LangLoad> {
     let component_mb = std::fs::metadata(component)?.len() as f64 / 1e6;
     let mut first = Vec::new();
     let mut warm = Vec::new();
-    for i in 0..LOADS {
+    for i in 0..loads {
         let cache = dir.join(format!("load-cache-{tool}-{i}"));
         let _ = std::fs::remove_dir_all(&cache);
         first.push(load_in_a_new_process(component, &cache)?);
@@ -85,7 +84,10 @@ async fn row(
 
     let provider = Provider::start().await?;
     provider.set_stock("sku-1", 7);
+    // The compile cache kept between runs (beside `dir`, which each run empties): the code that runs
+    // is the same either way, and a run does not compile each language again.
     let host = Host::builder_in_memory()
+        .compile_cache(dir.parent().unwrap_or(dir).join("compile-cache"))
         .tool_config(tool, "base_url", provider.base_url())
         .grant(tool, Grant::Http(provider.base_url().parse().map_err(anyhow::Error::msg)?))
         .build()

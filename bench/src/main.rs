@@ -48,6 +48,10 @@ struct Args {
     /// Skip the tools in Python and JavaScript (their toolchains come from PyPI and npm).
     #[arg(long)]
     no_languages: bool,
+    /// How many first and warm loads (whole processes) to time per language; 0 skips them (a
+    /// first load compiles the component: tens of seconds on a busy machine).
+    #[arg(long, default_value_t = 3)]
+    loads: usize,
     /// Measure oncebox beside its peers instead, Restate and DBOS (on SQLite and on PostgreSQL),
     /// on one workload: one durable step making one idempotent POST. The peers are installed from
     /// npm and PyPI into DIR/peers on first use; Restate runs in a network namespace (root).
@@ -77,8 +81,19 @@ async fn main() -> anyhow::Result<()> {
 
     let cache = args.dir.join("compile-cache");
     if args.only.as_deref() == Some("languages") {
-        let results = languages::measure(&dir, fast / 10).await?;
-        report::print_languages(&results);
+        let results = languages::measure(&dir, fast / 10, args.loads).await?;
+        if args.json {
+            let mut named = report::polyglot(&results);
+            named.insert("targets".into(), serde_json::to_value(report::language_targets(&results))?);
+            named.insert("machine".into(), serde_json::to_value(report::Machine::here(&dir))?);
+            println!("{}", serde_json::Value::Object(named));
+        } else {
+            report::print_languages(&results);
+            println!();
+            for t in report::language_targets(&results) {
+                println!("{}: {} (measured {})", if t.met { "met" } else { "missed" }, t.target, t.measured);
+            }
+        }
         return Ok(());
     }
     if args.only.as_deref() == Some("growth") {
@@ -170,7 +185,8 @@ async fn main() -> anyhow::Result<()> {
         });
     }
 
-    let languages = if args.no_languages { Vec::new() } else { languages::measure(&dir, fast / 10).await? };
+    let languages =
+        if args.no_languages { Vec::new() } else { languages::measure(&dir, fast / 10, args.loads).await? };
 
     eprintln!("measuring the alternatives...");
     let naive_redb_64 = alternatives::naive_redb(&dir, 64, (each / 2).max(2))?;
@@ -195,6 +211,7 @@ async fn main() -> anyhow::Result<()> {
         pg_throughput_64: postgres.as_ref().map(|p| p.throughput_64),
         pg_commits_per_call_64: postgres.as_ref().map(|p| p.commits_per_call_64),
         pg_settings: postgres.map(|p| p.settings),
+        polyglot: report::polyglot(&languages),
         languages,
         targets: Vec::new(),
         machine: report::Machine::here(&dir),
