@@ -135,7 +135,7 @@ impl Fences {
     }
 
     /// Pauses the owner calling through `site`, if the seed says so (`pct` of the sites an owner
-    /// reaches, at most once per call and [`MAX_PAUSES`] per seed), for longer than `lease`.
+    /// reaches, at most once per call and `MAX_PAUSES` per seed), for longer than `lease`.
     /// `Some((its run, what happened))` when it did; the caller then awaits [`yield_to_pause`].
     pub fn maybe_pause(&self, site: &Site, seed: u64, pct: u64, lease: Duration) -> Option<(String, String)> {
         if pct == 0 {
