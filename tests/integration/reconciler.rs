@@ -83,13 +83,14 @@ async fn proven_not_taken_after_the_settle_window_reopens_the_step_whose_next_ca
     let provider = Provider::start().await.expect("provider");
     provider.configure(ProviderSettings { honour_keys: false, ..Default::default() });
     // A downstream whose lookups are exact once it answered, a short send deadline: a
-    // `not-committed` counts 1.3 s after the send's write-ahead (a second to leave, 300 ms to be
-    // answered). Not shorter: a loaded machine's resend must still leave within it.
-    let target =
-        HttpTarget { timeout: Duration::from_millis(300), settle_window: Duration::ZERO, ..HttpTarget::default() };
+    // `not-committed` counts 3 s after the send's write-ahead (two seconds to leave, one to be
+    // answered). Not shorter: on a loaded machine (builds beside the suite) a send or a lookup
+    // must still be answered within its timeout, or the step stays unknown and the next call is
+    // not the one this test means.
+    let target = HttpTarget { timeout: Duration::from_secs(1), settle_window: Duration::ZERO, ..HttpTarget::default() };
     let host = configure(oncebox::Host::builder(dir.path().join("ledger.redb")), &provider, false)
         .http_target(provider.addr().to_string(), target)
-        .send_deadline(Duration::from_secs(1))
+        .send_deadline(Duration::from_secs(2))
         .build()
         .await
         .expect("host");
@@ -101,7 +102,9 @@ async fn proven_not_taken_after_the_settle_window_reopens_the_step_whose_next_ca
 
     let mut reconciler = host.reconciler(AT_ONCE);
     let mut seen = Vec::new();
-    for _ in 0..50 {
+    // Passes until the lookup may count (3 s), with room for a loaded machine.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < until {
         let tries = reconciler.pass().await.expect("pass");
         seen.extend(tries.iter().map(|t| t.result));
         if seen.contains(&TryResult::NotCommitted) {

@@ -263,6 +263,18 @@ pub fn unrecorded_sends(effects: &[EffectRecord], recorded: u32) -> Vec<&EffectR
     effects.iter().filter(|effect| effect.attempt > recorded).collect()
 }
 
+/// Whether `earlier`, an effect recorded by an earlier attempt (or an earlier run of this one)
+/// under another key, is the same request as one of `kind` and `fingerprint` asked anew, and
+/// forbids sending it: it took place or may have; or the class sends an effect once, whatever its
+/// first send met (`once`: irreversible, DESIGN section 7), a send proven not taken or refused
+/// included. Its label changed, so its key did: sending would do again what was done, or, for an
+/// irreversible effect, send it a second time under one approval. Asked by the guarded path.
+pub fn repeats(earlier: &EffectRecord, kind: &str, fingerprint: &str, once: bool) -> bool {
+    earlier.kind == kind
+        && earlier.fingerprint == fingerprint
+        && (once || earlier.status.in_doubt() || earlier.status.taken())
+}
+
 /// What a restart makes of an operation its stopped owner left claimed, with its `effects` on
 /// record: the effects sent and never answered become unknown (`changed`); an operation holding
 /// one in doubt becomes unknown, its stopped attempt recorded (`attempt`), as a take-over on a
@@ -371,6 +383,19 @@ mod tests {
             updated_ms: 1,
             resolution: None,
             attempt: 1,
+        }
+    }
+
+    #[test]
+    fn an_irreversible_request_repeats_whatever_its_first_send_met_others_only_when_it_may_have_taken_place() {
+        use EffectStatus::*;
+        for status in [Dispatched, Completed, Refused, Retryable, Unknown] {
+            let earlier = effect(status);
+            assert!(repeats(&earlier, "http", "f", true), "{status:?}: an irreversible effect is sent once");
+            let may_have = status.in_doubt() || status.taken();
+            assert_eq!(repeats(&earlier, "http", "f", false), may_have, "{status:?}");
+            // Another request (another kind or other params) is no repeat, whatever the class.
+            assert!(!repeats(&earlier, "http", "g", true) && !repeats(&earlier, "kv-set", "f", true));
         }
     }
 

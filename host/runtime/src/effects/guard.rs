@@ -251,12 +251,21 @@ impl EffectCtx {
     ) -> Result<(), ToolError> {
         let recorded = scope.journal.effects().await.map_err(host_error)?;
         let met = |key: &str| self.effects.iter().any(|noted| noted.key == key);
-        let earlier = |e: &EffectRecord| {
-            (e.status.in_doubt() || e.status.taken()) && e.kind == kind && e.fingerprint == fingerprint && !met(&e.key)
-        };
+        let earlier = |e: &EffectRecord| !met(&e.key) && crate::ledger::repeats(e, kind, fingerprint, scope.once);
         let Some(open) = recorded.into_iter().find(earlier) else {
             return Ok(());
         };
+        if !open.status.in_doubt() && !open.status.taken() {
+            // Irreversible, its first send proven not taken or refused: never sent twice, under
+            // any label (the same answer as under its own key, in `begin`).
+            self.note(&open, EffectSource::Deduplicated, None);
+            return Err(ToolError::Transient(format!(
+                "effect `{}` ({}) of this step was sent once and not taken; this attempt asks for it again as \
+                 `{label}` ({key}); an irreversible effect is never sent twice: a new step, with its own approval, \
+                 sends it again",
+                open.label, open.key
+            )));
+        }
         if open.status.in_doubt() {
             self.in_doubt.push(InDoubt { key: open.key.clone(), resendable: false });
         }
