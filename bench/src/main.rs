@@ -13,6 +13,7 @@ mod host_runs;
 mod languages;
 mod peers;
 mod report;
+mod serve_start;
 mod stats;
 
 use std::path::PathBuf;
@@ -38,7 +39,8 @@ struct Args {
     /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64,
     /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us, pg_fresh_http_us or pg_throughput_64,
     /// or `languages`, or `growth`: the costs that should follow open work, at two sizes of
-    /// history, `--growth SMALL,LARGE`), for a profiler:
+    /// history, `--growth SMALL,LARGE`, or `serve_start`: `oncebox serve` with ten Python tools,
+    /// cold and warm, `--loads N` of each), for a profiler:
     /// `perf record -g -- target/release/oncebox-bench --only fresh_kv_us`.
     #[arg(long, value_name = "MEASURE")]
     only: Option<String>,
@@ -93,6 +95,15 @@ async fn main() -> anyhow::Result<()> {
             for t in report::language_targets(&results) {
                 println!("{}: {} (measured {})", if t.met { "met" } else { "missed" }, t.target, t.measured);
             }
+        }
+        return Ok(());
+    }
+    if args.only.as_deref() == Some("serve_start") {
+        let starts = serve_start::measure(&dir, args.loads, args.loads).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&starts)?);
+        } else {
+            serve_start::print(&starts);
         }
         return Ok(());
     }
