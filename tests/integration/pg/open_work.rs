@@ -389,6 +389,38 @@ async fn hosts_ending_steps_while_a_compensation_starts_leave_the_index_right() 
     }
 }
 
+/// A compensation claimed in a run nobody has called (no records yet): the run read whole is
+/// empty, and the claim is answered as any other, alone or in a group with other callers' claims,
+/// and indexed as the rule says (it was refused once: a run with no records read as not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_in_a_run_with_no_records_is_claimed_and_indexed() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let client = connect(&url).await;
+    let now = 1_000;
+    let undo = |run: &str| {
+        let step = format!("{}{run}/s0", oncebox::keys::COMPENSATION_PREFIX);
+        request(run, &step, ReplayClass::IdempotentWrite, now)
+    };
+    // Alone.
+    let fence = claim(&ledger, &undo("a")).await;
+    agrees(&client, &ledger, now, "a lone compensation claimed").await;
+    finish(&ledger, &undo("a"), fence, OperationStatus::Completed, now).await;
+    // Among other callers' claims, all at once (they share groups).
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let ledger = ledger.clone();
+        let req = if n == 8 { undo("b") } else { request("c", &format!("s{n}"), ReplayClass::Compensatable, now) };
+        tasks.push(tokio::spawn(async move { claim(&ledger, &req).await }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    let open = agrees(&client, &ledger, now, "a compensation claimed among others").await;
+    assert!(!open.contains_key("a"), "{open:?}");
+    assert!(open.contains_key("b") && open.contains_key("c"), "{open:?}");
+}
+
 /// What the index costs the hot path: 64 callers each claiming and ending operations of runs of
 /// their own (a claim and a finished attempt with one KV write each), in calls per second. A
 /// timing, not a check: `cargo test ... pg::open_work::cost -- --ignored --nocapture`.
