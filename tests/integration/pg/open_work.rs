@@ -427,10 +427,50 @@ async fn a_compensation_in_a_run_with_no_records_is_claimed_and_indexed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a timing, not a check"]
 async fn cost() {
-    const CALLERS: usize = 64;
-    const EACH: usize = 50;
     let url = fresh_database().await;
     let ledger = Ledger::connect(&url).await.expect("connect");
+    hot_path(&ledger).await;
+}
+
+/// What the schema guard (`schema.rs`: a trigger per statement on the operations and approvals)
+/// costs the server in [`cost`]'s workload, counted by the server (`track_functions`): its calls
+/// and their time, beside the transactions committed and the workload's time. A timing, not a
+/// check: `cargo test ... pg::open_work::guard_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing, not a check"]
+async fn guard_cost() {
+    let url = fresh_database().await;
+    let client = connect(&url).await;
+    let track = "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); \
+                 END $$";
+    client.batch_execute(track).await.expect("track");
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let before: i64 = client.query_one(commits, &[]).await.expect("commits").get(0);
+    let started = Instant::now();
+    hot_path(&ledger).await;
+    let elapsed = started.elapsed();
+    drop(ledger);
+    // A session's statistics reach the server's counters when it goes idle (within a second).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    client.batch_execute("SELECT pg_stat_clear_snapshot()").await.expect("fresh statistics");
+    let after: i64 = client.query_one(commits, &[]).await.expect("commits").get(0);
+    let guard = "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_time), 0)::float8 \
+                 FROM pg_stat_user_functions WHERE funcname = 'oncebox_schema_guard'";
+    let row = client.query_one(guard, &[]).await.expect("functions");
+    let (calls, ms): (i64, f64) = (row.get(0), row.get(1));
+    eprintln!(
+        "guard: {calls} calls, {ms:.1} ms in all ({:.1} us each), {} transactions committed, {:.0} ms of workload",
+        ms * 1000.0 / calls.max(1) as f64,
+        after - before,
+        elapsed.as_secs_f64() * 1000.0
+    );
+}
+
+/// [`cost`]'s workload on `ledger`, its rate printed.
+async fn hot_path(ledger: &Ledger) {
+    const CALLERS: usize = 64;
+    const EACH: usize = 50;
     let started = Instant::now();
     let callers: Vec<_> = (0..CALLERS)
         .map(|caller| {
