@@ -421,6 +421,22 @@ async fn a_compensation_in_a_run_with_no_records_is_claimed_and_indexed() {
     assert!(open.contains_key("b") && open.contains_key("c"), "{open:?}");
 }
 
+/// The saga of a run nobody called, on the shared ledger: answered, nothing to undo, nothing
+/// written; and again once another run's compensation is claimed beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_saga_of_a_run_nobody_called_answers_done() {
+    let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), super::provider().await);
+    let host = super::host_on(&url, &dir, &provider, true, |builder| builder).await;
+    for _ in 0..2 {
+        let report = host.compensate("nobody").await.expect("compensate");
+        assert_eq!(report.state, oncebox::saga::SagaState::Done, "{report:?}");
+        assert!(report.steps.is_empty(), "{report:?}");
+    }
+    let ledger = host.ledger();
+    assert!(ledger.operations(Some("nobody")).await.expect("operations").is_empty());
+    assert!(!ledger.open_runs(None, u64::MAX / 2).await.expect("open").contains_key("nobody"));
+}
+
 /// What the index costs the hot path: 64 callers each claiming and ending operations of runs of
 /// their own (a claim and a finished attempt with one KV write each), in calls per second. A
 /// timing, not a check: `cargo test ... pg::open_work::cost -- --ignored --nocapture`.
