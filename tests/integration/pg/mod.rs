@@ -69,8 +69,17 @@ async fn claimed(ledger: &Ledger, ops: &[String]) -> Vec<u64> {
     fences
 }
 
-/// A client of the database at `url`, its connection driven on a task of its own.
+/// A client of the database at `url`, its connection driven on a task of its own, writing as a
+/// host of this schema does (`oncebox.schema`: the guard of `schema.rs` refuses others' writes).
 async fn connect(url: &str) -> tokio_postgres::Client {
+    let client = connect_unmarked(url).await;
+    client.batch_execute("SET oncebox.schema = '2'").await.expect("oncebox.schema");
+    client
+}
+
+/// A client of the database at `url` that does not say which schema it writes: a host of an
+/// older oncebox, or an operator's own session.
+async fn connect_unmarked(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(connection);
     client

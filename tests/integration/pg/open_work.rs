@@ -389,16 +389,104 @@ async fn hosts_ending_steps_while_a_compensation_starts_leave_the_index_right() 
     }
 }
 
+/// A compensation claimed in a run nobody has called (no records yet): the run read whole is
+/// empty, and the claim is answered as any other, alone or in a group with other callers' claims,
+/// and indexed as the rule says (it was refused once: a run with no records read as not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_in_a_run_with_no_records_is_claimed_and_indexed() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let client = connect(&url).await;
+    let now = 1_000;
+    let undo = |run: &str| {
+        let step = format!("{}{run}/s0", oncebox::keys::COMPENSATION_PREFIX);
+        request(run, &step, ReplayClass::IdempotentWrite, now)
+    };
+    // Alone.
+    let fence = claim(&ledger, &undo("a")).await;
+    agrees(&client, &ledger, now, "a lone compensation claimed").await;
+    finish(&ledger, &undo("a"), fence, OperationStatus::Completed, now).await;
+    // Among other callers' claims, all at once (they share groups).
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let ledger = ledger.clone();
+        let req = if n == 8 { undo("b") } else { request("c", &format!("s{n}"), ReplayClass::Compensatable, now) };
+        tasks.push(tokio::spawn(async move { claim(&ledger, &req).await }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    let open = agrees(&client, &ledger, now, "a compensation claimed among others").await;
+    assert!(!open.contains_key("a"), "{open:?}");
+    assert!(open.contains_key("b") && open.contains_key("c"), "{open:?}");
+}
+
+/// The saga of a run nobody called, on the shared ledger: answered, nothing to undo, nothing
+/// written; and again once another run's compensation is claimed beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_saga_of_a_run_nobody_called_answers_done() {
+    let (url, dir, provider) = (fresh_database().await, tempfile::tempdir().expect("dir"), super::provider().await);
+    let host = super::host_on(&url, &dir, &provider, true, |builder| builder).await;
+    for _ in 0..2 {
+        let report = host.compensate("nobody").await.expect("compensate");
+        assert_eq!(report.state, oncebox::saga::SagaState::Done, "{report:?}");
+        assert!(report.steps.is_empty(), "{report:?}");
+    }
+    let ledger = host.ledger();
+    assert!(ledger.operations(Some("nobody")).await.expect("operations").is_empty());
+    assert!(!ledger.open_runs(None, u64::MAX / 2).await.expect("open").contains_key("nobody"));
+}
+
 /// What the index costs the hot path: 64 callers each claiming and ending operations of runs of
 /// their own (a claim and a finished attempt with one KV write each), in calls per second. A
 /// timing, not a check: `cargo test ... pg::open_work::cost -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a timing, not a check"]
 async fn cost() {
-    const CALLERS: usize = 64;
-    const EACH: usize = 50;
     let url = fresh_database().await;
     let ledger = Ledger::connect(&url).await.expect("connect");
+    hot_path(&ledger).await;
+}
+
+/// What the schema guard (`schema.rs`: a trigger per statement on the operations and approvals)
+/// costs the server in [`cost`]'s workload, counted by the server (`track_functions`): its calls
+/// and their time, beside the transactions committed and the workload's time. A timing, not a
+/// check: `cargo test ... pg::open_work::guard_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing, not a check"]
+async fn guard_cost() {
+    let url = fresh_database().await;
+    let client = connect(&url).await;
+    let track = "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); \
+                 END $$";
+    client.batch_execute(track).await.expect("track");
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let before: i64 = client.query_one(commits, &[]).await.expect("commits").get(0);
+    let started = Instant::now();
+    hot_path(&ledger).await;
+    let elapsed = started.elapsed();
+    drop(ledger);
+    // A session's statistics reach the server's counters when it goes idle (within a second).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    client.batch_execute("SELECT pg_stat_clear_snapshot()").await.expect("fresh statistics");
+    let after: i64 = client.query_one(commits, &[]).await.expect("commits").get(0);
+    let guard = "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_time), 0)::float8 \
+                 FROM pg_stat_user_functions WHERE funcname = 'oncebox_schema_guard'";
+    let row = client.query_one(guard, &[]).await.expect("functions");
+    let (calls, ms): (i64, f64) = (row.get(0), row.get(1));
+    eprintln!(
+        "guard: {calls} calls, {ms:.1} ms in all ({:.1} us each), {} transactions committed, {:.0} ms of workload",
+        ms * 1000.0 / calls.max(1) as f64,
+        after - before,
+        elapsed.as_secs_f64() * 1000.0
+    );
+}
+
+/// [`cost`]'s workload on `ledger`, its rate printed.
+async fn hot_path(ledger: &Ledger) {
+    const CALLERS: usize = 64;
+    const EACH: usize = 50;
     let started = Instant::now();
     let callers: Vec<_> = (0..CALLERS)
         .map(|caller| {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{Ledger, Store};
 
-use super::{connect, fresh_database};
+use super::{connect, connect_unmarked, fresh_database, request};
 
 #[tokio::test]
 async fn a_store_is_named_by_its_url_without_the_password() {
@@ -40,6 +40,43 @@ async fn a_database_of_another_schema_version_is_refused_naming_both() {
     assert!(error.is_unusable_ledger(), "{error:?}");
     let message = error.to_string();
     assert!(message.contains("schema version 99") && message.contains("version 2"), "{message}");
+}
+
+/// A host of schema 1 still connected when its database is migrated to schema 2 would write
+/// without keeping the index of open work: from the migration on, the database refuses its writes
+/// to the tables the index follows, in one line that says what to do, while the hosts of schema 2
+/// (and a session that says it writes schema 2) write as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_of_schema_1_still_connected_is_refused_its_writes_once_migrated() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("create the schema");
+    assert!(matches!(ledger.claim(&request("a", "h", 1_000)).await, Ok(oncebox::ledger::Claim::Owned { .. })));
+    drop(ledger);
+    // Make it a database of schema 1, with a host of schema 1 on it, writing.
+    connect(&url)
+        .await
+        .batch_execute(
+            "DROP TABLE oncebox_open; DROP TABLE oncebox_ended; \
+             DROP TRIGGER IF EXISTS oncebox_schema_guard ON oncebox_operations; \
+             DROP TRIGGER IF EXISTS oncebox_schema_guard ON oncebox_approvals; \
+             DROP FUNCTION IF EXISTS oncebox_schema_guard(); \
+             UPDATE oncebox_meta SET value = 1 WHERE name = 'schema_version'",
+        )
+        .await
+        .expect("schema 1");
+    let old = connect_unmarked(&url).await;
+    let write = "UPDATE oncebox_operations SET lease_until_ms = lease_until_ms + 1 WHERE key = 'a'";
+    assert_eq!(old.execute(write, &[]).await.expect("schema 1: the old host writes"), 1);
+    let ledger = Ledger::connect(&url).await.expect("migrated");
+    let error = old.execute(write, &[]).await.expect_err("the old host is refused");
+    let message = error.as_db_error().map(|db| db.message().to_string()).unwrap_or_else(|| error.to_string());
+    assert!(message.contains("schema version 2") && message.contains("stop the hosts"), "{message}");
+    assert!(!message.contains('\n'), "{message}");
+    let delete = "DELETE FROM oncebox_approvals WHERE operation_key = 'a'";
+    assert!(old.execute(delete, &[]).await.is_err(), "approvals are guarded too");
+    // This schema's hosts, and a session that says it writes it, write as before.
+    assert!(matches!(ledger.claim(&request("b", "h", 1_000)).await, Ok(oncebox::ledger::Claim::Owned { .. })));
+    assert_eq!(connect(&url).await.execute(write, &[]).await.expect("a session of schema 2 writes"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -212,11 +212,15 @@ pub(super) fn reindex(
 }
 
 /// Reads every record of each of `runs` that is being compensated, or whose flag says its change
-/// is a compensation's: ops and requests, by run. `$1`/`$2`: [`compensation_steps`].
+/// is a compensation's: ops and requests, by run, and one row naming each run so read (kind
+/// NULL), so that a run with no records yet reads as read and empty, not as not read (a
+/// compensation claimed in a run nobody has called is indexed from its empty whole).
+/// `$1`/`$2`: [`compensation_steps`].
 pub(super) const WHOLE_RUNS: &str = "WITH w AS (SELECT u.r FROM unnest($3::text[], $4::bool[]) AS u(r, whole) \
      WHERE u.whole OR EXISTS (SELECT 1 FROM oncebox_operations o WHERE o.run_id = u.r \
      AND o.step_id >= $1 AND o.step_id < $2)) \
-     SELECT false, o.run_id, o.record FROM oncebox_operations o WHERE o.run_id = ANY(ARRAY(SELECT r FROM w)) \
+     SELECT NULL::bool, r, NULL::bytea FROM w \
+     UNION ALL SELECT false, o.run_id, o.record FROM oncebox_operations o WHERE o.run_id = ANY(ARRAY(SELECT r FROM w)) \
      UNION ALL SELECT true, a.run_id, a.record FROM oncebox_approvals a WHERE a.run_id = ANY(ARRAY(SELECT r FROM w))";
 
 /// The statement of [`WHOLE_RUNS`] for `runs` (run, whether its change is a compensation's).
@@ -230,13 +234,14 @@ pub(super) fn whole_runs(runs: BTreeMap<String, bool>) -> Sql {
 pub(super) fn wholes(rows: &[deadpool_postgres::tokio_postgres::Row]) -> Result<BTreeMap<String, Whole>, LedgerError> {
     let mut out: BTreeMap<String, Whole> = BTreeMap::new();
     for row in rows {
-        let is_request: bool = super::db::column(row, 0, "oncebox_operations")?;
+        let kind: Option<bool> = super::db::column(row, 0, "oncebox_operations")?;
         let run: String = super::db::column(row, 1, "oncebox_operations")?;
         let whole = out.entry(run).or_default();
-        if is_request {
-            whole.asked.push(record(row, 2, "oncebox_approvals")?);
-        } else {
-            whole.ops.push(record(row, 2, "oncebox_operations")?);
+        match kind {
+            // The run was read whole (it may have no records).
+            None => {}
+            Some(true) => whole.asked.push(record(row, 2, "oncebox_approvals")?),
+            Some(false) => whole.ops.push(record(row, 2, "oncebox_operations")?),
         }
     }
     Ok(out)

@@ -31,6 +31,9 @@ pub(super) fn session(url_options: Option<&str>) -> String {
     // Durable before answered, whatever the URL or the server says (riding claims and answers ask
     // for otherwise one transaction at a time: `group.rs`).
     options.push_str(" -c synchronous_commit=on");
+    // The schema this host writes, which the database's guard asks of every write of the tables
+    // the index follows (`schema.rs`): set here, whatever the URL says.
+    options.push_str(&format!(" -c {}={}", super::schema::SESSION_SCHEMA, super::schema::SCHEMA_VERSION));
     options.trim_start().to_string()
 }
 
@@ -73,7 +76,7 @@ mod tests {
         assert!(!made.contains("lock_timeout=0"), "{made}");
         assert!(made.contains("-c idle_in_transaction_session_timeout=60000"), "{made}");
         assert!(made.contains("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off"), "{made}");
-        assert!(made.ends_with("-c synchronous_commit=on"), "{made}");
+        assert!(made.ends_with("-c synchronous_commit=on -c oncebox.schema=2"), "{made}");
         let none = session(None);
         assert!(none.starts_with("-c idle_in_transaction_session_timeout=60000 -c lock_timeout=0"), "{none}");
     }

@@ -105,6 +105,39 @@ CREATE INDEX oncebox_outbox_pending ON oncebox_outbox (topic, seq) WHERE NOT del
 CREATE SEQUENCE oncebox_fence START 2;
 "#;
 
+/// The setting by which a session says which schema it writes: every connection of the ledger
+/// sets it to [`SCHEMA_VERSION`] in its startup options (`options.rs`), for nothing per statement.
+pub(super) const SESSION_SCHEMA: &str = "oncebox.schema";
+
+/// Refuses the writes of the tables whose changes the index of open work follows from a session
+/// that has not said it writes this schema: a host of schema 1 still connected when the database
+/// was migrated (it would write without keeping the index). Per statement, not per row: one
+/// function call of a few microseconds per statement a group sends to these tables (two for an
+/// `INSERT ... ON CONFLICT DO UPDATE`, which fires both), whatever its number of rows. An
+/// operator writing these tables by hand says `SET oncebox.schema = '2'` (the version) first, and keeps the
+/// index as the hosts do.
+fn guard_sql() -> String {
+    format!(
+        r#"
+CREATE OR REPLACE FUNCTION oncebox_schema_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('{setting}', true) IS DISTINCT FROM '{version}' THEN
+        RAISE EXCEPTION 'oncebox: this ledger is at schema version {version} and this session writes another ({setting} = %): stop the hosts of an older oncebox and start this version''s', coalesce(current_setting('{setting}', true), 'unset')
+            USING ERRCODE = 'OBXSC';
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER oncebox_schema_guard BEFORE INSERT OR UPDATE OR DELETE ON oncebox_operations
+    FOR EACH STATEMENT EXECUTE FUNCTION oncebox_schema_guard();
+CREATE TRIGGER oncebox_schema_guard BEFORE INSERT OR UPDATE OR DELETE ON oncebox_approvals
+    FOR EACH STATEMENT EXECUTE FUNCTION oncebox_schema_guard();
+"#,
+        setting = SESSION_SCHEMA,
+        version = SCHEMA_VERSION,
+    )
+}
+
 /// Creates the schema in an empty database, or checks the version of the one there; one
 /// transaction, under the schema lock, so that hosts connecting together neither race on the
 /// DDL nor read a half-made schema.
@@ -125,11 +158,19 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
                 &[&int(SCHEMA_VERSION)],
             )
             .await?;
+            guard(tx).await?;
             added(tx).await
         }
-        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => added(tx).await,
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => {
+            guard(tx).await?;
+            added(tx).await
+        }
         Ok(Some(1)) => {
             added(tx).await?;
+            // Before the index is built: creating the triggers waits for the writes of the hosts
+            // of schema 1 in flight and holds off their next ones until this commits, when the
+            // triggers refuse them; the index is built from every write that got in before.
+            guard(tx).await?;
             build_index(tx).await?;
             let sql = "UPDATE oncebox_meta SET value = $1 WHERE name = 'schema_version'";
             tx.exec(sql, &[&int(SCHEMA_VERSION)]).await.map(drop)
@@ -178,6 +219,20 @@ pub(super) async fn keep_room_for_rewrites(client: &mut deadpool_postgres::Clien
     // Otherwise the transaction rolls back as it is dropped: the table is as it was.
 }
 
+/// The schema guard ([`guard_sql`]), where missing: a database of schema 2 made before it gets it at
+/// its next connect. Looked up first, as [`claim_tokens`] says why.
+async fn guard(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let there = "SELECT 1 FROM pg_trigger WHERE tgrelid = 'oncebox_approvals'::regclass \
+                 AND tgname = 'oncebox_schema_guard'";
+    if tx.opt(there, &[]).await?.is_some() {
+        return Ok(());
+    }
+    tx.tx
+        .batch_execute(&guard_sql())
+        .await
+        .map_err(|e| super::db::failed(tx.store, "CREATE TRIGGER oncebox_schema_guard ...", &e))
+}
+
 /// The claim token of each operation (`riding.rs`). A host that does not know it inserts 0, which
 /// no ridden claim's token is, and never lets a claim ride. Looked up first: `ALTER TABLE` takes
 /// the table's strongest lock even when there is nothing to add, and every host runs this.
@@ -203,8 +258,8 @@ async fn leases(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// Builds the index of open work of a database of schema 1, in the migration's transaction: every
 /// operation and request once, a page of runs at a time ([`RUNS_AT_ONCE`]), each run judged by the
 /// one rule ([`crate::run_state::open_runs`]) as the redb migration does (`redb/open_index.rs`).
-/// The other hosts wait for it on the schema lock; hosts of schema 1 still connected would write
-/// without keeping the index (operating.md: stop them first).
+/// The other hosts wait for it on the schema lock; hosts of schema 1 still connected are refused
+/// their writes from then on ([`guard_sql`]; operating.md: stop them first).
 async fn build_index(tx: &Tx<'_>) -> Result<(), LedgerError> {
     tx.tx
         .batch_execute(index::TABLES)
