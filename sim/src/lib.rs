@@ -78,8 +78,8 @@ impl SeedReport {
 }
 
 /// Runs seed `seed`, less `cut`, on a runtime of its own (one thread; the clock paused on redb),
-/// with components compiled into `cache`.
-pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow::Result<SeedReport> {
+/// with components compiled into `cache`, on `hosts` hosts (several on PostgreSQL only).
+pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, hosts: usize, cache: &Path) -> anyhow::Result<SeedReport> {
     let plan = Plan::new(seed).without(cut);
     let digest = plan.digest();
     let free = plan.free;
@@ -91,7 +91,7 @@ pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow:
             LedgerKind::Redb => clock::start(),
             LedgerKind::Postgres => oncebox_runtime::clock::now_ms(),
         };
-        drive::run(plan, kind, dir.path(), cache.to_path_buf(), start).await
+        drive::run(plan, kind, hosts, dir.path(), cache.to_path_buf(), start).await
     })?;
     // The host's background tasks end with their runtime.
     runtime.shutdown_background();
@@ -111,7 +111,13 @@ pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow:
 /// out one at a time, each kept out while the violation stays, until none can go (a greedy
 /// shrink, as property testers do; the runs are deterministic, so a cut replays). `None` if the
 /// whole plan is the smallest.
-pub fn shrink(seed: u64, invariant: &str, kind: LedgerKind, cache: &Path) -> anyhow::Result<Option<(Cut, SeedReport)>> {
+pub fn shrink(
+    seed: u64,
+    invariant: &str,
+    kind: LedgerKind,
+    hosts: usize,
+    cache: &Path,
+) -> anyhow::Result<Option<(Cut, SeedReport)>> {
     let plan = Plan::new(seed);
     let mut cut = Cut::default();
     let mut best = None;
@@ -128,7 +134,7 @@ pub fn shrink(seed: u64, invariant: &str, kind: LedgerKind, cache: &Path) -> any
             } else {
                 tried.crashes.insert(n);
             }
-            let report = run_seed(seed, &tried, kind, cache)?;
+            let report = run_seed(seed, &tried, kind, hosts, cache)?;
             if report.violations.iter().any(|v| v.invariant == invariant) {
                 cut = tried;
                 best = Some(report);

@@ -37,7 +37,12 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
             ctx.history.push(Event::ClockJumped { delta_ms: delta });
         }
         look(&ctx, &host, false).await;
-        relay_pass(&ctx, relay.as_ref().ok()).await;
+        match &ctx.hosts {
+            None => {
+                relay_pass(&ctx, relay.as_ref().ok()).await;
+            }
+            Some(hosts) => relay_everywhere(&ctx, hosts).await,
+        }
         for (at, tool) in std::mem::take(&mut reloads) {
             if at > into_life {
                 reloads.push((at, tool));
@@ -325,6 +330,22 @@ async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
             false
         }
     }
+}
+
+/// On several hosts, every live host's relay runs a pass at once, as each host process runs its
+/// own: the topic's lease decides which one sends (a host that dies ends its pass with it).
+async fn relay_everywhere(ctx: &Ctx, hosts: &std::sync::Arc<super::Hosts>) {
+    let mut passes = tokio::task::JoinSet::new();
+    for k in 0..hosts.len() {
+        let (ctx, hosts) = (ctx.clone(), hosts.clone());
+        passes.spawn(async move {
+            let pass = |host: Host| async move {
+                relay_pass(&ctx, host.outbox_relay().ok().as_ref()).await;
+            };
+            let _ = hosts.on(k, pass).await;
+        });
+    }
+    while passes.join_next().await.is_some() {}
 }
 
 /// After the callers are done: the operator settles and compensates until no run is open (or
