@@ -273,7 +273,12 @@ pub async fn run(
 async fn finish(ctx: &Ctx, host: &Host, lives: usize) -> anyhow::Result<Ran> {
     last_pass(ctx, host).await?;
     let compensating = ctx.shared().to_compensate.clone();
-    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, host, compensating, ctx.fences.breaches()).await?;
+    let mut facts =
+        Facts::gather(&ctx.plan, &ctx.world, &ctx.history, host, compensating, ctx.fences.breaches()).await?;
+    if ctx.hosts.is_some() {
+        // Stamps of hosts whose clocks are skewed (`skews`), one against another's.
+        facts.clock_slack_ms += 2 * MAX_SKEW_MS.unsigned_abs();
+    }
     let shared = ctx.shared();
     let faults = ctx.world.faults() + lives as u64;
     Ok(Ran { facts, history: ctx.history.clone(), operations: shared.calls, faults })
