@@ -413,8 +413,10 @@ fn people_on(
     rejections: tokio::sync::mpsc::UnboundedReceiver<Act>,
 ) -> anyhow::Result<People> {
     let (k, host) = hosts.live(pick).context("no host is up for the operator")?;
-    let operator = tokio::spawn(operator(ctx.clone(), host.clone()));
-    let second_person = tokio::spawn(second_person(ctx.clone(), host, rejections));
+    // On their host's clock, as its calls are.
+    let skew = hosts.skew(k);
+    let operator = tokio::spawn(crate::clock::skewed(skew, operator(ctx.clone(), host.clone())));
+    let second_person = tokio::spawn(crate::clock::skewed(skew, second_person(ctx.clone(), host, rejections)));
     Ok(People(k, Some((operator, second_person))))
 }
 
