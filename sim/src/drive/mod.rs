@@ -13,7 +13,7 @@ mod upgrade;
 
 use caller::caller;
 use hosts::Hosts;
-use operator::{last_pass, operator, second_person};
+use operator::{last_pass, operator, relay_pass, second_person};
 use upgrade::{Builds, REFUN2};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -319,6 +319,7 @@ async fn lives_on_hosts(ctx: &Ctx, hosts: &Arc<Hosts>) -> anyhow::Result<(Host, 
     drop(first);
     // The people's host, and their tasks on it.
     let mut people = people_on(ctx, hosts, 0, rejections)?;
+    let mut relays = relays(ctx, hosts);
     let mut crashes = 0usize;
     {
         let done = async {
@@ -378,12 +379,36 @@ async fn lives_on_hosts(ctx: &Ctx, hosts: &Arc<Hosts>) -> anyhow::Result<(Host, 
         h.fired.store(true, Ordering::SeqCst);
     }
     callers.abort_all();
+    relays.abort_all();
     for worker in std::mem::take(&mut ctx.shared().workers) {
         worker.abort();
     }
     people.abort().await?;
     let (_, host) = hosts.live(0).context("no host is up for the last pass")?;
     Ok((host, crashes))
+}
+
+/// Each host's outbox relay, as each host process runs its own: a pass every operator's look
+/// and a half times the host's number, so that the hosts' passes drift against each other (the
+/// topic's lease decides which one sends). A host that dies ends its pass with it; its relay goes
+/// on with the host that starts in its place.
+fn relays(ctx: &Ctx, hosts: &Arc<Hosts>) -> tokio::task::JoinSet<()> {
+    let mut relays = tokio::task::JoinSet::new();
+    for k in 0..hosts.len() {
+        let (ctx, hosts) = (ctx.clone(), hosts.clone());
+        let every = Duration::from_millis(ctx.plan.operator.every_ms * (2 + k as u64) / 2);
+        relays.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let ctx = &ctx;
+                let pass = |host: Host| async move {
+                    relay_pass(ctx, host.outbox_relay().ok().as_ref()).await;
+                };
+                let _ = hosts.on(k, pass).await;
+            }
+        });
+    }
+    relays
 }
 
 /// The operator and the second person, on host `.0`, while it lives.

@@ -37,11 +37,9 @@ pub(super) async fn operator(ctx: Ctx, host: Host) {
             ctx.history.push(Event::ClockJumped { delta_ms: delta });
         }
         look(&ctx, &host, false).await;
-        match &ctx.hosts {
-            None => {
-                relay_pass(&ctx, relay.as_ref().ok()).await;
-            }
-            Some(hosts) => relay_everywhere(&ctx, hosts).await,
+        // On several hosts each host's relay runs on its own (`drive::relays`).
+        if ctx.hosts.is_none() {
+            relay_pass(&ctx, relay.as_ref().ok()).await;
         }
         for (at, tool) in std::mem::take(&mut reloads) {
             if at > into_life {
@@ -311,7 +309,7 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
 }
 
 /// One pass of the outbox relay; whether every message is delivered.
-async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
+pub(super) async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
     let Some(relay) = relay else {
         ctx.history.push(Event::Relayed { result: "no relay".into() });
         return false;
@@ -330,22 +328,6 @@ async fn relay_pass(ctx: &Ctx, relay: Option<&Relay>) -> bool {
             false
         }
     }
-}
-
-/// On several hosts, every live host's relay runs a pass at once, as each host process runs its
-/// own: the topic's lease decides which one sends (a host that dies ends its pass with it).
-async fn relay_everywhere(ctx: &Ctx, hosts: &std::sync::Arc<super::Hosts>) {
-    let mut passes = tokio::task::JoinSet::new();
-    for k in 0..hosts.len() {
-        let (ctx, hosts) = (ctx.clone(), hosts.clone());
-        passes.spawn(async move {
-            let pass = |host: Host| async move {
-                relay_pass(&ctx, host.outbox_relay().ok().as_ref()).await;
-            };
-            let _ = hosts.on(k, pass).await;
-        });
-    }
-    while passes.join_next().await.is_some() {}
 }
 
 /// After the callers are done: the operator settles and compensates until no run is open (or
