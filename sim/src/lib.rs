@@ -15,8 +15,9 @@
 //! (`paced`), and the host's retry jitter is derived from operation keys: a seed runs the same way
 //! every time ([`SeedReport::history_digest`]). Not so for a quarter of the seeds, which run
 //! `free` (the ledger's calls awaited, so that races inside the store can happen), nor on
-//! `--ledger postgres` (the database's real clock, over a socket): those replay the same workload
-//! and faults, not always the same interleaving. One process runs one seed at a time (the
+//! `--ledger postgres` (the database's real clock, over a socket), with one host or several
+//! (`--hosts N`: each its own pool, clock skew and crashes, the callers' calls spread over them):
+//! those replay the same workload and faults, not always the same interleaving. One process runs one seed at a time (the
 //! simulated clock is the process's).
 //!
 //! # Layout
@@ -24,7 +25,7 @@
 //! - `plan`: the seed's workload, downstream, crashes and operator; its digest.
 //! - `world`: the downstream (through the host's hooks), and its record of what it committed.
 //! - `drive/`: the host's lives and their hooks; `caller`: the orchestrators; `operator`: the
-//!   people, and the last pass.
+//!   people, and the last pass; `hosts`: several hosts on one database, behind a balancer.
 //! - `history`: what happened, in order.
 //! - `check`: the invariants, over the facts a seed left (`check/tests.rs`: each on a history made
 //!   by hand).
