@@ -391,8 +391,8 @@ async fn lives_on_hosts(ctx: &Ctx, hosts: &Arc<Hosts>) -> anyhow::Result<(Host, 
 /// Each host's outbox relay, as each host process runs its own: a pass at every look of the
 /// operator's, all at once, so that the hosts' passes meet (the topic's lease decides which one
 /// sends); a pass that fails leaves its messages to the next, and two hosts then read the same
-/// batch. A host that dies ends its pass with it; its relay goes
-/// on with the host that starts in its place.
+/// batch. A host that dies ends its pass with it; its relay goes on with the host that starts in
+/// its place.
 fn relays(ctx: &Ctx, hosts: &Arc<Hosts>) -> tokio::task::JoinSet<()> {
     let mut relays = tokio::task::JoinSet::new();
     for k in 0..hosts.len() {
