@@ -39,6 +39,8 @@ pub struct Facts {
     pub gc_retention_ms: u64,
     /// How far the host's clock may have been stepped, all told (its stamps are that unsure).
     pub clock_slack_ms: u64,
+    /// When the history began (world ms): an entry happened at this plus its `at_ms`.
+    pub started_ms: u64,
     pub outbox: Vec<OutboxMessage>,
     /// What the outbox topic's endpoint took, in order.
     pub deliveries: Vec<Delivery>,
@@ -84,6 +86,7 @@ impl Facts {
         breaches: Vec<Breach>,
     ) -> Result<Facts, LedgerError> {
         let ledger = host.ledger();
+        let started_ms = history.start_ms();
         let history = history.entries();
         let mut collected = BTreeSet::new();
         let mut tombstones = Vec::new();
@@ -164,6 +167,7 @@ impl Facts {
             collected,
             tombstones,
             gc_retention_ms: plan.gc_retention_ms,
+            started_ms,
             // Each life's operator makes the plan's steps again.
             clock_slack_ms: plan.clock_jumps.iter().map(|(_, d)| d.unsigned_abs()).sum::<u64>()
                 * (plan.crashes.len() as u64 + 1),
@@ -383,9 +387,15 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
             .iter()
             .any(|(params, component)| *params == request.body && *component == facts.fulfill_digest);
         // A decision whose answer a crash lost is known by its record only, which gc removes
-        // with the operation it let run (its tombstone: the step ended).
-        let collected =
-            facts.tombstones.iter().any(|t| t.tool == "fulfill" && order_of_run(&t.run_id) == request.order);
+        // with the operation it let run: the tombstone of a fulfillment of this order that ran
+        // (not a rejected request's: nothing ran under it), removed after this request left (a
+        // record removed before it cannot have been what let it leave).
+        let collected = facts.tombstones.iter().any(|t| {
+            t.tool == "fulfill"
+                && !t.rejected
+                && order_of_run(&t.run_id) == request.order
+                && request.at_ms <= t.removed_ms.saturating_add(facts.clock_slack_ms)
+        });
         if !approved && !recorded && !collected {
             let detail = format!("a fulfillment was sent with params no approval named: {}", request.body);
             found.push(violation(
@@ -448,16 +458,28 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         };
         // A step that gc removed (its run over at the time, its retention passed) has no record
         // left for a saga to undo: by the retention's design, not a broken promise (sim/README.md
-        // reports the saga's answer, `Done`, as a finding).
-        if facts.tombstones.iter().any(|t| t.run_id == run && t.status == OperationStatus::Completed) {
-            continue;
-        }
+        // reports the saga's answer, `Done`, as a finding). Only that step's effect, and only if
+        // it was removed before the compensation said done (one removed later was there to undo).
+        let said_done = facts.history.iter().find_map(|entry| match &entry.event {
+            Event::Compensated { run: r, result, .. } if r == run && result.starts_with("Done") => {
+                Some(facts.started_ms + entry.at_ms)
+            }
+            _ => None,
+        });
+        let collected_before = |tool: &str| {
+            facts.tombstones.iter().any(|t| {
+                t.run_id == run
+                    && t.tool == tool
+                    && t.status == OperationStatus::Completed
+                    && said_done.is_some_and(|done| t.removed_ms <= done.saturating_add(facts.clock_slack_ms))
+            })
+        };
         let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
-        if payments > refunds {
+        if payments > refunds && !collected_before("charge") {
             let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
             found.push(violation("compensation-incomplete", run, &order, detail));
         }
-        if facts.reservations.contains_key(&order) {
+        if facts.reservations.contains_key(&order) && !collected_before("reserve") {
             let detail = "compensation said done, yet the order's reservation is still held".to_string();
             found.push(violation("compensation-incomplete", run, &order, detail));
         }

@@ -16,17 +16,34 @@ static STARTED: Mutex<Option<Instant>> = Mutex::new(None);
 /// How far the host's wall clock is off the world's (ms; a jump moves it, `jump`).
 static OFFSET: AtomicI64 = AtomicI64::new(0);
 
+tokio::task_local! {
+    /// How far the wall clock of the host serving the current call is off the world's (ms), on
+    /// several hosts (`--hosts`): set around each call a host serves, and around its connecting.
+    static SKEW: i64;
+}
+
 fn now_ms() -> u64 {
-    world_ms().saturating_add_signed(OFFSET.load(Ordering::SeqCst))
+    let skew = SKEW.try_with(|skew| *skew).unwrap_or(0);
+    world_ms().saturating_add_signed(OFFSET.load(Ordering::SeqCst)).saturating_add_signed(skew)
+}
+
+/// Runs `work` with the host's wall clock `skew_ms` off the world's. Only what runs inside
+/// `work`'s own task reads it so: a task the host spawns (the PostgreSQL store's measure of the
+/// database's clock every 30 s) reads the world's. See the README (several hosts).
+pub async fn skewed<T>(skew_ms: i64, work: impl std::future::Future<Output = T>) -> T {
+    SKEW.scope(skew_ms, work).await
 }
 
 /// The world's time (the downstream's, the history's): the simulated clock without the host's
-/// jumps. On PostgreSQL, where no clock is installed, the real one.
+/// jumps. On PostgreSQL, where the seed's clock is not started, the real one (read from the
+/// system: the host's clock, when installed, is this one skewed).
 pub fn world_ms() -> u64 {
     let started = *STARTED.lock().unwrap_or_else(|p| p.into_inner());
     match started {
         Some(at) => EPOCH_MS + oncebox_runtime::clock::millis(Instant::now().saturating_duration_since(at)),
-        None => oncebox_runtime::clock::now_ms(),
+        None => {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, oncebox_runtime::clock::millis)
+        }
     }
 }
 

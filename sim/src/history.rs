@@ -217,6 +217,11 @@ impl History {
         self.entries.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
     }
 
+    /// When the history began (world ms): its entries' `at_ms` count from here.
+    pub fn start_ms(&self) -> u64 {
+        self.start_ms
+    }
+
     /// A new life of the host begins.
     pub fn next_life(&self) {
         self.life.fetch_add(1, Ordering::SeqCst);

@@ -15,8 +15,9 @@
 //! (`paced`), and the host's retry jitter is derived from operation keys: a seed runs the same way
 //! every time ([`SeedReport::history_digest`]). Not so for a quarter of the seeds, which run
 //! `free` (the ledger's calls awaited, so that races inside the store can happen), nor on
-//! `--ledger postgres` (the database's real clock, over a socket): those replay the same workload
-//! and faults, not always the same interleaving. One process runs one seed at a time (the
+//! `--ledger postgres` (the database's real clock, over a socket), with one host or several
+//! (`--hosts N`: each its own pool, clock skew and crashes, the callers' calls spread over them):
+//! those replay the same workload and faults, not always the same interleaving. One process runs one seed at a time (the
 //! simulated clock is the process's).
 //!
 //! # Layout
@@ -24,7 +25,7 @@
 //! - `plan`: the seed's workload, downstream, crashes and operator; its digest.
 //! - `world`: the downstream (through the host's hooks), and its record of what it committed.
 //! - `drive/`: the host's lives and their hooks; `caller`: the orchestrators; `operator`: the
-//!   people, and the last pass.
+//!   people, and the last pass; `hosts`: several hosts on one database, behind a balancer.
 //! - `history`: what happened, in order.
 //! - `check`: the invariants, over the facts a seed left (`check/tests.rs`: each on a history made
 //!   by hand).
@@ -78,8 +79,8 @@ impl SeedReport {
 }
 
 /// Runs seed `seed`, less `cut`, on a runtime of its own (one thread; the clock paused on redb),
-/// with components compiled into `cache`.
-pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow::Result<SeedReport> {
+/// with components compiled into `cache`, on `hosts` hosts (several on PostgreSQL only).
+pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, hosts: usize, cache: &Path) -> anyhow::Result<SeedReport> {
     let plan = Plan::new(seed).without(cut);
     let digest = plan.digest();
     let free = plan.free;
@@ -91,7 +92,7 @@ pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow:
             LedgerKind::Redb => clock::start(),
             LedgerKind::Postgres => oncebox_runtime::clock::now_ms(),
         };
-        drive::run(plan, kind, dir.path(), cache.to_path_buf(), start).await
+        drive::run(plan, kind, hosts, dir.path(), cache.to_path_buf(), start).await
     })?;
     // The host's background tasks end with their runtime.
     runtime.shutdown_background();
@@ -111,7 +112,13 @@ pub fn run_seed(seed: u64, cut: &Cut, kind: LedgerKind, cache: &Path) -> anyhow:
 /// out one at a time, each kept out while the violation stays, until none can go (a greedy
 /// shrink, as property testers do; the runs are deterministic, so a cut replays). `None` if the
 /// whole plan is the smallest.
-pub fn shrink(seed: u64, invariant: &str, kind: LedgerKind, cache: &Path) -> anyhow::Result<Option<(Cut, SeedReport)>> {
+pub fn shrink(
+    seed: u64,
+    invariant: &str,
+    kind: LedgerKind,
+    hosts: usize,
+    cache: &Path,
+) -> anyhow::Result<Option<(Cut, SeedReport)>> {
     let plan = Plan::new(seed);
     let mut cut = Cut::default();
     let mut best = None;
@@ -128,7 +135,7 @@ pub fn shrink(seed: u64, invariant: &str, kind: LedgerKind, cache: &Path) -> any
             } else {
                 tried.crashes.insert(n);
             }
-            let report = run_seed(seed, &tried, kind, cache)?;
+            let report = run_seed(seed, &tried, kind, hosts, cache)?;
             if report.violations.iter().any(|v| v.invariant == invariant) {
                 cut = tried;
                 best = Some(report);

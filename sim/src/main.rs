@@ -28,6 +28,10 @@ struct Args {
     /// The ledger the host runs on.
     #[arg(long, value_enum, default_value_t = LedgerKind::Redb)]
     ledger: LedgerKind,
+    /// How many hosts share the ledger (more than one on PostgreSQL only): each its own pool,
+    /// clock skew and crashes, the callers' calls spread over them.
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
     /// Stop at the first seed that breaks an invariant.
     #[arg(long)]
     stop: bool,
@@ -44,7 +48,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if args.ledger == LedgerKind::Redb && !oncebox_sim::clock::install() {
+    if args.hosts == 0 || (args.hosts > 1 && args.ledger == LedgerKind::Redb) {
+        eprintln!("sim: --hosts N (N > 1) needs --ledger postgres: a redb file has one process");
+        return ExitCode::from(2);
+    }
+    // On PostgreSQL too: there the installed clock is the real one, skewed per host (`--hosts`).
+    if !oncebox_sim::clock::install() {
         eprintln!("sim: the simulated clock could not be installed");
         return ExitCode::from(2);
     }
@@ -68,10 +77,10 @@ fn main() -> ExitCode {
         None => (args.from..args.from + args.seeds).collect(),
     };
     let (mut operations, mut faults, mut violations, mut ran) = (0, 0, 0, 0);
-    let beat = watchdog(args.ledger, cut.flags());
+    let beat = watchdog(args.ledger, replay_flags(&cut, args.ledger, args.hosts));
     for seed in seeds {
         let _ = beat.send(Some(seed));
-        let report = run_seed(seed, &cut, args.ledger, cache.path());
+        let report = run_seed(seed, &cut, args.ledger, args.hosts, cache.path());
         let _ = beat.send(None);
         let report = match report {
             Ok(report) => report,
@@ -101,20 +110,23 @@ fn main() -> ExitCode {
             for violation in &report.violations {
                 println!("  VIOLATION {violation}");
             }
-            let shrunk =
-                match (args.no_shrink || !cut.is_empty(), shrink(seed, first.invariant, args.ledger, cache.path())) {
-                    (true, _) => None,
-                    (false, Ok(shrunk)) => shrunk,
-                    (false, Err(e)) => {
+            // Shrunk only when asked to: each try is a whole run (minutes on PostgreSQL).
+            let shrunk = if args.no_shrink || !cut.is_empty() {
+                None
+            } else {
+                match shrink(seed, first.invariant, args.ledger, args.hosts, cache.path()) {
+                    Ok(shrunk) => shrunk,
+                    Err(e) => {
                         eprintln!("sim: seed {seed}: shrinking failed: {e:#}");
                         None
                     }
-                };
+                }
+            };
             let (cut, report) = match &shrunk {
                 Some((smaller, report)) => (smaller.clone(), report),
                 None => (cut.clone(), &report),
             };
-            explain(report, first.invariant, &cut, args.ledger);
+            explain(report, first.invariant, &cut, args.ledger, args.hosts);
         }
         if args.stop && !report.violations.is_empty() {
             break;
@@ -153,7 +165,7 @@ fn watchdog(ledger: LedgerKind, flags: String) -> mpsc::Sender<Option<u64>> {
 }
 
 /// Prints the (shrunk) violation: what it concerns in the history, and how to replay it.
-fn explain(report: &SeedReport, invariant: &str, cut: &Cut, ledger: LedgerKind) {
+fn explain(report: &SeedReport, invariant: &str, cut: &Cut, ledger: LedgerKind, hosts: usize) {
     let Some(violation) = report.violations.iter().find(|v| v.invariant == invariant) else {
         return;
     };
@@ -166,11 +178,21 @@ fn explain(report: &SeedReport, invariant: &str, cut: &Cut, ledger: LedgerKind) 
     println!("  {violation}");
     println!("  what it concerns, in order:");
     show(report.history.iter().filter(|e| concerns(violation, e)), "    ");
+    println!(
+        "  replay: cargo run --release -p oncebox-sim -- --seed {}{}",
+        report.seed,
+        replay_flags(cut, ledger, hosts)
+    );
+}
+
+/// The flags that replay a seed as run: its cut, its ledger and its hosts.
+fn replay_flags(cut: &Cut, ledger: LedgerKind, hosts: usize) -> String {
     let ledger = match ledger {
         LedgerKind::Redb => "",
         LedgerKind::Postgres => " --ledger postgres",
     };
-    println!("  replay: cargo run --release -p oncebox-sim -- --seed {}{}{ledger}", report.seed, cut.flags());
+    let hosts = if hosts > 1 { format!(" --hosts {hosts}") } else { String::new() };
+    format!("{}{ledger}{hosts}", cut.flags())
 }
 
 /// Whether `entry` belongs to the history of `violation` (all of it, when the violation names no

@@ -56,6 +56,8 @@ fn held() -> std::sync::MutexGuard<'static, BTreeMap<String, Vec<Arc<Hold>>>> {
 
 /// One decision held at its window.
 struct Hold {
+    /// Where it is held.
+    at: Window,
     release: Mutex<Option<mpsc::Sender<bool>>>,
     finished: Mutex<bool>,
     ended: Condvar,
@@ -183,15 +185,28 @@ impl Drop for Held {
 }
 
 /// `store.put_approval(record)`, held back at its window when the seed says so.
+///
+/// Holds follow from each other as a writer's batches do: a decision on a request whose other
+/// decision is held committed with its mark not yet dropped (`DecisionWritten`) is the next
+/// batch's. It is held marked and unwritten (`DecisionMarked`) for as long as a hold may last,
+/// and the one before it then goes on (its mark dropped) at once: the request has one decision
+/// written and another marked, which only a claim of its step lets go.
 pub async fn put_approval<S: Store + 'static>(
     holds: &Holds,
     store: &Arc<S>,
     record: &ApprovalRecord,
 ) -> Option<Result<(), LedgerError>> {
-    let (at, wait) = holds.draw(record)?;
+    let before = held()
+        .get(&record.operation_key)
+        .and_then(|list| list.iter().find(|h| h.at == Window::DecisionWritten).cloned());
+    let (at, wait) = match &before {
+        Some(_) => (Window::DecisionMarked, Duration::from_millis(holds.max_ms.max(1))),
+        None => holds.draw(record)?,
+    };
     let (reached, reaching) = mpsc::channel();
     let (release, released) = mpsc::channel();
     let hold = Arc::new(Hold {
+        at,
         release: Mutex::new(Some(release)),
         finished: Mutex::new(false),
         ended: Condvar::new(),
@@ -212,8 +227,16 @@ pub async fn put_approval<S: Store + 'static>(
         Err(e) => return Some(Err(LedgerError::Writer { reason: format!("cannot start a held decision: {e}") })),
     };
     // The other thread runs alone until it holds at its window, or ends.
-    let _ = reaching.recv();
+    let reached = reaching.recv().is_ok();
     let key = record.operation_key.clone();
+    if let Some(before) = before.filter(|_| reached) {
+        // Its batch is written: the decision before it goes on, and drops its mark.
+        if let Some(list) = held().get_mut(&key) {
+            list.retain(|h| !Arc::ptr_eq(h, &before));
+        }
+        before.release_and_wait(true);
+        before.woken.notify_one();
+    }
     held().entry(key.clone()).or_default().push(hold.clone());
     let held = Held { key, hold: hold.clone(), thread: Some(thread) };
     tokio::select! {

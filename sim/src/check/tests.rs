@@ -376,3 +376,57 @@ fn gc_removing_a_step_of_a_run_still_open_is_found() {
     let facts = Facts { tombstones: vec![stone], gc_retention_ms: 60_000, ..Facts::default() };
     assert_eq!(names(&facts), ["collected-too-soon"]);
 }
+
+fn tombstone(tool: &str, removed_ms: u64, rejected: bool) -> Tombstone {
+    Tombstone {
+        operation_key: format!("key-{tool}-o-1"),
+        run_id: "run-1".into(),
+        step_id: format!("s-{tool}"),
+        tool: tool.into(),
+        fingerprint: "f".into(),
+        status: if rejected { OperationStatus::Failed } else { OperationStatus::Completed },
+        ended_ms: 0,
+        removed_ms,
+        rejected,
+    }
+}
+
+#[test]
+fn gc_excuses_a_fulfillment_without_a_known_approval_only_by_the_record_it_removed_after_the_send() {
+    let sent = Request { at_ms: 100, ..request("fulfillments", "o-1", json!({"order_id": "o-1"})) };
+    let mut facts = Facts {
+        requests: vec![sent],
+        fulfill_digest: Some("sha256:1".into()),
+        tombstones: vec![tombstone("fulfill", 200, false)],
+        ..Facts::default()
+    };
+    let unapproved = |facts: &Facts| names(facts).contains(&"irreversible-without-approval");
+    assert!(!unapproved(&facts), "its approval may have gone with the operation gc removed");
+    facts.tombstones = vec![tombstone("fulfill", 200, true)];
+    assert!(unapproved(&facts), "a rejected request's tombstone: nothing ran under it");
+    facts.tombstones = vec![tombstone("fulfill", 50, false)];
+    assert!(unapproved(&facts), "removed before the request left: not what let it leave");
+}
+
+#[test]
+fn gc_excuses_an_incomplete_compensation_only_by_the_step_it_removed_before_the_saga_said_done() {
+    let done = Entry {
+        at_ms: 100,
+        life: 0,
+        event: Event::Compensated { run: "run-1".into(), by: "operator".into(), result: "Done []".into() },
+    };
+    let mut facts = Facts {
+        commits: vec![commit("payments", "o-1", "pay_1")],
+        history: vec![entry(called(Status::Completed, "key-charge-o-1", Some(json!({"id": "pay_1"})))), done],
+        workflow_orders: ["o-1".to_string()].into(),
+        tombstones: vec![tombstone("charge", 50, false)],
+        collected: ["key-charge-o-1".to_string()].into(),
+        ..Facts::default()
+    };
+    let incomplete = |facts: &Facts| names(facts).contains(&"compensation-incomplete");
+    assert!(!incomplete(&facts), "the charge was gone before the saga looked");
+    facts.tombstones = vec![tombstone("charge", 200, false)];
+    assert!(incomplete(&facts), "removed after the saga said done: it was there to undo");
+    facts.tombstones = vec![tombstone("reserve", 50, false)];
+    assert!(incomplete(&facts), "another step's removal explains no standing payment");
+}

@@ -76,7 +76,7 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
         .and_then(|a| a.get("order_id").and_then(Value::as_str).map(str::to_string));
     let (run, step) = (call.run_id.clone().unwrap_or_default(), call.step_id.clone().unwrap_or_default());
     let mut last = None;
-    for _ in 0..MAX_ASKS {
+    for asked in 0..MAX_ASKS {
         let undoing = {
             let shared = ctx.shared();
             shared.to_compensate.contains(&run) || shared.undone.contains(&run)
@@ -100,7 +100,19 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
             ctx2.shared().workers.push(worker.abort_handle());
         });
         let owner = ctx.fences.owner(&run, &step, order.clone(), on_pause);
-        let answered = crate::pause::frozen(owner, host.call(call.clone())).await;
+        let answered = match &ctx.hosts {
+            None => crate::pause::frozen(owner, host.call(call.clone())).await.map_err(|e| e.to_string()),
+            // Behind the balancer: each ask of a caller goes to the next live host.
+            Some(hosts) => {
+                let call = call.clone();
+                let work = |host: Host| async move { crate::pause::frozen(owner, host.call(call)).await };
+                match hosts.on(c + asked as usize, work).await {
+                    Some(Ok(answered)) => answered.map_err(|e| e.to_string()),
+                    Some(Err(died)) => Err(died.to_string()),
+                    None => Err("no host is up".to_string()),
+                }
+            }
+        };
         let wait = match answered {
             Ok(outcome) => {
                 ctx.history.push(Event::Called {
@@ -135,7 +147,7 @@ pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<
                     run: run.clone(),
                     step: step.clone(),
                     tool: call.tool.clone(),
-                    error: same_everywhere(ctx, &e.to_string()),
+                    error: same_everywhere(ctx, &e),
                 });
                 Duration::from_millis(100)
             }

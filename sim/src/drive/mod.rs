@@ -7,11 +7,13 @@
 //! orchestrators; `operator`: the people, and the last pass.
 
 mod caller;
+mod hosts;
 mod operator;
 mod upgrade;
 
 use caller::caller;
-use operator::{last_pass, operator, second_person};
+use hosts::Hosts;
+use operator::{last_pass, operator, relay_pass, second_person};
 use upgrade::{Builds, REFUN2};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +72,9 @@ const GC_RETENTION: Duration = Duration::from_secs(600);
 /// How long after its write-ahead a request may still leave (the host's send deadline): short, so
 /// that an empty lookup can count as proof within a seed's lives.
 const SEND_BY: Duration = Duration::from_secs(1);
+/// The largest clock skew of a host on several hosts (ms), either way: the same bound as the
+/// clock steps on redb (`plan::MAX_JUMP_MS`), inside the rule of evidence's margin.
+const MAX_SKEW_MS: i64 = 400;
 
 /// What one seed's run hands the checker.
 pub struct Ran {
@@ -124,6 +129,8 @@ struct Ctx {
     builds: Builds,
     /// The claims the store granted, and what paused owners did after a take-over.
     fences: Arc<Fences>,
+    /// On several hosts (`--hosts N`): the hosts the callers' calls spread over.
+    hosts: Option<Arc<Hosts>>,
 }
 
 #[derive(Clone)]
@@ -143,14 +150,17 @@ impl Ctx {
     }
 }
 
-/// Runs `plan` against a fresh ledger in `dir`.
+/// Runs `plan` against a fresh ledger in `dir`, on `hosts` hosts (more than one on PostgreSQL
+/// only: a redb file has one process).
 pub async fn run(
     plan: Plan,
     kind: LedgerKind,
+    hosts: usize,
     dir: &std::path::Path,
     cache: PathBuf,
     start_ms: u64,
 ) -> anyhow::Result<Ran> {
+    let seed = plan.seed;
     let history = History::new(start_ms);
     let world = World::new(plan.seed, plan.downstream.clone(), history.clone());
     let ledger = match kind {
@@ -178,7 +188,12 @@ pub async fn run(
         dir: dir.display().to_string(),
         builds: Builds::write(dir)?,
         fences: Arc::new(Fences::default()),
+        hosts: (kind == LedgerKind::Postgres && hosts > 1).then(|| Arc::new(Hosts::new(&skews(seed, hosts)))),
     };
+    if let Some(hosts) = ctx.hosts.clone() {
+        let (host, lives) = lives_on_hosts(&ctx, &hosts).await?;
+        return finish(&ctx, &host, lives).await;
+    }
     let mut life = 0usize;
     let host = loop {
         let crash = ctx.plan.crashes.get(life).copied();
@@ -251,12 +266,194 @@ pub async fn run(
             }
         }
     };
-    last_pass(&ctx, &host).await?;
+    finish(&ctx, &host, life).await
+}
+
+/// The last pass, on `host`, and the facts the checker reads; `lives`: the crashes there were.
+async fn finish(ctx: &Ctx, host: &Host, lives: usize) -> anyhow::Result<Ran> {
+    last_pass(ctx, host).await?;
     let compensating = ctx.shared().to_compensate.clone();
-    let facts = Facts::gather(&ctx.plan, &ctx.world, &ctx.history, &host, compensating, ctx.fences.breaches()).await?;
+    let mut facts =
+        Facts::gather(&ctx.plan, &ctx.world, &ctx.history, host, compensating, ctx.fences.breaches()).await?;
+    if ctx.hosts.is_some() {
+        // Stamps of hosts whose clocks are skewed (`skews`), one against another's.
+        facts.clock_slack_ms += 2 * MAX_SKEW_MS.unsigned_abs();
+    }
     let shared = ctx.shared();
-    let faults = ctx.world.faults() + life as u64;
+    let faults = ctx.world.faults() + lives as u64;
     Ok(Ran { facts, history: ctx.history.clone(), operations: shared.calls, faults })
+}
+
+/// Each host's clock skew on several hosts (ms): the first host on the world's clock, the
+/// others up to [`MAX_SKEW_MS`] either way, drawn from the seed.
+fn skews(seed: u64, hosts: usize) -> Vec<i64> {
+    let span = 2 * MAX_SKEW_MS + 1;
+    (0..hosts)
+        .map(|k| match k {
+            0 => 0,
+            _ => (crate::plan::choice(seed, &["skew", &k.to_string()]) % span as u64) as i64 - MAX_SKEW_MS,
+        })
+        .collect()
+}
+
+/// The lives of several hosts on one database (`--hosts N`): the callers' calls spread over the
+/// live hosts; the plan's crashes fall on one host each, in turn (the n-th on host n mod N), and
+/// kill that host's calls only; the host starts again on its own while the others go on. The
+/// operator (and the second person) work on one host, and start again on another when theirs
+/// dies. Returns a live host, for the last pass, and how many crashes there were.
+async fn lives_on_hosts(ctx: &Ctx, hosts: &Arc<Hosts>) -> anyhow::Result<(Host, usize)> {
+    let n = hosts.len();
+    let (racer, rejections) = tokio::sync::mpsc::unbounded_channel();
+    let mut hooks = Vec::with_capacity(n);
+    for k in 0..n {
+        let crash = if k == 0 { ctx.plan.crashes.first().copied() } else { None };
+        let h = Arc::new(LifeHooks::new(ctx, crash, racer.clone()));
+        hosts.put(k, build_on(ctx, h.clone(), hosts, k).await?);
+        hooks.push(h);
+    }
+    let first = hosts.live(0).map(|(_, host)| host).context("no host is up")?;
+    let mut callers = tokio::task::JoinSet::new();
+    for c in 0..ctx.plan.callers {
+        callers.spawn(caller(ctx.clone(), first.clone(), c));
+    }
+    drop(first);
+    // The people's host, and their tasks on it.
+    let mut people = people_on(ctx, hosts, 0, rejections)?;
+    let mut relays = relays(ctx, hosts);
+    let mut crashes = 0usize;
+    {
+        let done = async {
+            while let Some(joined) = callers.join_next().await {
+                joined?;
+            }
+            Ok::<(), tokio::task::JoinError>(())
+        };
+        tokio::pin!(done);
+        loop {
+            let victim = crashes % n;
+            let crash = ctx.plan.crashes.get(crashes).copied();
+            let timer = async {
+                match crash {
+                    Some(Crash::AtTime { after_ms }) => tokio::time::sleep(Duration::from_millis(after_ms)).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            let how = tokio::select! {
+                joined = &mut done => {
+                    joined.context("a caller of the simulation panicked")?;
+                    break;
+                }
+                () = hooks[victim].crashed.notified() => "at a crash point".to_string(),
+                () = timer => "at a moment of the plan".to_string(),
+            };
+            // Host `victim`'s process dies: its calls in flight with it; the other hosts go on.
+            hosts.kill(victim);
+            let how = match hooks[victim].site() {
+                Some(site) => format!("host {victim} {how}: {site}"),
+                None => format!("host {victim} {how}"),
+            };
+            if people.0 == victim {
+                people.abort().await?;
+            }
+            ctx.history.push(Event::Crashed { how });
+            crashes += 1;
+            ctx.history.next_life();
+            let h = Arc::new(LifeHooks::new(ctx, None, racer_of(&hooks)));
+            hosts.put(victim, build_on(ctx, h.clone(), hosts, victim).await?);
+            hooks[victim] = h;
+            ctx.history.push(Event::Restarted);
+            if let Some(crash) = ctx.plan.crashes.get(crashes).copied() {
+                hooks[crashes % n].arm(crash);
+            }
+            if people.1.is_none() {
+                let (racer, rejections) = tokio::sync::mpsc::unbounded_channel();
+                for h in &hooks {
+                    *h.racer.lock().unwrap_or_else(|p| p.into_inner()) = racer.clone();
+                }
+                people = people_on(ctx, hosts, victim + 1, rejections)?;
+            }
+        }
+    }
+    // The lives are over: a crash armed that no host reached is not for the last pass.
+    for h in &hooks {
+        h.fired.store(true, Ordering::SeqCst);
+    }
+    callers.abort_all();
+    relays.abort_all();
+    for worker in std::mem::take(&mut ctx.shared().workers) {
+        worker.abort();
+    }
+    people.abort().await?;
+    let (_, host) = hosts.live(0).context("no host is up for the last pass")?;
+    Ok((host, crashes))
+}
+
+/// Each host's outbox relay, as each host process runs its own: a pass at every look of the
+/// operator's, all at once, so that the hosts' passes meet (the topic's lease decides which one
+/// sends); a pass that fails leaves its messages to the next, and two hosts then read the same
+/// batch. A host that dies ends its pass with it; its relay goes on with the host that starts in
+/// its place.
+fn relays(ctx: &Ctx, hosts: &Arc<Hosts>) -> tokio::task::JoinSet<()> {
+    let mut relays = tokio::task::JoinSet::new();
+    for k in 0..hosts.len() {
+        let (ctx, hosts) = (ctx.clone(), hosts.clone());
+        let every = Duration::from_millis(ctx.plan.operator.every_ms);
+        relays.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let ctx = &ctx;
+                let pass = |host: Host| async move {
+                    relay_pass(ctx, host.outbox_relay().ok().as_ref()).await;
+                };
+                let _ = hosts.on(k, pass).await;
+            }
+        });
+    }
+    relays
+}
+
+/// The operator and the second person, on host `.0`, while it lives.
+struct People(usize, Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>);
+
+impl People {
+    /// They stop (their host died, or the lives are over).
+    async fn abort(&mut self) -> anyhow::Result<()> {
+        let Some((operator, second_person)) = self.1.take() else { return Ok(()) };
+        operator.abort();
+        second_person.abort();
+        let _ = second_person.await;
+        if let Err(e) = operator.await
+            && e.is_panic()
+        {
+            anyhow::bail!("the simulated operator panicked: {e}");
+        }
+        Ok(())
+    }
+}
+
+/// Starts the operator and the second person on the first live host from `pick`.
+fn people_on(
+    ctx: &Ctx,
+    hosts: &Hosts,
+    pick: usize,
+    rejections: tokio::sync::mpsc::UnboundedReceiver<Act>,
+) -> anyhow::Result<People> {
+    let (k, host) = hosts.live(pick).context("no host is up for the operator")?;
+    // On their host's clock, as its calls are.
+    let skew = hosts.skew(k);
+    let operator = tokio::spawn(crate::clock::skewed(skew, operator(ctx.clone(), host.clone())));
+    let second_person = tokio::spawn(crate::clock::skewed(skew, second_person(ctx.clone(), host, rejections)));
+    Ok(People(k, Some((operator, second_person))))
+}
+
+fn racer_of(hooks: &[Arc<LifeHooks>]) -> tokio::sync::mpsc::UnboundedSender<Act> {
+    hooks[0].racer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Host `k` of several: its own connection to the database (its own pool), made on its own
+/// skewed clock (the store measures the database's clock as it connects).
+async fn build_on(ctx: &Ctx, hooks: Arc<LifeHooks>, hosts: &Hosts, k: usize) -> anyhow::Result<Host> {
+    crate::clock::skewed(hosts.skew(k), build(ctx, hooks)).await
 }
 
 /// A host on the ledger, with every tool of the order workflow loaded, and `hooks` as its network.
@@ -359,8 +556,10 @@ struct LifeHooks {
     gc_at_any_moment: bool,
     shared: Arc<Mutex<Shared>>,
     /// Where an armed rejection goes when its call reaches the point before its write-ahead.
-    racer: tokio::sync::mpsc::UnboundedSender<Act>,
-    crash: Option<Crash>,
+    /// (Replaced when the second person starts again on another host: several hosts.)
+    racer: Mutex<tokio::sync::mpsc::UnboundedSender<Act>>,
+    /// The crash this host is to meet (armed later on several hosts, one host at a time).
+    crash: Mutex<Option<Crash>>,
     visits: AtomicU32,
     fired: AtomicBool,
     site: Mutex<Option<String>>,
@@ -376,13 +575,28 @@ impl LifeHooks {
             gc_at_any_moment: ctx.plan.gc_retention_ms < GC_RETENTION.as_millis() as u64,
             fences: ctx.fences.clone(),
             shared: ctx.shared.clone(),
-            racer,
-            crash,
+            racer: Mutex::new(racer),
+            crash: Mutex::new(crash),
             visits: AtomicU32::new(0),
             fired: AtomicBool::new(false),
             site: Mutex::new(None),
             crashed: Notify::new(),
         }
+    }
+
+    /// This host is to meet `crash` next: its crash points are counted from now.
+    fn arm(&self, crash: Crash) {
+        *self.crash.lock().unwrap_or_else(|p| p.into_inner()) = Some(crash);
+        self.visits.store(0, Ordering::SeqCst);
+    }
+
+    fn crash(&self) -> Option<Crash> {
+        *self.crash.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `act` to the second person.
+    fn race(&self, act: Act) {
+        let _ = self.racer.lock().unwrap_or_else(|p| p.into_inner()).send(act);
     }
 
     fn site(&self) -> Option<String> {
@@ -405,14 +619,14 @@ impl Hooks for LifeHooks {
             if site.point == Point::BeforeWriteAhead {
                 let armed = self.shared.lock().unwrap_or_else(|p| p.into_inner()).armed.remove(&site.operation_key);
                 if let Some(record) = armed {
-                    let _ = self.racer.send(Act::Reject(Box::new(record)));
+                    self.race(Act::Reject(Box::new(record)));
                 }
             }
             // Now and then a person undoes the run just as one of its requests is about to be
             // written ahead (its claim may still be in memory only).
             let undo = percent(self.world.seed(), &["undo-now", &site.operation_key, &site.key]);
             if site.point == Point::BeforeWriteAhead && undo < 3 * self.compensate_pct {
-                let _ = self.racer.send(Act::Undo(site.operation_key.clone()));
+                self.race(Act::Undo(site.operation_key.clone()));
             }
             // And, on a seed whose gc collects, someone runs it at just this moment.
             let gc_now = percent(self.world.seed(), &["gc-now", &site.operation_key, &site.key, site.point.name()]);
@@ -420,7 +634,7 @@ impl Hooks for LifeHooks {
                 && matches!(site.point, Point::BeforeWriteAhead | Point::AfterDispatch | Point::AfterAttemptRecord)
                 && gc_now < 10
             {
-                let _ = self.racer.send(Act::Collect);
+                self.race(Act::Collect);
             }
             // An await point, as a write to disk is in a host: whatever is ready runs here (the
             // racing rejection among them).
@@ -428,7 +642,7 @@ impl Hooks for LifeHooks {
                 tokio::task::yield_now().await;
             }
             let visit = self.visits.fetch_add(1, Ordering::SeqCst) + 1;
-            let due = matches!(self.crash, Some(Crash::AtPoint { visit: at }) if at == visit);
+            let due = matches!(self.crash(), Some(Crash::AtPoint { visit: at }) if at == visit);
             if !due || self.fired.swap(true, Ordering::SeqCst) {
                 return;
             }
@@ -464,9 +678,26 @@ fn same_everywhere(ctx: &Ctx, message: &str) -> String {
     message.replace(&format!("{}-", std::process::id()), "host-").replace(&ctx.dir, "SEED-DIR")
 }
 
-/// Compensates `run` (`by` a caller or the operator), and remembers whether it is done.
+/// Compensates `run` (`by` a caller or the operator), and remembers whether it is done. On
+/// several hosts, on whichever the balancer picks (the host that dies under it says nothing).
 async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
     ctx.shared().to_compensate.insert(run.to_string());
+    let Some(hosts) = ctx.hosts.clone() else {
+        return compensate_on(ctx, host, run, by).await;
+    };
+    let pick = crate::plan::choice(ctx.plan.seed, &["compensate-on", run, by]) as usize;
+    match hosts.on(pick, |host| async move { compensate_on(ctx, &host, run, by).await }).await {
+        Some(Ok(())) => {}
+        Some(Err(died)) => {
+            ctx.history.push(Event::Compensated { run: run.into(), by: by.into(), result: format!("error: {died}") })
+        }
+        None => {
+            ctx.history.push(Event::Compensated { run: run.into(), by: by.into(), result: "error: no host".into() })
+        }
+    }
+}
+
+async fn compensate_on(ctx: &Ctx, host: &Host, run: &str, by: &str) {
     let result = match host.compensate(run).await {
         Ok(report) => {
             // Done, or waiting for a person to undo a step by hand (which nobody here does).
