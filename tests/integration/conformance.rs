@@ -548,15 +548,28 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
     assert!(ledger.operation("done").await.expect("read").is_some());
     assert!(ledger.tombstone("done").await.expect("read").is_none());
 
+    // While a step of its run is claimed, what ended of the run is kept (retention read the run
+    // closed before that claim, say): a saga or a repeat of the run may still need it.
     let gone = StaleApproval { operation_key: "gone".into(), revision: 1 };
     let removed = ledger.expire(&[tombstone("done")], &[gone]).await.expect("expire");
-    assert_eq!(removed, Removed { operations: 1, approvals: 1 });
+    assert_eq!(removed, Removed { operations: 0, approvals: 1 }, "the run is open: `done` is kept");
+    assert!(ledger.operation("done").await.expect("read").is_some());
+    assert!(ledger.tombstone("done").await.expect("read").is_none());
+    assert!(ledger.approval("gone").await.expect("read").is_none());
+    ledger
+        .record_attempt(open, &attempt("open", 2, open), finish(OperationStatus::Completed), 1_002, Vec::new())
+        .await
+        .expect("record");
+
+    // The run closed: it goes.
+    let removed = ledger.expire(&[tombstone("done")], &[]).await.expect("expire");
+    assert_eq!(removed, Removed { operations: 1, approvals: 0 });
     assert!(ledger.operation("done").await.expect("read").is_none());
     assert!(ledger.effects("done").await.expect("read").is_empty());
     assert!(ledger.attempts("done").await.expect("read").is_empty());
     assert!(ledger.approval("done").await.expect("read").is_none());
     assert!(ledger.approval("gone").await.expect("read").is_none());
-    assert_eq!(ledger.operations(Some("run")).await.expect("read").len(), 1, "the claimed one stays");
+    assert_eq!(ledger.operations(Some("run")).await.expect("read").len(), 1, "the one not expired stays");
     assert_eq!(ledger.tombstone("done").await.expect("read"), Some(tombstone("done")));
     let claim = ledger.claim(&request("done", "b", 10_000)).await.expect("claim");
     assert!(matches!(claim, Claim::Expired(ref t) if t.operation_key == "done"), "{claim:?}");

@@ -455,6 +455,23 @@ pub struct Tombstone {
     pub rejected: bool,
 }
 
+impl Tombstone {
+    /// What retention leaves of `op`, removed at `removed_ms`.
+    pub fn of(op: &OperationRecord, removed_ms: u64) -> Tombstone {
+        Tombstone {
+            operation_key: op.key.clone(),
+            run_id: op.run_id.clone(),
+            step_id: op.step_id.clone(),
+            tool: op.tool.clone(),
+            fingerprint: op.fingerprint.clone(),
+            status: op.status,
+            ended_ms: op.updated_ms,
+            removed_ms,
+            rejected: false,
+        }
+    }
+}
+
 /// What became of an outbox message on its way to its topic's endpoint. The relay records a
 /// send's answer after it arrives, so a relay killed in between sends the message again: the
 /// endpoint may see it twice (with the same `Idempotency-Key`), never not at all.

@@ -455,10 +455,30 @@ impl Store for ReferenceStore {
                     removed.approvals += 1;
                 }
             }
+            // What this call removes, and the runs open by another key (a claim in memory
+            // included), judged before anything goes.
+            let removed_keys: std::collections::BTreeSet<&str> = tombstones
+                .iter()
+                .map(|t| t.operation_key.as_str())
+                .chain(approvals.iter().map(|a| a.operation_key.as_str()))
+                .collect();
+            let mut kept = std::collections::BTreeSet::new();
+            for tombstone in tombstones {
+                let Some((op, true)) = state.operations.get(&tombstone.operation_key) else { continue };
+                let run = &op.run_id;
+                let ops: Vec<OperationRecord> =
+                    state.operations.values().filter(|(o, _)| &o.run_id == run).map(|(o, _)| o.clone()).collect();
+                let asked: Vec<ApprovalRecord> =
+                    state.approvals.values().filter(|a| &a.run_id == run).cloned().collect();
+                let open = crate::run_state::open_keys(&ops, &asked);
+                if !crate::run_state::removable(open.iter().map(String::as_str), &removed_keys) {
+                    kept.insert(tombstone.operation_key.clone());
+                }
+            }
             for tombstone in tombstones {
                 let key = &tombstone.operation_key;
                 // A claim never written is invisible, as in redb: it is not expired.
-                if matches!(state.operations.get(key), Some((_, false))) {
+                if matches!(state.operations.get(key), Some((_, false))) || kept.contains(key) {
                     continue;
                 }
                 if state.operations.remove(key).is_some() {

@@ -159,6 +159,15 @@ pub fn open_keys(operations: &[OperationRecord], approvals: &[ApprovalRecord]) -
     open_reasons(operations, &[], approvals, 0).into_iter().map(|open| open.operation_key).collect()
 }
 
+/// Whether retention may remove an operation of a run whose open keys ([`open_keys`], read in the
+/// removal's own transaction) are `open`, when the same removal takes `removed` (the operations
+/// and requests for approval it removes): only if none of the others keeps the run open.
+/// Retention judged the run closed before it wrote; a step claimed or asked for since keeps
+/// every record of its run, which a repeat, a saga or a reconcile of the run may still need.
+pub fn removable<'k>(open: impl IntoIterator<Item = &'k str>, removed: &BTreeSet<&str>) -> bool {
+    open.into_iter().all(|key| removed.contains(key))
+}
+
 /// Whether a run whose operations include `op` must be judged whole (see [`open_keys`]).
 pub fn ties_the_run(op: &OperationRecord) -> bool {
     step_ties_the_run(&op.step_id)

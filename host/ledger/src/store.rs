@@ -263,7 +263,10 @@ pub trait Store: Send + Sync + 'static {
     /// requests for approval of `approvals` (keys without an operation) that are still at the
     /// revision given and whose operation is not claimed, not even in memory ([`StaleApproval`]):
     /// atomic with [`Store::claim`] and [`Store::put_approval`], as a decision is. Refuses all
-    /// (`NotExpirable`) if one of the operations is not completed or failed. Answers how many
+    /// (`NotExpirable`) if one of the operations is not completed or failed. Keeps (does not
+    /// remove, leaves no tombstone for) an operation whose run is open at the moment of the write
+    /// by a key this call does not remove ([`run_state::removable`](crate::run_state::removable)):
+    /// a step claimed or asked for after retention read the run closed. Answers how many
     /// operations and requests it removed.
     fn expire<'a>(
         &'a self,

@@ -115,17 +115,7 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             report.kept.push((op.key.clone(), kept_because(op, reasons)));
             continue;
         }
-        tombstones.push(Tombstone {
-            operation_key: op.key.clone(),
-            run_id: op.run_id.clone(),
-            step_id: op.step_id.clone(),
-            tool: op.tool.clone(),
-            fingerprint: op.fingerprint.clone(),
-            status: op.status,
-            ended_ms: op.updated_ms,
-            removed_ms: now_ms,
-            rejected: false,
-        });
+        tombstones.push(Tombstone::of(op, now_ms));
     }
     let mut stale = Vec::new();
     // A rejection stays final after its request goes: its tombstone refuses the step.

@@ -189,20 +189,7 @@ async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
     now += 1;
     let ended = one.ended_before(now).await.expect("ended");
     assert_eq!(ended.len(), 4, "{ended:?}");
-    let tombstones: Vec<Tombstone> = ended
-        .iter()
-        .map(|op| Tombstone {
-            operation_key: op.key.clone(),
-            run_id: op.run_id.clone(),
-            step_id: op.step_id.clone(),
-            tool: op.tool.clone(),
-            fingerprint: op.fingerprint.clone(),
-            status: op.status,
-            ended_ms: op.updated_ms,
-            removed_ms: now,
-            rejected: false,
-        })
-        .collect();
+    let tombstones: Vec<Tombstone> = ended.iter().map(|op| Tombstone::of(op, now)).collect();
     let stale = oncebox::ledger::StaleApproval::of(&rejected);
     two.expire(&tombstones, &[stale]).await.expect("expired");
     agrees(&client, &one, now, "expired").await;

@@ -325,7 +325,8 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
         by_run.entry(op.run_id.clone()).or_default().push(After::op(&op));
     }
     for (run, after) in &by_run {
-        index::reindex(&shared.store, run, after, read.wholes.get(run), &mut index).map_err(Failed::RolledBack)?;
+        index::reindex(&shared.store, run, after, read.wholes.get(run), false, &mut index)
+            .map_err(Failed::RolledBack)?;
     }
     if writes.is_empty() {
         // Nothing to write: no commit to pay for (the locks go with the transaction).

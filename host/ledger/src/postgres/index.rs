@@ -162,17 +162,19 @@ impl IndexWrites {
 /// the one rule: from the touched records alone, or from `whole` (every record of the run before
 /// the change, which the touched ones replace) if the run is being compensated or the change is
 /// a compensation's. Refused if a compensation's change comes without `whole`: its lock and reads
-/// were taken for another step than it changed.
+/// were taken for another step than it changed. `tie`: the change is a compensation's though
+/// neither the touched records nor `whole` show it (a removal, whose `whole` is read after it).
 pub(super) fn reindex(
     store: &str,
     run: &str,
     touched: &[After],
     whole: Option<&Whole>,
+    tie: bool,
     out: &mut IndexWrites,
 ) -> Result<(), LedgerError> {
     let keys: BTreeSet<&str> = touched.iter().map(|a| a.key.as_str()).collect();
     let before = whole.map_or(&[][..], |w| w.ops.as_slice()).iter().filter(|op| keys.contains(op.key.as_str()));
-    let ties = touched.iter().filter_map(|a| a.op.as_ref()).chain(before).any(run_state::ties_the_run);
+    let ties = tie || touched.iter().filter_map(|a| a.op.as_ref()).chain(before).any(run_state::ties_the_run);
     let (ops, asked): (Vec<OperationRecord>, Vec<ApprovalRecord>) = match whole {
         Some(whole) => {
             let asked_anew: BTreeSet<&str> =
@@ -265,8 +267,8 @@ pub(super) async fn reindex_in(tx: &Tx<'_>, touched: BTreeMap<String, (bool, Vec
     let mut out = IndexWrites::default();
     if !touched.is_empty() {
         let wholes = read_wholes(tx, touched.iter().map(|(run, (tie, _))| (run.clone(), *tie)).collect()).await?;
-        for (run, (_, after)) in &touched {
-            reindex(tx.store, run, after, wholes.get(run), &mut out)?;
+        for (run, (tie, after)) in &touched {
+            reindex(tx.store, run, after, wholes.get(run), *tie, &mut out)?;
         }
     }
     out.write(tx).await

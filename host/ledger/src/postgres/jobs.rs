@@ -34,9 +34,9 @@
 //! effect's status and dispatches, an approval's revision) state the same condition once more to
 //! the database: were a lock ever missed, a write would still find no row, and be refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::db::{Tx, column, encode, int, operation_lock, record, uint};
+use super::db::{Tx, column, encode, int, operation_lock, record, run_lock, uint};
 use super::index;
 use super::notify;
 use crate::ReconcileNote;
@@ -344,19 +344,36 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         .map(|t| t.operation_key.clone())
         .chain(approvals.iter().map(|a| a.operation_key.clone()))
         .collect();
-    // The operations' runs, read before the locks to take theirs too (a key's run and step never
-    // change). A request for approval without an operation needs none: whether it keeps its key
-    // open depends on its key's records alone (`index.rs`).
+    // The runs of the operations and of the requests, read before the locks to take theirs too (a
+    // key's run and step never change), each alone: no step of them is claimed, asked for or
+    // decided while this judges whether they are open and removes (and the index of a run being
+    // compensated is written from what its lock holder read).
     let mut locks: Vec<(i64, bool)> = keys.iter().map(|key| (operation_lock(key), true)).collect();
     let mut runs = std::collections::HashMap::new();
-    for row in tx.rows("SELECT key, run_id, step_id FROM oncebox_operations WHERE key = ANY($1)", &[&keys]).await? {
+    for row in tx.rows("SELECT key, run_id FROM oncebox_operations WHERE key = ANY($1)", &[&keys]).await? {
         let key: String = column(&row, 0, "oncebox_operations")?;
-        let (run, step): (String, String) =
-            (column(&row, 1, "oncebox_operations")?, column(&row, 2, "oncebox_operations")?);
-        locks.push(index::lock_of(&run, &step));
+        let run: String = column(&row, 1, "oncebox_operations")?;
+        locks.push((run_lock(&run), true));
         runs.insert(key, run);
     }
+    for row in tx.rows("SELECT run_id FROM oncebox_approvals WHERE operation_key = ANY($1)", &[&keys]).await? {
+        let run: String = column(&row, 0, "oncebox_approvals")?;
+        locks.push((run_lock(&run), true));
+    }
     tx.lock_modes(locks).await?;
+    // The runs open now by a key this does not remove (`run_state::removable`): their operations
+    // are kept.
+    let run_ids: Vec<String> = runs.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
+    let mut open: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+    for row in tx.rows("SELECT run_id, key FROM oncebox_open WHERE run_id = ANY($1)", &[&run_ids]).await? {
+        let run: String = column(&row, 0, "oncebox_open")?;
+        open.entry(run).or_default().push(column(&row, 1, "oncebox_open")?);
+    }
+    let removing: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+    let open_now = |run: &str| {
+        let keys = open.get(run).map_or(&[][..], Vec::as_slice);
+        !crate::run_state::removable(keys.iter().map(String::as_str), &removing)
+    };
     let mut found = Vec::with_capacity(tombstones.len());
     for tombstone in tombstones {
         let op = operation_for_update(tx, &tombstone.operation_key).await?;
@@ -368,6 +385,11 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
                 return Err(LedgerError::NotExpirable { operation_key: op.key.clone(), status: "claimed" });
             }
         }
+        // Kept: its run is open now (read as not written, as a claim never written is).
+        let op = op.map(|(op, written)| {
+            let keep = written && open_now(&op.run_id);
+            (op, written && !keep)
+        });
         found.push(op);
     }
     let mut lapsed = Vec::new();
@@ -404,6 +426,7 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
                 let sql = "DELETE FROM oncebox_ended WHERE ended_ms = $1 AND key = $2";
                 tx.exec(sql, &[&int(op.updated_ms), &key]).await?;
                 let run = touched.entry(op.run_id.clone()).or_default();
+                // Removing a compensation changes what the run's other keys are: judged whole.
                 run.0 |= crate::run_state::ties_the_run(&op);
                 run.1.push(gone(key));
             }

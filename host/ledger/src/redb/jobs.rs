@@ -389,6 +389,7 @@ pub(super) fn expire(
     tombstones: &[Tombstone],
     approvals: &[StaleApproval],
     claimed: &std::collections::HashSet<String>,
+    flying: &std::collections::HashSet<String>,
 ) -> Result<Removed, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let mut found = Vec::new();
@@ -398,6 +399,26 @@ pub(super) fn expire(
             found.push(op);
         }
     }
+    // An operation of a run that is open now, by a key this job does not remove or a claim in
+    // memory, is kept: retention read the run closed before a step of it was claimed or asked.
+    let removing: std::collections::BTreeSet<&str> = tombstones
+        .iter()
+        .map(|t| t.operation_key.as_str())
+        .chain(approvals.iter().map(|a| a.operation_key.as_str()))
+        .collect();
+    let mut kept = std::collections::BTreeSet::new();
+    {
+        let open = txn.open_table(OPEN)?;
+        for op in &found {
+            let indexed = super::open_index::indexed(&open, &op.run_id)?;
+            if flying.contains(&op.run_id)
+                || !crate::run_state::removable(indexed.iter().map(String::as_str), &removing)
+            {
+                kept.insert(op.key.clone());
+            }
+        }
+    }
+    found.retain(|op| !kept.contains(&op.key));
     let mut approval_table = txn.open_table(APPROVALS)?;
     let mut lapsed = Vec::new();
     for stale in approvals {
@@ -434,7 +455,7 @@ pub(super) fn expire(
         approval_table.remove(key)?;
         touched.push((op.run_id.clone(), key.to_string()));
     }
-    for tombstone in tombstones {
+    for tombstone in tombstones.iter().filter(|t| !kept.contains(&t.operation_key)) {
         put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
     }
     drop((records, approval_table, steps));

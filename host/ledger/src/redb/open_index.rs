@@ -188,7 +188,10 @@ pub(super) fn build(txn: &WriteTransaction) -> Result<(usize, u64), LedgerError>
 }
 
 /// The keys the index holds for `run`.
-fn indexed(open: &impl ReadableTable<(&'static str, &'static str), ()>, run: &str) -> Result<Vec<String>, LedgerError> {
+pub(super) fn indexed(
+    open: &impl ReadableTable<(&'static str, &'static str), ()>,
+    run: &str,
+) -> Result<Vec<String>, LedgerError> {
     let mut keys = Vec::new();
     for entry in open.range((run, "")..)? {
         let (key, _) = entry?;
