@@ -9,11 +9,16 @@
 //! server does: what `/metrics` and the background reconciler read (the open runs), the
 //! console's unknowns and first page of runs, opening the file (`serve`'s startup before it
 //! listens), a whole-ledger `recover`, `gc` with nothing expired, a fresh operation's commit and a
-//! replay's lookup, and the file's bytes per operation. Serve's idle CPU and resident memory are
-//! not measured here (see BENCHMARKS.md).
+//! replay's lookup, and the file's bytes per operation. Then the same ledger served: an
+//! `oncebox serve` process (the binary beside the bench's) on it, with no tools, timed from its
+//! spawn to `/healthz` answering `ok`, its CPU while idle (from `/proc`, over `idle`), its resident
+//! memory after that, and the medians of `GET /metrics`, the console's first page and its
+//! unknowns page.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use anyhow::Context;
 
 use oncebox::ReplayClass;
 use oncebox::ledger::{
@@ -42,6 +47,93 @@ pub struct Figures {
     pub fresh_us: f64,
     pub replay_us: f64,
     pub bytes_per_operation: f64,
+    pub served: Served,
+}
+
+/// The figures of `oncebox serve` on one ledger.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Served {
+    pub ready_ms: f64,
+    pub idle_cpu_percent: f64,
+    pub rss_mb: f64,
+    pub metrics_ms: f64,
+    pub console_ms: f64,
+    pub unknowns_ms: f64,
+}
+
+/// The operator's token the served measure gives the server (and sends with each request).
+const TOKEN: &str = "growth-bench-operator-token";
+
+/// `oncebox serve` on the ledger at `path` (no other process may have it open).
+async fn served(dir: &Path, path: &Path, n: usize, idle: Duration) -> anyhow::Result<Served> {
+    let server = crate::serve_start::server_binary()?;
+    let tools = dir.join("growth-no-tools");
+    std::fs::create_dir_all(&tools)?;
+    let began = Instant::now();
+    let (child, base) = {
+        let (server, tools, path) = (server.clone(), tools.clone(), path.to_owned());
+        tokio::task::spawn_blocking(move || {
+            crate::serve_start::spawn(&server, &tools, &path, &[("ONCEBOX_TOKEN", TOKEN), ("ONCEBOX_CACHE", "off")])
+        })
+        .await??
+    };
+    let client = reqwest::Client::new();
+    let get = |route: &str| client.get(format!("{base}{route}")).bearer_auth(TOKEN).send();
+    loop {
+        anyhow::ensure!(began.elapsed() < Duration::from_secs(3600), "serve not ready after an hour");
+        if get("/healthz").await.is_ok_and(|answer| answer.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ready_ms = began.elapsed().as_secs_f64() * 1e3;
+    let pid = child.0.id();
+    // Idle: nothing asked of it for `idle`; what its background work (the reconciler's reading of
+    // open work, the relay, the watch of the tools directory) costs.
+    let (ticks_before, at) = (cpu_ticks(pid)?, Instant::now());
+    tokio::time::sleep(idle).await;
+    let idle_cpu_percent = (cpu_ticks(pid)? - ticks_before) as f64 / TICKS_PER_S / at.elapsed().as_secs_f64() * 100.0;
+    let rss_mb = rss_kb(pid)? as f64 / 1024.0;
+    let page = |route: &'static str, must: &'static str| {
+        let get = &get;
+        async move {
+            let answer = get(route).await?;
+            anyhow::ensure!(answer.status().is_success(), "{route}: {}", answer.status());
+            let body = answer.text().await?;
+            anyhow::ensure!(body.contains(must), "{route}: no {must:?} in the page");
+            Ok(())
+        }
+    };
+    let metrics_ms = median(n, |_| page("/metrics", "oncebox_")).await? / 1e3;
+    let console_ms = median(n, |_| page("/", "open-0")).await? / 1e3;
+    let unknowns_ms = median(n, |_| page("/unknowns", "open-9")).await? / 1e3;
+    drop(child);
+    Ok(Served { ready_ms, idle_cpu_percent, rss_mb, metrics_ms, console_ms, unknowns_ms })
+}
+
+/// Linux's clock ticks per second in `/proc` (`USER_HZ`, 100 on every architecture Linux ships).
+const TICKS_PER_S: f64 = 100.0;
+
+/// The process's user and system CPU time so far, in clock ticks (`/proc/PID/stat`, fields 14, 15).
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's name in parentheses (which may hold spaces): state is field 3.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    match (field(14), field(15)) {
+        (Some(user), Some(system)) => Ok(user + system),
+        _ => anyhow::bail!("/proc/{pid}/stat: {stat}"),
+    }
+}
+
+/// The process's resident memory in kB (`VmRSS` of `/proc/PID/status`).
+fn rss_kb(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("/proc/{pid}/status: no VmRSS"))
 }
 
 fn request(run: &str, step: &str, now_ms: u64) -> ClaimRequest {
@@ -149,7 +241,7 @@ async fn median<F: std::future::Future<Output = anyhow::Result<()>>>(
     Ok(Latency::of(samples).p50)
 }
 
-async fn figures(dir: &Path, completed: usize, n: usize) -> anyhow::Result<Figures> {
+async fn figures(dir: &Path, completed: usize, n: usize, idle: Duration) -> anyhow::Result<Figures> {
     let path = dir.join(format!("growth-{completed}.redb"));
     eprintln!("filling a ledger with {completed} completed operations...");
     let fill_s = fill(&path, completed).await?;
@@ -204,6 +296,8 @@ async fn figures(dir: &Path, completed: usize, n: usize) -> anyhow::Result<Figur
     })
     .await?;
     drop(ledger);
+    eprintln!("serving it...");
+    let served = served(dir, &path, n.min(50), idle).await?;
     let _ = std::fs::remove_file(&path);
     Ok(Figures {
         completed,
@@ -217,13 +311,14 @@ async fn figures(dir: &Path, completed: usize, n: usize) -> anyhow::Result<Figur
         fresh_us,
         replay_us,
         bytes_per_operation: bytes / (completed + UNKNOWN) as f64,
+        served,
     })
 }
 
 /// The figures at `small` and `large` completed operations, printed with their ratios.
 pub async fn run(dir: &Path, small: usize, large: usize, quick: bool) -> anyhow::Result<()> {
-    let n = if quick { 20 } else { 200 };
-    let (a, b) = (figures(dir, small, n).await?, figures(dir, large, n).await?);
+    let (n, idle) = if quick { (20, Duration::from_secs(5)) } else { (200, Duration::from_secs(60)) };
+    let (a, b) = (figures(dir, small, n, idle).await?, figures(dir, large, n, idle).await?);
     println!(
         "growth: {small} vs {large} completed operations ({UNKNOWN} unknown, {PENDING} pending approval open in both)"
     );
@@ -239,6 +334,12 @@ pub async fn run(dir: &Path, small: usize, large: usize, quick: bool) -> anyhow:
         ("fresh operation p50 (us)", a.fresh_us, b.fresh_us),
         ("replay p50 (us)", a.replay_us, b.replay_us),
         ("bytes per operation", a.bytes_per_operation, b.bytes_per_operation),
+        ("serve: spawn to /healthz ok (ms)", a.served.ready_ms, b.served.ready_ms),
+        ("serve: idle CPU (%)", a.served.idle_cpu_percent, b.served.idle_cpu_percent),
+        ("serve: resident memory (MB)", a.served.rss_mb, b.served.rss_mb),
+        ("serve: GET /metrics p50 (ms)", a.served.metrics_ms, b.served.metrics_ms),
+        ("serve: console / p50 (ms)", a.served.console_ms, b.served.console_ms),
+        ("serve: console /unknowns p50 (ms)", a.served.unknowns_ms, b.served.unknowns_ms),
     ];
     for (name, x, y) in rows {
         println!("{name:<34} {x:>14.1} {y:>14.1} {:>8.2}", y / x);

@@ -51,7 +51,8 @@ pub async fn measure(dir: &Path, cold: usize, warm: usize) -> anyhow::Result<Vec
     Ok(starts)
 }
 
-fn server_binary() -> anyhow::Result<PathBuf> {
+/// The `oncebox` binary: `$ONCEBOX_BIN`, or the one beside this bench's.
+pub fn server_binary() -> anyhow::Result<PathBuf> {
     if let Some(bin) = std::env::var_os("ONCEBOX_BIN").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(bin));
     }
@@ -92,6 +93,28 @@ fn build_tools(dir: &Path, tools: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An `oncebox serve` started on loopback with `tools` and `ledger`, `env` added to its
+/// environment: the process (stopped when dropped) and its base URL, once it said where it listens.
+pub fn spawn(server: &Path, tools: &Path, ledger: &Path, env: &[(&str, &str)]) -> anyhow::Result<(Stopped, String)> {
+    let mut command = Command::new(server);
+    command.args(["serve", "--listen", "127.0.0.1:0", "--tools"]).arg(tools).arg("--ledger").arg(ledger);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("start {}", server.display()))?;
+    let mut child = Stopped(child);
+    let stdout = child.0.stdout.take().context("the server's stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let said: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("the server said {line:?}"))?;
+    let base = said["listening"].as_str().with_context(|| format!("no address in {line:?}"))?.to_string();
+    Ok((child, base))
+}
+
 /// One server start, timed; the server is stopped after it.
 async fn start(
     server: &Path,
@@ -103,26 +126,13 @@ async fn start(
 ) -> anyhow::Result<Start> {
     let _ = std::fs::remove_file(ledger);
     let began = Instant::now();
-    let child = Command::new(server)
-        .args(["serve", "--listen", "127.0.0.1:0", "--tools"])
-        .arg(tools)
-        .arg("--ledger")
-        .arg(ledger)
-        .env("ONCEBOX_CACHE", cache)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("start {}", server.display()))?;
-    let mut child = Stopped(child);
-    let stdout = child.0.stdout.take().context("the server's stdout")?;
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    let (server, tools, ledger, cache) = (server.to_owned(), tools.to_owned(), ledger.to_owned(), cache.to_owned());
+    let (_child, base) = tokio::task::spawn_blocking(move || {
+        let cache = cache.to_str().context("a UTF-8 path")?.to_string();
+        spawn(&server, &tools, &ledger, &[("ONCEBOX_CACHE", &cache)])
     })
     .await??;
     let listening_ms = began.elapsed().as_secs_f64() * 1e3;
-    let said: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("the server said {line:?}"))?;
-    let base = said["listening"].as_str().with_context(|| format!("no address in {line:?}"))?.to_string();
     loop {
         if began.elapsed() > PATIENCE {
             bail!("{kind} start: not ready after {PATIENCE:?}");
@@ -147,7 +157,7 @@ async fn start(
 }
 
 /// The server process, killed when the measure is done with it (or fails).
-struct Stopped(Child);
+pub struct Stopped(pub Child);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
