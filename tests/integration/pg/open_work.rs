@@ -196,6 +196,54 @@ async fn the_index_agrees_with_a_scan_across_every_state_change_and_host() {
     assert!(one.ended_before(u64::MAX).await.expect("ended").is_empty());
 }
 
+/// Removing a compensation (retention's `expire`) re-judges its run's other keys: in a run whose
+/// two compensatable steps were both undone (closed), removing the first one's compensation alone
+/// leaves a run still being compensated (the second's compensation stands) with a completed step
+/// no compensation undid: open, by the one rule, which the index must say too. And while a run's
+/// compensation is outstanding, its compensation is not removed at all (the run is open). Failed
+/// before `reindex` took the change's tie flag (the run was read whole after the removal, so the
+/// change did not look like a compensation's, and only the removed key's row was written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_compensation_rejudges_its_run() {
+    let url = fresh_database().await;
+    let (one, two) = (Ledger::connect(&url).await.expect("one"), Ledger::connect(&url).await.expect("two"));
+    let client = connect(&url).await;
+    let now = 1_000;
+    let mut undos = Vec::new();
+    for step in ["s1", "s2"] {
+        let req = request("a", step, ReplayClass::Compensatable, now);
+        let fence = claim(&one, &req).await;
+        finish(&one, &req, fence, OperationStatus::Completed, now).await;
+        let compensation = format!("{}{}", oncebox::keys::COMPENSATION_PREFIX, req.key);
+        undos.push(request("a", &compensation, ReplayClass::IdempotentWrite, now));
+    }
+    let tombstone_of = |ledger: Ledger, key: String| async move {
+        let op = ledger.operation(&key).await.expect("read").expect("recorded");
+        Tombstone::of(&op, now + 1)
+    };
+    // s1 undone, s2 not yet: the run is open, and its compensation stays.
+    let fence = claim(&two, &undos[0]).await;
+    finish(&two, &undos[0], fence, OperationStatus::Completed, now).await;
+    let open = agrees(&client, &one, now, "s1 compensated").await;
+    let reasons: Vec<&str> = open["a"].iter().map(|o| o.why.as_str()).collect();
+    assert_eq!(reasons, ["compensation-outstanding"], "{open:?}");
+    let first = tombstone_of(one.clone(), undos[0].key.clone()).await;
+    let removed = two.expire(std::slice::from_ref(&first), &[]).await.expect("expire");
+    assert_eq!(removed.operations, 0, "the run is open: its compensation is kept");
+    agrees(&client, &one, now, "the compensation kept").await;
+
+    // Both undone: closed. Removing the first compensation alone reopens s1 by the rule.
+    let fence = claim(&two, &undos[1]).await;
+    finish(&two, &undos[1], fence, OperationStatus::Completed, now).await;
+    let open = agrees(&client, &one, now, "both compensated").await;
+    assert!(open.is_empty(), "{open:?}");
+    let removed = two.expire(&[first], &[]).await.expect("expire");
+    assert_eq!(removed.operations, 1);
+    let open = agrees(&client, &one, now + 1, "the first compensation removed").await;
+    let reasons: Vec<(&str, &str)> = open["a"].iter().map(|o| (o.operation_key.as_str(), o.why.as_str())).collect();
+    assert_eq!(reasons, [("a/s1", "compensation-outstanding")], "{open:?}");
+}
+
 /// A database of schema 1 (no index) is given the index at its first connect by a host of schema
 /// 2, built by the one rule from every record once; a host of schema 1 is then refused it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
