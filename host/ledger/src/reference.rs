@@ -457,11 +457,7 @@ impl Store for ReferenceStore {
             }
             // What this call removes, and the runs open by another key (a claim in memory
             // included), judged before anything goes.
-            let removed_keys: std::collections::BTreeSet<&str> = tombstones
-                .iter()
-                .map(|t| t.operation_key.as_str())
-                .chain(approvals.iter().map(|a| a.operation_key.as_str()))
-                .collect();
+            let removed_keys = crate::run_state::removing(tombstones, approvals);
             let mut kept = std::collections::BTreeSet::new();
             for tombstone in tombstones {
                 let Some((op, true)) = state.operations.get(&tombstone.operation_key) else { continue };

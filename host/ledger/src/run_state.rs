@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus};
+use super::{
+    ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus, StaleApproval, Tombstone,
+};
 use oncebox_core::keys::COMPENSATION_PREFIX;
 use oncebox_core::policy::ReplayClass;
 
@@ -166,6 +168,15 @@ pub fn open_keys(operations: &[OperationRecord], approvals: &[ApprovalRecord]) -
 /// every record of its run, which a repeat, a saga or a reconcile of the run may still need.
 pub fn removable<'k>(open: impl IntoIterator<Item = &'k str>, removed: &BTreeSet<&str>) -> bool {
     open.into_iter().all(|key| removed.contains(key))
+}
+
+/// The keys a removal of `tombstones` and `approvals` takes: the `removed` of [`removable`].
+pub fn removing<'a>(tombstones: &'a [Tombstone], approvals: &'a [StaleApproval]) -> BTreeSet<&'a str> {
+    tombstones
+        .iter()
+        .map(|t| t.operation_key.as_str())
+        .chain(approvals.iter().map(|a| a.operation_key.as_str()))
+        .collect()
 }
 
 /// Whether a run whose operations include `op` must be judged whole (see [`open_keys`]).

@@ -401,11 +401,7 @@ pub(super) fn expire(
     }
     // An operation of a run that is open now, by a key this job does not remove or a claim in
     // memory, is kept: retention read the run closed before a step of it was claimed or asked.
-    let removing: std::collections::BTreeSet<&str> = tombstones
-        .iter()
-        .map(|t| t.operation_key.as_str())
-        .chain(approvals.iter().map(|a| a.operation_key.as_str()))
-        .collect();
+    let removing = crate::run_state::removing(tombstones, approvals);
     let mut kept = std::collections::BTreeSet::new();
     {
         let open = txn.open_table(OPEN)?;
