@@ -510,6 +510,32 @@ async fn a_request_lapses_only_as_retention_read_it(ledger: Ledger) {
     ledger.put_approval(&approval("asked", 1, Pending)).await.expect("a new request");
 }
 
+/// Retention read a run closed (a done step, and an approved request no one used, lapsing); then
+/// the request's step is claimed under it. The removal keeps the request (its call runs under it)
+/// and so the done step too: the run is open by a key the removal does not take.
+async fn a_request_claimed_after_retention_read_its_run_keeps_the_run(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    let done = owned(ledger.claim(&request("done", "a", 1_000)).await.expect("claim"));
+    ledger
+        .record_attempt(done, &attempt("done", 1, done), finish(OperationStatus::Completed), 1_001, Vec::new())
+        .await
+        .expect("record");
+    ledger.put_approval(&approval("ship", 1, Pending)).await.expect("request");
+    ledger.put_approval(&approval("ship", 2, Approved)).await.expect("approve");
+    // What retention read: `done` expired, the request unused.
+    let op = ledger.operation("done").await.expect("read").expect("recorded");
+    let (tombstone, stale) =
+        (oncebox::ledger::Tombstone::of(&op, 9_000), StaleApproval::of(&approval("ship", 2, Approved)));
+    // Then the step runs under the request.
+    let ship = ClaimRequest { approval: seen(2, COMPONENT), ..request("ship", "a", 2_000) };
+    owned(ledger.claim(&ship).await.expect("claim"));
+    let removed = ledger.expire(&[tombstone], &[stale]).await.expect("expire");
+    assert_eq!(removed, Removed { operations: 0, approvals: 0 }, "the run is open by `ship`");
+    assert!(ledger.operation("done").await.expect("read").is_some());
+    assert!(ledger.tombstone("done").await.expect("read").is_none());
+    assert_eq!(ledger.approval("ship").await.expect("read").expect("kept").state, Approved);
+}
+
 async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledger: Ledger) {
     let tombstone = |key: &str| oncebox::ledger::Tombstone {
         operation_key: key.into(),
@@ -710,6 +736,7 @@ conformance!(
     a_new_operation_is_claimed_only_under_the_approval_its_caller_saw_and_then_it_is_closed,
     an_approval_lets_only_the_component_it_names_claim_its_operation,
     a_request_lapses_only_as_retention_read_it,
+    a_request_claimed_after_retention_read_its_run_keeps_the_run,
     a_topics_pending_messages_are_its_undelivered_ones_in_order,
     a_notice_is_enqueued_once_per_key_whenever_it_is_noticed_again,
 );

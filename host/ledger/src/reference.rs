@@ -447,17 +447,19 @@ impl Store for ReferenceStore {
             }
             // Requests first, each only as retention read it and while its operation is not
             // claimed (a claim in memory counts: its call runs under that approval).
+            let mut lapsed = Vec::new();
             for stale in approvals {
                 let key = &stale.operation_key;
                 let claimed = state.operations.contains_key(key);
                 if approval_lapses(stale, state.approvals.get(key), claimed) {
                     state.approvals.remove(key);
                     removed.approvals += 1;
+                    lapsed.push(key.as_str());
                 }
             }
             // What this call removes, and the runs open by another key (a claim in memory
-            // included), judged before anything goes.
-            let removed_keys = crate::run_state::removing(tombstones, approvals);
+            // included, and a request that did not lapse), judged before anything goes.
+            let removed_keys = crate::run_state::removing(tombstones, lapsed);
             let mut kept = std::collections::BTreeSet::new();
             for tombstone in tombstones {
                 let Some((op, true)) = state.operations.get(&tombstone.operation_key) else { continue };

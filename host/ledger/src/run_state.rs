@@ -19,9 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{
-    ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus, StaleApproval, Tombstone,
-};
+use super::{ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus, Tombstone};
 use oncebox_core::keys::COMPENSATION_PREFIX;
 use oncebox_core::policy::ReplayClass;
 
@@ -170,13 +168,11 @@ pub fn removable<'k>(open: impl IntoIterator<Item = &'k str>, removed: &BTreeSet
     open.into_iter().all(|key| removed.contains(key))
 }
 
-/// The keys a removal of `tombstones` and `approvals` takes: the `removed` of [`removable`].
-pub fn removing<'a>(tombstones: &'a [Tombstone], approvals: &'a [StaleApproval]) -> BTreeSet<&'a str> {
-    tombstones
-        .iter()
-        .map(|t| t.operation_key.as_str())
-        .chain(approvals.iter().map(|a| a.operation_key.as_str()))
-        .collect()
+/// The keys a removal of `tombstones` takes with the requests for approval that `lapsed` (those
+/// of the requests it was given that lapse now; one claimed or decided since stays, and keeps its
+/// run open): the `removed` of [`removable`].
+pub fn removing<'a>(tombstones: &'a [Tombstone], lapsed: impl IntoIterator<Item = &'a str>) -> BTreeSet<&'a str> {
+    tombstones.iter().map(|t| t.operation_key.as_str()).chain(lapsed).collect()
 }
 
 /// Whether a run whose operations include `op` must be judged whole (see [`open_keys`]).

@@ -361,15 +361,24 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
         locks.push((run_lock(&run), true));
     }
     tx.lock_modes(locks).await?;
-    // The runs open now by a key this does not remove (`run_state::removable`): their operations
-    // are kept.
+    let mut lapsed = Vec::new();
+    for stale in approvals {
+        let key = stale.operation_key.as_str();
+        let claimed = tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some();
+        let stored = approval_for_update(tx, key).await?;
+        if approval_lapses(stale, stored.as_ref(), claimed) {
+            lapsed.push(stale);
+        }
+    }
+    // The runs open now by a key this does not remove (`run_state::removable`; a request that
+    // does not lapse is not removed): their operations are kept.
     let run_ids: Vec<String> = runs.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
     let mut open: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
     for row in tx.rows("SELECT run_id, key FROM oncebox_open WHERE run_id = ANY($1)", &[&run_ids]).await? {
         let run: String = column(&row, 0, "oncebox_open")?;
         open.entry(run).or_default().push(column(&row, 1, "oncebox_open")?);
     }
-    let removing: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+    let removing = crate::run_state::removing(tombstones, lapsed.iter().map(|stale| stale.operation_key.as_str()));
     let open_now = |run: &str| {
         let keys = open.get(run).map_or(&[][..], Vec::as_slice);
         !crate::run_state::removable(keys.iter().map(String::as_str), &removing)
@@ -391,15 +400,6 @@ pub(super) async fn expire(tx: &Tx<'_>, tombstones: &[Tombstone], approvals: &[S
             (op, written && !keep)
         });
         found.push(op);
-    }
-    let mut lapsed = Vec::new();
-    for stale in approvals {
-        let key = stale.operation_key.as_str();
-        let claimed = tx.opt("SELECT 1 FROM oncebox_operations WHERE key = $1", &[&key]).await?.is_some();
-        let stored = approval_for_update(tx, key).await?;
-        if approval_lapses(stale, stored.as_ref(), claimed) {
-            lapsed.push(stale);
-        }
     }
     // Decided; from here on only writes.
     let mut removed = Removed::default();

@@ -161,10 +161,11 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
             guard(tx).await?;
             added(tx).await
         }
-        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => {
-            guard(tx).await?;
-            added(tx).await
-        }
+        // A database of this schema made by an earlier release has no guard, and is not given
+        // one: its hosts (which say no `oncebox.schema`) keep the index, and a rolling upgrade
+        // must not refuse their writes. The guard is for hosts of schema 1 left connected
+        // through the migration (below), and is made with a new database.
+        Ok(Some(version)) if uint(version) == SCHEMA_VERSION => added(tx).await,
         Ok(Some(1)) => {
             added(tx).await?;
             // Before the index is built: creating the triggers waits for the writes of the hosts
@@ -219,8 +220,9 @@ pub(super) async fn keep_room_for_rewrites(client: &mut deadpool_postgres::Clien
     // Otherwise the transaction rolls back as it is dropped: the table is as it was.
 }
 
-/// The schema guard ([`guard_sql`]), where missing: a database of schema 2 made before it gets it at
-/// its next connect. Looked up first, as [`claim_tokens`] says why.
+/// The schema guard ([`guard_sql`]), where missing: made with a new database and by the migration
+/// from schema 1. Looked up first, as [`claim_tokens`] says why. (A migration to a later schema
+/// must replace the function's body, which names the version.)
 async fn guard(tx: &Tx<'_>) -> Result<(), LedgerError> {
     let there = "SELECT 1 FROM pg_trigger WHERE tgrelid = 'oncebox_approvals'::regclass \
                  AND tgname = 'oncebox_schema_guard'";

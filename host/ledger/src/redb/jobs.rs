@@ -389,7 +389,7 @@ pub(super) fn expire(
     tombstones: &[Tombstone],
     approvals: &[StaleApproval],
     claimed: &std::collections::HashSet<String>,
-    flying: &std::collections::HashSet<String>,
+    live: &Live,
 ) -> Result<Removed, LedgerError> {
     let mut records = txn.open_table(RECORDS)?;
     let mut found = Vec::new();
@@ -399,9 +399,25 @@ pub(super) fn expire(
             found.push(op);
         }
     }
-    // An operation of a run that is open now, by a key this job does not remove or a claim in
-    // memory, is kept: retention read the run closed before a step of it was claimed or asked.
-    let removing = crate::run_state::removing(tombstones, approvals);
+    let mut approval_table = txn.open_table(APPROVALS)?;
+    let mut lapsed = Vec::new();
+    for stale in approvals {
+        let key = stale.operation_key.as_str();
+        let stored: Option<ApprovalRecord> = get(&approval_table, key)?;
+        let durable = get::<_, OperationRecord>(&records, operation_id(key))?.is_some();
+        if approval_lapses(stale, stored.as_ref(), durable || claimed.contains(key)) {
+            lapsed.push(key);
+        }
+    }
+    // An operation of a run that is open now, by a key this job does not remove (a request that
+    // does not lapse is not removed) or a claim in memory (read here, in the writer's turn: a
+    // claim made after it comes after this removal), is kept: retention read the run closed
+    // before a step of it was claimed or asked.
+    let removing = crate::run_state::removing(tombstones, lapsed.iter().copied());
+    let flying: std::collections::HashSet<String> = {
+        let live = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        live.values().map(|op| op.run_id.clone()).collect()
+    };
     let mut kept = std::collections::BTreeSet::new();
     {
         let open = txn.open_table(OPEN)?;
@@ -415,16 +431,6 @@ pub(super) fn expire(
         }
     }
     found.retain(|op| !kept.contains(&op.key));
-    let mut approval_table = txn.open_table(APPROVALS)?;
-    let mut lapsed = Vec::new();
-    for stale in approvals {
-        let key = stale.operation_key.as_str();
-        let stored: Option<ApprovalRecord> = get(&approval_table, key)?;
-        let durable = get::<_, OperationRecord>(&records, operation_id(key))?.is_some();
-        if approval_lapses(stale, stored.as_ref(), durable || claimed.contains(key)) {
-            lapsed.push(key);
-        }
-    }
     // Decided; from here on only writes.
     let mut steps = txn.open_table(RUN_STEPS)?;
     let mut touched: Vec<(String, String)> = Vec::new();

@@ -619,10 +619,8 @@ impl Store for RedbStore {
             // claimed in memory keeps its request (its call runs under it), as does a key being
             // decided (the decision makes it new); the others are held as deciding until the
             // removal is on disk, so that no claim under them starts in between.
-            let (kept, held, flying) = {
+            let (kept, held) = {
                 let live = self.live();
-                // Runs with a claim in memory: open, whether or not its record is written yet.
-                let flying: std::collections::HashSet<String> = live.values().map(|op| op.run_id.clone()).collect();
                 let mut deciding = self.deciding.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 let (mut kept, mut ours) = (std::collections::HashSet::new(), std::collections::HashSet::new());
                 let mut held = Vec::new();
@@ -638,11 +636,14 @@ impl Store for RedbStore {
                         held.push(Deciding::hold(&self.deciding, &mut deciding, key));
                     }
                 }
-                (kept, held, flying)
+                (kept, held)
             };
             // The guards travel with the job and are dropped with its answer, after the commit.
+            // The claims in memory are read in the job (`expire`), in the writer's turn: a claim
+            // made after that read comes after this removal.
+            let live = self.live.clone();
             let job = move |txn: &redb::WriteTransaction| {
-                expire(txn, &tombstones, &approvals, &kept, &flying).map(|removed| (removed, held))
+                expire(txn, &tombstones, &approvals, &kept, &live).map(|removed| (removed, held))
             };
             self.writer.submit(job, |_| true, Now).await.map(|(removed, _held)| removed)
         })

@@ -257,12 +257,12 @@ impl EffectCtx {
         };
         if !open.status.in_doubt() && !open.status.taken() {
             // Irreversible, its first send proven not taken or refused: never sent twice, under
-            // any label (the same answer as under its own key, in `begin`).
-            self.note(&open, EffectSource::Deduplicated, None);
+            // any label. Not noted as met: a later ask in this attempt, under yet another label,
+            // meets this record again and is refused again.
+            let met = if open.status == EffectStatus::Refused { "refused" } else { "not taken" };
             return Err(ToolError::Transient(format!(
-                "effect `{}` ({}) of this step was sent once and not taken; this attempt asks for it again as \
-                 `{label}` ({key}); an irreversible effect is never sent twice: a new step, with its own approval, \
-                 sends it again",
+                "effect `{}` ({}) of this step was sent once and {met}; this attempt asks for it again as `{label}` \
+                 ({key}); an irreversible effect is never sent twice: a new step, with its own approval, sends it again",
                 open.label, open.key
             )));
         }
