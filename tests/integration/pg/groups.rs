@@ -146,13 +146,7 @@ async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
     // A backend reports everything it counted when it exits: wait until the ledger's have (a
     // ledger dropped closes its connections: no task of its keeps one), then until the counts
     // arrived (a server before 15 hands them to its statistics process).
-    let others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                  AND backend_type = 'client backend' AND pid <> pg_backend_pid()";
-    let closed = Instant::now() + Duration::from_secs(10);
-    while client.query_one(others, &[]).await.expect("activity").get::<_, i64>(0) > 0 {
-        assert!(Instant::now() < closed, "the dropped ledger's connections were not closed within 10 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    super::others_closed(&client).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let sql = "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_upd - n_tup_hot_upd, seq_tup_read, idx_tup_fetch \
                FROM pg_stat_user_tables WHERE relname IN ('oncebox_operations', 'oncebox_kv') ORDER BY relname";

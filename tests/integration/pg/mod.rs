@@ -71,6 +71,18 @@ async fn claimed(ledger: &Ledger, ops: &[String]) -> Vec<u64> {
 
 /// A client of the database at `url`, its connection driven on a task of its own, writing as a
 /// host of this schema does (`oncebox.schema`: the guard of `schema.rs` refuses others' writes).
+/// Waits until every other session of `client`'s database ended (a ledger dropped closes its
+/// connections), so that the statistics they counted are reported; at most 10 s.
+async fn others_closed(client: &tokio_postgres::Client) {
+    let others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                  AND backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    let closed = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while client.query_one(others, &[]).await.expect("activity").get::<_, i64>(0) > 0 {
+        assert!(std::time::Instant::now() < closed, "the dropped ledger's connections were not closed within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 async fn connect(url: &str) -> tokio_postgres::Client {
     let client = connect_unmarked(url).await;
     client.batch_execute("SET oncebox.schema = '2'").await.expect("oncebox.schema");

@@ -349,13 +349,7 @@ async fn reading_what_is_open_does_not_grow_with_the_history() {
 /// Rows of `oncebox_operations` read so far by every session (sequential and index scans), once
 /// every other session of the database ended and reported its counts.
 async fn operations_read(client: &tokio_postgres::Client) -> i64 {
-    let others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                  AND backend_type = 'client backend' AND pid <> pg_backend_pid()";
-    let closed = Instant::now() + Duration::from_secs(10);
-    while client.query_one(others, &[]).await.expect("activity").get::<_, i64>(0) > 0 {
-        assert!(Instant::now() < closed, "the dropped ledger's connections were not closed within 10 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    super::others_closed(client).await;
     let sql = "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables \
                WHERE relname = 'oncebox_operations'";
     // The counts arrive a little after the sessions end: read until they stop moving.
