@@ -63,11 +63,31 @@ pub struct Fences {
     latest: Mutex<BTreeMap<String, (u64, Option<u64>)>>,
     breaches: Mutex<Vec<Breach>>,
     next_id: AtomicU64,
-    pauses: AtomicU64,
+    /// Pauses so far, of each [`Stall`].
+    pauses: [AtomicU64; 2],
 }
 
-/// At most this many owners are paused in one seed: each pause costs a lease of simulated time.
+/// At most this many owners are paused in one seed for each [`Stall`]: each pause costs a lease
+/// of simulated time.
 const MAX_PAUSES: u64 = 2;
+
+/// Why an owner stops dead: the draw of any point it reaches (`Plan::pause_pct`), or of a point
+/// an unfavourable answer just reached (`Plan::stall_after_fault_pct`). Drawn apart and counted
+/// apart, so that one kind does not use up the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    Anywhere,
+    AfterFault,
+}
+
+impl Stall {
+    fn name(self) -> &'static str {
+        match self {
+            Stall::Anywhere => "pause",
+            Stall::AfterFault => "stall-after-fault",
+        }
+    }
+}
 
 impl Fences {
     pub fn breaches(&self) -> Vec<Breach> {
@@ -135,9 +155,17 @@ impl Fences {
     }
 
     /// Pauses the owner calling through `site`, if the seed says so (`pct` of the sites an owner
-    /// reaches, at most once per call and `MAX_PAUSES` per seed), for longer than `lease`.
-    /// `Some((its run, what happened))` when it did; the caller then awaits [`yield_to_pause`].
-    pub fn maybe_pause(&self, site: &Site, seed: u64, pct: u64, lease: Duration) -> Option<(String, String)> {
+    /// reaches, at most once per call and `MAX_PAUSES` per seed and [`Stall`]), for longer than
+    /// `lease`. `Some((its run, what happened))` when it did; the caller then awaits
+    /// [`yield_to_pause`].
+    pub fn maybe_pause(
+        &self,
+        stall: Stall,
+        site: &Site,
+        seed: u64,
+        pct: u64,
+        lease: Duration,
+    ) -> Option<(String, String)> {
         if pct == 0 {
             return None;
         }
@@ -145,9 +173,11 @@ impl Fences {
         if owner.paused.load(Ordering::SeqCst) {
             return None;
         }
-        let draw =
-            percent(seed, &["pause", &site.operation_key, site.point.name(), &site.key, &site.occurrence.to_string()]);
-        if draw >= pct || self.pauses.fetch_add(1, Ordering::SeqCst) >= MAX_PAUSES {
+        let draw = percent(
+            seed,
+            &[stall.name(), &site.operation_key, site.point.name(), &site.key, &site.occurrence.to_string()],
+        );
+        if draw >= pct || self.pauses[stall as usize].fetch_add(1, Ordering::SeqCst) >= MAX_PAUSES {
             return None;
         }
         let extra = Duration::from_millis(1_000 + choice(seed, &["pause-for", &site.operation_key]) % 3_000);
@@ -157,7 +187,8 @@ impl Fences {
         if let Some(on_pause) = owner.on_pause.lock().unwrap_or_else(|p| p.into_inner()).take() {
             on_pause(lease + Duration::from_millis(500));
         }
-        let what = format!("{}/{} at {} for {} ms", owner.run, owner.step, site.point.name(), pause.as_millis());
+        let after = if stall == Stall::AfterFault { " after an unfavourable answer" } else { "" };
+        let what = format!("{}/{}{after} at {} for {} ms", owner.run, owner.step, site.point.name(), pause.as_millis());
         Some((owner.run.clone(), what))
     }
 }

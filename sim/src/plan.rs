@@ -51,6 +51,13 @@ pub struct Plan {
     /// Steps of the host's wall clock (ms into a life, by how many ms, forward or back), on a
     /// quarter of the seeds: within what the host's margins absorb (see sim/README.md).
     pub clock_jumps: Vec<(u64, i64)>,
+    /// Percent of the downstream's unfavourable answers (anything but a 2xx: a refusal, a 429, a
+    /// 5xx, a refused connection, no answer) after which the caller's process stops dead, as
+    /// `pause_pct`'s do, at the moment the answer reaches the host (before its record, or after
+    /// it and before the attempt's): the load that makes a downstream turn a host away stalls
+    /// the host too. What the answer proved must then be judged by whoever takes the step over,
+    /// from what the stopped attempt left. At most two per seed, beside `pause_pct`'s.
+    pub stall_after_fault_pct: u64,
 }
 
 /// What the downstream is like, and how it answers.
@@ -300,6 +307,7 @@ impl Plan {
                 .collect(),
             _ => Vec::new(),
         };
+        let stall_after_fault_pct = [0, 0, 30, 60][rng.usize(0..4)];
         Plan {
             seed,
             callers,
@@ -313,6 +321,7 @@ impl Plan {
             pause_pct,
             gc_retention_ms,
             clock_jumps,
+            stall_after_fault_pct,
         }
     }
 

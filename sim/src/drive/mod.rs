@@ -33,7 +33,7 @@ use oncebox_runtime::{Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass,
 use crate::check::Facts;
 use crate::history::{Event, History};
 use crate::paced::Paced;
-use crate::pause::Fences;
+use crate::pause::{Fences, Stall};
 use crate::plan::{Crash, Plan, percent};
 use crate::race::Holds;
 use crate::world::{ORIGIN, World};
@@ -549,8 +549,13 @@ struct LifeHooks {
     world: World,
     /// The operator's `compensate_pct`, for the undoing that races a request about to leave.
     compensate_pct: u64,
-    /// The plan's `pause_pct`, and the fences the paused owners are judged by.
+    /// The plan's `pause_pct` and `stall_after_fault_pct`, and the fences the paused owners are
+    /// judged by.
     pause_pct: u64,
+    stall_after_fault_pct: u64,
+    /// The effect keys whose latest exchange was unfavourable (anything but a 2xx), until the
+    /// answer has passed the points where it reaches the host.
+    faulted: Mutex<BTreeSet<String>>,
     fences: Arc<Fences>,
     /// The seed's gc collects within its lives: it may run at any of the pipeline's points.
     gc_at_any_moment: bool,
@@ -572,6 +577,8 @@ impl LifeHooks {
             world: ctx.world.clone(),
             compensate_pct: ctx.plan.operator.compensate_pct,
             pause_pct: ctx.plan.pause_pct,
+            stall_after_fault_pct: ctx.plan.stall_after_fault_pct,
+            faulted: Mutex::new(BTreeSet::new()),
             gc_at_any_moment: ctx.plan.gc_retention_ms < GC_RETENTION.as_millis() as u64,
             fences: ctx.fences.clone(),
             shared: ctx.shared.clone(),
@@ -607,8 +614,29 @@ impl LifeHooks {
 impl Hooks for LifeHooks {
     fn at(&self, site: Site) -> HookFuture<'_, ()> {
         Box::pin(async move {
-            // Now and then the caller's whole call stops dead here, past its lease (`pause.rs`).
-            if let Some((run, what)) = self.fences.maybe_pause(&site, self.world.seed(), self.pause_pct, LEASE) {
+            // Now and then the caller's whole call stops dead here, past its lease (`pause.rs`):
+            // anywhere, and more often just as an unfavourable answer reaches the host.
+            let answered = matches!(site.point, Point::AfterDispatch | Point::AfterAnswer);
+            let faulted = answered && {
+                let mut faulted = self.faulted.lock().unwrap_or_else(|p| p.into_inner());
+                match site.point {
+                    Point::AfterAnswer => faulted.remove(&site.key),
+                    _ => faulted.contains(&site.key),
+                }
+            };
+            let stall = match faulted {
+                true => self.fences.maybe_pause(
+                    Stall::AfterFault,
+                    &site,
+                    self.world.seed(),
+                    self.stall_after_fault_pct,
+                    LEASE,
+                ),
+                false => None,
+            };
+            let stall = stall
+                .or_else(|| self.fences.maybe_pause(Stall::Anywhere, &site, self.world.seed(), self.pause_pct, LEASE));
+            if let Some((run, what)) = stall {
                 self.world.history().push(Event::Paused { run: run.clone(), what: what.clone() });
                 crate::pause::yield_to_pause().await;
                 self.world.history().push(Event::Resumed { run, what });
@@ -655,7 +683,16 @@ impl Hooks for LifeHooks {
 
     fn http(&self, site: Site, request: Outgoing) -> HookFuture<'_, Exchange> {
         self.fences.sending(&site.operation_key);
-        Box::pin(self.world.effect(site.key, request))
+        Box::pin(async move {
+            let exchange = self.world.effect(site.key.clone(), request).await;
+            let favourable = matches!(exchange, Exchange::Answered { status: 200..=299, .. });
+            let mut faulted = self.faulted.lock().unwrap_or_else(|p| p.into_inner());
+            match favourable {
+                true => faulted.remove(&site.key),
+                false => faulted.insert(site.key),
+            };
+            exchange
+        })
     }
 
     fn read(&self, request: Outgoing) -> HookFuture<'_, Exchange> {
