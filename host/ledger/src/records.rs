@@ -154,7 +154,8 @@ pub struct EffectRecord {
     pub resolution: Option<Settlement>,
     /// The number of the attempt that last wrote it (ahead of a send, or with a local write): one
     /// above the operation's recorded attempts means that attempt never recorded its end
-    /// (`rules::unrecorded_sends`). 0 in records written before it was kept.
+    /// (`rules::unrecorded_sends`). 0 in records written before it was kept: then the recorded
+    /// attempts that list it say whether it was the stopped attempt's.
     #[serde(default)]
     pub attempt: u32,
 }

@@ -75,7 +75,11 @@ impl ReferenceStore {
                 continue;
             }
             let effects = state.effects_of(&key);
-            let recovered = crate::rules::recovered(state.operations[&key].0.clone(), effects, now_ms);
+            let attempts: Vec<AttemptRecord> = match crate::rules::reads_attempts(&effects) {
+                true => state.attempts.iter().filter(|((op, _), _)| *op == key).map(|(_, a)| a.clone()).collect(),
+                false => Vec::new(),
+            };
+            let recovered = crate::rules::recovered(state.operations[&key].0.clone(), effects, &attempts, now_ms);
             for effect in recovered.changed {
                 state.effects.insert((key.clone(), effect.key.clone()), effect);
             }

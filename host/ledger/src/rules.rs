@@ -259,8 +259,32 @@ pub fn stamp(effect_key: &str) -> u64 {
 /// owner stopped before any write-ahead, nothing of the attempt left the host, and the take-over is
 /// not an attempt (DESIGN section 7); else the take-over counts it, and an irreversible effect is
 /// never sent twice.
-pub fn unrecorded_sends(effects: &[EffectRecord], recorded: u32) -> Vec<&EffectRecord> {
-    effects.iter().filter(|effect| effect.attempt > recorded).collect()
+///
+/// An effect stamped 0 was written by a host of a release before the stamp (an operation in
+/// flight across the upgrade): which attempt wrote it is not known, so it is the stopped
+/// attempt's unless one of the operation's recorded `attempts` lists it. Counting it may cost the
+/// operation one attempt of its class's maximum; not counting it could send again what the
+/// stopped attempt sent. `attempts` is read only for those ([`reads_attempts`]).
+pub fn unrecorded_sends<'a>(
+    effects: &'a [EffectRecord],
+    recorded: u32,
+    attempts: &[AttemptRecord],
+) -> Vec<&'a EffectRecord> {
+    let listed = |key: &str| attempts.iter().any(|attempt| attempt.effects.iter().any(|e| e.key == key));
+    effects
+        .iter()
+        .filter(|effect| match effect.attempt {
+            0 => !listed(&effect.key),
+            attempt => attempt > recorded,
+        })
+        .collect()
+}
+
+/// Whether [`unrecorded_sends`] needs the operation's recorded attempts to judge `effects`: only
+/// for an effect written before attempts were stamped, so a take-over of today's records reads
+/// none.
+pub fn reads_attempts(effects: &[EffectRecord]) -> bool {
+    effects.iter().any(|effect| effect.attempt == 0)
 }
 
 /// Whether `earlier`, an effect recorded by an earlier attempt (or an earlier run of this one)
@@ -279,8 +303,14 @@ pub fn repeats(earlier: &EffectRecord, kind: &str, fingerprint: &str, once: bool
 /// record: the effects sent and never answered become unknown (`changed`); an operation holding
 /// one in doubt becomes unknown, its stopped attempt recorded (`attempt`), as a take-over on a
 /// shared ledger judges it; every other claim loses its lease, so the next call takes it over.
+/// `attempts`: the operation's recorded attempts, when [`reads_attempts`] says they are needed.
 /// Asked by redb's recovery at open and by the reference model's crash.
-pub fn recovered(mut op: OperationRecord, effects: Vec<EffectRecord>, now_ms: u64) -> Recovered {
+pub fn recovered(
+    mut op: OperationRecord,
+    effects: Vec<EffectRecord>,
+    attempts: &[AttemptRecord],
+    now_ms: u64,
+) -> Recovered {
     let mut changed = Vec::new();
     let mut all = Vec::with_capacity(effects.len());
     for mut effect in effects {
@@ -298,7 +328,7 @@ pub fn recovered(mut op: OperationRecord, effects: Vec<EffectRecord>, now_ms: u6
             class: "unknown-outcome".into(),
             message: format!("the host stopped while effect {effect_key} was in flight; reconcile before retrying"),
         };
-        let sent = unrecorded_sends(&all, op.attempts);
+        let sent = unrecorded_sends(&all, op.attempts, attempts);
         if !sent.is_empty() {
             let number = op.attempts + 1;
             attempt = Some(AttemptRecord {
@@ -419,18 +449,75 @@ mod tests {
     fn what_an_attempt_above_the_recorded_ones_wrote_was_the_stopped_attempts() {
         let by = |key: &str, attempt: u32| EffectRecord { key: key.into(), attempt, ..effect(EffectStatus::Retryable) };
         let keys = |effects: &[EffectRecord], recorded: u32| -> Vec<String> {
-            unrecorded_sends(effects, recorded).iter().map(|e| e.key.clone()).collect()
+            unrecorded_sends(effects, recorded, &[]).iter().map(|e| e.key.clone()).collect()
         };
         // No attempt recorded: what attempt 1 wrote, it never recorded.
         assert_eq!(keys(&[by("a", 1)], 0), ["a"]);
         assert_eq!(keys(&[by("a", 1)], 1), Vec::<String>::new(), "recorded");
         // A second attempt resent one and wrote another, then stopped.
         assert_eq!(keys(&[by("a", 2), by("b", 2), by("c", 1)], 1), ["a", "b"]);
-        // Written before attempts were stamped: never counted.
-        assert_eq!(keys(&[by("a", 0)], 0), Vec::<String>::new());
+        assert!(!reads_attempts(&[by("a", 2), by("b", 1)]), "stamped: no attempt is read");
         let sent = [by("a", 1), EffectRecord { dispatches: 2, ..by("b", 1) }];
         let listed = sent_by_stopped(&sent.iter().collect::<Vec<_>>());
         let sources: Vec<EffectSource> = listed.iter().map(|e| e.source).collect();
         assert_eq!(sources, [EffectSource::Fresh, EffectSource::Redispatched]);
+    }
+
+    #[test]
+    fn an_effect_written_before_the_stamp_is_the_stopped_attempts_unless_an_attempt_lists_it() {
+        let by = |key: &str, attempt: u32| EffectRecord { key: key.into(), attempt, ..effect(EffectStatus::Retryable) };
+        let attempt = |number: u32, keys: &[&str]| AttemptRecord {
+            operation_key: "op".into(),
+            run_id: "run".into(),
+            step_id: "step".into(),
+            tool: "tool".into(),
+            attempt: number,
+            max_attempts: 3,
+            fence: 1,
+            started_ms: 0,
+            duration_us: 0,
+            outcome: "transient".into(),
+            message: None,
+            source: AttemptSource::Fresh,
+            downstream_accepted: Some(false),
+            effects: keys.iter().map(|k| sent_by_stopped(&[&by(k, 0)]).remove(0)).collect(),
+        };
+        let keys = |effects: &[EffectRecord], recorded: u32, attempts: &[AttemptRecord]| -> Vec<String> {
+            unrecorded_sends(effects, recorded, attempts).iter().map(|e| e.key.clone()).collect()
+        };
+        let upgraded = [by("a", 0), by("b", 0)];
+        assert!(reads_attempts(&upgraded));
+        // An old host wrote `a` ahead and stopped before recording its first attempt: it counts.
+        assert_eq!(keys(&upgraded[..1], 0, &[]), ["a"]);
+        // Attempt 1 recorded `a`; `b` was written by the attempt that stopped after it.
+        assert_eq!(keys(&upgraded, 1, &[attempt(1, &["a"])]), ["b"]);
+        // Both recorded: the stopped attempt wrote nothing, and the take-over is not an attempt.
+        assert_eq!(keys(&upgraded, 2, &[attempt(1, &["a"]), attempt(2, &["b"])]), Vec::<String>::new());
+        // Recovery judges them the same way: the stopped attempt is recorded, `b` in it.
+        let op = OperationRecord {
+            key: "op".into(),
+            run_id: "run".into(),
+            step_id: "step".into(),
+            tool: "tool".into(),
+            class: oncebox_core::policy::ReplayClass::Irreversible,
+            fingerprint: "f".into(),
+            args: serde_json::Value::Null,
+            sealed: None,
+            status: OperationStatus::Claimed,
+            owner: "stopped".into(),
+            lease_until_ms: 1,
+            fence: 1,
+            attempts: 1,
+            output: None,
+            error: None,
+            created_ms: 1,
+            updated_ms: 1,
+            reconciled: None,
+        };
+        let unknown = [EffectRecord { status: EffectStatus::Dispatched, ..by("b", 0) }, by("a", 0)];
+        let recovered = recovered(op, unknown.to_vec(), &[attempt(1, &["a"])], 5);
+        let stopped =
+            recovered.attempt.map(|a| (a.attempt, a.effects.iter().map(|e| e.key.clone()).collect::<Vec<_>>()));
+        assert_eq!(stopped, Some((2, vec!["b".to_string()])));
     }
 }

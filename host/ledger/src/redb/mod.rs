@@ -417,13 +417,7 @@ impl RedbStore {
 
     pub fn attempts(&self, operation_key: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(RECORDS)?;
-        let mut out = Vec::new();
-        for entry in table.range((operation_key, ATTEMPT, "")..(operation_key, EFFECT, ""))? {
-            let (key, value) = entry?;
-            out.push(decode("attempts", key.value().0, value.value())?);
-        }
-        Ok(out)
+        attempts_of(&txn.open_table(RECORDS)?, operation_key)
     }
 
     /// A KV key's committed value and version.
@@ -695,6 +689,18 @@ impl Store for RedbStore {
     ) -> BoxFuture<'a, Result<bool, LedgerError>> {
         Box::pin(RedbStore::enqueue_once(self, topic, key, payload))
     }
+}
+
+fn attempts_of(
+    table: &impl ReadableTable<RecordKey, &'static [u8]>,
+    operation_key: &str,
+) -> Result<Vec<AttemptRecord>, LedgerError> {
+    let mut out = Vec::new();
+    for entry in table.range((operation_key, ATTEMPT, "")..(operation_key, EFFECT, ""))? {
+        let (key, value) = entry?;
+        out.push(decode("attempts", key.value().0, value.value())?);
+    }
+    Ok(out)
 }
 
 fn effects_of(

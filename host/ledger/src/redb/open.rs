@@ -113,7 +113,11 @@ pub(super) fn recover(db: &Database, now_ms: u64) -> Result<u64, LedgerError> {
         }
         for op in claimed {
             let effects = effects_of(&records, &op.key)?;
-            let recovered = crate::rules::recovered(op, effects, now_ms);
+            let attempts = match crate::rules::reads_attempts(&effects) {
+                true => super::attempts_of(&records, &op.key)?,
+                false => Vec::new(),
+            };
+            let recovered = crate::rules::recovered(op, effects, &attempts, now_ms);
             let key = recovered.op.key.as_str();
             for effect in &recovered.changed {
                 put(&mut records, (key, EFFECT, effect.key.as_str()), effect)?;

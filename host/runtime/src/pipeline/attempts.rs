@@ -227,7 +227,11 @@ async fn stopped_attempt(
     recorded: u32,
 ) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
     let effects = host.shared.ledger.effects(operation_key).await?;
-    let sent = crate::ledger::unrecorded_sends(&effects, recorded);
+    let attempts = match crate::ledger::reads_attempts(&effects) {
+        true => host.shared.ledger.attempts(operation_key).await?,
+        false => Vec::new(),
+    };
+    let sent = crate::ledger::unrecorded_sends(&effects, recorded, &attempts);
     if sent.is_empty() {
         return Ok(None);
     }
