@@ -119,3 +119,86 @@ pub(super) fn build(txn: &WriteTransaction) -> Result<usize, LedgerError> {
     }
     Ok(read)
 }
+
+#[cfg(test)]
+mod tests {
+    use redb::{Database, ReadableTableMetadata};
+
+    use super::super::RedbStore;
+    use super::*;
+    use crate::{ApprovalState, DeliveryAnswer, Store};
+
+    fn request(key: &str, revision: u32, state: ApprovalState, requested_ms: u64) -> ApprovalRecord {
+        ApprovalRecord {
+            operation_key: key.into(),
+            fingerprint: "f".into(),
+            component: None,
+            run_id: "run".into(),
+            step_id: key.into(),
+            tool: "ship".into(),
+            description: String::new(),
+            consequence: None,
+            args: serde_json::Value::Null,
+            sealed: None,
+            requested_ms,
+            state,
+            decided_by: None,
+            decided_ms: None,
+            note: None,
+            expires_ms: None,
+            revision,
+        }
+    }
+
+    fn entries(path: &std::path::Path) -> (usize, usize) {
+        let db = Database::open(path).expect("open");
+        let txn = db.begin_read().expect("read");
+        let asked = txn.open_table(ASKED).expect("asked").len().expect("len");
+        let delivered = txn.open_table(DELIVERED).expect("delivered").len().expect("len");
+        (asked as usize, delivered as usize)
+    }
+
+    /// A ledger of the last release (schema 5: no index by age) is indexed at its first open, so
+    /// that gc finds the requests and messages it holds; the index then holds one entry per
+    /// request and per delivered message, whatever was rewritten.
+    #[tokio::test]
+    async fn a_ledger_of_schema_5_is_indexed_by_age_at_its_first_open() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("old.redb");
+        {
+            let store = RedbStore::open(&path).expect("open");
+            store.put_approval(&request("a", 1, ApprovalState::Pending, 10)).await.expect("ask");
+            store.put_approval(&request("a", 2, ApprovalState::Pending, 50)).await.expect("ask again");
+            let decided = ApprovalRecord { decided_ms: Some(30), ..request("b", 2, ApprovalState::Rejected, 10) };
+            store.put_approval(&request("b", 1, ApprovalState::Pending, 10)).await.expect("ask");
+            store.put_approval(&decided).await.expect("reject");
+            for key in ["n1", "n2"] {
+                store.enqueue_once("notify", key, "{}").await.expect("enqueue");
+            }
+            store.record_delivery(1, &DeliveryAnswer::Delivered { at_ms: 40 }).await.expect("deliver");
+        }
+        assert_eq!(entries(&path), (2, 1), "kept with each write, the old entry of a rewrite gone");
+        // Make it a schema 5 file.
+        {
+            let db = Database::create(&path).expect("open");
+            let txn = db.begin_write().expect("write");
+            txn.delete_table(ASKED).expect("delete");
+            txn.delete_table(DELIVERED).expect("delete");
+            txn.open_table(META).expect("meta").insert(SCHEMA_VERSION_KEY, 5).expect("version");
+            txn.commit().expect("commit");
+        }
+        let store = RedbStore::open(&path).expect("reopen");
+        for cutoff in [0, 30, 31, 50, 51, u64::MAX] {
+            let indexed = Store::approvals_before(&store, cutoff).await.expect("indexed");
+            assert_eq!(indexed, crate::scan_approvals_before(&store, cutoff).await.expect("scanned"), "at {cutoff}");
+            let delivered = Store::delivered_before(&store, cutoff).await.expect("indexed");
+            assert_eq!(delivered, crate::scan_delivered_before(&store, cutoff).await.expect("scanned"), "at {cutoff}");
+        }
+        let keys: Vec<String> =
+            Store::approvals_before(&store, 51).await.expect("read").into_iter().map(|a| a.operation_key).collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(Store::delivered_before(&store, 41).await.expect("read").len(), 1);
+        drop(store);
+        assert_eq!(entries(&path), (2, 1));
+    }
+}
