@@ -213,7 +213,7 @@ mod tests {
         let op: OperationRecord = serde_json::from_value(serde_json::json!({
             "key": "0123abcd", "run_id": "r/1", "step_id": "s", "tool": "t", "fingerprint": "f",
             "status": "unknown", "attempts": 1, "owner": "h", "fence": 1, "lease_until_ms": 0,
-            "created_ms": 1, "updated_ms": 77, "class": "irreversible"
+            "created_ms": 1, "updated_ms": 77, "class": "irreversible", "args": null, "output": null, "error": null
         }))
         .expect("an operation");
         assert_eq!(op.status, OperationStatus::Unknown);

@@ -177,6 +177,20 @@ async fn the_indexes_by_age_are_made_over_a_database_of_the_last_release_and_rea
     assert_eq!(keys(ledger.approvals_before(91).await.expect("read")), ["decided", "expiring"]);
     let delivered: Vec<u64> = ledger.delivered_before(41).await.expect("read").iter().map(|m| m.seq).collect();
     assert_eq!(delivered, [first], "the pending one is not");
+    // The SQL restating the one rule says what it says of each request (a value too small would
+    // only cost reads, the store re-judging by the rule; too large would miss a request).
+    let sql = "SELECT operation_key, oncebox_approval_written(record)::bigint FROM oncebox_approvals ORDER BY 1";
+    let said: Vec<(String, i64)> =
+        client.query(sql, &[]).await.expect("read").iter().map(|row| (row.get(0), row.get(1))).collect();
+    let ruled: Vec<(String, i64)> = ledger
+        .approvals(None)
+        .await
+        .expect("read")
+        .iter()
+        .map(|a| (a.operation_key.clone(), i64::try_from(a.last_written()).expect("ms")))
+        .collect();
+    assert_eq!(said, ruled);
+    assert_eq!(said, [("decided".to_string(), 30), ("expiring".to_string(), 90)]);
     // The plans (sequential scans off, as a table of millions of rows would make them): each read
     // is an index scan of its index.
     client.batch_execute("SET enable_seqscan = off").await.expect("set");
