@@ -139,7 +139,7 @@ fn ask(run: usize, revision: u32, state: ApprovalState, now: u64) -> ApprovalRec
         decided_by: None,
         decided_ms: decided.then_some(now),
         note: None,
-        expires_ms: (state == ApprovalState::Approved && now % 2 == 0).then_some(now + 3 * LEASE),
+        expires_ms: (state == ApprovalState::Approved && now.is_multiple_of(2)).then_some(now + 3 * LEASE),
         revision,
     }
 }
