@@ -627,6 +627,19 @@ fn outbox_once(facts: &Facts, found: &mut Vec<Violation>) {
     for message in &facts.outbox {
         *enqueued.entry(order_of_message(message)).or_default() += 1;
     }
+    // A message gc removed since: gc removes only what the relay delivered, so the endpoint took
+    // it, under its key (once per key, however many times it was sent). A pending message gc
+    // removed (a broken gc) is found here as a completed notify that enqueued nothing.
+    let kept: BTreeSet<&str> = facts.outbox.iter().map(|m| m.effect_key.as_str()).collect();
+    let removed: BTreeMap<&str, &str> = facts
+        .deliveries
+        .iter()
+        .filter(|d| !kept.contains(d.key.as_str()))
+        .map(|d| (d.key.as_str(), d.order.as_str()))
+        .collect();
+    for order in removed.into_values() {
+        *enqueued.entry(order.to_string()).or_default() += 1;
+    }
     let mut completed: BTreeSet<String> = facts
         .operations
         .iter()

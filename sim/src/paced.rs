@@ -295,6 +295,13 @@ impl<S: Store + 'static> Store for Paced<S> {
         self.paced(self.inner.enqueue_once(topic, key, payload))
     }
 
+    fn prune_outbox<'a>(
+        &'a self,
+        seqs: &'a [u64],
+    ) -> BoxFuture<'a, Result<oncebox_runtime::ledger::Pruned, LedgerError>> {
+        self.paced(self.inner.prune_outbox(seqs))
+    }
+
     fn note_reconcile<'a>(&'a self, key: &'a str, note: &'a ReconcileNote) -> BoxFuture<'a, Result<bool, LedgerError>> {
         self.paced(self.inner.note_reconcile(key, note))
     }

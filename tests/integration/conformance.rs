@@ -683,6 +683,147 @@ async fn a_notice_is_enqueued_once_per_key_whenever_it_is_noticed_again(ledger: 
     assert_eq!(seqs, [1, 2, 3, 4]);
 }
 
+/// The keys of the requests `approvals_before(cutoff)` answers, checked against the scan of every
+/// request (`Ledger::approvals_before_scanned`, the oracle) at every cutoff that matters.
+async fn aged_requests(ledger: &Ledger, cutoff: u64) -> Vec<String> {
+    let indexed = ledger.approvals_before(cutoff).await.expect("indexed");
+    let scanned = ledger.approvals_before_scanned(cutoff).await.expect("scanned");
+    assert_eq!(indexed, scanned, "at cutoff {cutoff}: the index and the scan of every request disagree");
+    indexed.into_iter().map(|a| a.operation_key).collect()
+}
+
+/// Every cutoff around the times the case below writes.
+const CUTOFFS: [u64; 12] = [0, 10, 11, 20, 21, 30, 31, 40, 41, 60, 61, u64::MAX];
+
+/// The index of requests by age answers what the one rule (`ApprovalRecord::last_written`) says of
+/// every request, after each is asked, asked again, decided (with and without an expiry), lapsed
+/// and removed with its operation: a request decided after the cutoff is not among those before it.
+async fn requests_are_found_by_when_they_were_last_written(ledger: Ledger) {
+    use oncebox::ledger::ApprovalState::*;
+    // `decided` runs in a run of its own, which closes when it ends (the others keep `run` open).
+    let at = |key: &str, revision, state, requested_ms, decided_ms: Option<u64>, expires_ms: Option<u64>| {
+        let run_id = if key == "decided" { "its-own" } else { "run" }.to_string();
+        oncebox::ledger::ApprovalRecord {
+            requested_ms,
+            decided_ms,
+            expires_ms,
+            run_id,
+            ..approval(key, revision, state)
+        }
+    };
+    ledger.put_approval(&at("asked", 1, Pending, 10, None, None)).await.expect("ask");
+    ledger.put_approval(&at("again", 1, Pending, 10, None, None)).await.expect("ask");
+    ledger.put_approval(&at("decided", 1, Pending, 10, None, None)).await.expect("ask");
+    ledger.put_approval(&at("expiring", 1, Pending, 10, None, None)).await.expect("ask");
+    ledger.put_approval(&at("rejected", 1, Pending, 10, None, None)).await.expect("ask");
+    for cutoff in CUTOFFS {
+        aged_requests(&ledger, cutoff).await;
+    }
+    assert_eq!(aged_requests(&ledger, 11).await, ["again", "asked", "decided", "expiring", "rejected"]);
+    assert!(aged_requests(&ledger, 10).await.is_empty());
+    // Asked again (a new component), decided, decided with an expiry, rejected: each moves.
+    ledger.put_approval(&at("again", 2, Pending, 40, None, None)).await.expect("ask again");
+    ledger.put_approval(&at("decided", 2, Approved, 10, Some(30), None)).await.expect("approve");
+    ledger.put_approval(&at("expiring", 2, Approved, 10, Some(20), Some(60))).await.expect("approve");
+    ledger.put_approval(&at("rejected", 2, Rejected, 10, Some(20), None)).await.expect("reject");
+    for cutoff in CUTOFFS {
+        aged_requests(&ledger, cutoff).await;
+    }
+    assert_eq!(aged_requests(&ledger, 11).await, ["asked"], "every other one was written since");
+    assert_eq!(aged_requests(&ledger, 21).await, ["asked", "rejected"], "oldest first");
+    assert_eq!(aged_requests(&ledger, 31).await, ["asked", "rejected", "decided"]);
+    assert_eq!(aged_requests(&ledger, 60).await, ["asked", "rejected", "decided", "again"]);
+    assert_eq!(aged_requests(&ledger, 61).await, ["asked", "rejected", "decided", "again", "expiring"]);
+    // Lapsed (retention read it at revision 1), and removed with its operation.
+    let stale = StaleApproval { operation_key: "asked".into(), revision: 1 };
+    assert_eq!(ledger.expire(&[], &[stale]).await.expect("lapse"), Removed { operations: 0, approvals: 1 });
+    let ran = ClaimRequest { approval: seen(2, COMPONENT), run_id: "its-own".into(), ..request("decided", "a", 35) };
+    let fence = owned(ledger.claim(&ran).await.expect("claim"));
+    let done = oncebox::ledger::AttemptRecord { run_id: "its-own".into(), ..attempt("decided", 1, fence) };
+    ledger.record_attempt(fence, &done, finish(OperationStatus::Completed), 36, Vec::new()).await.expect("record");
+    assert_eq!(aged_requests(&ledger, 31).await, ["rejected", "decided"], "used: still the operation's");
+    let op = ledger.operation("decided").await.expect("read").expect("recorded");
+    let tombstone = oncebox::ledger::Tombstone::of(&op, 100);
+    assert_eq!(ledger.expire(&[tombstone], &[]).await.expect("expire"), Removed { operations: 1, approvals: 0 });
+    for cutoff in CUTOFFS {
+        aged_requests(&ledger, cutoff).await;
+    }
+    assert_eq!(aged_requests(&ledger, u64::MAX).await, ["rejected", "again", "expiring"]);
+    // Asked anew after it lapsed: found by its new time.
+    ledger.put_approval(&at("asked", 1, Pending, 50, None, None)).await.expect("a new request");
+    assert_eq!(aged_requests(&ledger, 51).await, ["rejected", "again", "asked"]);
+}
+
+/// The messages `delivered_before(cutoff)` answers (their sequence numbers), checked against the
+/// scan of the whole outbox.
+async fn aged_messages(ledger: &Ledger, cutoff: u64) -> Vec<u64> {
+    let indexed = ledger.delivered_before(cutoff).await.expect("indexed");
+    let scanned = ledger.delivered_before_scanned(cutoff).await.expect("scanned");
+    assert_eq!(indexed, scanned, "at cutoff {cutoff}: the index and the scan of the outbox disagree");
+    indexed.into_iter().map(|m| m.seq).collect()
+}
+
+/// A delivered message older than the cutoff is found and removed; a pending one (refused
+/// included) is never found, and a removal that names it leaves it; a message delivered after
+/// the cutoff is not found.
+async fn a_delivered_message_is_found_by_its_delivery_and_removed_and_a_pending_one_kept(ledger: Ledger) {
+    enqueue(&ledger, "op", &[("email", "e1"), ("email", "e2"), ("sms", "s1"), ("email", "e3"), ("sms", "s2")]).await;
+    let seqs: Vec<u64> = ledger.outbox().await.expect("read").iter().map(|m| m.seq).collect();
+    let [e1, e2, s1, e3, s2] = seqs[..] else { panic!("five messages: {seqs:?}") };
+    ledger.mark_delivered(e1, 20).await.expect("deliver");
+    ledger.mark_delivered(s1, 10).await.expect("deliver");
+    ledger.mark_delivered(e2, 40).await.expect("deliver");
+    ledger.record_delivery_failure(e3, 5, "400", true).await.expect("refused");
+    for cutoff in [0, 10, 11, 20, 21, 40, 41, u64::MAX] {
+        aged_messages(&ledger, cutoff).await;
+    }
+    assert_eq!(aged_messages(&ledger, 21).await, [s1, e1], "by delivery, not by number");
+    assert_eq!(aged_messages(&ledger, u64::MAX).await, [s1, e1, e2], "never a pending one");
+    // A removal that names every message removes the delivered ones before the cutoff it was
+    // given, and leaves what is pending, whatever it is told.
+    let pruned = ledger.prune_outbox(&[s1, e1, e3, s2, 999]).await.expect("prune");
+    assert_eq!(pruned, oncebox::ledger::Pruned { messages: 2, notices: 0 });
+    let left: Vec<u64> = ledger.outbox().await.expect("read").iter().map(|m| m.seq).collect();
+    assert_eq!(left, [e2, e3, s2]);
+    assert_eq!(pending_payloads(&ledger, "email", 10).await, ["e3"]);
+    assert_eq!(pending_payloads(&ledger, "sms", 10).await, ["s2"]);
+    assert_eq!(aged_messages(&ledger, u64::MAX).await, [e2]);
+    // Numbers are never handed out again.
+    enqueue(&ledger, "later", &[("email", "e4")]).await;
+    let last = ledger.outbox().await.expect("read").iter().map(|m| m.seq).max();
+    assert_eq!(last, Some(s2 + 1));
+}
+
+/// A notice key goes only with the message it names: kept while its message is (delivered or
+/// not), so the event is enqueued once; removed with it, so the same event noticed again is
+/// enqueued again (which is why retention removes it only once the event cannot be noticed).
+async fn a_notice_key_goes_only_with_the_message_it_names(ledger: Ledger) {
+    assert!(ledger.enqueue_once("notify", "approval-requested/k1/1", "{}").await.expect("enqueue"));
+    assert!(ledger.enqueue_once("notify", "unknown/k2/1", "{}").await.expect("enqueue"));
+    assert!(ledger.enqueue_once("elsewhere", "approval-requested/k1/1", "{}").await.expect("enqueue"));
+    let outbox = ledger.outbox().await.expect("read");
+    let seq = |topic: &str, key: &str| {
+        outbox.iter().find(|m| m.topic == topic && m.effect_key == key).map(|m| m.seq).expect("enqueued")
+    };
+    let (k1, k2, k1_elsewhere) = (
+        seq("notify", "approval-requested/k1/1"),
+        seq("notify", "unknown/k2/1"),
+        seq("elsewhere", "approval-requested/k1/1"),
+    );
+    ledger.mark_delivered(k1, 10).await.expect("deliver");
+    ledger.mark_delivered(k1_elsewhere, 10).await.expect("deliver");
+    // A pending notice is not removed, nor its key.
+    let pruned = ledger.prune_outbox(&[k2]).await.expect("prune");
+    assert_eq!(pruned, oncebox::ledger::Pruned::default());
+    assert!(!ledger.enqueue_once("notify", "unknown/k2/1", "{}").await.expect("enqueue"), "still once");
+    // Delivered and removed on one topic: its key there goes with it, the other topic's stays.
+    let pruned = ledger.prune_outbox(&[k1]).await.expect("prune");
+    assert_eq!(pruned, oncebox::ledger::Pruned { messages: 1, notices: 1 });
+    assert!(!ledger.enqueue_once("elsewhere", "approval-requested/k1/1", "{}").await.expect("enqueue"));
+    assert!(ledger.enqueue_once("notify", "approval-requested/k1/1", "{}").await.expect("enqueue"), "released");
+    assert!(!ledger.enqueue_once("notify", "approval-requested/k1/1", "{}").await.expect("enqueue"));
+}
+
 /// The backends, each a fresh ledger (and what must live as long as it).
 async fn redb() -> (Ledger, Option<tempfile::TempDir>) {
     let dir = tempfile::tempdir().expect("dir");
@@ -739,4 +880,7 @@ conformance!(
     a_request_claimed_after_retention_read_its_run_keeps_the_run,
     a_topics_pending_messages_are_its_undelivered_ones_in_order,
     a_notice_is_enqueued_once_per_key_whenever_it_is_noticed_again,
+    requests_are_found_by_when_they_were_last_written,
+    a_delivered_message_is_found_by_its_delivery_and_removed_and_a_pending_one_kept,
+    a_notice_key_goes_only_with_the_message_it_names,
 );

@@ -339,6 +339,7 @@ impl oncebox::ledger::Store for ReferenceHandle {
         kv_entry(namespace: &'a str, key: &'a str) -> Result<Option<oncebox::ledger::KvEntry>, LedgerError>;
         outbox_pending(topic: &'a str, limit: usize) -> Result<Vec<oncebox::ledger::OutboxMessage>, LedgerError>;
         record_delivery(seq: u64, answer: &'a oncebox::ledger::DeliveryAnswer) -> Result<oncebox::ledger::OutboxMessage, LedgerError>;
+        prune_outbox(seqs: &'a [u64]) -> Result<oncebox::ledger::Pruned, LedgerError>;
     }
     fn outbox(&self) -> oncebox::ledger::BoxFuture<'_, Result<Vec<oncebox::ledger::OutboxMessage>, LedgerError>> {
         self.0.outbox()

@@ -26,6 +26,7 @@ mod pg;
 mod reconciler;
 mod recovery;
 mod replay;
+mod retention;
 mod retries;
 mod retry_matrix;
 mod saga;

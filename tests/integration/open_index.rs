@@ -24,6 +24,7 @@ enum Step {
     Finish { run: usize, step: usize, status: OperationStatus },
     Settle { run: usize, step: usize },
     Ask { run: usize, state: ApprovalState },
+    Lapse { run: usize },
     Gc { run: usize, step: usize },
     Time,
     Crash,
@@ -40,6 +41,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (run.clone(), step.clone(), status).prop_map(|(run, step, status)| Step::Finish { run, step, status }),
         1 => (run.clone(), step.clone()).prop_map(|(run, step)| Step::Settle { run, step }),
         2 => (run.clone(), state).prop_map(|(run, state)| Step::Ask { run, state }),
+        1 => run.clone().prop_map(|run| Step::Lapse { run }),
         1 => (run, step).prop_map(|(run, step)| Step::Gc { run, step }),
         1 => Just(Step::Time),
         1 => Just(Step::Crash),
@@ -117,7 +119,10 @@ fn effect(run: usize, step: usize, status: EffectStatus) -> EffectRecord {
     }
 }
 
-fn ask(run: usize, revision: u32, state: ApprovalState) -> ApprovalRecord {
+/// A request asked (`Pending`: at `now`) or decided at `now` (an approval, every other time, until
+/// a little later), so that each write moves it in the index by age.
+fn ask(run: usize, revision: u32, state: ApprovalState, now: u64) -> ApprovalRecord {
+    let decided = state != ApprovalState::Pending;
     ApprovalRecord {
         operation_key: key(run, 2),
         fingerprint: "args".into(),
@@ -129,12 +134,12 @@ fn ask(run: usize, revision: u32, state: ApprovalState) -> ApprovalRecord {
         consequence: None,
         args: serde_json::Value::Null,
         sealed: None,
-        requested_ms: 1,
+        requested_ms: if decided { 1 } else { now },
         state,
         decided_by: None,
-        decided_ms: None,
+        decided_ms: decided.then_some(now),
         note: None,
-        expires_ms: None,
+        expires_ms: (state == ApprovalState::Approved && now.is_multiple_of(2)).then_some(now + 3 * LEASE),
         revision,
     }
 }
@@ -163,7 +168,12 @@ async fn apply(ledger: &Ledger, step: &Step, fences: &mut std::collections::Hash
         }
         Step::Ask { run, state } => {
             let revision = ledger.approval(&key(run, 2)).await.ok().flatten().map_or(0, |a| a.revision);
-            let _ = ledger.put_approval(&ask(run, revision + 1, state)).await;
+            let _ = ledger.put_approval(&ask(run, revision + 1, state, now)).await;
+        }
+        Step::Lapse { run } => {
+            if let Ok(Some(request)) = ledger.approval(&key(run, 2)).await {
+                let _ = ledger.expire(&[], &[oncebox::ledger::StaleApproval::of(&request)]).await;
+            }
         }
         Step::Gc { run, step } => {
             if let Ok(Some(op)) = ledger.operation(&key(run, step)).await {
@@ -202,6 +212,14 @@ async fn same_as_the_scan(ledger: &Ledger, now: u64) -> Result<(), String> {
     let indexed: Vec<_> = ledger.ended_before(u64::MAX).await.map_err(|e| e.to_string())?.iter().map(key_of).collect();
     if indexed != ended {
         return Err(format!("ended: the index says {indexed:?}\nthe scan says {ended:?}"));
+    }
+    // What retention visits of the requests: those last written before the cutoff, oldest first.
+    for cutoff in [now.saturating_sub(2 * LEASE), now.saturating_sub(LEASE), now, u64::MAX] {
+        let indexed = ledger.approvals_before(cutoff).await.map_err(|e| e.to_string())?;
+        let scanned = ledger.approvals_before_scanned(cutoff).await.map_err(|e| e.to_string())?;
+        if indexed != scanned {
+            return Err(format!("requests before {cutoff}: the index says {indexed:?}\nthe scan says {scanned:?}"));
+        }
     }
     for run in 0..RUNS {
         let run = format!("r{run}");

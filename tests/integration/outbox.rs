@@ -483,6 +483,22 @@ async fn outbox_list_shows_each_message_with_its_delivery_state() {
     assert_eq!(states, ["delivered", "refused", "pending"]);
     assert!(lines.iter().all(|l| l.get("payload").is_none()), "payloads only when asked");
     assert_eq!(lines[1]["delivery"]["attempts"], 1);
+
+    // gc (a zero retention) removes the delivered message and says so; the refused and the
+    // pending ones stay, whatever their age.
+    std::thread::sleep(Duration::from_millis(5));
+    let (code, gc, _) = crate::support::oncebox(&["ledger", "gc", "--ledger", &ledger_arg, "--older-than", "0s"]);
+    assert_eq!(code, 0, "{gc}");
+    assert_eq!((gc["removed_messages"].as_u64(), gc["removed_notices"].as_u64()), (Some(1), Some(0)), "{gc}");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["outbox", "list", "--ledger", &ledger_arg])
+        .output()
+        .expect("list");
+    let states: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("a JSON line")["state"].to_string())
+        .collect();
+    assert_eq!(states, ["\"refused\"", "\"pending\""]);
 }
 
 #[tokio::test]

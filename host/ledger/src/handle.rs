@@ -185,6 +185,33 @@ impl Ledger {
         self.store.ended_before(cutoff_ms).await
     }
 
+    /// See [`Store::approvals_before`].
+    pub async fn approvals_before(&self, cutoff_ms: u64) -> Result<Vec<ApprovalRecord>, LedgerError> {
+        self.store.approvals_before(cutoff_ms).await
+    }
+
+    /// [`Ledger::approvals_before`] computed from every request ([`crate::scan_approvals_before`]):
+    /// for checks, as [`Ledger::open_runs_scanned`] is.
+    pub async fn approvals_before_scanned(&self, cutoff_ms: u64) -> Result<Vec<ApprovalRecord>, LedgerError> {
+        crate::scan_approvals_before(&*self.store, cutoff_ms).await
+    }
+
+    /// See [`Store::delivered_before`].
+    pub async fn delivered_before(&self, cutoff_ms: u64) -> Result<Vec<OutboxMessage>, LedgerError> {
+        self.store.delivered_before(cutoff_ms).await
+    }
+
+    /// [`Ledger::delivered_before`] computed from the whole outbox ([`crate::scan_delivered_before`]):
+    /// for checks.
+    pub async fn delivered_before_scanned(&self, cutoff_ms: u64) -> Result<Vec<OutboxMessage>, LedgerError> {
+        crate::scan_delivered_before(&*self.store, cutoff_ms).await
+    }
+
+    /// See [`Store::prune_outbox`].
+    pub async fn prune_outbox(&self, seqs: &[u64]) -> Result<crate::Pruned, LedgerError> {
+        self.store.prune_outbox(seqs).await
+    }
+
     /// One page of run ids in key order after `after` (the cursor: the last id of the previous
     /// page), at most `limit` ([`Store::runs_page`]).
     pub async fn runs_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {

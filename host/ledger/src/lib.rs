@@ -18,7 +18,9 @@
 //! backend may keep an index of what that rule calls open with every state change
 //! ([`Store::open_runs`]: redb's `open` table, PostgreSQL's `oncebox_open`), so that what runs in
 //! the background or draws a view reads the open work or the page it asked for
-//! ([`Store::runs_page`], [`Store::ended_before`]), never the whole history.
+//! ([`Store::runs_page`]), never the whole history; and retention reads what is older than its
+//! cutoff through indexes by age ([`Store::ended_before`], [`Store::approvals_before`],
+//! [`Store::delivered_before`]), each kept in the transaction of the write it follows.
 //!
 //! # Layout
 //!

@@ -427,6 +427,17 @@ impl ApprovalRecord {
         self.state == ApprovalState::Approved && self.expires_ms.is_some_and(|until| now_ms >= until)
     }
 
+    /// When it was last written to, as retention counts its age: asked (or asked again for a new
+    /// component), decided, or, for an approval with an expiry, the end of it (it stands until
+    /// then): the latest of the three. The one rule: gc asks it, every backend's index of
+    /// requests by age is kept by it ([`Store::approvals_before`](crate::Store::approvals_before);
+    /// PostgreSQL's expression index restates it in SQL, `postgres/schema.rs`, held equal to this
+    /// by the conformance suite).
+    pub fn last_written(&self) -> u64 {
+        let decided = self.decided_ms.unwrap_or(self.requested_ms);
+        decided.max(self.requested_ms).max(self.expires_ms.unwrap_or(0))
+    }
+
     /// Where it stands at `now_ms`, as people are shown it ([`ApprovalStanding`]).
     pub fn standing(&self, now_ms: u64) -> ApprovalStanding {
         match self.state {

@@ -38,6 +38,10 @@ struct State {
     /// (namespace, key) -> (value, version).
     kv: BTreeMap<(String, String), (Vec<u8>, u64)>,
     outbox: Vec<OutboxMessage>,
+    /// The last outbox sequence number handed out (messages pruned keep theirs used).
+    outbox_seq: u64,
+    /// (topic, key) -> the sequence number of the notice enqueued under it (`enqueue_once`).
+    notices: BTreeMap<(String, String), u64>,
     approvals: BTreeMap<String, ApprovalRecord>,
     tombstones: BTreeMap<String, Tombstone>,
     next_fence: u64,
@@ -51,6 +55,8 @@ impl Default for State {
             attempts: BTreeMap::new(),
             kv: BTreeMap::new(),
             outbox: Vec::new(),
+            outbox_seq: 0,
+            notices: BTreeMap::new(),
             approvals: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             next_fence: 2,
@@ -162,7 +168,8 @@ impl State {
                     self.kv.remove(&(namespace, kv_key));
                 }
                 LocalWrite::Outbox { topic, payload } => {
-                    let seq = self.outbox.len() as u64 + 1;
+                    self.outbox_seq += 1;
+                    let seq = self.outbox_seq;
                     self.outbox.push(OutboxMessage::enqueued(seq, &effect, &topic, &payload));
                 }
             }
@@ -517,12 +524,35 @@ impl Store for ReferenceStore {
     ) -> BoxFuture<'a, Result<bool, LedgerError>> {
         Box::pin(async move {
             let mut state = self.lock();
-            if state.outbox.iter().any(|m| m.effect_key == key && m.topic == topic) {
+            let noticed = (topic.to_string(), key.to_string());
+            if state.notices.contains_key(&noticed) {
                 return Ok(false);
             }
-            let seq = state.outbox.len() as u64 + 1;
+            state.outbox_seq += 1;
+            let seq = state.outbox_seq;
+            state.notices.insert(noticed, seq);
             state.outbox.push(OutboxMessage::notice(seq, key, topic, payload, oncebox_core::clock::now_ms()));
             Ok(true)
+        })
+    }
+
+    fn prune_outbox<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<crate::Pruned, LedgerError>> {
+        Box::pin(async move {
+            let mut state = self.lock();
+            let mut pruned = crate::Pruned::default();
+            for seq in seqs {
+                let Some(at) = state.outbox.iter().position(|m| m.seq == *seq && m.delivery.is_delivered()) else {
+                    continue;
+                };
+                let message = state.outbox.remove(at);
+                pruned.messages += 1;
+                let noticed = (message.topic, message.effect_key);
+                if state.notices.get(&noticed) == Some(seq) {
+                    state.notices.remove(&noticed);
+                    pruned.notices += 1;
+                }
+            }
+            Ok(pruned)
         })
     }
 

@@ -80,6 +80,15 @@ impl StaleApproval {
     }
 }
 
+/// What [`Store::prune_outbox`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Delivered outbox messages.
+    pub messages: usize,
+    /// Notice keys ([`Store::enqueue_once`]) that named one of them.
+    pub notices: usize,
+}
+
 /// What [`Store::expire`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Removed {
@@ -296,6 +305,33 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// The requests for approval last written ([`ApprovalRecord::last_written`]) before
+    /// `cutoff_ms`, oldest first (then in key order): what retention may let lapse, or remove
+    /// with a tombstone when rejected. redb and PostgreSQL keep an index of them by that time (the
+    /// `asked` table, the expression index `oncebox_approvals_written`), so gc visits O(requests
+    /// older than the cutoff); this default reads every request ([`scan_approvals_before`]),
+    /// O(requests ever kept): the reference model's, and the oracle the indexes are held to.
+    fn approvals_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        Box::pin(scan_approvals_before(self, cutoff_ms))
+    }
+
+    /// The outbox messages delivered before `cutoff_ms`, in the order of their delivery (then of
+    /// their sequence numbers): what retention may remove ([`Store::prune_outbox`]). A pending
+    /// message is never among them. redb and PostgreSQL keep an index of delivered messages by
+    /// their delivery (the `delivered` table, the expression index `oncebox_outbox_delivered`),
+    /// so gc visits O(messages delivered before the cutoff); this default reads the whole outbox
+    /// ([`scan_delivered_before`]): the reference model's, and the oracle.
+    fn delivered_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        Box::pin(scan_delivered_before(self, cutoff_ms))
+    }
+
+    /// Removes the outbox messages `seqs` that are delivered (a pending one, refused included, or
+    /// a number not stored is left alone), each with the notice key that names it
+    /// ([`Store::enqueue_once`]'s `TOPIC\nKEY`, if it names this message): after this, noticing
+    /// the same event again enqueues it again, so the caller names only messages whose event can
+    /// no longer be noticed (`oncebox_runtime::retention`). Atomic. Answers what it removed.
+    fn prune_outbox<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<Pruned, LedgerError>>;
+
     /// One page of the runs the ledger knows (by their operations, or their requests for approval
     /// no operation answers yet), in key order (byte order of the run id): at most `limit`, each
     /// after `after` (the last run id of the previous page, the cursor). A store with a run index
@@ -414,6 +450,34 @@ pub async fn scan_open_runs<S: Store + ?Sized>(store: &S, run: Option<&str>, now
     let operations = store.operations(run).await?;
     let approvals = store.approvals(run).await?;
     Ok(crate::run_state::open_runs(&operations, &in_flight, &approvals, now_ms))
+}
+
+/// The requests for approval last written before `cutoff_ms`, oldest first, from every request
+/// the store holds: O(requests). The oracle of [`Store::approvals_before`].
+pub async fn scan_approvals_before<S: Store + ?Sized>(
+    store: &S,
+    cutoff_ms: u64,
+) -> Result<Vec<ApprovalRecord>, LedgerError> {
+    let mut asked = store.approvals(None).await?;
+    asked.retain(|a| a.last_written() < cutoff_ms);
+    asked.sort_by(|a, b| (a.last_written(), &a.operation_key).cmp(&(b.last_written(), &b.operation_key)));
+    Ok(asked)
+}
+
+/// The outbox messages delivered before `cutoff_ms`, in order of delivery, from the whole outbox:
+/// O(messages). The oracle of [`Store::delivered_before`].
+pub async fn scan_delivered_before<S: Store + ?Sized>(
+    store: &S,
+    cutoff_ms: u64,
+) -> Result<Vec<OutboxMessage>, LedgerError> {
+    let mut delivered: Vec<(u64, OutboxMessage)> = store
+        .outbox()
+        .await?
+        .into_iter()
+        .filter_map(|m| m.delivery.delivered_ms.filter(|at| *at < cutoff_ms).map(|at| (at, m)))
+        .collect();
+    delivered.sort_by_key(|(at, m)| (*at, m.seq));
+    Ok(delivered.into_iter().map(|(_, m)| m).collect())
 }
 
 /// The page of `runs` (any order, repeats allowed) after `after`, at most `limit`, in key order.

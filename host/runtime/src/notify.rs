@@ -80,6 +80,57 @@ impl Event<'_> {
     }
 }
 
+/// What an event's key names ([`Event::key`] read back): the records from which the same event
+/// can be noticed again.
+#[derive(Debug, PartialEq, Eq)]
+enum Subject<'k> {
+    /// An approval asked for, an unknown: noticed from the operation's request or record.
+    Operation(&'k str),
+    /// A compensation that cannot go on: noticed from the run's records.
+    Run(&'k str),
+}
+
+impl<'k> Subject<'k> {
+    /// The subject of event key `key`, or `None` for a key no [`Event`] makes (an outbox
+    /// effect's key: a hash, without a `/`).
+    fn of(key: &'k str) -> Option<Subject<'k>> {
+        let operation = |rest: &'k str| rest.rsplit_once('/').map(|(op, _)| Subject::Operation(op));
+        if let Some(rest) = key.strip_prefix("approval-requested/") {
+            return operation(rest);
+        }
+        if let Some(rest) = key.strip_prefix("unknown/") {
+            return operation(rest);
+        }
+        let (_state, rest) = key.strip_prefix("compensation-")?.split_once('/')?;
+        rest.rsplit_once('/').map(|(run, _steps)| Subject::Run(run))
+    }
+}
+
+/// Whether the event whose notice key is `key` may still be noticed, so that its key must stay
+/// in the ledger: removing it lets a host that notices the same event again enqueue it again,
+/// where [`Ledger::enqueue_once`] promises once, whenever. Retention asks it before it removes a
+/// delivered notification with its key (`retention::gc`). An event is noticed from records: an
+/// approval asked for from its request (a request asked again has another time, so another key),
+/// an unknown from its operation's record; a compensation that cannot go on from its run's (a
+/// saga of a run with no operation left has nothing to undo, and its steps' keys name the
+/// event). So: yes while the operation's record or request is in the ledger, or the run has an
+/// operation or is open; once they are gone (retention removed them, leaving tombstones that
+/// refuse their steps), nothing can notice the event again. A key no event makes (an outbox
+/// effect's message, whose once is its effect record's): no. O(1) reads, O(the run's
+/// operations) for a run.
+pub async fn may_be_noticed_again(ledger: &Ledger, key: &str, now_ms: u64) -> Result<bool, LedgerError> {
+    match Subject::of(key) {
+        None => Ok(false),
+        Some(Subject::Operation(op)) => {
+            Ok(ledger.operation(op).await?.is_some() || ledger.approval(op).await?.is_some())
+        }
+        Some(Subject::Run(run)) => {
+            Ok(!ledger.operations(Some(run)).await?.is_empty()
+                || !ledger.open_runs(Some(run), now_ms).await?.is_empty())
+        }
+    }
+}
+
 fn state(state: SagaState) -> &'static str {
     match state {
         SagaState::Done => "done",
@@ -146,5 +197,53 @@ impl Notifier {
         if let Err(e) = self.notice(event).await {
             tracing::warn!(error = %e, "could not enqueue a notification; it is enqueued when the event is noticed again");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{ApprovalState, OperationStatus};
+    use crate::saga::SagaStep;
+
+    /// Every key an event makes names its subject back, whatever the ids hold (a run id may hold
+    /// `/`); an outbox effect's key names none.
+    #[test]
+    fn an_events_key_names_the_records_it_is_noticed_from() {
+        let op: OperationRecord = serde_json::from_value(serde_json::json!({
+            "key": "0123abcd", "run_id": "r/1", "step_id": "s", "tool": "t", "fingerprint": "f",
+            "status": "unknown", "attempts": 1, "owner": "h", "fence": 1, "lease_until_ms": 0,
+            "created_ms": 1, "updated_ms": 77, "class": "irreversible", "args": null, "output": null, "error": null
+        }))
+        .expect("an operation");
+        assert_eq!(op.status, OperationStatus::Unknown);
+        let key = Event::Unknown(&op).key();
+        assert_eq!(Subject::of(&key), Some(Subject::Operation("0123abcd")));
+        let asked: ApprovalRecord = serde_json::from_value(serde_json::json!({
+            "operation_key": "0123abcd", "fingerprint": "f", "run_id": "r/1", "step_id": "s", "tool": "t",
+            "description": "", "consequence": null, "args": null, "requested_ms": 5, "state": "pending", "revision": 1
+        }))
+        .expect("a request");
+        assert_eq!(asked.state, ApprovalState::Pending);
+        let key = Event::ApprovalRequested(&asked).key();
+        assert_eq!(Subject::of(&key), Some(Subject::Operation("0123abcd")));
+        let report = SagaReport {
+            run_id: "r/1/x".into(),
+            state: SagaState::Blocked,
+            steps: vec![SagaStep {
+                step_id: "s".into(),
+                tool: "t".into(),
+                operation_key: "0123abcd".into(),
+                action: "blocking",
+                compensation: None,
+                reason: None,
+                approve: None,
+                console: None,
+            }],
+        };
+        let key = Event::CompensationStuck(&report).key();
+        assert_eq!(Subject::of(&key), Some(Subject::Run("r/1/x")));
+        let effect = oncebox_core::keys::effect_key("0123abcd", "send", 0);
+        assert_eq!(Subject::of(&effect), None);
     }
 }

@@ -12,6 +12,22 @@
 //! later call of it records a new request, and a person decides again on the world as it is
 //! then. A decision or a claim since gc looked keeps the request (`Store::expire`).
 //!
+//! Delivered outbox messages go too, once delivered before the cutoff, each with the notice key
+//! that names it (`Ledger::enqueue_once`); a pending message, refused included, never goes. A
+//! notification whose event may still be noticed (its operation's record or request, or its
+//! run, is still in the ledger: `notify::may_be_noticed_again`) is kept, message and key, and
+//! goes at the first gc after its event's records did: removing its key earlier would let a host
+//! that notices the same event again enqueue it a second time, where `enqueue_once` promises
+//! once, whenever. Keeping keys forever and removing only bodies would keep that promise too, but
+//! would grow with every notification ever sent; this way what the outbox keeps follows what the
+//! ledger keeps.
+//!
+//! How gc grows: it visits the operations that ended before the cutoff (`Ledger::ended_before`)
+//! and the open ones, the requests last written before the cutoff (`Ledger::approvals_before`),
+//! and the messages delivered before it (`Ledger::delivered_before`, notifications kept for a
+//! live event included): O(expired + open), each read through an index on redb and PostgreSQL,
+//! never the whole history.
+//!
 //! A removed operation leaves a tombstone. A call of its step afterwards is answered `expired`
 //! and dispatches nothing: its downstream's idempotency keys may have expired too (Stripe keeps
 //! them 24 hours), so running it as new could repeat its effect with nobody the wiser. A new
@@ -25,7 +41,7 @@ use serde::Serialize;
 use crate::call::{Outcome, Status};
 use crate::clock::rfc3339 as time;
 use crate::ledger::{
-    ApprovalRecord, ApprovalState, Ledger, LedgerError, Open, OperationRecord, OperationStatus, StaleApproval,
+    ApprovalRecord, ApprovalState, Ledger, LedgerError, Open, OperationRecord, OperationStatus, Pruned, StaleApproval,
     Tombstone, Why, expirable,
 };
 
@@ -37,6 +53,13 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct GcReport {
     pub removed_operations: usize,
     pub removed_approvals: usize,
+    /// Outbox messages delivered before the cutoff, removed.
+    pub removed_messages: usize,
+    /// Notice keys removed with their messages: their events can no longer be noticed.
+    pub removed_notices: usize,
+    /// Notifications delivered before the cutoff but kept, with their keys: their events may
+    /// still be noticed (see the module's docs).
+    pub kept_notifications: usize,
     /// Expired by age but kept: (operation key, why).
     pub kept: Vec<(String, String)>,
 }
@@ -56,11 +79,13 @@ pub(crate) fn expired(tombstone: &Tombstone) -> Outcome {
     Outcome::stopped(&tombstone.operation_key, Status::Expired, "expired", message)
 }
 
+/// How many delivered messages one removal names (one transaction each).
+const PRUNE_AT_ONCE: usize = 1000;
+
 /// Removes what expired before `now_ms - retention` (see the module's docs). Visits the operations
-/// that ended before the cutoff (the ledger's index of them: O(expired) on redb) and the open ones
-/// (the index of open work: O(open)), never the whole history of operations; requests for
-/// approval are still read whole (O(requests), fewer than operations: only tools that need
-/// approval make them).
+/// that ended before the cutoff (the ledger's index of them), the open ones (the index of open
+/// work), the requests last written before the cutoff and the messages delivered before it (their
+/// indexes by age): O(expired + open), never the whole history.
 pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcReport, LedgerError> {
     let cutoff = now_ms.saturating_sub(retention.as_millis() as u64);
     // What keeps each run open, by the ledger's one rule (claims in flight included), read before
@@ -77,12 +102,12 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             operations.push(op);
         }
     }
-    let approvals = ledger.approvals(None).await?;
+    let approvals = ledger.approvals_before(cutoff).await?;
     let mut report = GcReport::default();
     // Requests without an operation that this gc removes: rejected ones (with a tombstone), and
     // pending or approved ones that lapsed (see the module's docs).
     let mut without_operation = Vec::new();
-    for approval in approvals.iter().filter(|a| last_written(a) < cutoff) {
+    for approval in &approvals {
         if ledger.operation(&approval.operation_key).await?.is_none() {
             without_operation.push(approval);
         }
@@ -128,7 +153,7 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             tool: approval.tool.clone(),
             fingerprint: approval.fingerprint.clone(),
             status: OperationStatus::Failed,
-            ended_ms: last_written(approval),
+            ended_ms: approval.last_written(),
             removed_ms: now_ms,
             rejected: true,
         });
@@ -137,7 +162,34 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
     let removed = ledger.expire(&tombstones, &stale).await?;
     report.removed_operations = removed.operations;
     report.removed_approvals = removed.approvals;
+    // After the records: a notification whose event's records this gc removed goes now.
+    let (pruned, kept) = prune_outbox(ledger, cutoff, now_ms).await?;
+    report.removed_messages = pruned.messages;
+    report.removed_notices = pruned.notices;
+    report.kept_notifications = kept;
     Ok(report)
+}
+
+/// Removes the outbox messages delivered before `cutoff` whose event, if they are notifications,
+/// can no longer be noticed (see the module's docs). Answers what went, and how many
+/// notifications were kept. O(messages delivered before the cutoff).
+async fn prune_outbox(ledger: &Ledger, cutoff: u64, now_ms: u64) -> Result<(Pruned, usize), LedgerError> {
+    let mut removable = Vec::new();
+    let mut kept = 0;
+    for message in ledger.delivered_before(cutoff).await? {
+        if crate::notify::may_be_noticed_again(ledger, &message.effect_key, now_ms).await? {
+            kept += 1;
+        } else {
+            removable.push(message.seq);
+        }
+    }
+    let mut pruned = Pruned::default();
+    for seqs in removable.chunks(PRUNE_AT_ONCE) {
+        let now = ledger.prune_outbox(seqs).await?;
+        pruned.messages += now.messages;
+        pruned.notices += now.notices;
+    }
+    Ok((pruned, kept))
 }
 
 /// Why gc keeps `op`, of a run kept open by `reasons`: its own reason if it has one, else the run's.
@@ -152,11 +204,4 @@ fn kept_because(op: &OperationRecord, reasons: &[&Open]) -> String {
             format!("run `{}` is open: {}", op.run_id, steps.join(", "))
         }
     }
-}
-
-/// When a request for approval was last written to: asked (or asked again for a new component),
-/// decided, or, for an approval with an expiry, the end of it (it stands until then).
-fn last_written(approval: &ApprovalRecord) -> u64 {
-    let decided = approval.decided_ms.unwrap_or(approval.requested_ms);
-    decided.max(approval.requested_ms).max(approval.expires_ms.unwrap_or(0))
 }

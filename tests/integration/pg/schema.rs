@@ -8,6 +8,7 @@ use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{Ledger, Store};
 
 use super::{connect, connect_unmarked, fresh_database, request};
+use oncebox::ledger::{ApprovalRecord, ApprovalState};
 
 #[tokio::test]
 async fn a_store_is_named_by_its_url_without_the_password() {
@@ -128,4 +129,85 @@ async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_o
     client.batch_execute("ALTER TABLE oncebox_operations SET (fillfactor = 80)").await.expect("an operator's");
     drop(Ledger::connect(&url).await.expect("connect"));
     assert_eq!(fillfactor().await, ["fillfactor=80"]);
+}
+
+/// A database of the last release has no indexes by age: the first host of this release to
+/// connect makes them, over what is there, without a new schema version (a host of the last
+/// release keeps them by writing its records, as every host does). Then a request and a message
+/// written before are found by age (the same as the scan of every record), and the reads gc makes
+/// go through the indexes, not through every row.
+#[tokio::test]
+async fn the_indexes_by_age_are_made_over_a_database_of_the_last_release_and_read_by_gc() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("create the schema");
+    let mut decided = super::approval("decided", 1, ApprovalState::Pending);
+    decided.requested_ms = 10;
+    ledger.put_approval(&decided).await.expect("ask");
+    let decided = ApprovalRecord { decided_ms: Some(30), ..super::approval("decided", 2, ApprovalState::Rejected) };
+    ledger.put_approval(&decided).await.expect("reject");
+    let expiring = ApprovalRecord {
+        decided_ms: Some(20),
+        expires_ms: Some(90),
+        ..super::approval("expiring", 1, ApprovalState::Approved)
+    };
+    ledger.put_approval(&expiring).await.expect("approve");
+    assert!(ledger.enqueue_once("notify", "unknown/k/1", "{}").await.expect("enqueue"));
+    assert!(ledger.enqueue_once("notify", "unknown/k/2", "{}").await.expect("enqueue"));
+    let first = ledger.outbox().await.expect("read")[0].seq;
+    ledger.mark_delivered(first, 40).await.expect("deliver");
+    drop(ledger);
+    // Make it a database of the last release: no indexes by age, no functions.
+    let client = super::connect(&url).await;
+    client
+        .batch_execute(
+            "DROP INDEX oncebox_approvals_written; DROP INDEX oncebox_outbox_delivered; \
+             DROP FUNCTION oncebox_approval_written(bytea); DROP FUNCTION oncebox_delivered_ms(bytea)",
+        )
+        .await
+        .expect("drop");
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    let keys = |asked: Vec<ApprovalRecord>| asked.into_iter().map(|a| a.operation_key).collect::<Vec<_>>();
+    for cutoff in [0, 30, 31, 90, 91, u64::MAX] {
+        let indexed = ledger.approvals_before(cutoff).await.expect("indexed");
+        assert_eq!(indexed, ledger.approvals_before_scanned(cutoff).await.expect("scanned"), "at {cutoff}");
+        let delivered = ledger.delivered_before(cutoff).await.expect("indexed");
+        assert_eq!(delivered, ledger.delivered_before_scanned(cutoff).await.expect("scanned"), "at {cutoff}");
+    }
+    assert_eq!(keys(ledger.approvals_before(31).await.expect("read")), ["decided"]);
+    assert_eq!(keys(ledger.approvals_before(91).await.expect("read")), ["decided", "expiring"]);
+    let delivered: Vec<u64> = ledger.delivered_before(41).await.expect("read").iter().map(|m| m.seq).collect();
+    assert_eq!(delivered, [first], "the pending one is not");
+    // The SQL restating the one rule says what it says of each request (a value too small would
+    // only cost reads, the store re-judging by the rule; too large would miss a request).
+    let sql = "SELECT operation_key, oncebox_approval_written(record)::bigint FROM oncebox_approvals ORDER BY 1";
+    let said: Vec<(String, i64)> =
+        client.query(sql, &[]).await.expect("read").iter().map(|row| (row.get(0), row.get(1))).collect();
+    let ruled: Vec<(String, i64)> = ledger
+        .approvals(None)
+        .await
+        .expect("read")
+        .iter()
+        .map(|a| (a.operation_key.clone(), i64::try_from(a.last_written()).expect("ms")))
+        .collect();
+    assert_eq!(said, ruled);
+    assert_eq!(said, [("decided".to_string(), 30), ("expiring".to_string(), 90)]);
+    // The plans (sequential scans off, as a table of millions of rows would make them): each read
+    // is an index scan of its index.
+    client.batch_execute("SET enable_seqscan = off").await.expect("set");
+    for (sql, index) in [
+        (
+            "EXPLAIN SELECT record FROM oncebox_approvals WHERE oncebox_approval_written(record) < 31::bigint::numeric \
+             ORDER BY oncebox_approval_written(record), operation_key",
+            "oncebox_approvals_written",
+        ),
+        (
+            "EXPLAIN SELECT record FROM oncebox_outbox WHERE delivered AND oncebox_delivered_ms(record) < 41::bigint::numeric \
+             ORDER BY oncebox_delivered_ms(record), seq",
+            "oncebox_outbox_delivered",
+        ),
+    ] {
+        let plan: Vec<String> = client.query(sql, &[]).await.expect("explain").iter().map(|row| row.get(0)).collect();
+        let plan = plan.join("\n");
+        assert!(plan.contains(&format!("Index Scan using {index}")), "{plan}");
+    }
 }

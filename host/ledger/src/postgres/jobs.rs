@@ -478,6 +478,24 @@ pub(super) async fn enqueue_once(tx: &Tx<'_>, topic: &str, key: &str, payload: &
     Ok((true, true))
 }
 
+/// Removes the delivered messages of `seqs`, each with the notice key that names it (see
+/// `Store::prune_outbox`). The rows are locked as a delivery's answer locks them.
+pub(super) async fn prune_outbox(tx: &Tx<'_>, seqs: &[u64]) -> Done<crate::Pruned> {
+    let seqs: Vec<i64> = seqs.iter().map(|seq| int(*seq)).collect();
+    let sql = "DELETE FROM oncebox_outbox WHERE seq = ANY($1) AND delivered RETURNING seq, record";
+    let mut pruned = crate::Pruned::default();
+    for row in tx.rows(sql, &[&seqs]).await? {
+        let seq: i64 = column(&row, 0, "oncebox_outbox")?;
+        let message: OutboxMessage = record(&row, 1, "oncebox_outbox")?;
+        pruned.messages += 1;
+        let noticed = format!("{}\n{}", message.topic, message.effect_key);
+        let sql = "DELETE FROM oncebox_notices WHERE key = $1 AND seq = $2";
+        pruned.notices += tx.exec(sql, &[&noticed, &seq]).await? as usize;
+    }
+    let wrote = pruned.messages > 0;
+    Ok((pruned, wrote))
+}
+
 /// Records one send's answer for outbox message `seq`.
 pub(super) async fn record_delivery(tx: &Tx<'_>, seq: u64, answer: &DeliveryAnswer) -> Done<OutboxMessage> {
     let row = tx.opt("SELECT record FROM oncebox_outbox WHERE seq = $1 FOR UPDATE", &[&int(seq)]).await?;

@@ -471,6 +471,18 @@ impl Store for PostgresStore {
         Box::pin(open::ended_before(self, cutoff_ms))
     }
 
+    fn approvals_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        Box::pin(open::approvals_before(self, cutoff_ms))
+    }
+
+    fn delivered_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        Box::pin(open::delivered_before(self, cutoff_ms))
+    }
+
+    fn prune_outbox<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<crate::Pruned, LedgerError>> {
+        Box::pin(async move { transaction!(self, |tx| jobs::prune_outbox(&tx, seqs)) })
+    }
+
     fn is_shared(&self) -> bool {
         true
     }

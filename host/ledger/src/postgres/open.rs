@@ -12,7 +12,7 @@ use super::PostgresStore;
 use super::db::{column, record};
 use super::index::compensation_steps;
 use crate::run_state::{self, Open};
-use crate::{ApprovalRecord, LedgerError, OperationRecord, expirable};
+use crate::{ApprovalRecord, LedgerError, OperationRecord, OutboxMessage, expirable};
 
 /// One page of run ids after `after` (`""`: from the first), in key order: through the run indexes
 /// of operations and of requests, each stopping after `limit`. O(page).
@@ -96,4 +96,31 @@ pub(super) async fn ended_before(store: &PostgresStore, cutoff_ms: u64) -> Resul
     ops.retain(|op| expirable(op).is_ok() && op.updated_ms < cutoff_ms && seen.insert(op.key.clone()));
     ops.sort_by(|a, b| (a.updated_ms, &a.key).cmp(&(b.updated_ms, &b.key)));
     Ok(ops)
+}
+
+/// The requests for approval last written before `cutoff_ms`, oldest first: through the
+/// expression index by age (`schema.rs`), O(requests before the cutoff).
+pub(super) async fn approvals_before(
+    store: &PostgresStore,
+    cutoff_ms: u64,
+) -> Result<Vec<ApprovalRecord>, LedgerError> {
+    let sql = "SELECT record FROM oncebox_approvals WHERE oncebox_approval_written(record) < $1::bigint::numeric \
+               ORDER BY oncebox_approval_written(record), operation_key";
+    let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+    let mut asked: Vec<ApprovalRecord> = store.records("oncebox_approvals", sql, &[&cutoff]).await?;
+    // As the one rule says, should the SQL ever say otherwise (the conformance suite checks it does not).
+    asked.retain(|a| a.last_written() < cutoff_ms);
+    asked.sort_by(|a, b| (a.last_written(), &a.operation_key).cmp(&(b.last_written(), &b.operation_key)));
+    Ok(asked)
+}
+
+/// The outbox messages delivered before `cutoff_ms`, in order of delivery: through the partial
+/// expression index of delivered messages (`schema.rs`), O(messages delivered before the cutoff).
+pub(super) async fn delivered_before(store: &PostgresStore, cutoff_ms: u64) -> Result<Vec<OutboxMessage>, LedgerError> {
+    let sql = "SELECT record FROM oncebox_outbox WHERE delivered AND oncebox_delivered_ms(record) < $1::bigint::numeric \
+               ORDER BY oncebox_delivered_ms(record), seq";
+    let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+    let mut delivered: Vec<OutboxMessage> = store.records("oncebox_outbox", sql, &[&cutoff]).await?;
+    delivered.retain(|m| m.delivery.delivered_ms.is_some_and(|at| at < cutoff_ms));
+    Ok(delivered)
 }

@@ -188,7 +188,57 @@ pub(super) async fn init(tx: &Tx<'_>) -> Result<(), LedgerError> {
 async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
     leases(tx).await?;
     notices(tx).await?;
-    claim_tokens(tx).await
+    claim_tokens(tx).await?;
+    aged(tx).await
+}
+
+/// What retention visits, by age: the requests for approval by when they were last written and
+/// the delivered outbox messages by their delivery (`open.rs`: `approvals_before`,
+/// `delivered_before`). Expression indexes over the records themselves, not new columns: a host
+/// of the last release (schema 2 too, and it does not know them) keeps them up to date by writing
+/// the record, as every host does, so they need no new schema version and no rolling upgrade is
+/// refused. `oncebox_approval_written` restates [`ApprovalRecord::last_written`] in SQL (the latest
+/// of `requested_ms`, `decided_ms`, `expires_ms`; `greatest` skips the absent ones): the
+/// conformance suite holds the two equal. Numeric, so that no stored number can fail the cast.
+/// The cost: a write of `record` is never a HOT update on these two tables (a request is written
+/// at its ask and its decision; a message at each delivery's answer), which is cheap next to
+/// reading every request or message at each gc.
+const AGED: &str = r#"
+CREATE OR REPLACE FUNCTION oncebox_approval_written(record bytea) RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE r jsonb := convert_from(record, 'UTF8')::jsonb;
+BEGIN
+    RETURN greatest((r->>'requested_ms')::numeric, (r->>'decided_ms')::numeric, (r->>'expires_ms')::numeric);
+END
+$$;
+CREATE OR REPLACE FUNCTION oncebox_delivered_ms(record bytea) RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+BEGIN
+    RETURN (convert_from(record, 'UTF8')::jsonb -> 'delivery' ->> 'delivered_ms')::numeric;
+END
+$$;
+CREATE INDEX IF NOT EXISTS oncebox_approvals_written ON oncebox_approvals (oncebox_approval_written(record), operation_key);
+CREATE INDEX IF NOT EXISTS oncebox_outbox_delivered ON oncebox_outbox (oncebox_delivered_ms(record), seq) WHERE delivered;
+"#;
+
+/// The indexes by age ([`AGED`]), where missing. Looked up first, as [`claim_tokens`] says why;
+/// made once, by the first host of this release to connect: building them reads every request and
+/// message once, under the schema lock (O(requests + messages), once), and holds off writes of
+/// the two tables meanwhile.
+async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
+    let there = "SELECT to_regclass('oncebox_approvals_written') IS NOT NULL \
+                 AND to_regclass('oncebox_outbox_delivered') IS NOT NULL";
+    let found: bool = match tx.opt(there, &[]).await? {
+        Some(row) => column(&row, 0, "pg_class")?,
+        None => false,
+    };
+    if found {
+        return Ok(());
+    }
+    tx.tx
+        .batch_execute(AGED)
+        .await
+        .map_err(|e| super::db::failed(tx.store, "CREATE INDEX oncebox_approvals_written ...", &e))
 }
 
 /// The keys of the host's own outbox messages (`jobs::enqueue_once`: notifications), `TOPIC\nKEY`,

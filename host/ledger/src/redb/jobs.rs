@@ -377,6 +377,7 @@ pub(super) fn put_approval(txn: &WriteTransaction, record: &ApprovalRecord) -> R
     approval_follows(stored.as_ref(), record)?;
     put(&mut approvals, record.operation_key.as_str(), record)?;
     drop(approvals);
+    super::aged::asked(txn, key, stored.as_ref(), Some(record))?;
     reindex(txn, &record.run_id, &[key])
 }
 
@@ -434,10 +435,13 @@ pub(super) fn expire(
     // Decided; from here on only writes.
     let mut steps = txn.open_table(RUN_STEPS)?;
     let mut touched: Vec<(String, String)> = Vec::new();
+    // The requests removed, to leave the index by age.
+    let mut unasked: Vec<ApprovalRecord> = Vec::new();
     for key in &lapsed {
         if let Some(request) = approval_table.remove(*key)? {
             let request: ApprovalRecord = super::decode("approvals", key, request.value())?;
-            touched.push((request.run_id, key.to_string()));
+            touched.push((request.run_id.clone(), key.to_string()));
+            unasked.push(request);
         }
     }
     for op in &found {
@@ -454,13 +458,18 @@ pub(super) fn expire(
         records.remove(operation_id(key))?;
         txn.open_table(ENDED)?.remove((op.updated_ms, key))?;
         steps.remove((op.run_id.as_str(), op.step_id.as_str(), op.tool.as_str()))?;
-        approval_table.remove(key)?;
+        if let Some(request) = approval_table.remove(key)? {
+            unasked.push(super::decode("approvals", key, request.value())?);
+        }
         touched.push((op.run_id.clone(), key.to_string()));
     }
     for tombstone in tombstones.iter().filter(|t| !kept.contains(&t.operation_key)) {
         put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
     }
     drop((records, approval_table, steps));
+    for request in &unasked {
+        super::aged::asked(txn, &request.operation_key, Some(request), None)?;
+    }
     // O(expired): each removed key's run is reindexed for that key (and its open ones).
     for (run, key) in &touched {
         reindex(txn, run, &[key])?;

@@ -19,6 +19,7 @@
 //! Writes are async: the caller awaits the writer's answer. Reads are plain read transactions
 //! (microseconds on a warm page cache), called directly.
 
+mod aged;
 mod jobs;
 mod open;
 mod open_index;
@@ -657,6 +658,22 @@ impl Store for RedbStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         Box::pin(async move { open_index::runs_page(&self.db, after, limit) })
+    }
+
+    fn approvals_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, LedgerError>> {
+        Box::pin(async move { aged::approvals_before(&self.db, cutoff_ms) })
+    }
+
+    fn delivered_before<'a>(&'a self, cutoff_ms: u64) -> BoxFuture<'a, Result<Vec<OutboxMessage>, LedgerError>> {
+        Box::pin(async move { aged::delivered_before(&self.db, cutoff_ms) })
+    }
+
+    fn prune_outbox<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<crate::Pruned, LedgerError>> {
+        let seqs = seqs.to_vec();
+        Box::pin(async move {
+            let job = move |txn: &redb::WriteTransaction| aged::prune_outbox(txn, &seqs);
+            self.writer.submit(job, |pruned| pruned.messages > 0, Now).await
+        })
     }
 
     fn open_runs<'a>(&'a self, run: Option<&'a str>, now_ms: u64) -> BoxFuture<'a, OpenRuns> {

@@ -19,22 +19,27 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
             Some(SCHEMA_VERSION) => {}
-            Some(older @ 2..=4) => {
+            Some(older @ 2..=5) => {
                 if older == 2 {
                     migrate_kv_versions(&txn)?;
                 }
                 if older <= 3 {
                     super::outbox::migrate_pending(&txn)?;
                 }
-                let (read, highest_fence) = super::open_index::build(&txn)?;
-                meta.insert(HIGHEST_FENCE_KEY, highest_fence)?;
+                let mut read = 0;
+                if older <= 4 {
+                    let (records, highest_fence) = super::open_index::build(&txn)?;
+                    meta.insert(HIGHEST_FENCE_KEY, highest_fence)?;
+                    read += records;
+                }
+                read += super::aged::build(&txn)?;
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
                 tracing::info!(
                     ledger = %path.display(),
                     from = older,
                     to = SCHEMA_VERSION,
                     records = read,
-                    "built the ledger's index of open work, once: from now on what is open is read from it"
+                    "built the ledger's indexes of open work and of what retention visits, once: from now on they are read"
                 );
             }
             Some(other) => {
@@ -56,6 +61,8 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(OUTBOX_PENDING)?;
         txn.open_table(OPEN)?;
         txn.open_table(ENDED)?;
+        txn.open_table(ASKED)?;
+        txn.open_table(DELIVERED)?;
     }
     txn.commit()?;
     Ok(())

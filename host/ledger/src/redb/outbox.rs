@@ -89,6 +89,7 @@ fn record_delivery(
     put(&mut messages, seq, &message)?;
     if message.delivery.is_delivered() {
         txn.open_table(OUTBOX_PENDING)?.remove((message.topic.as_str(), seq))?;
+        super::aged::delivered(txn, &message)?;
     }
     Ok((message, true))
 }

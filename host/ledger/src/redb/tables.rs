@@ -41,6 +41,15 @@ pub const OPEN: TableDefinition<(&str, &str), ()> = TableDefinition::new("open")
 /// retention visits what expired and nothing else. Written with the open index (an operation
 /// that ended is written no more), removed with the operation.
 pub const ENDED: TableDefinition<(u64, &str), ()> = TableDefinition::new("ended");
+/// (last written, operation key) -> (): the requests for approval by when they were last written
+/// (`ApprovalRecord::last_written`), oldest first, so that retention visits the requests older
+/// than its cutoff and nothing else. Kept in the transaction of every write and removal of a
+/// request (`aged.rs`).
+pub const ASKED: TableDefinition<(u64, &str), ()> = TableDefinition::new("asked");
+/// (delivered at, sequence number) -> (): the outbox messages delivered, by their delivery, so
+/// that retention visits those delivered before its cutoff. Written with the delivery (which is
+/// final), removed with the message (`aged.rs`).
+pub const DELIVERED: TableDefinition<(u64, u64), ()> = TableDefinition::new("delivered");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -51,7 +60,9 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
 /// 5: the index of open work (`OPEN`) and of ended operations (`ENDED`); an older ledger is
 /// indexed at open, once.
-pub const SCHEMA_VERSION: u64 = 5;
+/// 6: the requests for approval by age (`ASKED`) and the delivered outbox messages by delivery
+/// (`DELIVERED`), what retention visits; an older ledger is indexed at open, once.
+pub const SCHEMA_VERSION: u64 = 6;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 /// The highest fence a durable operation holds (`open::keep_fence`).
 pub const HIGHEST_FENCE_KEY: &str = "highest_fence";
