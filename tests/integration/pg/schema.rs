@@ -131,6 +131,39 @@ async fn the_operations_table_keeps_room_for_rewrites_unless_an_operator_chose_o
     assert_eq!(fillfactor().await, ["fillfactor=80"]);
 }
 
+/// A build of an index by age that did not finish (its host killed) is done again by the next
+/// host to connect, which gives its lock back.
+#[tokio::test]
+async fn an_index_by_age_a_killed_build_left_invalid_is_built_again_at_the_next_connect() {
+    let url = fresh_database().await;
+    let ledger = Ledger::connect(&url).await.expect("create the schema");
+    let asked = ApprovalRecord { requested_ms: 10, ..super::approval("asked", 1, ApprovalState::Pending) };
+    ledger.put_approval(&asked).await.expect("ask");
+    drop(ledger);
+    // What a host killed during `CREATE INDEX CONCURRENTLY` leaves: the index there, not valid
+    // (the planner never reads it, and `IF NOT EXISTS` alone would keep it so forever).
+    let client = super::connect(&url).await;
+    let valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = 'oncebox_approvals_written'::regclass";
+    client
+        .batch_execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'oncebox_approvals_written'::regclass",
+        )
+        .await
+        .expect("mark it unfinished (the tests' server role is a superuser)");
+    assert!(!client.query_one(valid, &[]).await.expect("read").get::<_, bool>(0));
+    let ledger = Ledger::connect(&url).await.expect("connect");
+    assert!(client.query_one(valid, &[]).await.expect("read").get::<_, bool>(0), "built again");
+    let keys: Vec<String> =
+        ledger.approvals_before(11).await.expect("read").into_iter().map(|a| a.operation_key).collect();
+    assert_eq!(keys, ["asked"]);
+    // And no session lock is left on the pool's connection: another host can build next time.
+    // The build's lock: the schema lock's keys (`postgres/schema.rs`), the second one above it.
+    let held = "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+                WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.objsubid = 2 \
+                AND l.classid = 1869505381 AND l.objid = 1935894630";
+    assert_eq!(client.query_one(held, &[]).await.expect("read").get::<_, i64>(0), 0);
+}
+
 /// A database of the last release has no indexes by age: the first host of this release to
 /// connect makes them, over what is there, without a new schema version (a host of the last
 /// release keeps them by writing its records, as every host does). Then a request and a message

@@ -146,6 +146,7 @@ impl PostgresStore {
                 return Err(e);
             }
         }
+        schema::index_by_age(&mut client, &store.name).await?;
         schema::keep_room_for_rewrites(&mut client).await;
         clock::measure(&client, &store.clock)
             .await

@@ -202,7 +202,8 @@ async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// conformance suite holds the two equal. Numeric, so that no stored number can fail the cast.
 /// The cost: a write of `record` is never a HOT update on these two tables (a request is written
 /// at its ask and its decision; a message at each delivery's answer), which is cheap next to
-/// reading every request or message at each gc.
+/// reading every request or message at each gc. The functions are made with the schema (they
+/// must be there before an index names them); the indexes after it ([`index_by_age`]).
 const AGED: &str = r#"
 CREATE OR REPLACE FUNCTION oncebox_approval_written(record bytea) RETURNS numeric
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -217,19 +218,30 @@ BEGIN
     RETURN (convert_from(record, 'UTF8')::jsonb -> 'delivery' ->> 'delivered_ms')::numeric;
 END
 $$;
-CREATE INDEX IF NOT EXISTS oncebox_approvals_written ON oncebox_approvals (oncebox_approval_written(record), operation_key);
-CREATE INDEX IF NOT EXISTS oncebox_outbox_delivered ON oncebox_outbox (oncebox_delivered_ms(record), seq) WHERE delivered;
 "#;
 
-/// The indexes by age ([`AGED`]), where missing. Looked up first, as [`claim_tokens`] says why;
-/// made once, by the first host of this release to connect: building them reads every request and
-/// message once, under the schema lock (O(requests + messages), once), and holds off writes of
-/// the two tables meanwhile.
+/// The indexes by age, each its own statement: `CREATE INDEX CONCURRENTLY` runs outside any
+/// transaction.
+const AGED_INDEXES: [(&str, &str); 2] = [
+    (
+        "oncebox_approvals_written",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_approvals_written \
+         ON oncebox_approvals (oncebox_approval_written(record), operation_key)",
+    ),
+    (
+        "oncebox_outbox_delivered",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_outbox_delivered \
+         ON oncebox_outbox (oncebox_delivered_ms(record), seq) WHERE delivered",
+    ),
+];
+
+/// The functions of the indexes by age ([`AGED`]), where missing. Looked up first, as
+/// [`claim_tokens`] says why.
 async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
-    let there = "SELECT to_regclass('oncebox_approvals_written') IS NOT NULL \
-                 AND to_regclass('oncebox_outbox_delivered') IS NOT NULL";
+    let there = "SELECT to_regproc('oncebox_approval_written') IS NOT NULL \
+                 AND to_regproc('oncebox_delivered_ms') IS NOT NULL";
     let found: bool = match tx.opt(there, &[]).await? {
-        Some(row) => column(&row, 0, "pg_class")?,
+        Some(row) => column(&row, 0, "pg_proc")?,
         None => false,
     };
     if found {
@@ -238,7 +250,58 @@ async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
     tx.tx
         .batch_execute(AGED)
         .await
-        .map_err(|e| super::db::failed(tx.store, "CREATE INDEX oncebox_approvals_written ...", &e))
+        .map_err(|e| super::db::failed(tx.store, "CREATE FUNCTION oncebox_approval_written ...", &e))
+}
+
+/// The lock (a session's, a key apart from [`SCHEMA_LOCK`]) that one host at a time holds while it
+/// builds the indexes by age, so that no host takes another's build in progress for one that
+/// was left unfinished.
+const AGED_LOCK: (i32, i32) = (SCHEMA_LOCK.0, SCHEMA_LOCK.1 + 1);
+
+/// The indexes by age ([`AGED_INDEXES`]), where missing or left invalid by a build that did not
+/// finish (a host killed during it). Built after the schema's transaction, outside its lock, and
+/// `CONCURRENTLY`: the first host of this release to connect to a database of the last one reads
+/// every request and message once (O(requests + messages), once, before its connect returns),
+/// while every other host goes on writing them. One host at a time builds: a host that finds
+/// another building goes on without waiting, and until the build ends gc reads those tables
+/// whole, as before. A build that fails fails the connect, with the statement named.
+pub(super) async fn index_by_age(client: &mut deadpool_postgres::Client, store: &str) -> Result<(), LedgerError> {
+    let failed = |what: &str, e: &deadpool_postgres::tokio_postgres::Error| super::db::failed(store, what, e);
+    let valid = "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)";
+    let mut missing = Vec::new();
+    for (name, create) in AGED_INDEXES {
+        let row = client.query_opt(valid, &[&name]).await.map_err(|e| failed("SELECT indisvalid", &e))?;
+        if !row.is_some_and(|row| row.get::<_, bool>(0)) {
+            missing.push((name, create));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let lock = "SELECT pg_try_advisory_lock($1, $2)";
+    let row = client.query_one(lock, &[&AGED_LOCK.0, &AGED_LOCK.1]).await.map_err(|e| failed(lock, &e))?;
+    if !row.get::<_, bool>(0) {
+        return Ok(());
+    }
+    let mut built = Ok(());
+    for (name, create) in missing {
+        // Under the lock, an index still there and invalid is one a build left unfinished.
+        let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {name}");
+        let again = match client.query_opt(valid, &[&name]).await {
+            Ok(Some(row)) if row.get::<_, bool>(0) => continue,
+            Ok(Some(_)) => client.batch_execute(&drop).await.map_err(|e| failed(&drop, &e)),
+            Ok(None) => Ok(()),
+            Err(e) => Err(failed("SELECT indisvalid", &e)),
+        };
+        built = again.and(client.batch_execute(create).await.map_err(|e| failed(create, &e)));
+        if built.is_err() {
+            break;
+        }
+    }
+    // A session's lock outlives its use: given back before the connection goes back to the pool.
+    let unlock = "SELECT pg_advisory_unlock($1, $2)";
+    client.query_one(unlock, &[&AGED_LOCK.0, &AGED_LOCK.1]).await.map_err(|e| failed(unlock, &e))?;
+    built
 }
 
 /// The keys of the host's own outbox messages (`jobs::enqueue_once`: notifications), `TOPIC\nKEY`,
