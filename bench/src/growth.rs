@@ -1,6 +1,7 @@
 //! `--only growth`: how the costs that should follow open work grow with history. The same figures
 //! on two redb ledgers that differ only in how many completed operations they hold (the open work
-//! is the same: a few unknown operations and pending requests for approval), and their ratio: the
+//! is the same: a few unknown operations and pending requests for approval; one completed step in
+//! ten ran under an approval, whose request stays as long as its operation), and their ratio: the
 //! goal is at most 1.2 each.
 //!
 //! The ledgers are filled directly through the ledger's API (a claim and a finished attempt per
@@ -30,6 +31,8 @@ use crate::stats::Latency;
 /// Operations each side keeps open: the same at every size.
 const UNKNOWN: usize = 10;
 const PENDING: usize = 5;
+/// One completed step in this many was approved first: history holds requests too.
+const APPROVED_EVERY: usize = 10;
 /// Operations filled at once (the writer batches up to 512 per commit).
 const AT_ONCE: usize = 512;
 
@@ -191,7 +194,17 @@ async fn fill(path: &Path, completed: usize) -> anyhow::Result<f64> {
         for n in done..done + batch {
             let ledger = ledger.clone();
             tasks.spawn(async move {
-                finished(&ledger, &format!("run-{n:08}"), "charge", OperationStatus::Completed).await
+                let run = format!("run-{n:08}");
+                // One step in ten ran under a person's approval (an irreversible tool's): its request
+                // stays in the ledger as long as the operation, and gc must not read them all.
+                if n % APPROVED_EVERY == 0 {
+                    let mut asked = pending(&run, "charge", ledger.now_ms());
+                    asked.state = ApprovalState::Approved;
+                    asked.decided_by = Some("bench".into());
+                    asked.decided_ms = Some(asked.requested_ms);
+                    ledger.put_approval(&asked).await?;
+                }
+                finished(&ledger, &run, "charge", OperationStatus::Completed).await
             });
         }
         while let Some(joined) = tasks.join_next().await {
@@ -203,29 +216,32 @@ async fn fill(path: &Path, completed: usize) -> anyhow::Result<f64> {
         finished(&ledger, &format!("open-{n}"), "charge", OperationStatus::Unknown).await?;
     }
     for n in 0..PENDING {
-        let key = format!("asked-{n}/ship");
-        let record = ApprovalRecord {
-            operation_key: key,
-            fingerprint: "f".into(),
-            component: Some("sha256:aa".into()),
-            run_id: format!("asked-{n}"),
-            step_id: "ship".into(),
-            tool: "fulfill".into(),
-            description: String::new(),
-            consequence: None,
-            args: serde_json::Value::Null,
-            sealed: None,
-            requested_ms: ledger.now_ms(),
-            state: ApprovalState::Pending,
-            decided_by: None,
-            decided_ms: None,
-            note: None,
-            expires_ms: None,
-            revision: 1,
-        };
-        ledger.put_approval(&record).await?;
+        ledger.put_approval(&pending(&format!("asked-{n}"), "ship", ledger.now_ms())).await?;
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// A pending request for approval of `run`/`step` (the key [`request`] claims), asked at `now_ms`.
+fn pending(run: &str, step: &str, now_ms: u64) -> ApprovalRecord {
+    ApprovalRecord {
+        operation_key: format!("{run}/{step}"),
+        fingerprint: "f".into(),
+        component: Some("sha256:aa".into()),
+        run_id: run.into(),
+        step_id: step.into(),
+        tool: "fulfill".into(),
+        description: String::new(),
+        consequence: None,
+        args: serde_json::Value::Null,
+        sealed: None,
+        requested_ms: now_ms,
+        state: ApprovalState::Pending,
+        decided_by: None,
+        decided_ms: None,
+        note: None,
+        expires_ms: None,
+        revision: 1,
+    }
 }
 
 async fn median<F: std::future::Future<Output = anyhow::Result<()>>>(

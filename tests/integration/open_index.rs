@@ -228,6 +228,13 @@ async fn same_as_the_scan(ledger: &Ledger, now: u64) -> Result<(), String> {
         if indexed != scanned {
             return Err(format!("{run}: the index says {indexed:?}\nthe scan says {scanned:?}"));
         }
+        // A run's requests (its page, its compensation): by redb's index of them by run.
+        let of_run = ledger.approvals(Some(&run)).await.map_err(|e| e.to_string())?;
+        let mut scanned = ledger.approvals(None).await.map_err(|e| e.to_string())?;
+        scanned.retain(|a| a.run_id == run);
+        if of_run != scanned {
+            return Err(format!("{run}'s requests: the index says {of_run:?}\nthe scan says {scanned:?}"));
+        }
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! What retention visits, by age: the requests for approval by when they were last written
-//! (`ASKED`, by [`ApprovalRecord::last_written`], the one rule) and the delivered outbox messages
+//! (`ASKED`, by [`ApprovalRecord::last_written`], the one rule; and by run, `ASKED_BY_RUN`, what a
+//! run's views read) and the delivered outbox messages
 //! by their delivery (`DELIVERED`), kept in the transaction of each write, and what reads them.
 //! (The operations that ended are `ENDED`, kept with the index of open work: `open_index.rs`.)
 //!
@@ -7,6 +8,7 @@
 //! - [`asked`], run by every job that writes or removes a request: O(1) entries;
 //! - [`delivered`], run by a delivery's write: O(1);
 //! - [`approvals_before`], [`delivered_before`]: O(entries before the cutoff);
+//! - [`approvals_of_run`]: O(the run's requests);
 //! - [`prune_outbox`]: O(messages named);
 //! - [`build`], the one-time migration of a ledger of schema 5 or older: O(requests + messages), once.
 
@@ -16,22 +18,42 @@ use super::tables::*;
 use super::{ApprovalRecord, LedgerError, OutboxMessage, decode, get};
 use crate::Pruned;
 
-/// Moves request `key`'s entry in `ASKED` from its record before the write (`old`) to its record
-/// after it (`new`; `None`: removed). In the job's transaction.
+/// Moves request `key`'s entries in `ASKED` and `ASKED_BY_RUN` from its record before the write
+/// (`old`) to its record after it (`new`; `None`: removed). In the job's transaction.
 pub(super) fn asked(
     txn: &WriteTransaction,
     key: &str,
     old: Option<&ApprovalRecord>,
     new: Option<&ApprovalRecord>,
 ) -> Result<(), LedgerError> {
-    let mut asked = txn.open_table(ASKED)?;
+    let (mut asked, mut by_run) = (txn.open_table(ASKED)?, txn.open_table(ASKED_BY_RUN)?);
     if let Some(old) = old {
         asked.remove((old.last_written(), key))?;
+        by_run.remove((old.run_id.as_str(), key))?;
     }
     if let Some(new) = new {
         asked.insert((new.last_written(), key), ())?;
+        by_run.insert((new.run_id.as_str(), key), ())?;
     }
     Ok(())
+}
+
+/// The requests for approval of `run`, in operation key order: O(the run's requests).
+pub(super) fn approvals_of_run(db: &redb::Database, run: &str) -> Result<Vec<ApprovalRecord>, LedgerError> {
+    let txn = db.begin_read()?;
+    let (by_run, approvals) = (txn.open_table(ASKED_BY_RUN)?, txn.open_table(APPROVALS)?);
+    let mut out = Vec::new();
+    for entry in by_run.range((run, "")..)? {
+        let (entry, _) = entry?;
+        let (of, key) = entry.value();
+        if of != run {
+            break;
+        }
+        let request: ApprovalRecord = get(&approvals, key)?
+            .ok_or_else(|| LedgerError::Corrupt { what: format!("request {key} is indexed by run but missing") })?;
+        out.push(request);
+    }
+    Ok(out)
 }
 
 /// Indexes a message whose delivery was just recorded as done (a delivery is final: it is
@@ -100,11 +122,12 @@ pub(super) fn prune_outbox(txn: &WriteTransaction, seqs: &[u64]) -> Result<Prune
 /// how many records it read.
 pub(super) fn build(txn: &WriteTransaction) -> Result<usize, LedgerError> {
     let mut read = 0;
-    let mut asked = txn.open_table(ASKED)?;
+    let (mut asked, mut by_run) = (txn.open_table(ASKED)?, txn.open_table(ASKED_BY_RUN)?);
     for entry in txn.open_table(APPROVALS)?.iter()? {
         let (key, value) = entry?;
         let request: ApprovalRecord = decode("approvals", key.value(), value.value())?;
         asked.insert((request.last_written(), request.operation_key.as_str()), ())?;
+        by_run.insert((request.run_id.as_str(), request.operation_key.as_str()), ())?;
         read += 1;
     }
     let mut delivered = txn.open_table(DELIVERED)?;
@@ -154,6 +177,8 @@ mod tests {
         let db = Database::open(path).expect("open");
         let txn = db.begin_read().expect("read");
         let asked = txn.open_table(ASKED).expect("asked").len().expect("len");
+        let by_run = txn.open_table(ASKED_BY_RUN).expect("asked by run").len().expect("len");
+        assert_eq!(asked, by_run, "one entry by run for each by age");
         let delivered = txn.open_table(DELIVERED).expect("delivered").len().expect("len");
         (asked as usize, delivered as usize)
     }
@@ -183,6 +208,7 @@ mod tests {
             let db = Database::create(&path).expect("open");
             let txn = db.begin_write().expect("write");
             txn.delete_table(ASKED).expect("delete");
+            txn.delete_table(ASKED_BY_RUN).expect("delete");
             txn.delete_table(DELIVERED).expect("delete");
             txn.open_table(META).expect("meta").insert(SCHEMA_VERSION_KEY, 5).expect("version");
             txn.commit().expect("commit");
@@ -197,6 +223,11 @@ mod tests {
         let keys: Vec<String> =
             Store::approvals_before(&store, 51).await.expect("read").into_iter().map(|a| a.operation_key).collect();
         assert_eq!(keys, ["b", "a"]);
+        let of_run = |run: &str| {
+            store.approvals(Some(run)).map(|all| all.iter().map(|a| a.operation_key.clone()).collect::<Vec<_>>())
+        };
+        assert_eq!(of_run("run").expect("read"), ["a", "b"], "a run's requests, by its index");
+        assert_eq!(of_run("other").expect("read"), Vec::<String>::new());
         assert_eq!(Store::delivered_before(&store, 41).await.expect("read").len(), 1);
         drop(store);
         assert_eq!(entries(&path), (2, 1));

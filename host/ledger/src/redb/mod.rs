@@ -439,6 +439,9 @@ impl RedbStore {
     }
 
     pub fn approvals(&self, run_id: Option<&str>) -> Result<Vec<ApprovalRecord>, LedgerError> {
+        if let Some(run) = run_id {
+            return aged::approvals_of_run(&self.db, run);
+        }
         let txn = self.db.begin_read()?;
         let table = txn.open_table(APPROVALS)?;
         let mut out = Vec::new();

@@ -62,6 +62,7 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(OPEN)?;
         txn.open_table(ENDED)?;
         txn.open_table(ASKED)?;
+        txn.open_table(ASKED_BY_RUN)?;
         txn.open_table(DELIVERED)?;
     }
     txn.commit()?;

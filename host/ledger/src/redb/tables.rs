@@ -50,6 +50,10 @@ pub const ASKED: TableDefinition<(u64, &str), ()> = TableDefinition::new("asked"
 /// that retention visits those delivered before its cutoff. Written with the delivery (which is
 /// final), removed with the message (`aged.rs`).
 pub const DELIVERED: TableDefinition<(u64, u64), ()> = TableDefinition::new("delivered");
+/// The requests for approval of each run: (run id, operation key). What a run's page, its
+/// compensation and `GET /v1/runs/R` read of its requests, O(the run's), instead of every request
+/// ever kept. Kept with `ASKED`, in the transaction of each write and removal of a request.
+pub const ASKED_BY_RUN: TableDefinition<(&str, &str), ()> = TableDefinition::new("asked_by_run");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -60,8 +64,8 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// (`OUTBOX_PENDING`); a schema 2 or 3 ledger is migrated at open (every message pending).
 /// 5: the index of open work (`OPEN`) and of ended operations (`ENDED`); an older ledger is
 /// indexed at open, once.
-/// 6: the requests for approval by age (`ASKED`) and the delivered outbox messages by delivery
-/// (`DELIVERED`), what retention visits; an older ledger is indexed at open, once.
+/// 6: the requests for approval by age (`ASKED`) and by run (`ASKED_BY_RUN`), and the delivered
+/// outbox messages by delivery (`DELIVERED`); an older ledger is indexed at open, once.
 pub const SCHEMA_VERSION: u64 = 6;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 /// The highest fence a durable operation holds (`open::keep_fence`).
