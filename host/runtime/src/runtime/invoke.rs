@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use wasmtime::Store;
+use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings::{RateLimit, Reconciliation, ToolError};
 use super::state::LimitExceeded;
@@ -28,6 +28,71 @@ pub enum Invocation {
     /// Not run here: the attempt of an earlier owner that wrote effects ahead and stopped before
     /// recording its end (`failure::End::Interrupted`), judged by whoever took the operation over.
     Interrupted(String),
+}
+
+/// What a guest's running time is counted on against its attempt's deadline. Whichever it is,
+/// a guest stopped by it traps with `Trap::Interrupt`, read as [`Invocation::DeadlineExceeded`]
+/// (`trapped`), and a guest waiting on the host is stopped by the attempt's timeout, a tokio
+/// timer: the deadline is one rule, only the clock that spends it differs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestClock {
+    /// Real time: the engine's epochs, which a thread advances every [`EPOCH_TICK`]; a guest
+    /// traps once its deadline's worth of ticks has passed. Every host but the simulator's.
+    #[default]
+    Real,
+    /// The tokio clock (paused, in the whole-system simulator), moved on by the guest's own
+    /// running: a guest that runs wasm for [`SPIN_GRACE_TICKS`] epoch ticks without calling the
+    /// host is spinning, and from then on each further tick of it moves the clock on by `step`
+    /// (it sleeps `step` on it, so that every other task due meanwhile runs), until the clock
+    /// reaches the attempt's deadline, where it traps. On a paused clock a spinning guest would
+    /// otherwise hold the one thread with the clock standing still, and trap when real time says.
+    /// What it costs in real time: about ([`SPIN_GRACE_TICKS`] + deadline / `step`) ticks per
+    /// spinning attempt. A guest that calls the host or returns within the grace (every
+    /// well-behaved tool) moves the clock only by what it awaits, as under [`GuestClock::Real`].
+    Simulated {
+        /// The simulated time one epoch tick of a spinning guest stands for (more than zero).
+        step: Duration,
+    },
+}
+
+/// Epoch ticks a guest may run wasm without calling the host before the simulated clock counts
+/// it as spinning ([`GuestClock::Simulated`]). More than one: a guest's run between two host
+/// calls that happens to straddle a tick of the real clock is not spinning, and moving the
+/// simulated clock for it would make a seed's history depend on where real ticks fell.
+pub const SPIN_GRACE_TICKS: u32 = 3;
+
+/// The epoch callback of a store on [`GuestClock::Simulated`]: called at each tick of the real
+/// epoch while the guest runs wasm.
+struct Spinning {
+    /// The attempt's deadline on the tokio clock.
+    until: tokio::time::Instant,
+    step: Duration,
+    /// The store's count of host calls at the last tick, and the ticks since it last changed.
+    calls: u64,
+    ticks: u32,
+}
+
+impl Spinning {
+    fn tick(&mut self, calls: u64) -> UpdateDeadline {
+        if calls != self.calls {
+            // It called the host since the last tick: that run of wasm is over.
+            (self.calls, self.ticks) = (calls, 0);
+        }
+        self.ticks = self.ticks.saturating_add(1);
+        if self.ticks <= SPIN_GRACE_TICKS {
+            return UpdateDeadline::Continue(1);
+        }
+        // Judged only here, once it spins, so that whether and when a guest traps follows from
+        // the simulated clock alone (a guest that is not spinning is stopped by the attempt's
+        // timeout, on the same clock).
+        let now = tokio::time::Instant::now();
+        if now >= self.until {
+            return UpdateDeadline::Interrupt;
+        }
+        // Never past the deadline: it traps at the deadline itself.
+        let sleep = self.step.min(self.until - now);
+        UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(sleep)))
+    }
 }
 
 /// Epoch ticks covering `d`, at least one.
@@ -145,8 +210,21 @@ impl Runtime {
     ) -> Result<Store<StoreState>, (String, Box<EffectCtx>)> {
         let mut store = Store::new(&self.engine, StoreState::new(effects)?);
         store.limiter(|s| s.limiter());
-        store.set_epoch_deadline(ticks(deadline));
-        store.epoch_deadline_trap();
+        match self.guest_clock {
+            GuestClock::Real => {
+                store.set_epoch_deadline(ticks(deadline));
+                store.epoch_deadline_trap();
+            }
+            GuestClock::Simulated { step } => {
+                // Every tick of the real epoch asks the callback, which spends the deadline on
+                // the tokio clock instead.
+                // A step of zero would never move the clock to the deadline.
+                let step = step.max(Duration::from_millis(1));
+                let mut spinning = Spinning { until: tokio::time::Instant::now() + deadline, step, calls: 0, ticks: 0 };
+                store.set_epoch_deadline(1);
+                store.epoch_deadline_callback(move |store| Ok(spinning.tick(store.data().host_calls())));
+            }
+        }
         Ok(store)
     }
 }
