@@ -302,7 +302,9 @@ impl Plan {
         };
         // Payments by a tool that runs past its deadline once its request is answered (after the
         // others in the job list, so that theirs keep their places: `--drop-jobs`).
-        let overruns = match rng.u64(0..2) {
+        // A quarter of the seeds: each such call is answered `unknown` until the operator settles
+        // it by hand, asked again meanwhile (half the seeds cost the CI run a third more).
+        let overruns = match rng.u64(0..4) {
             0 => rng.usize(1..=2),
             _ => 0,
         };

@@ -75,10 +75,10 @@ const SEND_BY: Duration = Duration::from_secs(1);
 /// The attempt deadline of the tool that runs past it (`plan::OVERRUN_TOOL`): short, as the
 /// simulated clock spends it (the others keep the default, 30 s, which none of them nears).
 const OVERRUN_DEADLINE: Duration = Duration::from_secs(1);
-/// The simulated time one real epoch tick (10 ms) of a spinning guest stands for
-/// (`GuestClock::Simulated`): a quarter of [`OVERRUN_DEADLINE`], so that a spinning attempt
-/// costs about seven ticks of real time (the grace, then four steps).
-const GUEST_STEP: Duration = Duration::from_millis(250);
+/// The simulated time one step of a spinning guest stands for (`GuestClock::Simulated`): a tenth
+/// of [`OVERRUN_DEADLINE`], so that the other tasks run at ten moments of each spinning attempt
+/// (a step costs a task switch; the attempt, the grace: 20 to 30 ms of real time).
+const GUEST_STEP: Duration = Duration::from_millis(100);
 /// The largest clock skew of a host on several hosts (ms), either way: the same bound as the
 /// clock steps on redb (`plan::MAX_JUMP_MS`), inside the rule of evidence's margin.
 const MAX_SKEW_MS: i64 = 400;

@@ -41,33 +41,37 @@ pub enum GuestClock {
     #[default]
     Real,
     /// The tokio clock (paused, in the whole-system simulator), moved on by the guest's own
-    /// running: a guest that runs wasm for [`SPIN_GRACE_TICKS`] epoch ticks without calling the
-    /// host is spinning, and from then on each further tick of it moves the clock on by `step`
-    /// (it sleeps `step` on it, so that every other task due meanwhile runs), until the clock
-    /// reaches the attempt's deadline, where it traps. On a paused clock a spinning guest would
-    /// otherwise hold the one thread with the clock standing still, and trap when real time says.
-    /// What it costs in real time: about ([`SPIN_GRACE_TICKS`] + deadline / `step`) ticks per
-    /// spinning attempt. A guest that calls the host or returns within the grace (every
-    /// well-behaved tool) moves the clock only by what it awaits, as under [`GuestClock::Real`].
+    /// running: a guest that runs wasm for [`SPIN_GRACE_TICKS`] ticks of the real epoch without
+    /// calling the host is spinning, and from then on each epoch check its code passes (a loop's
+    /// back edge, a function's entry) moves the clock on by `step` (it sleeps `step` on it, so
+    /// that every other task due meanwhile runs), until the clock reaches the attempt's
+    /// deadline, where it traps. On a paused clock a spinning guest would otherwise hold the one
+    /// thread with the clock standing still, and trap when real time says. What it costs in real
+    /// time: the grace, 20 to 30 ms per spinning attempt, and a task switch per step, whatever
+    /// the deadline. A guest that calls the host or returns within the grace (every well-behaved
+    /// tool) moves the clock only by what it awaits, as under [`GuestClock::Real`]. Not seen
+    /// spinning: a guest that loops on host calls that return at once (a config read), which
+    /// holds the thread until it returns, as a spinning one did before this clock.
     Simulated {
-        /// The simulated time one epoch tick of a spinning guest stands for (more than zero).
+        /// The simulated time one step of a spinning guest stands for (more than zero).
         step: Duration,
     },
 }
 
-/// Epoch ticks a guest may run wasm without calling the host before the simulated clock counts
-/// it as spinning ([`GuestClock::Simulated`]). More than one: a guest's run between two host
-/// calls that happens to straddle a tick of the real clock is not spinning, and moving the
-/// simulated clock for it would make a seed's history depend on where real ticks fell.
+/// Ticks of the real epoch a guest may run wasm without calling the host before the simulated
+/// clock counts it as spinning ([`GuestClock::Simulated`]). More than two: a guest's run between
+/// two host calls that happens to straddle a tick of the real clock (or begins just after one
+/// that fell while it waited on the host) is not spinning, and moving the simulated clock for
+/// it would make a seed's history depend on where real ticks fell.
 pub const SPIN_GRACE_TICKS: u32 = 3;
 
 /// The epoch callback of a store on [`GuestClock::Simulated`]: called at each tick of the real
-/// epoch while the guest runs wasm.
+/// epoch while the guest runs wasm, and at each epoch check once it spins.
 struct Spinning {
     /// The attempt's deadline on the tokio clock.
     until: tokio::time::Instant,
     step: Duration,
-    /// The store's count of host calls at the last tick, and the ticks since it last changed.
+    /// The store's count of host calls when last asked, and the times asked since it changed.
     calls: u64,
     ticks: u32,
 }
@@ -80,6 +84,7 @@ impl Spinning {
         }
         self.ticks = self.ticks.saturating_add(1);
         if self.ticks <= SPIN_GRACE_TICKS {
+            // Asked again at the next tick of the real epoch.
             return UpdateDeadline::Continue(1);
         }
         // Judged only here, once it spins, so that whether and when a guest traps follows from
@@ -89,9 +94,11 @@ impl Spinning {
         if now >= self.until {
             return UpdateDeadline::Interrupt;
         }
-        // Never past the deadline: it traps at the deadline itself.
+        // Never past the deadline: it traps at the deadline itself. A deadline of no ticks
+        // beyond the current epoch asks again at the guest's next epoch check, not at the next
+        // real tick: the steps follow the guest's progress, at no cost in real time.
         let sleep = self.step.min(self.until - now);
-        UpdateDeadline::YieldCustom(1, Box::pin(tokio::time::sleep(sleep)))
+        UpdateDeadline::YieldCustom(0, Box::pin(tokio::time::sleep(sleep)))
     }
 }
 
@@ -216,9 +223,9 @@ impl Runtime {
                 store.epoch_deadline_trap();
             }
             GuestClock::Simulated { step } => {
-                // Every tick of the real epoch asks the callback, which spends the deadline on
-                // the tokio clock instead.
-                // A step of zero would never move the clock to the deadline.
+                // The callback is asked at the next tick of the real epoch, and spends the
+                // deadline on the tokio clock instead. A step of zero would never move the clock
+                // to the deadline.
                 let step = step.max(Duration::from_millis(1));
                 let mut spinning = Spinning { until: tokio::time::Instant::now() + deadline, step, calls: 0, ticks: 0 };
                 store.set_epoch_deadline(1);
