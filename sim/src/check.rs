@@ -274,7 +274,7 @@ fn order_of_run(run: &str) -> String {
 }
 
 fn order_of(op: &OperationRecord) -> String {
-    op.args.get("order_id").and_then(Value::as_str).unwrap_or_default().to_string()
+    crate::plan::order_in(&op.args).unwrap_or_default().to_string()
 }
 
 fn commits<'a>(facts: &'a Facts, route: &str, order: &str) -> Vec<&'a Commit> {

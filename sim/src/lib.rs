@@ -5,8 +5,9 @@
 //! says; an operator who approves, rejects (racing the call), reconciles, settles by hand,
 //! compensates, reloads components and runs `gc`; and crashes of the host at the pipeline's crash
 //! points or at any moment, the ledger reopened after each. Time is simulated (a paused clock), so
-//! settle windows, leases and retention cost nothing. A checker then judges the history by the
-//! downstream's own record ([`check`](mod@check)).
+//! settle windows, leases and retention cost nothing, and a guest's running time is spent on it
+//! (a guest spinning past its deadline traps at the deadline on that clock). A checker then
+//! judges the history by the downstream's own record ([`check`](mod@check)).
 //!
 //! What is deterministic, and what is not: the workload and the fault schedule are a pure function
 //! of the seed ([`plan::Plan::digest`]), and so is every choice the world and the operator make

@@ -308,6 +308,17 @@ impl Plan {
             _ => Vec::new(),
         };
         let stall_after_fault_pct = [0, 0, 30, 60][rng.usize(0..4)];
+        // Payments by a tool that runs past its deadline once its request is answered (after the
+        // others in the job list, so that theirs keep their places: `--drop-jobs`).
+        // A quarter of the seeds: each such call is answered `unknown` until the operator settles
+        // it by hand, asked again meanwhile (half the seeds cost the CI run a third more).
+        let overruns = match rng.u64(0..4) {
+            0 => rng.usize(1..=2),
+            _ => 0,
+        };
+        for n in singles..singles + overruns {
+            jobs.push(overrun(&mut rng, n, callers));
+        }
         Plan {
             seed,
             callers,
@@ -350,7 +361,7 @@ impl Plan {
             .iter()
             .filter_map(|job| match job {
                 Job::Order { order, .. } => Some(order.clone()),
-                Job::Call { args, .. } => args.get("order_id").and_then(Value::as_str).map(str::to_string),
+                Job::Call { args, .. } => order_in(args).map(str::to_string),
             })
             .collect();
         ids.sort();
@@ -426,6 +437,35 @@ fn single(rng: &mut fastrand::Rng, n: usize, callers: usize) -> Job {
         conflicting: rng.u64(0..100) < 20,
         caller: rng.usize(0..callers),
     }
+}
+
+/// The tool that runs past its deadline after its effect: `panicky` (a test tool of the host's),
+/// which POSTs its `post` as an effect and then spins, never returning. Its attempt deadline in
+/// the simulation (`drive::OVERRUN_DEADLINE`) is spent on the simulated clock.
+pub const OVERRUN_TOOL: &str = "panicky";
+
+/// A single call of [`OVERRUN_TOOL`] (its own run and order, like [`single`]'s): a payment it
+/// posts to the downstream's `/payments`, after whose answer it spins past its deadline on every
+/// attempt. The host must never call such an operation failed while its payment may stand.
+fn overrun(rng: &mut fastrand::Rng, n: usize, callers: usize) -> Job {
+    let order = format!("x-{n}");
+    let payment = json!({"order_id": order, "amount_cents": 100 * rng.u64(1..=50)});
+    let args = json!({"mode": "spin", "post": {"url": format!("{}/payments", crate::world::ORIGIN), "body": payment}});
+    Job::Call {
+        run: format!("call-{n}"),
+        step: "only".into(),
+        tool: OVERRUN_TOOL.into(),
+        args,
+        repeats: rng.u32(1..=2),
+        conflicting: false,
+        caller: rng.usize(0..callers),
+    }
+}
+
+/// The order a tool's args concern: their `order_id`, or that of the body an
+/// [`OVERRUN_TOOL`] call posts.
+pub fn order_in(args: &Value) -> Option<&str> {
+    args.get("order_id").or_else(|| args.pointer("/post/body/order_id")).and_then(Value::as_str)
 }
 
 pub fn charge_args(order: &str, amount_cents: u64) -> Value {

@@ -405,6 +405,8 @@ pub fn route_of(tool: &str) -> Option<&'static str> {
         "charge" => Some("payments"),
         "refund" | "refun2" => Some("refunds"),
         "fulfill" => Some("fulfillments"),
+        // A payment, by the tool that spins past its deadline after it (`plan::OVERRUN_TOOL`).
+        "panicky" => Some("payments"),
         _ => None,
     }
 }

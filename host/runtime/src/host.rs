@@ -13,7 +13,7 @@ use crate::ledger::{Ledger, LedgerAt};
 use crate::limits::Limits;
 use crate::policy::RetryPolicy;
 use crate::policy_file::{PolicyFile, Source};
-use crate::runtime::{Runtime, ToolManifest};
+use crate::runtime::{GuestClock, Runtime, ToolManifest};
 use crate::stage::{Entry, Stage};
 
 /// How long a claim is held before another caller may take the operation over.
@@ -45,6 +45,8 @@ pub struct HostBuilder {
     send_by: Duration,
     /// The test harness's hooks (`oncebox-testing`); `None` for every other host.
     hooks: Option<Arc<dyn crate::effects::hooks::Hooks>>,
+    /// What guests' running time is counted on: real time, but in the simulator.
+    guest_clock: GuestClock,
 }
 
 impl HostBuilder {
@@ -82,6 +84,7 @@ impl HostBuilder {
             key_file: None,
             send_by: crate::effects::DEFAULT_SEND_BY,
             hooks: None,
+            guest_clock: GuestClock::Real,
         }
     }
 
@@ -92,6 +95,17 @@ impl HostBuilder {
     #[doc(hidden)]
     pub fn hooks(mut self, hooks: Arc<dyn crate::effects::hooks::Hooks>) -> Self {
         self.hooks = Some(hooks);
+        self
+    }
+
+    /// Counts guests' running time against their attempt deadlines on `clock`: for the
+    /// whole-system simulator, whose tokio clock is paused, [`GuestClock::Simulated`], so that a
+    /// guest spinning past its deadline traps at the deadline on that clock, with the clock moved
+    /// on as it spins. Every other host counts real time ([`GuestClock::Real`], the default).
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn guest_clock(mut self, clock: GuestClock) -> Self {
+        self.guest_clock = clock;
         self
     }
 
@@ -225,7 +239,7 @@ impl HostBuilder {
         Ok(Host {
             inner: Arc::new(Inner {
                 stage: Stage {
-                    runtime: Runtime::new(self.compile_cache)?,
+                    runtime: Runtime::new(self.compile_cache)?.with_guest_clock(self.guest_clock),
                     shared,
                     lease: self.lease,
                     owner: format!("{}-{}", std::process::id(), crate::clock::now_ms()),

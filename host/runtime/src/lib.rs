@@ -81,5 +81,5 @@ pub use policy::{ReplayClass, RetryPolicy};
 pub use reconcile::{Reconciliation, RunReconciliation, settle};
 pub use reconciler::Reconciler;
 pub use redact::{REDACTED, redact};
-pub use runtime::{MAX_COMPONENT_BYTES, Origin, ToolManifest};
+pub use runtime::{GuestClock, MAX_COMPONENT_BYTES, Origin, ToolManifest};
 pub use telemetry::TraceContext;

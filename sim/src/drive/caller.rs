@@ -71,9 +71,8 @@ async fn order(ctx: &Ctx, host: &Host, c: usize, job: &Job) {
 /// Calls a step until it has an answer a caller can act on: completed, failed, rejected, a
 /// conflict, expired; or leaves it (unknown, awaiting, in progress) after [`MAX_ASKS`].
 pub(super) async fn ask(ctx: &Ctx, host: &Host, c: usize, call: Call) -> Option<Status> {
-    let order = serde_json::from_str::<Value>(&call.args)
-        .ok()
-        .and_then(|a| a.get("order_id").and_then(Value::as_str).map(str::to_string));
+    let order =
+        serde_json::from_str::<Value>(&call.args).ok().and_then(|a| crate::plan::order_in(&a).map(str::to_string));
     let (run, step) = (call.run_id.clone().unwrap_or_default(), call.step_id.clone().unwrap_or_default());
     let mut last = None;
     for asked in 0..MAX_ASKS {

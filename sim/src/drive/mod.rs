@@ -28,13 +28,13 @@ use tokio::sync::Notify;
 
 use oncebox_runtime::hooks::{Exchange, HookFuture, Hooks, Outgoing, Point, Site};
 use oncebox_runtime::policy_file::PolicyFile;
-use oncebox_runtime::{Grant, Host, HostBuilder, HttpTarget, Ledger, ReplayClass, RetryPolicy};
+use oncebox_runtime::{Grant, GuestClock, Host, HostBuilder, HttpTarget, Ledger, ReplayClass, RetryPolicy};
 
 use crate::check::Facts;
 use crate::history::{Event, History};
 use crate::paced::Paced;
 use crate::pause::{Fences, Stall};
-use crate::plan::{Crash, Plan, percent};
+use crate::plan::{Crash, OVERRUN_TOOL, Plan, percent};
 use crate::race::Holds;
 use crate::world::{ORIGIN, World};
 
@@ -72,6 +72,13 @@ const GC_RETENTION: Duration = Duration::from_secs(600);
 /// How long after its write-ahead a request may still leave (the host's send deadline): short, so
 /// that an empty lookup can count as proof within a seed's lives.
 const SEND_BY: Duration = Duration::from_secs(1);
+/// The attempt deadline of the tool that runs past it (`plan::OVERRUN_TOOL`): short, as the
+/// simulated clock spends it (the others keep the default, 30 s, which none of them nears).
+const OVERRUN_DEADLINE: Duration = Duration::from_secs(1);
+/// The simulated time one step of a spinning guest stands for (`GuestClock::Simulated`): a tenth
+/// of [`OVERRUN_DEADLINE`], so that the other tasks run at ten moments of each spinning attempt
+/// (a step costs a task switch; the attempt, the grace: 20 to 30 ms of real time).
+const GUEST_STEP: Duration = Duration::from_millis(100);
 /// The largest clock skew of a host on several hosts (ms), either way: the same bound as the
 /// clock steps on redb (`plan::MAX_JUMP_MS`), inside the rule of evidence's margin.
 const MAX_SKEW_MS: i64 = 400;
@@ -492,6 +499,7 @@ async fn build(ctx: &Ctx, hooks: Arc<LifeHooks>) -> anyhow::Result<Host> {
         host.load(&path).await.with_context(|| format!("load {}", path.display()))?;
     }
     host.load(&ctx.builds.refun2).await.context("load refun2")?;
+    host.load(oncebox_artifacts::PANICKY).await.context("load the tool that overruns its deadline")?;
     Ok(host)
 }
 
@@ -501,6 +509,7 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
     for tool in ["stock", "charge", "refund", REFUN2, "fulfill"] {
         builder = builder.tool_config(tool, "base_url", ORIGIN).grant(tool, Grant::Http(origin.clone()));
     }
+    builder = builder.grant(OVERRUN_TOOL, Grant::Http(origin.clone()));
     for tool in ["reserve", "release"] {
         builder = builder.grant(tool, Grant::Kv("reservations".into()));
     }
@@ -514,12 +523,16 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
         (REFUN2, ReplayClass::IdempotentWrite),
         ("fulfill", ReplayClass::Irreversible),
         ("notify", ReplayClass::IdempotentWrite),
+        (OVERRUN_TOOL, ReplayClass::IdempotentWrite),
     ] {
-        let policy = RetryPolicy {
+        let mut policy = RetryPolicy {
             initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(200),
             ..RetryPolicy::for_class(class)
         };
+        if tool == OVERRUN_TOOL {
+            policy.attempt_deadline = OVERRUN_DEADLINE;
+        }
         builder = builder.retry_policy(tool, policy);
     }
     // The outbox topic's endpoint, in the downstream (through the hooks), as an operator
@@ -531,6 +544,9 @@ fn configure(mut builder: HostBuilder, hooks: Arc<LifeHooks>, ctx: &Ctx) -> anyh
     );
     let policy =
         PolicyFile::parse(&policy, std::path::Path::new("sim.toml")).context("the simulation's policy file")?;
+    // A guest's running time is spent on the simulated clock: one that spins past its deadline
+    // traps there, at a moment of the seed's, with the other tasks run meanwhile.
+    let builder = builder.guest_clock(GuestClock::Simulated { step: GUEST_STEP });
     Ok(builder.policy_file(policy).hooks(hooks).send_deadline(SEND_BY).compile_cache(ctx.cache.clone()))
 }
 
@@ -774,7 +790,7 @@ async fn call_again_after_undo(ctx: &Ctx, host: &Host, run: &str) {
         ctx.shared().calls += 1;
         let order = serde_json::from_str::<serde_json::Value>(&call.args)
             .ok()
-            .and_then(|a| a.get("order_id").and_then(serde_json::Value::as_str).map(str::to_string));
+            .and_then(|a| crate::plan::order_in(&a).map(str::to_string));
         let event = match host.call(call.clone()).await {
             Ok(outcome) => Event::Called {
                 caller: "an orchestrator, again after the compensation".into(),

@@ -166,7 +166,7 @@ async fn decide(ctx: &Ctx, host: &Host, record: &ApprovalRecord, last: bool) {
                     run: record.run_id.clone(),
                     step: record.step_id.clone(),
                     tool: record.tool.clone(),
-                    order: record.args.get("order_id").and_then(Value::as_str).map(str::to_string),
+                    order: crate::plan::order_in(&record.args).map(str::to_string),
                     status: outcome.status,
                     replayed: outcome.replayed,
                     operation_key: outcome.operation_key.clone(),
@@ -276,7 +276,7 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
     let Some(route) = route_of(&op.tool) else {
         return;
     };
-    let order = op.args.get("order_id").and_then(Value::as_str).unwrap_or_default();
+    let order = crate::plan::order_in(&op.args).unwrap_or_default();
     // A person settles by hand only what reconciling could not, given time to (past the point an
     // empty lookup counts as proof: the send deadline, the timeout and the settle window, twice
     // over), and once nothing of it is still on its way.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use wasmtime::Store;
+use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings::{RateLimit, Reconciliation, ToolError};
 use super::state::LimitExceeded;
@@ -28,6 +28,78 @@ pub enum Invocation {
     /// Not run here: the attempt of an earlier owner that wrote effects ahead and stopped before
     /// recording its end (`failure::End::Interrupted`), judged by whoever took the operation over.
     Interrupted(String),
+}
+
+/// What a guest's running time is counted on against its attempt's deadline. Whichever it is,
+/// a guest stopped by it traps with `Trap::Interrupt`, read as [`Invocation::DeadlineExceeded`]
+/// (`trapped`), and a guest waiting on the host is stopped by the attempt's timeout, a tokio
+/// timer: the deadline is one rule, only the clock that spends it differs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestClock {
+    /// Real time: the engine's epochs, which a thread advances every [`EPOCH_TICK`]; a guest
+    /// traps once its deadline's worth of ticks has passed. Every host but the simulator's.
+    #[default]
+    Real,
+    /// The tokio clock (paused, in the whole-system simulator), moved on by the guest's own
+    /// running: a guest that runs wasm for [`SPIN_GRACE_TICKS`] ticks of the real epoch without
+    /// calling the host is spinning, and from then on each epoch check its code passes (a loop's
+    /// back edge, a function's entry) moves the clock on by `step` (it sleeps `step` on it, so
+    /// that every other task due meanwhile runs), until the clock reaches the attempt's
+    /// deadline, where it traps. On a paused clock a spinning guest would otherwise hold the one
+    /// thread with the clock standing still, and trap when real time says. What it costs in real
+    /// time: the grace, 20 to 30 ms per spinning attempt, and a task switch per step, whatever
+    /// the deadline. A guest that calls the host or returns within the grace (every well-behaved
+    /// tool) moves the clock only by what it awaits, as under [`GuestClock::Real`]. Not seen
+    /// spinning: a guest that loops on host calls that return at once (a config read), which
+    /// holds the thread until it returns, as a spinning one did before this clock.
+    Simulated {
+        /// The simulated time one step of a spinning guest stands for (more than zero).
+        step: Duration,
+    },
+}
+
+/// Ticks of the real epoch a guest may run wasm without calling the host before the simulated
+/// clock counts it as spinning ([`GuestClock::Simulated`]). More than two: a guest's run between
+/// two host calls that happens to straddle a tick of the real clock (or begins just after one
+/// that fell while it waited on the host) is not spinning, and moving the simulated clock for
+/// it would make a seed's history depend on where real ticks fell.
+pub const SPIN_GRACE_TICKS: u32 = 3;
+
+/// The epoch callback of a store on [`GuestClock::Simulated`]: called at each tick of the real
+/// epoch while the guest runs wasm, and at each epoch check once it spins.
+struct Spinning {
+    /// The attempt's deadline on the tokio clock.
+    until: tokio::time::Instant,
+    step: Duration,
+    /// The store's count of host calls when last asked, and the times asked since it changed.
+    calls: u64,
+    ticks: u32,
+}
+
+impl Spinning {
+    fn tick(&mut self, calls: u64) -> UpdateDeadline {
+        if calls != self.calls {
+            // It called the host since the last tick: that run of wasm is over.
+            (self.calls, self.ticks) = (calls, 0);
+        }
+        self.ticks = self.ticks.saturating_add(1);
+        if self.ticks <= SPIN_GRACE_TICKS {
+            // Asked again at the next tick of the real epoch.
+            return UpdateDeadline::Continue(1);
+        }
+        // Judged only here, once it spins, so that whether and when a guest traps follows from
+        // the simulated clock alone (a guest that is not spinning is stopped by the attempt's
+        // timeout, on the same clock).
+        let now = tokio::time::Instant::now();
+        if now >= self.until {
+            return UpdateDeadline::Interrupt;
+        }
+        // Never past the deadline: it traps at the deadline itself. A deadline of no ticks
+        // beyond the current epoch asks again at the guest's next epoch check, not at the next
+        // real tick: the steps follow the guest's progress, at no cost in real time.
+        let sleep = self.step.min(self.until - now);
+        UpdateDeadline::YieldCustom(0, Box::pin(tokio::time::sleep(sleep)))
+    }
 }
 
 /// Epoch ticks covering `d`, at least one.
@@ -145,8 +217,21 @@ impl Runtime {
     ) -> Result<Store<StoreState>, (String, Box<EffectCtx>)> {
         let mut store = Store::new(&self.engine, StoreState::new(effects)?);
         store.limiter(|s| s.limiter());
-        store.set_epoch_deadline(ticks(deadline));
-        store.epoch_deadline_trap();
+        match self.guest_clock {
+            GuestClock::Real => {
+                store.set_epoch_deadline(ticks(deadline));
+                store.epoch_deadline_trap();
+            }
+            GuestClock::Simulated { step } => {
+                // The callback is asked at the next tick of the real epoch, and spends the
+                // deadline on the tokio clock instead. A step of zero would never move the clock
+                // to the deadline.
+                let step = step.max(Duration::from_millis(1));
+                let mut spinning = Spinning { until: tokio::time::Instant::now() + deadline, step, calls: 0, ticks: 0 };
+                store.set_epoch_deadline(1);
+                store.epoch_deadline_callback(move |store| Ok(spinning.tick(store.data().host_calls())));
+            }
+        }
         Ok(store)
     }
 }

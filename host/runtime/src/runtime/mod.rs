@@ -15,7 +15,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 pub use cache::Origin;
-pub use invoke::Invocation;
+pub use invoke::{GuestClock, Invocation};
 pub use load::{LoadError, LoadedTool, ToolManifest, check_grants};
 // The reconciler asks only about tools that export it.
 pub(crate) use load::RECONCILE_EXPORT;
@@ -31,6 +31,8 @@ pub struct Runtime {
     linker: Linker<StoreState>,
     /// Where compiled components are kept between processes (`cache.rs`), if anywhere.
     cache_dir: Option<PathBuf>,
+    /// What a guest's running time is counted on against its attempt's deadline.
+    guest_clock: GuestClock,
 }
 
 impl Runtime {
@@ -38,7 +40,14 @@ impl Runtime {
         let engine = shared_engine()?;
         let mut linker = Linker::new(&engine);
         state::add_to_linker(&mut linker).map_err(|e| LoadError::Engine(e.to_string()))?;
-        Ok(Runtime { engine, linker, cache_dir })
+        Ok(Runtime { engine, linker, cache_dir, guest_clock: GuestClock::Real })
+    }
+
+    /// The same runtime, counting guests' running time on `clock` (the engine stays the
+    /// process's one: only each store's epoch deadline is set another way).
+    pub fn with_guest_clock(mut self, clock: GuestClock) -> Self {
+        self.guest_clock = clock;
+        self
     }
 }
 

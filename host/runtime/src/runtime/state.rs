@@ -21,6 +21,10 @@ pub struct StoreState {
     limits: Limits,
     pub stdout: MemoryOutputPipe,
     pub stderr: MemoryOutputPipe,
+    /// Calls the guest made into the oncebox interfaces and WASI's streams and polls (where it
+    /// waits), counted so that the simulated guest clock can tell a guest that spins from one
+    /// that works through the host (`invoke::Spinning`).
+    host_calls: u64,
 }
 
 impl StoreState {
@@ -49,7 +53,32 @@ impl StoreState {
         }
         let limits =
             Limits { memory_bytes: sandbox.limits.memory_bytes, table_elements: sandbox.limits.table_elements };
-        Ok(StoreState { wasi: wasi.build(), table: ResourceTable::new(), effects, limits, stdout, stderr })
+        Ok(StoreState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            effects,
+            limits,
+            stdout,
+            stderr,
+            host_calls: 0,
+        })
+    }
+
+    /// How many calls the guest made into the host that can wait (see `host_calls`).
+    pub(super) fn host_calls(&self) -> u64 {
+        self.host_calls
+    }
+
+    /// The effect context, for one call of the guest into an oncebox interface.
+    fn called_effects(&mut self) -> &mut EffectCtx {
+        self.host_calls = self.host_calls.wrapping_add(1);
+        &mut self.effects
+    }
+
+    /// The resource table, for one call of the guest into WASI's io.
+    fn called_io(&mut self) -> &mut ResourceTable {
+        self.host_calls = self.host_calls.wrapping_add(1);
+        &mut self.table
     }
 
     pub fn limiter(&mut self) -> &mut dyn ResourceLimiter {
@@ -113,9 +142,10 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     use wasmtime_wasi_io::bindings::wasi::io;
 
     let l = linker;
-    io::error::add_to_linker::<StoreState, HasIo>(l, |t| &mut t.table)?;
-    io::poll::add_to_linker::<StoreState, HasIo>(l, |t| &mut t.table)?;
-    io::streams::add_to_linker::<StoreState, HasIo>(l, |t| &mut t.table)?;
+    // Each call through the getters below is counted (`StoreState::host_calls`).
+    io::error::add_to_linker::<StoreState, HasIo>(l, StoreState::called_io)?;
+    io::poll::add_to_linker::<StoreState, HasIo>(l, StoreState::called_io)?;
+    io::streams::add_to_linker::<StoreState, HasIo>(l, StoreState::called_io)?;
     clocks::wall_clock::add_to_linker::<StoreState, WasiClocks>(l, StoreState::clocks)?;
     clocks::monotonic_clock::add_to_linker::<StoreState, WasiClocks>(l, StoreState::clocks)?;
     random::random::add_to_linker::<StoreState, WasiRandom>(l, |t| t.wasi.random())?;
@@ -146,9 +176,9 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     sockets::udp::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
     sockets::udp_create_socket::add_to_linker::<StoreState, WasiSockets>(l, StoreState::sockets)?;
 
-    tool::types::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
-    tool::reads::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
-    tool::config::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
-    tool::effects::add_to_linker::<StoreState, HasEffects>(l, |s| &mut s.effects)?;
+    tool::types::add_to_linker::<StoreState, HasEffects>(l, StoreState::called_effects)?;
+    tool::reads::add_to_linker::<StoreState, HasEffects>(l, StoreState::called_effects)?;
+    tool::config::add_to_linker::<StoreState, HasEffects>(l, StoreState::called_effects)?;
+    tool::effects::add_to_linker::<StoreState, HasEffects>(l, StoreState::called_effects)?;
     Ok(())
 }
