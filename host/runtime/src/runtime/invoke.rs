@@ -31,17 +31,17 @@ pub enum Invocation {
 }
 
 /// What a guest's running time is counted on against its attempt's deadline. Whichever it is,
-/// a guest stopped by it traps with `Trap::Interrupt`, read as [`Invocation::DeadlineExceeded`]
+/// a guest stopped by it traps with `Trap::Interrupt`, read as `Invocation::DeadlineExceeded`
 /// (`trapped`), and a guest waiting on the host is stopped by the attempt's timeout, a tokio
 /// timer: the deadline is one rule, only the clock that spends it differs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GuestClock {
-    /// Real time: the engine's epochs, which a thread advances every [`EPOCH_TICK`]; a guest
+    /// Real time: the engine's epochs, which a thread advances every `EPOCH_TICK`; a guest
     /// traps once its deadline's worth of ticks has passed. Every host but the simulator's.
     #[default]
     Real,
     /// The tokio clock (paused, in the whole-system simulator), moved on by the guest's own
-    /// running: a guest that runs wasm for [`SPIN_GRACE_TICKS`] ticks of the real epoch without
+    /// running: a guest that runs wasm for `SPIN_GRACE_TICKS` ticks of the real epoch without
     /// calling the host is spinning, and from then on each epoch check its code passes (a loop's
     /// back edge, a function's entry) moves the clock on by `step` (it sleeps `step` on it, so
     /// that every other task due meanwhile runs), until the clock reaches the attempt's
