@@ -51,8 +51,9 @@ pub struct Plan {
     /// Steps of the host's wall clock (ms into a life, by how many ms, forward or back), on a
     /// quarter of the seeds: within what the host's margins absorb (see sim/README.md).
     pub clock_jumps: Vec<(u64, i64)>,
-    /// Percent of the downstream's unfavourable answers (anything but a 2xx: a refusal, a 429, a
-    /// 5xx, a refused connection, no answer) after which the caller's process stops dead, as
+    /// Percent, drawn at each of the two points an unfavourable answer reaches (anything but a
+    /// 2xx: a refusal, a 429, a 5xx, a refused connection, no answer; so about half of such
+    /// answers at 30, five in six at 60), at which the caller's process stops dead, as
     /// `pause_pct`'s do, at the moment the answer reaches the host (before its record, or after
     /// it and before the attempt's): the load that makes a downstream turn a host away stalls
     /// the host too. What the answer proved must then be judged by whoever takes the step over,

@@ -263,8 +263,11 @@ pub fn stamp(effect_key: &str) -> u64 {
 /// An effect stamped 0 was written by a host of a release before the stamp (an operation in
 /// flight across the upgrade): which attempt wrote it is not known, so it is the stopped
 /// attempt's unless one of the operation's recorded `attempts` lists it. Counting it may cost the
-/// operation one attempt of its class's maximum; not counting it could send again what the
-/// stopped attempt sent. `attempts` is read only for those ([`reads_attempts`]).
+/// operation one attempt of its class's maximum; not counting it would let the operation run one
+/// attempt more than its class allows (no effect leaves twice either way: the guarded path sends
+/// an effect on record again only as its own status allows, and an irreversible one never). An
+/// effect an old host resent after an attempt that lists it is still not counted (its record
+/// says nothing more). `attempts` is read only for those ([`reads_attempts`]).
 pub fn unrecorded_sends<'a>(
     effects: &'a [EffectRecord],
     recorded: u32,
