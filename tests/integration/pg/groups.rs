@@ -125,6 +125,7 @@ async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
     let ledger = Ledger::connect(&url).await.expect("connect");
     let client = connect(&url).await;
     let rounds = 8;
+    let mut index_pages_before = Vec::new();
     for round in 0..rounds {
         let ops: Vec<String> = (0..64).map(|n| format!("r{round}-{n}")).collect();
         let fences = claimed(&ledger, &ops).await;
@@ -132,13 +133,17 @@ async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
         let results = end_at_once(&ledger, &ops, &fences, |n| ("ns".into(), format!("r{round}-{n}"), Some(0))).await;
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         if round == 0 {
-            // The plans are made: now the table is large, as a deployment's becomes.
+            // The plans are made: now the table is large, as a deployment's becomes. Written by
+            // a session of its own, which reports what it counted when it ends (below).
+            let filler_client = connect(&url).await;
             let filler = format!(
                 "INSERT INTO oncebox_operations (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, \
                  record) SELECT 'filler-' || n, 'filler', 'filler-' || n, 'fulfill', 'completed', 1, 0, true, '{{}}' \
                  FROM generate_series(1, {FILLER}) AS n"
             );
-            client.batch_execute(&filler).await.expect("filler");
+            filler_client.batch_execute(&filler).await.expect("filler");
+            drop(filler_client);
+            index_pages_before = index_pages_after_filler(&client, FILLER).await;
         }
     }
     drop(ledger);
@@ -172,6 +177,34 @@ async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
     // keys of its attempt and effect): far fewer than one read of the whole table.
     let read = operations.4 + operations.5;
     assert!(read < FILLER, "{read} rows of the operations table read for {calls} calls: {counted:?}");
+    // Nor a whole index of it: a scan of an index that filters every entry out fetches no row.
+    // Each call descends each index a few times; a read of a whole index per group would be its
+    // pages (the filler's) per group.
+    let after = index_pages(&client).await;
+    let measured = 64 * (rounds - 1);
+    for ((index, read, pages), (_, before, _)) in after.iter().zip(&index_pages_before) {
+        let per_call = (read - before) / measured;
+        assert!(per_call < 50, "{index}: {per_call} pages read per call after round 0 (the index has {pages})");
+    }
+}
+
+/// Each index of the operations table: pages read (from the cache or not), and its size in pages.
+async fn index_pages(client: &tokio_postgres::Client) -> Vec<(String, i64, i64)> {
+    let sql = "SELECT indexrelname::text, idx_blks_hit + idx_blks_read, \
+               pg_relation_size(indexrelid) / current_setting('block_size')::bigint \
+               FROM pg_statio_user_indexes WHERE relname = 'oncebox_operations' ORDER BY indexrelname";
+    client.query(sql, &[]).await.expect("statistics").iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+}
+
+/// [`index_pages`] once the session that inserted `filler` rows ended and its counts arrived
+/// (at most 30 s), so that the pages its inserts read are not counted against the calls.
+async fn index_pages_after_filler(client: &tokio_postgres::Client, filler: i64) -> Vec<(String, i64, i64)> {
+    let sql = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'oncebox_operations'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.query_one(sql, &[]).await.expect("statistics").get::<_, i64>(0) < filler && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    index_pages(client).await
 }
 
 /// What a group writes is what its writes one after another would have left: outbox numbers in

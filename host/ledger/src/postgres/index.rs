@@ -218,9 +218,16 @@ pub(super) fn reindex(
 /// NULL), so that a run with no records yet reads as read and empty, not as not read (a
 /// compensation claimed in a run nobody has called is indexed from its empty whole).
 /// `$1`/`$2`: [`compensation_steps`].
+///
+/// Whether a run has a compensation's step is asked by a `LATERAL` subquery with `LIMIT`, which
+/// the planner runs per run on the index of (run, step): an `EXISTS` here was planned, on a
+/// connection that made its plan while the table was small, as a hashed subplan scanning the
+/// whole index for compensation steps of every run, once per group: O(operations ever kept) per
+/// group, two fifths of the server's time after 50,000 calls of the bench (BENCHMARKS.md);
+/// `pg::groups` counts the index's pages read.
 pub(super) const WHOLE_RUNS: &str = "WITH w AS (SELECT u.r FROM unnest($3::text[], $4::bool[]) AS u(r, whole) \
-     WHERE u.whole OR EXISTS (SELECT 1 FROM oncebox_operations o WHERE o.run_id = u.r \
-     AND o.step_id >= $1 AND o.step_id < $2)) \
+     LEFT JOIN LATERAL (SELECT 1 AS found FROM oncebox_operations o WHERE o.run_id = u.r \
+     AND o.step_id >= $1 AND o.step_id < $2 LIMIT 1) AS c ON true WHERE u.whole OR c.found IS NOT NULL) \
      SELECT NULL::bool, r, NULL::bytea FROM w \
      UNION ALL SELECT false, o.run_id, o.record FROM oncebox_operations o WHERE o.run_id = ANY(ARRAY(SELECT r FROM w)) \
      UNION ALL SELECT true, a.run_id, a.record FROM oncebox_approvals a WHERE a.run_id = ANY(ARRAY(SELECT r FROM w))";
