@@ -36,6 +36,11 @@ struct Args {
     /// Fewer iterations: a smoke run, not a measurement.
     #[arg(long)]
     quick: bool,
+    /// Calls per caller in `throughput_64`, `pg_throughput_64` and `http_throughput_64` (twice as
+    /// many in the first two with `--only`; `throughput_1` and `throughput_8` make 8 and 4 times as
+    /// many): larger for a ledger that has grown during the run, as a deployment's has.
+    #[arg(long, default_value_t = 25)]
+    each: usize,
     /// Measure only this (instantiate_us, replay_us, fresh_kv_us, fresh_http_us, throughput_64,
     /// http_throughput_64 (the `charge` tool), or on PostgreSQL pg_fresh_kv_us, pg_fresh_http_us or pg_throughput_64,
     /// or `languages`, or `growth`: the costs that should follow open work, at two sizes of
@@ -79,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(args.dir.join("run"));
     let dir = args.dir.join("run");
     std::fs::create_dir_all(&dir)?;
-    let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, 25) };
+    let (slow, fast, each) = if args.quick { (20, 200, 4) } else { (300, 5_000, args.each) };
 
     let cache = args.dir.join("compile-cache");
     if args.only.as_deref() == Some("languages") {

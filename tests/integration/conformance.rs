@@ -350,6 +350,29 @@ async fn local_writes_apply_once_and_a_versioned_write_sees_other_writers(ledger
     assert_eq!(ledger.effects("c").await.expect("read").len(), 1);
 }
 
+/// A write-ahead that stages a local effect under its own key (no host does; the contract still
+/// says what becomes of it): the staged write applies once, and the record kept is the
+/// write-ahead's, written after its staged ones, on every backend. On PostgreSQL the two records
+/// are one row written twice in one group, which must be ordered, never lost to a statement that
+/// writes a row once.
+async fn a_write_ahead_staging_its_own_key_applies_the_write_and_keeps_its_own_record(ledger: Ledger) {
+    let a = owned(ledger.claim(&request("a", "a", 1_000)).await.expect("claim"));
+    let ahead = effect("a", 1, EffectStatus::Dispatched, 1);
+    let mut staged = ahead.clone();
+    staged.kind = "kv-set".into();
+    staged.status = EffectStatus::Completed;
+    let write = LocalWrite::KvSet { namespace: "ns".into(), key: "own".into(), value: vec![7], expected: None };
+    ledger.put_effect(a, &ahead, None, vec![(staged, write)]).await.expect("write-ahead");
+    assert_eq!(ledger.kv_get("ns", "own").await.expect("read"), Some(vec![7]), "the staged write applied");
+    let effects = ledger.effects("a").await.expect("read");
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(
+        (effects[0].status, effects[0].kind.as_str()),
+        (EffectStatus::Dispatched, "http"),
+        "the write-ahead's own"
+    );
+}
+
 async fn an_outbox_message_is_enqueued_with_its_record_in_order(ledger: Ledger) {
     let fence = owned(ledger.claim(&request("op", "a", 1_000)).await.expect("claim"));
     let message = |n: u32| {
@@ -871,6 +894,7 @@ conformance!(
     a_take_over_or_renewal_racing_the_owners_first_write_is_never_lost,
     an_unknown_operation_is_settled_and_reopened_only_as_proven,
     local_writes_apply_once_and_a_versioned_write_sees_other_writers,
+    a_write_ahead_staging_its_own_key_applies_the_write_and_keeps_its_own_record,
     an_outbox_message_is_enqueued_with_its_record_in_order,
     an_approval_is_written_as_a_compare_and_set_on_its_revision,
     only_what_is_over_expires_and_an_expired_step_is_not_claimed_again,

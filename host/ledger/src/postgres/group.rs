@@ -5,7 +5,8 @@
 //! 1. BEGIN, every job's locks (one statement, ascending), every job's reads, and the outbox
 //!    counter if a job may enqueue;
 //! 2. the jobs decide, in order (a take-over first draws its fence: one more round, rare);
-//! 3. every write and COMMIT (or ROLLBACK, if nothing was decided to be written).
+//! 3. every write, one statement where no row is written twice (`combine.rs`), and COMMIT (or
+//!    ROLLBACK, if nothing was decided to be written).
 //!
 //! A group whose writes all may ride (new operations' claims and effects' answers: `Decided`)
 //! commits without waiting for its WAL flush: the next flushed COMMIT, this host's or another's,
@@ -33,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
+use super::combine::{self, Check, Part};
 use super::db::{describe, uint};
 use super::grouped::{Answer, Decided, Decision, GUARD_FAILED, Job, Read, Reads};
 use super::index::{self, After, IndexWrites};
@@ -342,22 +344,23 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     if rides {
         second.push(sql!("SET LOCAL synchronous_commit = off"));
     }
-    second.extend(writes.statements());
-    if !index.is_empty() {
-        second.push(index.statement());
-    }
+    // Every write in one statement where no row is written twice (`combine.rs`).
+    let mut parts = writes.parts();
+    parts.extend(index.parts());
     if let Some(seq) = read.outbox_seq
         && Some(seq) != before
     {
-        second.push(sql!(OUTBOX_SEQ_SET, super::db::int(seq)));
+        let outbox_seq = sql!(OUTBOX_SEQ_SET, super::db::int(seq));
+        parts.push(Part::of(outbox_seq, Check::None, vec![combine::row("oncebox_meta", "outbox_seq")], 64));
     }
+    second.extend(combine::statements(parts));
     second.push(sql!("COMMIT"));
     let answers = match pipeline::round(client, &second).await {
         Ok(answers) => answers,
         // Not sent, nor anything after it: no COMMIT. The transaction is left open, and the
         // connection goes with it (`Connection`), which rolls it back.
         Err((i, e)) if e.as_db_error().is_some() => {
-            return Err(Failed::RolledBack(statement_failed(&shared.store, second[i].text, &e)));
+            return Err(Failed::RolledBack(statement_failed(&shared.store, &second[i].text, &e)));
         }
         Err((_, e)) => return Err(Failed::Unreachable(format!("the connection failed: {}", describe(&e)))),
     };
@@ -370,7 +373,7 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     for (i, (statement, answer)) in second.iter().zip(answers).enumerate() {
         let Err(e) = answer else { continue };
         if refused.is_none() && e.as_db_error().is_some() && i < last {
-            refused = Some(statement_failed(&shared.store, statement.text, &e));
+            refused = Some(statement_failed(&shared.store, &statement.text, &e));
         } else if refused.is_none() {
             connection.clean = e.as_db_error().is_some();
             let what = format!(
@@ -412,7 +415,7 @@ async fn read_round(
 ) -> Result<Vec<Vec<deadpool_postgres::tokio_postgres::Row>>, Failed> {
     // A database's refusal leaves the jobs to run alone; a connection's failure, to be told.
     let failed = |i: usize, e: &deadpool_postgres::tokio_postgres::Error| match e.as_db_error() {
-        Some(_) => Failed::RolledBack(statement_failed(&shared.store, statements[i].text, e)),
+        Some(_) => Failed::RolledBack(statement_failed(&shared.store, &statements[i].text, e)),
         None => Failed::Unreachable(format!("the connection failed: {}", describe(e))),
     };
     let answers = pipeline::round(client, statements).await.map_err(|(i, e)| failed(i, &e))?;
@@ -423,16 +426,18 @@ async fn read_round(
     Ok(rows)
 }
 
-/// A statement that failed, in one line; a guarded write that found its row changed says so.
+/// A statement that failed, in one line, naming the writes of a joined one (`combine.rs`); a
+/// guarded write that found its row changed says so.
 fn statement_failed(store: &str, sql: &str, e: &deadpool_postgres::tokio_postgres::Error) -> LedgerError {
-    if e.as_db_error().is_some_and(|db| db.code().code() == GUARD_FAILED) {
-        let head: Vec<&str> = sql.split_whitespace().skip(3).take(4).collect();
-        return LedgerError::Database {
-            store: store.to_string(),
-            what: format!("`{} ...` found its row changed although its lock was held", head.join(" ")),
-        };
-    }
-    super::db::failed(store, sql, e)
+    let heads = combine::heads(sql).into_iter().map(|head| format!("`{head} ...`")).collect::<Vec<_>>();
+    let what = if e.as_db_error().is_some_and(|db| db.code().code() == GUARD_FAILED) {
+        format!("one of {} found its row changed although its lock was held", heads.join(", "))
+    } else if !heads.is_empty() {
+        format!("the writes {} failed: {}", heads.join(", "), describe(e))
+    } else {
+        return super::db::failed(store, sql, e);
+    };
+    LedgerError::Database { store: store.to_string(), what }
 }
 
 /// A connection carrying a group's transaction: unless the transaction was ended (`clean`), the

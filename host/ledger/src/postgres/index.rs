@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::combine::{self, Check, Part, row};
 use super::db::{Tx, int, record, run_lock};
 use super::pipeline::{Sql, sql};
 use crate::run_state::{self, open_keys};
@@ -89,6 +90,10 @@ impl After {
     }
 }
 
+/// The tables' names, as [`row`] names their rows.
+const OPEN: &str = "oncebox_open";
+const ENDED: &str = "oncebox_ended";
+
 /// The index rows a transaction writes, the last word per key.
 #[derive(Default)]
 pub(super) struct IndexWrites {
@@ -119,8 +124,9 @@ impl IndexWrites {
         out
     }
 
-    /// One statement writing them all (the keys looked up with `= ANY`, as `writes.rs` says why).
-    pub fn statement(self) -> Sql {
+    /// A part per table (the keys looked up with `= ANY`, as `writes.rs` says why), for
+    /// `combine.rs`; none when there is nothing to write.
+    pub fn parts(self) -> Vec<Part> {
         let (mut closed, mut opened, mut runs) = (Vec::new(), Vec::new(), Vec::new());
         for (key, (run, open)) in self.open {
             if open {
@@ -131,19 +137,39 @@ impl IndexWrites {
             }
         }
         let (ended_ms, ended): (Vec<i64>, Vec<String>) = self.ended.into_iter().unzip();
-        sql!(
-            "WITH closed AS (DELETE FROM oncebox_open WHERE key = ANY($1::text[])), \
-             opened AS (INSERT INTO oncebox_open (key, run_id) SELECT * FROM unnest($2::text[], $3::text[]) \
-             ON CONFLICT (key) DO NOTHING), \
-             ended AS (INSERT INTO oncebox_ended (ended_ms, key) SELECT * FROM unnest($4::bigint[], $5::text[]) \
-             ON CONFLICT DO NOTHING) \
-             SELECT 1",
-            closed,
-            opened,
-            runs,
-            ended_ms,
-            ended,
-        )
+        let mut out = Vec::new();
+        let bytes = |keys: &[String]| keys.iter().map(|k| k.len() + 64).sum::<usize>();
+        if !closed.is_empty() {
+            let (names, size) = (closed.iter().map(|k| row(OPEN, k)).collect(), bytes(&closed));
+            out.push(Part::of(
+                sql!("DELETE FROM oncebox_open WHERE key = ANY($1::text[])", closed),
+                Check::None,
+                names,
+                size,
+            ));
+        }
+        if !opened.is_empty() {
+            let (names, size) = (opened.iter().map(|k| row(OPEN, k)).collect(), bytes(&opened) + bytes(&runs));
+            let statement = sql!(
+                "INSERT INTO oncebox_open (key, run_id) SELECT * FROM unnest($1::text[], $2::text[]) \
+                 ON CONFLICT (key) DO NOTHING",
+                opened,
+                runs,
+            );
+            out.push(Part::of(statement, Check::None, names, size));
+        }
+        if !ended.is_empty() {
+            let names = ended_ms.iter().zip(&ended).map(|(ms, k)| row(ENDED, (ms, k))).collect();
+            let size = bytes(&ended);
+            let statement = sql!(
+                "INSERT INTO oncebox_ended (ended_ms, key) SELECT * FROM unnest($1::bigint[], $2::text[]) \
+                 ON CONFLICT DO NOTHING",
+                ended_ms,
+                ended,
+            );
+            out.push(Part::of(statement, Check::None, names, size));
+        }
+        out
     }
 
     /// Writes them in `tx` (a job's own transaction).
@@ -151,10 +177,12 @@ impl IndexWrites {
         if self.is_empty() {
             return Ok(());
         }
-        let statement = self.statement();
-        let params: Vec<&(dyn deadpool_postgres::tokio_postgres::types::ToSql + Sync)> =
-            statement.params.iter().map(|p| p.as_ref() as _).collect();
-        tx.exec(statement.text, &params).await.map(drop)
+        for statement in combine::statements(self.parts()) {
+            let params: Vec<&(dyn deadpool_postgres::tokio_postgres::types::ToSql + Sync)> =
+                statement.params.iter().map(|p| p.as_ref() as _).collect();
+            tx.exec(&statement.text, &params).await?;
+        }
+        Ok(())
     }
 }
 
@@ -264,7 +292,7 @@ pub(super) async fn read_wholes(
     let statement = whole_runs(runs);
     let params: Vec<&(dyn deadpool_postgres::tokio_postgres::types::ToSql + Sync)> =
         statement.params.iter().map(|p| p.as_ref() as _).collect();
-    wholes(&tx.rows(statement.text, &params).await?)
+    wholes(&tx.rows(&statement.text, &params).await?)
 }
 
 /// Reindexes, in `tx` (which holds the locks of the touched keys and of their runs, exclusive

@@ -39,6 +39,7 @@
 //! `unknown` one: the new owner reconciles or resends with the same key, never sends blind.
 
 mod clock;
+mod combine;
 mod db;
 mod group;
 mod grouped;

@@ -4,6 +4,7 @@
 //! A group's transaction is two such rounds: BEGIN, the locks and the reads; then the writes and
 //! COMMIT (`group.rs`).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -15,16 +16,17 @@ use futures_util::future::{MaybeDone, maybe_done};
 /// A statement parameter, owned, so that a statement can wait in a round.
 pub(super) type Param = Box<dyn ToSql + Sync + Send>;
 
-/// One statement and its parameters.
+/// One statement and its parameters. Its text is a constant, or made for a group
+/// (`writes.rs`'s one statement for a group's writes).
 pub(super) struct Sql {
-    pub text: &'static str,
+    pub text: Cow<'static, str>,
     pub params: Vec<Param>,
 }
 
 /// `sql!(TEXT, a, b)`: a statement with its parameters, each moved into a box.
 macro_rules! sql {
     ($text:expr $(, $param:expr)* $(,)?) => {
-        $crate::postgres::pipeline::Sql { text: $text, params: vec![$(Box::new($param) as $crate::postgres::pipeline::Param),*] }
+        $crate::postgres::pipeline::Sql { text: ::std::borrow::Cow::Borrowed($text), params: vec![$(Box::new($param) as $crate::postgres::pipeline::Param),*] }
     };
 }
 pub(super) use sql;
@@ -45,7 +47,7 @@ pub(super) async fn round(
     client: &deadpool_postgres::Client,
     statements: &[Sql],
 ) -> Result<Vec<Answer>, (usize, Error)> {
-    let prepared = in_order(statements.iter().map(|s| client.prepare_cached(s.text)).collect()).await;
+    let prepared = in_order(statements.iter().map(|s| client.prepare_cached(&s.text)).collect()).await;
     let mut ready = Vec::with_capacity(prepared.len());
     for (i, prepared) in prepared.into_iter().enumerate() {
         ready.push(prepared.map_err(|e| (i, e))?);

@@ -1,5 +1,6 @@
-//! A group's writes (`group.rs`), gathered from its jobs' decisions (`grouped.rs`) by kind of row
-//! and sent as one statement per kind: the rows as arrays, `unnest`ed by the server.
+//! A group's writes (`group.rs`), gathered from its jobs' decisions (`grouped.rs`) by kind of row,
+//! as a part per kind (the rows as arrays, `unnest`ed by the server), which `combine.rs` sends as
+//! one statement where it may.
 //!
 //! A statement that joins a table with its `unnest`ed rows also names their keys with `= ANY`, so
 //! that the plan it keeps for the connection's life reads those rows by the table's key however
@@ -8,8 +9,9 @@
 //! named by their operations' keys only (an operation has few), KV entries by both columns (a
 //! group's keys share a few namespaces).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use super::combine::{Check, Part, STATEMENT_BYTES, row};
 use super::db::{encode, int};
 use super::jobs::effect_status_str;
 use super::notify;
@@ -134,51 +136,62 @@ impl Writes {
         self.reindex.extend(other.reindex);
     }
 
-    /// One statement per kind of row written (parents before the rows that refer to them), or a
-    /// few where the rows are large ([`STATEMENT_BYTES`]); the checked ones fail unless they
-    /// changed exactly the rows given.
-    pub fn statements(self) -> Vec<Sql> {
+    /// A part per kind of row written (parents before the rows that refer to them), or a few
+    /// where the rows are large ([`STATEMENT_BYTES`]); the checked ones fail unless they changed
+    /// exactly the rows given. `combine.rs` makes them one statement where it may.
+    pub fn parts(self) -> Vec<Part> {
         let mut out = Vec::new();
-        for rows in chunks(self.inserted, |r| r.record.len()) {
-            let n = rows.len() as i64;
+        let own: HashSet<(String, String)> =
+            self.effects_new.iter().chain(self.effects_changed.iter().map(|(r, ..)| r)).map(EffectRow::id).collect();
+        for (rows, bytes) in chunks(self.inserted, |r| r.record.len()) {
+            let check = Check::Exactly(rows.len() as i64);
+            let names = rows.iter().map(|r| row(OPERATIONS, &r.key)).collect();
             let claims: Vec<i64> = rows.iter().map(|r| r.claim).collect();
-            out.push(sql!(
-                "WITH w AS (INSERT INTO oncebox_operations \
-                 (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record, claim) \
-                 SELECT k, r, s, t, st, f, l, false, rec, c FROM unnest($1::text[], $2::text[], $3::text[], \
-                 $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bigint[]) \
-                 AS u(k, r, s, t, st, f, l, rec, c) \
-                 ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
-                rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.step_id.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.tool.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.status).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.fence).collect::<Vec<_>>(),
-                rows.iter().map(|r| r.lease_until_ms).collect::<Vec<_>>(),
-                rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
-                claims,
-                n,
+            out.push(Part::of(
+                sql!(
+                    "INSERT INTO oncebox_operations \
+                     (key, run_id, step_id, tool, status, fence, lease_until_ms, recorded, record, claim) \
+                     SELECT k, r, s, t, st, f, l, false, rec, c FROM unnest($1::text[], $2::text[], $3::text[], \
+                     $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bigint[]) \
+                     AS u(k, r, s, t, st, f, l, rec, c) \
+                     ON CONFLICT (key) DO NOTHING RETURNING 1",
+                    rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.step_id.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.tool.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.fence).collect::<Vec<_>>(),
+                    rows.iter().map(|r| r.lease_until_ms).collect::<Vec<_>>(),
+                    rows.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+                    claims,
+                ),
+                check,
+                names,
+                bytes,
             ));
         }
-        for rows in chunks(self.updated, |(r, ..)| r.record.len()) {
-            let n = rows.len() as i64;
-            out.push(sql!(
-                "WITH w AS (UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
-                 recorded = u.rd, record = u.rec FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], \
-                 $5::bigint[], $6::bool[], $7::bytea[], $8::text[]) AS u(k, held, st, f, l, rd, rec, held_st) \
-                 WHERE o.key = ANY($1::text[]) AND o.key = u.k AND o.fence = u.held AND o.status = u.held_st \
-                 RETURNING 1) \
-                 SELECT 1 / (count(*) = $9)::int FROM w",
-                rows.iter().map(|(r, ..)| r.key.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(_, _, held, _)| *held).collect::<Vec<_>>(),
-                rows.iter().map(|(r, ..)| r.status).collect::<Vec<_>>(),
-                rows.iter().map(|(r, ..)| r.fence).collect::<Vec<_>>(),
-                rows.iter().map(|(r, ..)| r.lease_until_ms).collect::<Vec<_>>(),
-                rows.iter().map(|(_, recorded, ..)| *recorded).collect::<Vec<_>>(),
-                rows.iter().map(|(r, ..)| r.record.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(.., status)| *status).collect::<Vec<_>>(),
-                n,
+        for (rows, bytes) in chunks(self.updated, |(r, ..)| r.record.len()) {
+            let check = Check::Exactly(rows.len() as i64);
+            let names = rows.iter().map(|(r, ..)| row(OPERATIONS, &r.key)).collect();
+            out.push(Part::of(
+                sql!(
+                    "UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
+                     recorded = u.rd, record = u.rec FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], \
+                     $5::bigint[], $6::bool[], $7::bytea[], $8::text[]) AS u(k, held, st, f, l, rd, rec, held_st) \
+                     WHERE o.key = ANY($1::text[]) AND o.key = u.k AND o.fence = u.held AND o.status = u.held_st \
+                     RETURNING 1",
+                    rows.iter().map(|(r, ..)| r.key.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(_, _, held, _)| *held).collect::<Vec<_>>(),
+                    rows.iter().map(|(r, ..)| r.status).collect::<Vec<_>>(),
+                    rows.iter().map(|(r, ..)| r.fence).collect::<Vec<_>>(),
+                    rows.iter().map(|(r, ..)| r.lease_until_ms).collect::<Vec<_>>(),
+                    rows.iter().map(|(_, recorded, ..)| *recorded).collect::<Vec<_>>(),
+                    rows.iter().map(|(r, ..)| r.record.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(.., status)| *status).collect::<Vec<_>>(),
+                ),
+                check,
+                names,
+                bytes,
             ));
         }
         // The last write of each KV key is what the keys hold after the group, as after its jobs
@@ -196,124 +209,169 @@ impl Writes {
                 None => removed.push((namespace, key)),
             }
         }
-        for rows in chunks(removed, |(n, k)| n.len() + k.len()) {
+        for (rows, bytes) in chunks(removed, |(n, k)| n.len() + k.len()) {
+            let names = rows.iter().map(|(n, k)| row(KV, (n, k))).collect();
             let (namespaces, keys): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
-            out.push(sql!(
-                "DELETE FROM oncebox_kv kv USING unnest($1::text[], $2::text[]) AS u(n, k) \
-                 WHERE kv.namespace = ANY($1::text[]) AND kv.key = ANY($2::text[]) \
-                 AND kv.namespace = u.n AND kv.key = u.k",
-                namespaces,
-                keys,
+            out.push(Part::of(
+                sql!(
+                    "DELETE FROM oncebox_kv kv USING unnest($1::text[], $2::text[]) AS u(n, k) \
+                     WHERE kv.namespace = ANY($1::text[]) AND kv.key = ANY($2::text[]) \
+                     AND kv.namespace = u.n AND kv.key = u.k",
+                    namespaces,
+                    keys,
+                ),
+                Check::None,
+                names,
+                bytes,
             ));
         }
-        for rows in chunks(set, |(n, k, v, _)| n.len() + k.len() + v.len()) {
-            out.push(sql!(
-                "INSERT INTO oncebox_kv (namespace, key, value, version) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) \
-                 ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
-                rows.iter().map(|(n, ..)| n.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(_, k, ..)| k.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(.., v, _)| v.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(.., version)| *version).collect::<Vec<_>>(),
+        for (rows, bytes) in chunks(set, |(n, k, v, _)| n.len() + k.len() + v.len()) {
+            let names = rows.iter().map(|(n, k, ..)| row(KV, (n, k))).collect();
+            out.push(Part::of(
+                sql!(
+                    "INSERT INTO oncebox_kv (namespace, key, value, version) \
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) \
+                     ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                    rows.iter().map(|(n, ..)| n.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(_, k, ..)| k.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(.., v, _)| v.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(.., version)| *version).collect::<Vec<_>>(),
+                ),
+                Check::None,
+                names,
+                bytes,
             ));
         }
-        for rows in chunks(self.outbox, |(_, topic, record)| topic.len() + record.len()) {
-            out.push(sql!(
-                "INSERT INTO oncebox_outbox (seq, topic, delivered, record) \
-                 SELECT s, t, false, r FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(s, t, r)",
-                rows.iter().map(|(seq, ..)| *seq).collect::<Vec<_>>(),
-                rows.iter().map(|(_, topic, _)| topic.clone()).collect::<Vec<_>>(),
-                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+        for (rows, bytes) in chunks(self.outbox, |(_, topic, record)| topic.len() + record.len()) {
+            let names = rows.iter().map(|(seq, ..)| row(OUTBOX, seq)).collect();
+            out.push(Part::of(
+                sql!(
+                    "INSERT INTO oncebox_outbox (seq, topic, delivered, record) \
+                     SELECT s, t, false, r FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(s, t, r)",
+                    rows.iter().map(|(seq, ..)| *seq).collect::<Vec<_>>(),
+                    rows.iter().map(|(_, topic, _)| topic.clone()).collect::<Vec<_>>(),
+                    rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+                ),
+                Check::None,
+                names,
+                bytes,
             ));
         }
-        for rows in chunks(self.effects_new, |r| r.record.len()) {
-            let n = rows.len() as i64;
-            let mut statement = effect_rows(
-                "WITH w AS (INSERT INTO oncebox_effects \
-                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
-                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO NOTHING RETURNING 1) \
-                 SELECT 1 / (count(*) = $8)::int FROM w",
-                rows,
-            );
-            statement.params.push(Box::new(n));
-            out.push(statement);
+        for (rows, bytes) in chunks(self.effects_new, |r| r.record.len()) {
+            let check = Check::Exactly(rows.len() as i64);
+            let names = rows.iter().map(EffectRow::name).collect();
+            out.push(Part::of(
+                effect_rows(
+                    "INSERT INTO oncebox_effects \
+                     (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                     $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO NOTHING RETURNING 1",
+                    rows,
+                ),
+                check,
+                names,
+                bytes,
+            ));
         }
-        for rows in chunks(self.effects_changed, |(r, ..)| r.record.len()) {
-            let n = rows.len() as i64;
+        for (rows, bytes) in chunks(self.effects_changed, |(r, ..)| r.record.len()) {
+            let check = Check::Exactly(rows.len() as i64);
+            let names = rows.iter().map(|(r, ..)| r.name()).collect();
             let (rows, held): (Vec<EffectRow>, Vec<(&'static str, i64)>) =
                 rows.into_iter().map(|(row, status, dispatches)| (row, (status, dispatches))).unzip();
             let (statuses, dispatches): (Vec<&'static str>, Vec<i64>) = held.into_iter().unzip();
             let mut statement = effect_rows(
-                "WITH w AS (UPDATE oncebox_effects e SET status = u.st, dispatches = u.d, first_dispatched_ms = u.fd, \
+                "UPDATE oncebox_effects e SET status = u.st, dispatches = u.d, first_dispatched_ms = u.fd, \
                  label = u.lb, record = u.rec FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
                  $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::bigint[]) \
                  AS u(ok, ek, st, d, fd, lb, rec, held_st, held_d) \
                  WHERE e.operation_key = ANY($1::text[]) \
                  AND e.operation_key = u.ok AND e.effect_key = u.ek AND e.status = u.held_st \
-                 AND e.dispatches = u.held_d RETURNING 1) SELECT 1 / (count(*) = $10)::int FROM w",
+                 AND e.dispatches = u.held_d RETURNING 1",
                 rows,
             );
             statement.params.push(Box::new(statuses));
             statement.params.push(Box::new(dispatches));
-            statement.params.push(Box::new(n));
-            out.push(statement);
+            out.push(Part::of(statement, check, names, bytes));
         }
-        // One row per effect: a later record of the same effect replaces an earlier one.
+        // One row per effect: a later record of the same effect replaces an earlier one, and a
+        // write-ahead's own record the staged one of its key (its job applies the staged writes,
+        // then writes its own record, as every backend does).
         let mut applied: Vec<EffectRow> = Vec::with_capacity(self.effects_applied.len());
-        for row in self.effects_applied {
+        for row in self.effects_applied.into_iter().filter(|row| !own.contains(&row.id())) {
             applied.retain(|r| (&r.operation_key, &r.effect_key) != (&row.operation_key, &row.effect_key));
             applied.push(row);
         }
-        for rows in chunks(applied, |r| r.record.len()) {
-            out.push(effect_rows(
-                "INSERT INTO oncebox_effects \
-                 (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
-                 $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
-                 status = excluded.status, dispatches = excluded.dispatches, \
-                 first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record",
-                rows,
+        for (rows, bytes) in chunks(applied, |r| r.record.len()) {
+            let names = rows.iter().map(EffectRow::name).collect();
+            out.push(Part::of(
+                effect_rows(
+                    "INSERT INTO oncebox_effects \
+                     (operation_key, effect_key, status, dispatches, first_dispatched_ms, label, record) \
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+                     $7::bytea[]) ON CONFLICT (operation_key, effect_key) DO UPDATE SET \
+                     status = excluded.status, dispatches = excluded.dispatches, \
+                     first_dispatched_ms = excluded.first_dispatched_ms, label = excluded.label, record = excluded.record",
+                    rows,
+                ),
+                Check::None,
+                names,
+                bytes,
             ));
         }
-        for rows in chunks(self.attempts, |(key, _, record)| key.len() + record.len()) {
-            out.push(sql!(
-                "INSERT INTO oncebox_attempts (operation_key, number, record) \
-                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) \
-                 ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
-                rows.iter().map(|(key, ..)| key.clone()).collect::<Vec<_>>(),
-                rows.iter().map(|(_, number, _)| *number).collect::<Vec<_>>(),
-                rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+        for (rows, bytes) in chunks(self.attempts, |(key, _, record)| key.len() + record.len()) {
+            let names = rows.iter().map(|(key, number, _)| row(ATTEMPTS, (key, number))).collect();
+            out.push(Part::of(
+                sql!(
+                    "INSERT INTO oncebox_attempts (operation_key, number, record) \
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) \
+                     ON CONFLICT (operation_key, number) DO UPDATE SET record = excluded.record",
+                    rows.iter().map(|(key, ..)| key.clone()).collect::<Vec<_>>(),
+                    rows.iter().map(|(_, number, _)| *number).collect::<Vec<_>>(),
+                    rows.into_iter().map(|(.., record)| record).collect::<Vec<_>>(),
+                ),
+                Check::None,
+                names,
+                bytes,
             ));
         }
         if !self.announce.is_empty() {
-            out.push(notify::changed_sql(self.announce));
+            out.push(Part::of(notify::changed_sql(self.announce), Check::Evaluated, Vec::new(), 0));
         }
         out
     }
 }
 
-/// The most bytes of rows one statement carries: a message to the server may not exceed 1 GB,
-/// and a guest may stage up to a thousand effects of a MiB each, so large rows go in several
-/// statements (each checked alone).
-const STATEMENT_BYTES: usize = 16 << 20;
+/// The tables' names, as [`row`] names their rows.
+const OPERATIONS: &str = "oncebox_operations";
+const KV: &str = "oncebox_kv";
+const OUTBOX: &str = "oncebox_outbox";
+const EFFECTS: &str = "oncebox_effects";
+const ATTEMPTS: &str = "oncebox_attempts";
+
+impl EffectRow {
+    /// Its operation's key and its own.
+    fn id(&self) -> (String, String) {
+        (self.operation_key.clone(), self.effect_key.clone())
+    }
+
+    /// Its row, for [`Part::rows`].
+    fn name(&self) -> u64 {
+        row(EFFECTS, (&self.operation_key, &self.effect_key))
+    }
+}
 
 /// `rows` in runs of at most [`STATEMENT_BYTES`] (by `size`, a row's variable part), each run at
-/// least one row; none if there are no rows.
-fn chunks<T>(rows: Vec<T>, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
-    let mut out: Vec<Vec<T>> = Vec::new();
-    let mut bytes = 0;
+/// least one row, with its bytes; none if there are no rows.
+fn chunks<T>(rows: Vec<T>, size: impl Fn(&T) -> usize) -> Vec<(Vec<T>, usize)> {
+    let mut out: Vec<(Vec<T>, usize)> = Vec::new();
     for row in rows {
         let n = size(&row) + 64;
         match out.last_mut() {
-            Some(run) if bytes + n <= STATEMENT_BYTES => {
-                bytes += n;
+            Some((run, bytes)) if *bytes + n <= STATEMENT_BYTES => {
+                *bytes += n;
                 run.push(row);
             }
-            _ => {
-                bytes = n;
-                out.push(vec![row]);
-            }
+            _ => out.push((vec![row], n)),
         }
     }
     out
