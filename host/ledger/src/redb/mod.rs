@@ -116,6 +116,21 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
+/// The memory redb keeps of the file's pages. Its default, a GiB, is what the integrity check at
+/// open filled: it reads every page through the cache, so a start of `serve` on a ledger of a
+/// million operations (1.2 GB) faulted in over a GiB of memory, took 14.7 s to answer
+/// `/healthz` and held 66 MB a minute later. With 64 MiB: 2.2 s and 36 MB, and a replay's lookup
+/// as fast (8.3 against 8.5 us; the kernel's page cache holds the file). 16 MiB made replays
+/// slower (10.9 us), 256 MiB the start (4.9 s). BENCHMARKS.md, issue 39.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// A redb builder with this ledger's settings.
+fn builder() -> redb::Builder {
+    let mut builder = Database::builder();
+    builder.set_cache_size(CACHE_BYTES);
+    builder
+}
+
 impl RedbStore {
     /// Opens (or creates) the ledger at `path` and recovers what a stopped host left behind:
     /// effects written ahead but never answered become `unknown`, operations holding one become
@@ -125,7 +140,7 @@ impl RedbStore {
         // Every page's checksum is verified at open: a file damaged outside redb is refused here,
         // left as it was, instead of trusted until a read of it panics (redb's plain open trusts
         // a cleanly closed file). A full read of the file, once per open.
-        let db = Database::builder().set_check_integrity_on_open(true).create(&path);
+        let db = builder().set_check_integrity_on_open(true).create(&path);
         let db = Arc::new(db.map_err(|e| LedgerError::open(&path, e))?);
         init(&db, &path)?;
         let highest_fence = recover(&db, oncebox_core::clock::now_ms())?;
@@ -137,7 +152,7 @@ impl RedbStore {
     /// embedder's own storage.
     pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = name.as_ref().to_path_buf();
-        let db = Database::builder()
+        let db = builder()
             .set_check_integrity_on_open(true)
             .create_with_backend(backend)
             .map_err(|e| LedgerError::open(&path, e))?;
@@ -150,7 +165,7 @@ impl RedbStore {
     /// A ledger that lives in memory and dies with the process: for `inspect` and for running a
     /// tool in isolation in a test.
     pub fn in_memory() -> Result<Self, LedgerError> {
-        let db = Database::builder()
+        let db = builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| LedgerError::open(Path::new(":memory:"), e))?;
         let db = Arc::new(db);
