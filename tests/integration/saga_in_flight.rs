@@ -140,3 +140,47 @@ async fn a_blocked_compensation_leaves_an_abandoned_step_as_it_was() {
     assert_eq!(f.provider.counts("o-2").payments, 1);
     assert_eq!(f.provider.totals().refunds, 0, "nothing refunded by a blocked compensation");
 }
+
+/// A step whose owner is gone after it sent a charge and before it recorded the attempt: the
+/// compensation takes it over and ends it unknown (the charge may have gone through), and the
+/// attempt it records for the gone owner lists that charge, by the take-over's rule
+/// (`rules::unrecorded_sends`): the record says what the attempt sent.
+#[tokio::test]
+async fn a_compensation_closing_an_abandoned_step_records_what_its_attempt_sent() {
+    use oncebox::ledger::{Claim, ClaimRequest, EffectStatus};
+    let f = Fixture::new().await;
+    let ledger = f.host.ledger();
+    let key = oncebox::keys::operation_key("r", "2-pay", "charge");
+    let gone = ClaimRequest {
+        key: key.clone(),
+        run_id: "r".into(),
+        step_id: "2-pay".into(),
+        tool: "charge".into(),
+        class: oncebox::ReplayClass::Compensatable,
+        fingerprint: "args".into(),
+        older_fingerprints: Vec::new(),
+        args: json!({}),
+        owner: "a-host-that-is-gone".into(),
+        // Its lease ended long ago.
+        now_ms: ledger.now_ms() - 60_000,
+        lease_ms: 1_000,
+        approval: None,
+        sealed: None,
+    };
+    let Claim::Owned { fence, .. } = ledger.claim(&gone).await.expect("claim") else { panic!("not owned") };
+    // Its first attempt wrote the charge ahead and sent it; nothing else of it was recorded.
+    let mut sent = crate::conformance::effect(&key, 1, EffectStatus::Dispatched, 1);
+    sent.attempt = 1;
+    ledger.put_effect(fence, &sent, None, Vec::new()).await.expect("write-ahead");
+
+    let report = f.host.compensate("r").await.expect("compensate");
+    // Closed unknown, it blocks the run until a person or a reconcile settles it.
+    let steps: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.step_id.as_str(), s.action)).collect();
+    assert_eq!(steps, [("2-pay", "blocking")], "{report:?}");
+    assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("in doubt")), "{report:?}");
+    let op = ledger.operation(&key).await.expect("read").expect("recorded");
+    assert_eq!(op.status, oncebox::ledger::OperationStatus::Unknown, "the charge may have gone through: {op:?}");
+    let attempts = ledger.attempts(&key).await.expect("attempts");
+    let listed: Vec<&str> = attempts.iter().flat_map(|a| a.effects.iter().map(|e| e.key.as_str())).collect();
+    assert_eq!(listed, [sent.key.as_str()], "the gone owner's attempt lists its charge: {attempts:?}");
+}

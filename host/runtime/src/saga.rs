@@ -514,7 +514,9 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
         message: Some(error.message.clone()),
         source: AttemptSource::Fresh,
         downstream_accepted: None,
-        effects: Vec::new(),
+        // What the gone owner's attempt sent, by the take-over's rule: this record is that
+        // attempt's.
+        effects: crate::pipeline::stopped_sends(stage, &op.key, &effects, previous_attempts).await?,
     };
     let ended =
         ledger.record_attempt(fence, &record, Some((status, None, Some(error.clone()))), ledger.now_ms(), Vec::new());

@@ -12,7 +12,9 @@ use crate::call::{Outcome, Prepared, Status};
 use crate::effects::{EffectCtx, InDoubt, Scope};
 use crate::error::CallError;
 use crate::lease::Lease;
-use crate::ledger::{AttemptEffect, AttemptRecord, AttemptSource, ErrorRecord, LedgerError, OperationStatus};
+use crate::ledger::{
+    AttemptEffect, AttemptRecord, AttemptSource, EffectRecord, ErrorRecord, LedgerError, OperationStatus,
+};
 use crate::policy::RetryPolicy;
 use crate::redact::sensitive_values;
 use crate::retry::{self, Decision, Failure};
@@ -227,11 +229,7 @@ async fn stopped_attempt(
     recorded: u32,
 ) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
     let effects = host.shared.ledger.effects(operation_key).await?;
-    let attempts = match crate::ledger::reads_attempts(&effects) {
-        true => host.shared.ledger.attempts(operation_key).await?,
-        false => Vec::new(),
-    };
-    let sent = crate::ledger::unrecorded_sends(&effects, recorded, &attempts);
+    let sent = stopped_sends(host, operation_key, &effects, recorded).await?;
     if sent.is_empty() {
         return Ok(None);
     }
@@ -241,7 +239,24 @@ async fn stopped_attempt(
          the attempt's end; taken over, that attempt counts and is not run again",
         keys.join(", ")
     );
-    Ok(Some((why, crate::ledger::sent_by_stopped(&sent))))
+    Ok(Some((why, sent)))
+}
+
+/// Of `effects`, the operation's on record, those its stopped owner's attempt sent and no
+/// recorded attempt lists (`rules::unrecorded_sends`; `recorded`: the attempts on record), as a
+/// record of that attempt lists them. The recorded attempts are read only when the rule needs
+/// them. Asked by a take-over and by a saga closing a step whose owner is gone (`saga.rs`).
+pub(crate) async fn stopped_sends(
+    host: &Stage,
+    operation_key: &str,
+    effects: &[EffectRecord],
+    recorded: u32,
+) -> Result<Vec<AttemptEffect>, CallError> {
+    let attempts = match crate::ledger::reads_attempts(effects) {
+        true => host.shared.ledger.attempts(operation_key).await?,
+        false => Vec::new(),
+    };
+    Ok(crate::ledger::sent_by_stopped(&crate::ledger::unrecorded_sends(effects, recorded, &attempts)))
 }
 
 /// The attempt's own in-doubt effects, plus any that an earlier attempt (or a stopped owner) left

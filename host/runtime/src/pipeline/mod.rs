@@ -22,6 +22,7 @@ use crate::redact::sensitive_values;
 use crate::stage::{Entry, Stage};
 use crate::telemetry::Span;
 use admit::Admitted;
+pub(crate) use attempts::stopped_sends;
 pub(crate) use prepare::prepare;
 
 pub(crate) async fn execute(host: &Stage, entry: &Entry, call: Call) -> Result<Outcome, CallError> {
