@@ -11,7 +11,7 @@ use oncebox::ledger::{
 
 const LEASE: u64 = 100;
 
-fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
+pub(crate) fn request(key: &str, owner: &str, now_ms: u64) -> ClaimRequest {
     ClaimRequest {
         key: key.into(),
         run_id: "run".into(),

@@ -429,3 +429,57 @@ async fn a_take_over_counts_the_stopped_attempt_and_retries_within_the_class_bud
     provider.settled().await;
     assert_eq!((provider.requests(), provider.counts("o-1").payments), (1, 1));
 }
+
+/// Effects written by a release from before attempts were stamped (`attempt: 0`), left by a host
+/// that stopped, met by the next open's recovery of a real ledger file: an unlisted one counts as
+/// the stopped attempt's (recorded, listing it, its operation unknown), and one a recorded
+/// attempt already lists is not counted again (`rules::unrecorded_sends`).
+#[tokio::test]
+async fn recovery_counts_an_older_release_s_unlisted_effect_as_the_stopped_attempt_s_once() {
+    use oncebox::ledger::{AttemptEffect, Claim, EffectSource, EffectStatus, OperationStatus};
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("ledger.redb");
+    let request = |key: &str| {
+        let mut request = crate::conformance::request(key, "a-host-that-stops", 1_000);
+        request.lease_ms = 60_000;
+        request
+    };
+    let old = |op: &str, n: u32, status: EffectStatus| {
+        let mut effect = crate::conformance::effect(op, n, status, 1);
+        effect.attempt = 0;
+        effect
+    };
+    {
+        let ledger = oncebox::Ledger::open(&path).expect("ledger");
+        // `a`: its one effect sent, nothing else recorded.
+        let Claim::Owned { fence, .. } = ledger.claim(&request("a")).await.expect("claim") else { panic!() };
+        ledger.put_effect(fence, &old("a", 1, EffectStatus::Dispatched), None, Vec::new()).await.expect("a1");
+        // `b`: attempt 1 recorded listing b1; then b2 sent, and the host stops.
+        let Claim::Owned { fence, .. } = ledger.claim(&request("b")).await.expect("claim") else { panic!() };
+        let b1 = old("b", 1, EffectStatus::Completed);
+        ledger.put_effect(fence, &b1, None, Vec::new()).await.expect("b1");
+        let mut first = crate::conformance::attempt("b", 1, fence);
+        first.effects = vec![AttemptEffect {
+            key: b1.key.clone(),
+            label: b1.label.clone(),
+            source: EffectSource::Fresh,
+            status: EffectStatus::Completed,
+        }];
+        ledger.record_attempt(fence, &first, None, 1_001, Vec::new()).await.expect("attempt 1");
+        ledger.put_effect(fence, &old("b", 2, EffectStatus::Dispatched), None, Vec::new()).await.expect("b2");
+    }
+
+    let ledger = oncebox::Ledger::open(&path).expect("reopened");
+    for (op, attempts, listed) in [
+        ("a", 1, vec![old("a", 1, EffectStatus::Dispatched).key]),
+        ("b", 2, vec![old("b", 2, EffectStatus::Dispatched).key]),
+    ] {
+        let record = ledger.operation(op).await.expect("read").expect("recorded");
+        assert_eq!((record.status, record.attempts), (OperationStatus::Unknown, attempts), "{op}: {record:?}");
+        let recorded = ledger.attempts(op).await.expect("attempts");
+        let last = recorded.iter().max_by_key(|a| a.attempt).expect("an attempt");
+        assert_eq!(last.attempt, attempts, "{op}: {recorded:?}");
+        let keys: Vec<String> = last.effects.iter().map(|e| e.key.clone()).collect();
+        assert_eq!(keys, listed, "{op}: the stopped attempt lists what it sent, and only that");
+    }
+}
