@@ -267,7 +267,10 @@ pub fn stamp(effect_key: &str) -> u64 {
 /// attempt more than its class allows (no effect leaves twice either way: the guarded path sends
 /// an effect on record again only as its own status allows, and an irreversible one never). An
 /// effect an old host resent after an attempt that lists it is still not counted (its record
-/// says nothing more). `attempts` is read only for those ([`reads_attempts`]).
+/// says nothing more). Counting it by its `dispatches` above the attempts listing it as sent
+/// would not be exact either: one attempt may send an effect twice (its rerun after a KV
+/// conflict meets its own send and, but for an irreversible effect, sends it again), so that rule
+/// would count attempts that never ran. `attempts` is read only for those ([`reads_attempts`]).
 pub fn unrecorded_sends<'a>(
     effects: &'a [EffectRecord],
     recorded: u32,
