@@ -353,8 +353,8 @@ async fn local_writes_apply_once_and_a_versioned_write_sees_other_writers(ledger
 /// A write-ahead that stages a local effect under its own key (no host does; the contract still
 /// says what becomes of it): the staged write applies once, and the record kept is the
 /// write-ahead's, written after its staged ones, on every backend. On PostgreSQL the two records
-/// are one row written twice in one group, which must be ordered, never lost to a statement that
-/// writes a row once.
+/// are one row: the group writes the write-ahead's alone (one statement writing a row twice
+/// would keep either, and is refused).
 async fn a_write_ahead_staging_its_own_key_applies_the_write_and_keeps_its_own_record(ledger: Ledger) {
     let a = owned(ledger.claim(&request("a", "a", 1_000)).await.expect("claim"));
     let ahead = effect("a", 1, EffectStatus::Dispatched, 1);

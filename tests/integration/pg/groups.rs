@@ -179,7 +179,8 @@ async fn a_group_finds_its_rows_by_key_and_rewrites_them_in_place() {
     assert!(read < FILLER, "{read} rows of the operations table read for {calls} calls: {counted:?}");
     // Nor a whole index of it: a scan of an index that filters every entry out fetches no row.
     // Each call descends each index a few times; a read of a whole index per group would be its
-    // pages (the filler's) per group.
+    // pages (the filler's) per group. The claims are made one after another, a group each, so
+    // such a read shows as the index's pages (215) per call.
     let after = index_pages(&client).await;
     let measured = 64 * (rounds - 1);
     for ((index, read, pages), (_, before, _)) in after.iter().zip(&index_pages_before) {
@@ -201,7 +202,8 @@ async fn index_pages(client: &tokio_postgres::Client) -> Vec<(String, i64, i64)>
 async fn index_pages_after_filler(client: &tokio_postgres::Client, filler: i64) -> Vec<(String, i64, i64)> {
     let sql = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'oncebox_operations'";
     let deadline = Instant::now() + Duration::from_secs(30);
-    while client.query_one(sql, &[]).await.expect("statistics").get::<_, i64>(0) < filler && Instant::now() < deadline {
+    while client.query_one(sql, &[]).await.expect("statistics").get::<_, i64>(0) < filler {
+        assert!(Instant::now() < deadline, "the filler's session's counts did not arrive in 30 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     index_pages(client).await

@@ -344,16 +344,19 @@ async fn transaction(shared: &Shared, jobs: &[Job]) -> Result<Vec<Result<Answer,
     if rides {
         second.push(sql!("SET LOCAL synchronous_commit = off"));
     }
-    // Every write in one statement where no row is written twice (`combine.rs`).
+    // Every write in one statement (`combine.rs`).
     let mut parts = writes.parts();
     parts.extend(index.parts());
     if let Some(seq) = read.outbox_seq
         && Some(seq) != before
     {
         let outbox_seq = sql!(OUTBOX_SEQ_SET, super::db::int(seq));
-        parts.push(Part::of(outbox_seq, Check::None, vec![combine::row("oncebox_meta", "outbox_seq")], 64));
+        parts.push(Part::of(outbox_seq, Check::None, vec![combine::row("oncebox_meta", &["outbox_seq"])], 64));
     }
-    second.extend(combine::statements(parts));
+    // A row named twice is a bug: nothing is written, and the jobs run again alone (the
+    // connection, its transaction open, goes: `Connection`).
+    let writes = combine::statements(parts).map_err(|twice| Failed::RolledBack(fail(twice.to_string())))?;
+    second.extend(writes);
     second.push(sql!("COMMIT"));
     let answers = match pipeline::round(client, &second).await {
         Ok(answers) => answers,

@@ -1,8 +1,9 @@
 //! The jobs of a call's hot path (a claim, a write-ahead, an attempt), written so that many can
 //! share one transaction (`group.rs`): each names its locks up front, decides from what the group
 //! read for all its jobs at once ([`Read`]), and adds its writes to the group's ([`Writes`]), which
-//! go to the database as one statement (a part per kind of row: `combine.rs`), whatever the number
-//! of jobs (the server's cost per statement, not per row, is what bounds a busy ledger). Each job mirrors its redb job
+//! go to the database as one statement (a part per kind of row: `combine.rs`; a few past 16 MiB),
+//! whatever the number of jobs (the server's cost per statement, not per row, bounds a busy
+//! ledger). Each job mirrors its redb job
 //! (`redb/jobs.rs`) and the reference model, decision for decision, through the shared rules of
 //! `rules.rs`.
 //!

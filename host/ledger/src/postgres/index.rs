@@ -140,7 +140,7 @@ impl IndexWrites {
         let mut out = Vec::new();
         let bytes = |keys: &[String]| keys.iter().map(|k| k.len() + 64).sum::<usize>();
         if !closed.is_empty() {
-            let (names, size) = (closed.iter().map(|k| row(OPEN, k)).collect(), bytes(&closed));
+            let (names, size) = (closed.iter().map(|k| row(OPEN, &[k])).collect(), bytes(&closed));
             out.push(Part::of(
                 sql!("DELETE FROM oncebox_open WHERE key = ANY($1::text[])", closed),
                 Check::None,
@@ -149,7 +149,7 @@ impl IndexWrites {
             ));
         }
         if !opened.is_empty() {
-            let (names, size) = (opened.iter().map(|k| row(OPEN, k)).collect(), bytes(&opened) + bytes(&runs));
+            let (names, size) = (opened.iter().map(|k| row(OPEN, &[k])).collect(), bytes(&opened) + bytes(&runs));
             let statement = sql!(
                 "INSERT INTO oncebox_open (key, run_id) SELECT * FROM unnest($1::text[], $2::text[]) \
                  ON CONFLICT (key) DO NOTHING",
@@ -159,7 +159,7 @@ impl IndexWrites {
             out.push(Part::of(statement, Check::None, names, size));
         }
         if !ended.is_empty() {
-            let names = ended_ms.iter().zip(&ended).map(|(ms, k)| row(ENDED, (ms, k))).collect();
+            let names = ended_ms.iter().zip(&ended).map(|(ms, k)| row(ENDED, &[&ms.to_string(), k])).collect();
             let size = bytes(&ended);
             let statement = sql!(
                 "INSERT INTO oncebox_ended (ended_ms, key) SELECT * FROM unnest($1::bigint[], $2::text[]) \
@@ -177,7 +177,9 @@ impl IndexWrites {
         if self.is_empty() {
             return Ok(());
         }
-        for statement in combine::statements(self.parts()) {
+        let statements = combine::statements(self.parts())
+            .map_err(|twice| LedgerError::Database { store: tx.store.to_string(), what: twice.to_string() })?;
+        for statement in statements {
             let params: Vec<&(dyn deadpool_postgres::tokio_postgres::types::ToSql + Sync)> =
                 statement.params.iter().map(|p| p.as_ref() as _).collect();
             tx.exec(&statement.text, &params).await?;

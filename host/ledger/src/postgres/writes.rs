@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::combine::{Check, Part, STATEMENT_BYTES, row};
+use super::combine::{Check, Part, RowName, STATEMENT_BYTES, row};
 use super::db::{encode, int};
 use super::jobs::effect_status_str;
 use super::notify;
@@ -141,11 +141,12 @@ impl Writes {
     /// exactly the rows given. `combine.rs` makes them one statement where it may.
     pub fn parts(self) -> Vec<Part> {
         let mut out = Vec::new();
-        let own: HashSet<(String, String)> =
-            self.effects_new.iter().chain(self.effects_changed.iter().map(|(r, ..)| r)).map(EffectRow::id).collect();
+        // New effects only: a staged effect already on record (a changed one's) is not applied
+        // again (`grouped::unapplied`).
+        let own: HashSet<(String, String)> = self.effects_new.iter().map(EffectRow::id).collect();
         for (rows, bytes) in chunks(self.inserted, |r| r.record.len()) {
             let check = Check::Exactly(rows.len() as i64);
-            let names = rows.iter().map(|r| row(OPERATIONS, &r.key)).collect();
+            let names = rows.iter().map(|r| row(OPERATIONS, &[&r.key])).collect();
             let claims: Vec<i64> = rows.iter().map(|r| r.claim).collect();
             out.push(Part::of(
                 sql!(
@@ -172,7 +173,7 @@ impl Writes {
         }
         for (rows, bytes) in chunks(self.updated, |(r, ..)| r.record.len()) {
             let check = Check::Exactly(rows.len() as i64);
-            let names = rows.iter().map(|(r, ..)| row(OPERATIONS, &r.key)).collect();
+            let names = rows.iter().map(|(r, ..)| row(OPERATIONS, &[&r.key])).collect();
             out.push(Part::of(
                 sql!(
                     "UPDATE oncebox_operations o SET status = u.st, fence = u.f, lease_until_ms = u.l, \
@@ -210,7 +211,7 @@ impl Writes {
             }
         }
         for (rows, bytes) in chunks(removed, |(n, k)| n.len() + k.len()) {
-            let names = rows.iter().map(|(n, k)| row(KV, (n, k))).collect();
+            let names = rows.iter().map(|(n, k)| row(KV, &[n, k])).collect();
             let (namespaces, keys): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
             out.push(Part::of(
                 sql!(
@@ -226,7 +227,7 @@ impl Writes {
             ));
         }
         for (rows, bytes) in chunks(set, |(n, k, v, _)| n.len() + k.len() + v.len()) {
-            let names = rows.iter().map(|(n, k, ..)| row(KV, (n, k))).collect();
+            let names = rows.iter().map(|(n, k, ..)| row(KV, &[n, k])).collect();
             out.push(Part::of(
                 sql!(
                     "INSERT INTO oncebox_kv (namespace, key, value, version) \
@@ -243,7 +244,7 @@ impl Writes {
             ));
         }
         for (rows, bytes) in chunks(self.outbox, |(_, topic, record)| topic.len() + record.len()) {
-            let names = rows.iter().map(|(seq, ..)| row(OUTBOX, seq)).collect();
+            let names = rows.iter().map(|(seq, ..)| row(OUTBOX, &[&seq.to_string()])).collect();
             out.push(Part::of(
                 sql!(
                     "INSERT INTO oncebox_outbox (seq, topic, delivered, record) \
@@ -319,7 +320,7 @@ impl Writes {
             ));
         }
         for (rows, bytes) in chunks(self.attempts, |(key, _, record)| key.len() + record.len()) {
-            let names = rows.iter().map(|(key, number, _)| row(ATTEMPTS, (key, number))).collect();
+            let names = rows.iter().map(|(key, number, _)| row(ATTEMPTS, &[key, &number.to_string()])).collect();
             out.push(Part::of(
                 sql!(
                     "INSERT INTO oncebox_attempts (operation_key, number, record) \
@@ -355,8 +356,8 @@ impl EffectRow {
     }
 
     /// Its row, for [`Part::rows`].
-    fn name(&self) -> u64 {
-        row(EFFECTS, (&self.operation_key, &self.effect_key))
+    fn name(&self) -> RowName {
+        row(EFFECTS, &[&self.operation_key, &self.effect_key])
     }
 }
 

@@ -149,7 +149,8 @@ impl RedbStore {
 
     /// Opens (or creates) a ledger over any redb storage backend (`name` names it in messages),
     /// recovering as [`Ledger::open`](crate::Ledger::open) does: for a backend that fails on command in a test, or an
-    /// embedder's own storage.
+    /// embedder's own storage. Its page cache is the same 64 MiB, which assumes reads of the
+    /// backend are cheap (as a file's are, from the kernel's cache).
     pub fn open_on(backend: impl redb::StorageBackend, name: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = name.as_ref().to_path_buf();
         let db = builder()
