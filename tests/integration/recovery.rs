@@ -483,3 +483,57 @@ async fn recovery_counts_an_older_release_s_unlisted_effect_as_the_stopped_attem
         assert_eq!(keys, listed, "{op}: the stopped attempt lists what it sent, and only that");
     }
 }
+
+/// An effect stamped attempt 0 (a release before attempts were stamped wrote it, the operation in
+/// flight across the upgrade), met by a take-over on a shared ledger: no recorded attempt lists
+/// it, so the stopped attempt counts (`rules::unrecorded_sends`) and is recorded listing it, and
+/// the next attempt sends the charge with its key: charged once, in the class's budget. Counted
+/// where the sends land.
+#[tokio::test]
+async fn a_take_over_counts_an_older_release_s_unlisted_send_as_the_stopped_attempt() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = oncebox::Ledger::open(dir.path().join("ledger.redb")).expect("ledger");
+    an_older_release_s_send_taken_over_counts_once([ledger.clone(), ledger], dir).await;
+}
+
+/// The same on PostgreSQL, two hosts each with its own connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_ledger_a_take_over_counts_an_older_release_s_unlisted_send() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = crate::pg::fresh_database().await;
+    let first = oncebox::Ledger::connect(&url).await.expect("ledger");
+    let second = oncebox::Ledger::connect(&url).await.expect("ledger");
+    an_older_release_s_send_taken_over_counts_once([first, second], dir).await;
+}
+
+async fn an_older_release_s_send_taken_over_counts_once([first, second]: [oncebox::Ledger; 2], dir: tempfile::TempDir) {
+    use std::sync::atomic::Ordering;
+    let provider = Provider::start().await.expect("provider");
+    let call = oncebox::Call::step("run-1", "charge", "charge", charge("o-1").to_string());
+    let (owner, _) = stopped_after_a_429(&first, &dir, &provider, &call).await;
+    // What an older host leaves: the same send, its record without the attempt's stamp.
+    let ops = second.operations(Some("run-1")).await.expect("operations");
+    let [op] = ops.as_slice() else { panic!("one operation: {ops:?}") };
+    let [sent] = <[_; 1]>::try_from(second.effects(&op.key).await.expect("effects")).expect("one effect");
+    assert_eq!((sent.status, sent.dispatches, sent.attempt), (EffectStatus::Retryable, 1, 1), "{sent:?}");
+    let old = oncebox::ledger::EffectRecord { attempt: 0, ..sent.clone() };
+    second.put_effect(op.fence, &old, Some((sent.status, sent.dispatches)), Vec::new()).await.expect("unstamped");
+
+    let host = take_over_hosts(&second, &dir, &provider).build().await.expect("host");
+    crate::support::load_all(&host).await;
+    let outcome = host.call(call).await.expect("call");
+    assert_eq!((outcome.status, outcome.attempts), (Status::Completed, 2), "the stopped attempt counts: {outcome:?}");
+    let attempts = second.attempts(&op.key).await.expect("attempts");
+    let record: Vec<(u32, &str, Vec<&str>)> = attempts
+        .iter()
+        .map(|a| (a.attempt, a.outcome.as_str(), a.effects.iter().map(|e| e.key.as_str()).collect()))
+        .collect();
+    assert_eq!(
+        record,
+        [(1, "interrupted", vec![sent.key.as_str()]), (2, "ok", vec![sent.key.as_str()])],
+        "the stopped attempt lists what it sent: {attempts:?}"
+    );
+    assert_eq!(owner.sent.load(Ordering::SeqCst), 1, "the stopped owner's one send");
+    provider.settled().await;
+    assert_eq!((provider.requests(), provider.counts("o-1").payments), (1, 1), "charged once");
+}
