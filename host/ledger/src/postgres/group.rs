@@ -5,8 +5,8 @@
 //! 1. BEGIN, every job's locks (one statement, ascending), every job's reads, and the outbox
 //!    counter if a job may enqueue;
 //! 2. the jobs decide, in order (a take-over first draws its fence: one more round, rare);
-//! 3. every write, one statement where no row is written twice (`combine.rs`), and COMMIT (or
-//!    ROLLBACK, if nothing was decided to be written).
+//! 3. every write, in one statement (`combine.rs`, which refuses a row named twice), and COMMIT
+//!    (or ROLLBACK, if nothing was decided to be written).
 //!
 //! A group whose writes all may ride (new operations' claims and effects' answers: `Decided`)
 //! commits without waiting for its WAL flush: the next flushed COMMIT, this host's or another's,
