@@ -456,30 +456,14 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         }) else {
             continue;
         };
-        // A step that gc removed (its run over at the time, its retention passed) has no record
-        // left for a saga to undo: by the retention's design, not a broken promise (sim/README.md
-        // reports the saga's answer, `Done`, as a finding). Only that step's effect, and only if
-        // it was removed before the compensation said done (one removed later was there to undo).
-        let said_done = facts.history.iter().find_map(|entry| match &entry.event {
-            Event::Compensated { run: r, result, .. } if r == run && result.starts_with("Done") => {
-                Some(facts.started_ms + entry.at_ms)
-            }
-            _ => None,
-        });
-        let collected_before = |tool: &str| {
-            facts.tombstones.iter().any(|t| {
-                t.run_id == run
-                    && t.tool == tool
-                    && t.status == OperationStatus::Completed
-                    && said_done.is_some_and(|done| t.removed_ms <= done.saturating_add(facts.clock_slack_ms))
-            })
-        };
+        // No excuse for a step that gc removed before the saga looked: the saga reads the run's
+        // tombstones and names such a step (undo by hand) instead of saying done.
         let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
-        if payments > refunds && !collected_before("charge") {
+        if payments > refunds {
             let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
             found.push(violation("compensation-incomplete", run, &order, detail));
         }
-        if facts.reservations.contains_key(&order) && !collected_before("reserve") {
+        if facts.reservations.contains_key(&order) {
             let detail = "compensation said done, yet the order's reservation is still held".to_string();
             found.push(violation("compensation-incomplete", run, &order, detail));
         }

@@ -242,6 +242,10 @@ impl<S: Store + 'static> Store for Paced<S> {
         self.paced(self.inner.tombstone(operation_key))
     }
 
+    fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>> {
+        self.paced(self.inner.tombstones(run_id))
+    }
+
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],

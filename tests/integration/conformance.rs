@@ -570,6 +570,7 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
         ended_ms: 1_001,
         removed_ms: 9_000,
         rejected: false,
+        class: Some(ReplayClass::Compensatable),
     };
     ledger.put_approval(&approval("done", 1, oncebox::ledger::ApprovalState::Approved)).await.expect("approval");
     let done = owned(ledger.claim(&request("done", "a", 1_000)).await.expect("claim"));
@@ -596,6 +597,7 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
     assert!(matches!(refused, Err(LedgerError::NotExpirable { .. })), "{refused:?}");
     assert!(ledger.operation("done").await.expect("read").is_some());
     assert!(ledger.tombstone("done").await.expect("read").is_none());
+    assert!(ledger.tombstones("run").await.expect("read").is_empty());
 
     // While a step of its run is claimed, what ended of the run is kept (retention read the run
     // closed before that claim, say): a saga or a repeat of the run may still need it.
@@ -620,6 +622,9 @@ async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledg
     assert!(ledger.approval("gone").await.expect("read").is_none());
     assert_eq!(ledger.operations(Some("run")).await.expect("read").len(), 1, "the one not expired stays");
     assert_eq!(ledger.tombstone("done").await.expect("read"), Some(tombstone("done")));
+    // Found by its run too (what a compensation of the run reads), and by no other.
+    assert_eq!(ledger.tombstones("run").await.expect("read"), [tombstone("done")]);
+    assert!(ledger.tombstones("done").await.expect("read").is_empty());
     let claim = ledger.claim(&request("done", "b", 10_000)).await.expect("claim");
     assert!(matches!(claim, Claim::Expired(ref t) if t.operation_key == "done"), "{claim:?}");
 }

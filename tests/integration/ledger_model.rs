@@ -373,6 +373,13 @@ impl oncebox::ledger::Store for ReferenceHandle {
         self.0.tombstone(operation_key)
     }
 
+    fn tombstones<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> oncebox::ledger::BoxFuture<'a, Result<Vec<oncebox::ledger::Tombstone>, LedgerError>> {
+        self.0.tombstones(run_id)
+    }
+
     fn expire<'a>(
         &'a self,
         tombstones: &'a [oncebox::ledger::Tombstone],

@@ -187,6 +187,7 @@ async fn apply(ledger: &Ledger, step: &Step, fences: &mut std::collections::Hash
                     ended_ms: now,
                     removed_ms: now,
                     rejected: false,
+                    class: Some(op.class),
                 };
                 let _ = ledger.expire(&[tombstone], &[]).await;
             }

@@ -289,6 +289,51 @@ async fn gc_removes_what_is_over_and_a_step_called_after_it_expired_is_not_run_a
     assert_eq!(f.provider.counts("o-1").payments, 1);
 }
 
+/// A run that is over (every step completed) is closed, so gc may remove its records before
+/// anyone asks to undo it. Its compensation then has no args to make the refund and the release
+/// from: it names both steps for a person (undo by hand, the run outstanding), dispatches
+/// nothing, and never says done while the payment stands. A run compensated before its records
+/// went stays done, answered from what retention left, with nothing refunded twice.
+#[tokio::test]
+async fn a_compensation_after_gc_removed_the_steps_names_them_for_a_person_and_never_says_done() {
+    let f = Fixture::new().await;
+    assert_eq!(f.host.call(step("r", "1-reserve", "reserve", &reserve())).await.expect("c").status, Status::Completed);
+    assert_eq!(f.host.call(step("r", "2-pay", "charge", &charge("o-1"))).await.expect("c").status, Status::Completed);
+    assert_eq!(f.host.call(step("u", "pay", "charge", &charge("o-2"))).await.expect("c").status, Status::Completed);
+    assert_eq!(f.host.compensate("u").await.expect("compensate").state, SagaState::Done);
+    assert_eq!(f.provider.counts("o-2").refunds, 1);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let gc = f.host.gc(Duration::ZERO).await.expect("gc");
+    assert_eq!(gc.removed_operations, 4, "both runs are closed: {gc:?}");
+
+    let requests = f.provider.requests();
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    let actions: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.tool.as_str(), s.action)).collect();
+    assert_eq!(actions, [("charge", "undo-by-hand"), ("reserve", "undo-by-hand")], "{report:?}");
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|s| s.reason.as_deref().is_some_and(|r| r.contains("expired") && r.contains("by hand"))),
+        "{report:?}"
+    );
+    // Nothing dispatched, nothing released: the payment and the reservation stand, as reported.
+    assert_eq!(f.provider.requests(), requests);
+    assert_eq!(f.provider.counts("o-1").refunds, 0);
+    assert_eq!(reserved(&f).await, 2);
+    // Asked again, the same answer.
+    assert_eq!(f.host.compensate("r").await.expect("compensate").state, SagaState::Outstanding);
+
+    // The run undone before gc: done, from its compensation's tombstone, and not refunded again.
+    let undone = f.host.compensate("u").await.expect("compensate");
+    assert_eq!(undone.state, SagaState::Done, "{undone:?}");
+    let actions: Vec<(&str, &str)> = undone.steps.iter().map(|s| (s.tool.as_str(), s.action)).collect();
+    assert_eq!(actions, [("charge", "compensated")], "{undone:?}");
+    assert_eq!(f.provider.counts("o-2").refunds, 1);
+    assert_eq!(f.provider.requests(), requests);
+}
+
 fn oncebox_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
 }

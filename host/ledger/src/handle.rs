@@ -296,6 +296,10 @@ impl Ledger {
         self.store.tombstone(operation_key).await
     }
 
+    pub async fn tombstones(&self, run_id: &str) -> Result<Vec<Tombstone>, LedgerError> {
+        self.store.tombstones(run_id).await
+    }
+
     pub async fn expire(&self, tombstones: &[Tombstone], approvals: &[StaleApproval]) -> Result<Removed, LedgerError> {
         self.store.expire(tombstones, approvals).await
     }

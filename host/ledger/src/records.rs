@@ -465,6 +465,11 @@ pub struct Tombstone {
     /// What was removed was a rejected request for approval (no operation ever ran).
     #[serde(default)]
     pub rejected: bool,
+    /// The removed operation's replay class, so that a compensation of its run knows a completed
+    /// compensatable step it can no longer undo (`saga`). `None`: a rejected request, or a
+    /// tombstone an older release left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<ReplayClass>,
 }
 
 impl Tombstone {
@@ -480,6 +485,7 @@ impl Tombstone {
             ended_ms: op.updated_ms,
             removed_ms,
             rejected: false,
+            class: Some(op.class),
         }
     }
 }

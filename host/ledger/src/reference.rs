@@ -443,6 +443,12 @@ impl Store for ReferenceStore {
         Box::pin(async move { Ok(self.lock().tombstones.get(operation_key).cloned()) })
     }
 
+    fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>> {
+        Box::pin(async move {
+            Ok(self.lock().tombstones.values().filter(|tombstone| tombstone.run_id == run_id).cloned().collect())
+        })
+    }
+
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],

@@ -25,7 +25,12 @@ use oncebox_core::policy::ReplayClass;
 
 /// The step id of the compensation of `op`.
 pub fn compensation_step(op: &OperationRecord) -> String {
-    format!("{COMPENSATION_PREFIX}{}", op.key)
+    compensation_step_of(&op.key)
+}
+
+/// [`compensation_step`] by the undone operation's key: what a tombstone names.
+pub fn compensation_step_of(operation_key: &str) -> String {
+    format!("{COMPENSATION_PREFIX}{operation_key}")
 }
 
 /// Whether `op` is itself a compensation.
@@ -37,6 +42,17 @@ pub fn is_compensation(op: &OperationRecord) -> bool {
 /// compensation.
 pub fn undoable(op: &OperationRecord) -> bool {
     !is_compensation(op) && op.status == OperationStatus::Completed && op.class == ReplayClass::Compensatable
+}
+
+/// Whether `tombstone` is what retention left of a step a compensation would have undone
+/// ([`undoable`]), its class `class` (the tombstone's, or for one an older release left without
+/// it, the loaded tool's): completed, not a rejected request, not a compensation, and
+/// compensatable, or of no known class (it may have been, so it is named rather than passed over).
+pub fn undoable_removed(tombstone: &Tombstone, class: Option<ReplayClass>) -> bool {
+    !tombstone.rejected
+        && tombstone.status == OperationStatus::Completed
+        && !step_ties_the_run(&tombstone.step_id)
+        && class.is_none_or(|class| class == ReplayClass::Compensatable)
 }
 
 /// Whether `op` is undone: some operation of its compensation's step completed, whatever tool ran

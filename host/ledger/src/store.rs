@@ -267,6 +267,11 @@ pub trait Store: Send + Sync + 'static {
     /// What retention left of a removed operation, if it was removed.
     fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>>;
 
+    /// What retention left of run `run_id`'s removed operations and requests, in operation key
+    /// order: what a compensation of the run can no longer undo from a record. redb and
+    /// PostgreSQL keep an index of tombstones by run, so this reads O(the run's tombstones).
+    fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>>;
+
     /// Removes operations whose records expired, with their attempts, effects and approvals,
     /// leaving a tombstone for each (a later claim of it is answered `Expired`), and the
     /// requests for approval of `approvals` (keys without an operation) that are still at the

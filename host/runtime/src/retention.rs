@@ -1,10 +1,13 @@
 //! Retention (DESIGN section 7): records expire after a window (7 days by default), and
 //! `oncebox ledger gc` removes the expired ones. Only what is over goes: completed and failed
 //! operations, with their attempts, effects and approval, and rejected requests for approval
-//! (leaving a tombstone, so the rejection stays final). Nothing a person, a later call or a saga
-//! still needs goes: every record of a run that is open, by the ledger's one rule
-//! (`ledger::run_state`: a step unknown or claimed, in flight included, a request awaiting a
-//! decision or its use, compensation outstanding).
+//! (leaving a tombstone, so the rejection stays final). Every record of a run that is open stays,
+//! by the ledger's one rule (`ledger::run_state`: a step unknown or claimed, in flight included, a
+//! request awaiting a decision or its use, compensation outstanding), but its rejected requests:
+//! nothing of their steps ran, and their tombstones keep them final, so nothing needs more of
+//! them. A closed run's records go once expired, compensatable steps included: a compensation
+//! asked for later finds them by their tombstones and names them for a person to undo by hand
+//! (`saga`), since the args their compensations would be made from went with them.
 //!
 //! Requests for approval lapse too: one nobody decided within the window (counted from when it was
 //! last asked), and an approval nobody used within it (counted from the decision, or from its
@@ -156,6 +159,7 @@ pub async fn gc(ledger: &Ledger, retention: Duration, now_ms: u64) -> Result<GcR
             ended_ms: approval.last_written(),
             removed_ms: now_ms,
             rejected: true,
+            class: None,
         });
     }
     stale.extend(lapsed.into_iter().map(StaleApproval::of));

@@ -31,6 +31,12 @@
 //! the contract) and reports what a person needs to do about it: approve it, settle an unknown
 //! one, or undo by hand a step whose compensation failed or was rejected (a failed compensation is
 //! recorded as such, and replayed, not tried again).
+//!
+//! A completed step whose record retention removed before the run was undone (`oncebox ledger
+//! gc` removes a closed run's records once they are older than the retention, and a run with no
+//! step open is closed) has no args or output left to make its compensation from. The saga reads
+//! the run's tombstones (`Ledger::tombstones`, O(the run's)) and names each such compensatable
+//! step `undo-by-hand`: never `Done` while its effect may stand.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,7 +50,7 @@ use crate::error::CallError;
 pub use crate::keys::COMPENSATION_PREFIX;
 use crate::ledger::{
     ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, Open,
-    OperationRecord, OperationStatus, Why,
+    OperationRecord, OperationStatus, Tombstone, Why, run_state,
 };
 use crate::policy::ReplayClass;
 use crate::stage::{Entry, Stage};
@@ -77,8 +83,9 @@ pub struct SagaStep {
     /// `compensated`, `kept` (irreversible, or nothing undoes it), `blocking`, `abandoned` (its
     /// owner was gone and nothing of it took effect: ended failed, nothing to undo),
     /// `awaiting-approval` (its compensation waits for a person), `outstanding` (its compensation
-    /// did not complete), `undo-by-hand` (its compensation failed or was rejected: a person must
-    /// undo the step) or `pending` (after one of those).
+    /// did not complete), `undo-by-hand` (its compensation failed or was rejected, or its record
+    /// expired before the run was undone: a person must undo the step) or `pending` (after one of
+    /// those).
     pub action: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Outcome>,
@@ -174,6 +181,13 @@ pub(crate) async fn compensate(
     let open = open_of(stage, run_id).await?;
     let ops = ledger.operations(Some(run_id)).await?;
     let approvals = ledger.approvals(Some(run_id)).await?;
+    // What retention removed of the run, read after its records: an operation removed between
+    // the two reads is in both, and one removed before in the tombstones, never in neither.
+    let removed = ledger.tombstones(run_id).await?;
+    let completed_in = |step: &str| ops.iter().find(|c| c.step_id == step && c.status == OperationStatus::Completed);
+    let removed_completed = |step: &str| {
+        removed.iter().find(|t| t.step_id == step && !t.rejected && t.status == OperationStatus::Completed)
+    };
 
     // A step of the run that is not over blocks it: undoing half of what may have happened is a
     // second guess. The run's own compensations (in progress, unknown, awaiting approval) and its
@@ -224,6 +238,11 @@ pub(crate) async fn compensate(
         // tool names today.
         if let Some(undone) = begun.iter().find(|c| c.status == OperationStatus::Completed) {
             steps.push(SagaStep { compensation: Some(Outcome::replay(undone)), ..step(op, "compensated", None) });
+            continue;
+        }
+        // Undone, and that record since removed by retention: never undone twice.
+        if let Some(undone) = removed_completed(&compensation) {
+            steps.push(step(op, "compensated", Some(expired_compensation(undone))));
             continue;
         }
         let plan = tools(&op.tool)
@@ -322,7 +341,70 @@ pub(crate) async fn compensate(
         }
         steps.push(SagaStep { compensation: Some(outcome), ..step(op, action, reason) });
     }
+
+    // The steps whose records retention removed before the run was undone (its run was closed
+    // then: no compensation of it had begun). Their args and output are gone, so no compensation
+    // can be made for them: each is named, for a person to undo by hand, and the run is not done.
+    // (Passed over, the saga would say `Done` while their payments stand.) Retention removes by
+    // age, so they ended before every step still on record: last in reverse order.
+    let mut gone: Vec<&Tombstone> =
+        removed.iter().filter(|t| !ops.iter().any(|op| op.key == t.operation_key)).collect();
+    gone.sort_by(|a, b| (b.ended_ms, &b.operation_key).cmp(&(a.ended_ms, &a.operation_key)));
+    for stone in gone {
+        let class = stone.class.or_else(|| tools(&stone.tool).map(|entry| entry.tool.manifest.class));
+        if !run_state::undoable_removed(stone, class) {
+            continue;
+        }
+        let ended = format!(
+            "it ended at {} and its record expired (removed at {})",
+            time(stone.ended_ms),
+            time(stone.removed_ms)
+        );
+        let compensation = run_state::compensation_step_of(&stone.operation_key);
+        if completed_in(&compensation).is_some() {
+            steps.push(removed_step(stone, "compensated", format!("its compensation completed; {ended}")));
+        } else if let Some(undone) = removed_completed(&compensation) {
+            steps.push(removed_step(stone, "compensated", expired_compensation(undone)));
+        } else {
+            // Each one, whatever came before it: none will ever have a compensation to wait for.
+            let class = class.map_or("of a class its record no longer says", ReplayClass::as_str);
+            steps.push(removed_step(
+                stone,
+                "undo-by-hand",
+                format!(
+                    "a completed step ({class}); {ended} before its run was undone, so the args its compensation \
+                     would be made from are gone and nothing was dispatched for it: a person must undo this step by \
+                     hand"
+                ),
+            ));
+            state = SagaState::Outstanding;
+        }
+    }
     Ok(SagaReport { run_id: run_id.to_string(), state, steps })
+}
+
+/// A step whose record retention removed, as the report names it.
+fn removed_step(stone: &Tombstone, action: &'static str, reason: String) -> SagaStep {
+    SagaStep {
+        step_id: stone.step_id.clone(),
+        tool: stone.tool.clone(),
+        operation_key: stone.operation_key.clone(),
+        action,
+        compensation: None,
+        reason: Some(reason),
+        approve: None,
+        console: None,
+    }
+}
+
+/// Why a step counts as compensated by a compensation whose own record retention removed.
+fn expired_compensation(undone: &Tombstone) -> String {
+    format!(
+        "its compensation `{}` completed at {}; that record expired (removed at {})",
+        undone.tool,
+        time(undone.ended_ms),
+        time(undone.removed_ms)
+    )
 }
 
 /// What keeps run `run_id` open now, by the ledger's one rule.

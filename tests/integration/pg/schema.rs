@@ -8,7 +8,8 @@ use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{Ledger, Store};
 
 use super::{connect, connect_unmarked, fresh_database, request};
-use oncebox::ledger::{ApprovalRecord, ApprovalState};
+use oncebox::ReplayClass;
+use oncebox::ledger::{ApprovalRecord, ApprovalState, OperationStatus, Tombstone};
 
 #[tokio::test]
 async fn a_store_is_named_by_its_url_without_the_password() {
@@ -188,17 +189,38 @@ async fn the_indexes_by_age_are_made_over_a_database_of_the_last_release_and_rea
     assert!(ledger.enqueue_once("notify", "unknown/k/2", "{}").await.expect("enqueue"));
     let first = ledger.outbox().await.expect("read")[0].seq;
     ledger.mark_delivered(first, 40).await.expect("deliver");
+    // What retention left of two runs.
+    let stone = |key: &str, run: &str| Tombstone {
+        operation_key: key.into(),
+        run_id: run.into(),
+        step_id: key.into(),
+        tool: "charge".into(),
+        fingerprint: "f".into(),
+        status: OperationStatus::Completed,
+        ended_ms: 5,
+        removed_ms: 6,
+        rejected: false,
+        class: Some(ReplayClass::Compensatable),
+    };
+    let stones = [stone("t2", "r"), stone("t1", "other"), stone("t0", "r")];
+    ledger.expire(&stones, &[]).await.expect("expire");
     drop(ledger);
-    // Make it a database of the last release: no indexes by age, no functions.
+    // Make it a database of the last release: no indexes by age or of tombstones by run, no
+    // functions.
     let client = super::connect(&url).await;
     client
         .batch_execute(
             "DROP INDEX oncebox_approvals_written; DROP INDEX oncebox_outbox_delivered; \
-             DROP FUNCTION oncebox_approval_written(bytea); DROP FUNCTION oncebox_delivered_ms(bytea)",
+             DROP INDEX oncebox_tombstones_run; DROP FUNCTION oncebox_approval_written(bytea); \
+             DROP FUNCTION oncebox_delivered_ms(bytea); DROP FUNCTION oncebox_tombstone_run(bytea)",
         )
         .await
         .expect("drop");
     let ledger = Ledger::connect(&url).await.expect("connect");
+    // A run's tombstones, in key order, those left before the index too.
+    assert_eq!(ledger.tombstones("r").await.expect("read"), [stones[2].clone(), stones[0].clone()]);
+    assert_eq!(ledger.tombstones("other").await.expect("read"), [stones[1].clone()]);
+    assert!(ledger.tombstones("nobody").await.expect("read").is_empty());
     let keys = |asked: Vec<ApprovalRecord>| asked.into_iter().map(|a| a.operation_key).collect::<Vec<_>>();
     for cutoff in [0, 30, 31, 90, 91, u64::MAX] {
         let indexed = ledger.approvals_before(cutoff).await.expect("indexed");
@@ -237,6 +259,11 @@ async fn the_indexes_by_age_are_made_over_a_database_of_the_last_release_and_rea
             "EXPLAIN SELECT record FROM oncebox_outbox WHERE delivered AND oncebox_delivered_ms(record) < 41::bigint::numeric \
              ORDER BY oncebox_delivered_ms(record), seq",
             "oncebox_outbox_delivered",
+        ),
+        (
+            "EXPLAIN SELECT record FROM oncebox_tombstones WHERE oncebox_tombstone_run(record) = 'r' \
+             ORDER BY operation_key",
+            "oncebox_tombstones_run",
         ),
     ] {
         let plan: Vec<String> = client.query(sql, &[]).await.expect("explain").iter().map(|row| row.get(0)).collect();

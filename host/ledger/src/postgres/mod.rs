@@ -445,6 +445,15 @@ impl Store for PostgresStore {
         })
     }
 
+    fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>> {
+        Box::pin(async move {
+            // `oncebox_tombstones_run` answers it (`schema::AGED_INDEXES`).
+            let sql = "SELECT record FROM oncebox_tombstones WHERE oncebox_tombstone_run(record) = $1 \
+                       ORDER BY operation_key";
+            self.records("oncebox_tombstones", sql, &[&run_id]).await
+        })
+    }
+
     fn expire<'a>(
         &'a self,
         tombstones: &'a [Tombstone],

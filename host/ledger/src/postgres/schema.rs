@@ -202,8 +202,10 @@ async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// conformance suite holds the two equal. Numeric, so that no stored number can fail the cast.
 /// The cost: a write of `record` is never a HOT update on these two tables (a request is written
 /// at its ask and its decision; a message at each delivery's answer), which is cheap next to
-/// reading every request or message at each gc. The functions are made with the schema (they
-/// must be there before an index names them); the indexes after it ([`index_by_age`]).
+/// reading every request or message at each gc. `oncebox_tombstone_run` reads a tombstone's run,
+/// for the tombstones by run (written once each, when retention removes an operation). The
+/// functions are made with the schema (they must be there before an index names them); the
+/// indexes after it ([`index_by_age`]).
 const AGED: &str = r#"
 CREATE OR REPLACE FUNCTION oncebox_approval_written(record bytea) RETURNS numeric
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -218,11 +220,19 @@ BEGIN
     RETURN (convert_from(record, 'UTF8')::jsonb -> 'delivery' ->> 'delivered_ms')::numeric;
 END
 $$;
+CREATE OR REPLACE FUNCTION oncebox_tombstone_run(record bytea) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+BEGIN
+    RETURN convert_from(record, 'UTF8')::jsonb ->> 'run_id';
+END
+$$;
 "#;
 
-/// The indexes by age, each its own statement: `CREATE INDEX CONCURRENTLY` runs outside any
-/// transaction.
-const AGED_INDEXES: [(&str, &str); 2] = [
+/// The indexes by age, and the tombstones by run (what a run's compensation reads of what
+/// retention removed: `Store::tombstones`, O(the run's) once built), each its own statement:
+/// `CREATE INDEX CONCURRENTLY` runs outside any transaction. Until a build ends, those reads scan
+/// their table, as before.
+const AGED_INDEXES: [(&str, &str); 3] = [
     (
         "oncebox_approvals_written",
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_approvals_written \
@@ -233,13 +243,19 @@ const AGED_INDEXES: [(&str, &str); 2] = [
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_outbox_delivered \
          ON oncebox_outbox (oncebox_delivered_ms(record), seq) WHERE delivered",
     ),
+    (
+        "oncebox_tombstones_run",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_tombstones_run \
+         ON oncebox_tombstones (oncebox_tombstone_run(record), operation_key)",
+    ),
 ];
 
 /// The functions of the indexes by age ([`AGED`]), where missing. Looked up first, as
 /// [`claim_tokens`] says why.
 async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
     let there = "SELECT to_regproc('oncebox_approval_written') IS NOT NULL \
-                 AND to_regproc('oncebox_delivered_ms') IS NOT NULL";
+                 AND to_regproc('oncebox_delivered_ms') IS NOT NULL \
+                 AND to_regproc('oncebox_tombstone_run') IS NOT NULL";
     let found: bool = match tx.opt(there, &[]).await? {
         Some(row) => column(&row, 0, "pg_proc")?,
         None => false,

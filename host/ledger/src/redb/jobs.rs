@@ -463,9 +463,11 @@ pub(super) fn expire(
         }
         touched.push((op.run_id.clone(), key.to_string()));
     }
+    let mut by_run = txn.open_table(TOMBSTONES_BY_RUN)?;
     for tombstone in tombstones.iter().filter(|t| !kept.contains(&t.operation_key)) {
-        put(&mut records, (tombstone.operation_key.as_str(), TOMBSTONE, ""), tombstone)?;
+        super::tombstones::leave(&mut records, &mut by_run, tombstone)?;
     }
+    drop(by_run);
     drop((records, approval_table, steps));
     for request in &unasked {
         super::aged::asked(txn, &request.operation_key, Some(request), None)?;

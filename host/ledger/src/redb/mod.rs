@@ -25,6 +25,7 @@ mod open;
 mod open_index;
 mod outbox;
 mod tables;
+mod tombstones;
 mod writer;
 
 use crate::ReconcileNote;
@@ -476,6 +477,10 @@ impl RedbStore {
         get(&txn.open_table(RECORDS)?, (operation_key, TOMBSTONE, ""))
     }
 
+    pub fn tombstones(&self, run_id: &str) -> Result<Vec<Tombstone>, LedgerError> {
+        tombstones::of_run(&self.db, run_id)
+    }
+
     pub fn outbox(&self) -> Result<Vec<OutboxMessage>, LedgerError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(OUTBOX)?;
@@ -620,6 +625,10 @@ impl Store for RedbStore {
 
     fn tombstone<'a>(&'a self, operation_key: &'a str) -> BoxFuture<'a, Result<Option<Tombstone>, LedgerError>> {
         Box::pin(async move { RedbStore::tombstone(self, operation_key) })
+    }
+
+    fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>> {
+        Box::pin(async move { RedbStore::tombstones(self, run_id) })
     }
 
     fn expire<'a>(

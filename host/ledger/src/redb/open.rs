@@ -19,7 +19,7 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
             }
             Some(SCHEMA_VERSION) => {}
-            Some(older @ 2..=5) => {
+            Some(older @ 2..=6) => {
                 if older == 2 {
                     migrate_kv_versions(&txn)?;
                 }
@@ -32,14 +32,17 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
                     meta.insert(HIGHEST_FENCE_KEY, highest_fence)?;
                     read += records;
                 }
-                read += super::aged::build(&txn)?;
+                if older <= 5 {
+                    read += super::aged::build(&txn)?;
+                }
+                read += super::tombstones::build(&txn)?;
                 meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
                 tracing::info!(
                     ledger = %path.display(),
                     from = older,
                     to = SCHEMA_VERSION,
                     records = read,
-                    "built the ledger's indexes of open work and of what retention visits, once: from now on they are read"
+                    "built the ledger's indexes of open work, of what retention visits and of what it left, once: from now on they are read"
                 );
             }
             Some(other) => {
@@ -64,6 +67,7 @@ pub(super) fn init(db: &Database, path: &Path) -> Result<(), LedgerError> {
         txn.open_table(ASKED)?;
         txn.open_table(ASKED_BY_RUN)?;
         txn.open_table(DELIVERED)?;
+        txn.open_table(TOMBSTONES_BY_RUN)?;
     }
     txn.commit()?;
     Ok(())

@@ -54,6 +54,11 @@ pub const DELIVERED: TableDefinition<(u64, u64), ()> = TableDefinition::new("del
 /// compensation and `GET /v1/runs/R` read of its requests, O(the run's), instead of every request
 /// ever kept. Kept with `ASKED`, in the transaction of each write and removal of a request.
 pub const ASKED_BY_RUN: TableDefinition<(&str, &str), ()> = TableDefinition::new("asked_by_run");
+/// The tombstones of each run: (run id, operation key) -> (). What a run's compensation reads to
+/// find the steps whose records retention removed (`Store::tombstones`), O(the run's), instead of
+/// every tombstone ever left. Written with the tombstone, in the transaction that removes the
+/// operation; tombstones are never removed, so neither are their entries here.
+pub const TOMBSTONES_BY_RUN: TableDefinition<(&str, &str), ()> = TableDefinition::new("tombstones_by_run");
 /// name -> number: schema version, outbox sequence
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -66,7 +71,8 @@ pub const SCHEMA_VERSION_KEY: &str = "schema_version";
 /// indexed at open, once.
 /// 6: the requests for approval by age (`ASKED`) and by run (`ASKED_BY_RUN`), and the delivered
 /// outbox messages by delivery (`DELIVERED`); an older ledger is indexed at open, once.
-pub const SCHEMA_VERSION: u64 = 6;
+/// 7: the tombstones by run (`TOMBSTONES_BY_RUN`); an older ledger is indexed at open, once.
+pub const SCHEMA_VERSION: u64 = 7;
 pub const OUTBOX_SEQ_KEY: &str = "outbox_seq";
 /// The highest fence a durable operation holds (`open::keep_fence`).
 pub const HIGHEST_FENCE_KEY: &str = "highest_fence";
