@@ -62,6 +62,24 @@ pub fn compensated(ops: &[&OperationRecord], op: &OperationRecord) -> bool {
     ops.iter().any(|c| c.step_id == step && c.status == OperationStatus::Completed)
 }
 
+/// How the step of operation `operation_key` was undone, if it was: a completed compensation of
+/// it on record (`ops`: the run's operations), or one whose record retention removed since
+/// (`removed`: the run's tombstones). Whatever tool ran it, as [`compensated`].
+pub fn undone_by<'a>(operation_key: &str, ops: &'a [OperationRecord], removed: &'a [Tombstone]) -> Option<Undone<'a>> {
+    let step = compensation_step_of(operation_key);
+    let completed = OperationStatus::Completed;
+    ops.iter().find(|c| c.step_id == step && c.status == completed).map(Undone::Recorded).or_else(|| {
+        removed.iter().find(|t| t.step_id == step && !t.rejected && t.status == completed).map(Undone::Removed)
+    })
+}
+
+/// A step's completed compensation ([`undone_by`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Undone<'a> {
+    Recorded(&'a OperationRecord),
+    Removed(&'a Tombstone),
+}
+
 /// One thing that keeps a run open: the step it is about, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Open {

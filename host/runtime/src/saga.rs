@@ -54,6 +54,7 @@ use crate::ledger::{
 };
 use crate::policy::ReplayClass;
 use crate::stage::{Entry, Stage};
+use run_state::Undone;
 
 // The compensation's identity (its step, bound to the operation it undoes) belongs to the rule of
 // what keeps a run open, which the saga asks; re-exported for the saga's readers.
@@ -184,10 +185,6 @@ pub(crate) async fn compensate(
     // What retention removed of the run, read after its records: an operation removed between
     // the two reads is in both, and one removed before in the tombstones, never in neither.
     let removed = ledger.tombstones(run_id).await?;
-    let completed_in = |step: &str| ops.iter().find(|c| c.step_id == step && c.status == OperationStatus::Completed);
-    let removed_completed = |step: &str| {
-        removed.iter().find(|t| t.step_id == step && !t.rejected && t.status == OperationStatus::Completed)
-    };
 
     // A step of the run that is not over blocks it: undoing half of what may have happened is a
     // second guess. The run's own compensations (in progress, unknown, awaiting approval) and its
@@ -241,7 +238,7 @@ pub(crate) async fn compensate(
             continue;
         }
         // Undone, and that record since removed by retention: never undone twice.
-        if let Some(undone) = removed_completed(&compensation) {
+        if let Some(Undone::Removed(undone)) = run_state::undone_by(&op.key, &ops, &removed) {
             steps.push(step(op, "compensated", Some(expired_compensation(undone))));
             continue;
         }
@@ -360,24 +357,27 @@ pub(crate) async fn compensate(
             time(stone.ended_ms),
             time(stone.removed_ms)
         );
-        let compensation = run_state::compensation_step_of(&stone.operation_key);
-        if completed_in(&compensation).is_some() {
-            steps.push(removed_step(stone, "compensated", format!("its compensation completed; {ended}")));
-        } else if let Some(undone) = removed_completed(&compensation) {
-            steps.push(removed_step(stone, "compensated", expired_compensation(undone)));
-        } else {
-            // Each one, whatever came before it: none will ever have a compensation to wait for.
-            let class = class.map_or("of a class its record no longer says", ReplayClass::as_str);
-            steps.push(removed_step(
-                stone,
-                "undo-by-hand",
-                format!(
-                    "a completed step ({class}); {ended} before its run was undone, so the args its compensation \
+        match run_state::undone_by(&stone.operation_key, &ops, &removed) {
+            Some(Undone::Recorded(_)) => {
+                steps.push(removed_step(stone, "compensated", format!("its compensation completed; {ended}")));
+            }
+            Some(Undone::Removed(undone)) => {
+                steps.push(removed_step(stone, "compensated", expired_compensation(undone)));
+            }
+            None => {
+                // Each one, whatever came before it: none will ever have a compensation to wait for.
+                let class = class.map_or("of a class its record no longer says", ReplayClass::as_str);
+                steps.push(removed_step(
+                    stone,
+                    "undo-by-hand",
+                    format!(
+                        "a completed step ({class}); {ended} before its run was undone, so the args its compensation \
                      would be made from are gone and nothing was dispatched for it: a person must undo this step by \
                      hand"
-                ),
-            ));
-            state = SagaState::Outstanding;
+                    ),
+                ));
+                state = SagaState::Outstanding;
+            }
         }
     }
     Ok(SagaReport { run_id: run_id.to_string(), state, steps })

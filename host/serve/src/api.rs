@@ -178,10 +178,16 @@ async fn run(
     // before it is seen, in flight or recorded.
     let report = oncebox_runtime::recovery::report(app.host.ledger(), Some(&run_id)).await?;
     let ops = app.host.ledger().operations(Some(&run_id)).await?;
-    let Some(recovery) = report.get(&run_id) else {
-        return Err(ApiError::NotFound(format!("no run {run_id} in the ledger")));
+    // What retention removed of the run (a compensation names its compensatable steps for a
+    // person): no params or answers, only which step, when it ended and when it went.
+    let expired = app.host.ledger().tombstones(&run_id).await?;
+    let recovery = match report.get(&run_id) {
+        Some(recovery) => recovery.clone(),
+        None if !expired.is_empty() => Default::default(),
+        None => return Err(ApiError::NotFound(format!("no run {run_id} in the ledger"))),
     };
-    let body = json!({ "run_id": run_id, "operations": ops, "open": recovery.open, "recovery": recovery });
+    let body =
+        json!({ "run_id": run_id, "operations": ops, "open": recovery.open, "recovery": recovery, "expired": expired });
     Ok(json_response(StatusCode::OK, &body))
 }
 

@@ -86,7 +86,7 @@ pub fn document() -> Value {
                 "responses": ok("The operation's outcome after the settlement.", json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "409", "413", "415"]))
             }},
             "/v1/runs/{run_id}": { "get": {
-                "operationId": "run", "summary": "A run's operations, what keeps it open (`open`: the ledger's one rule) and what a person must decide.",
+                "operationId": "run", "summary": "A run's operations, what keeps it open (`open`: the ledger's one rule), what a person must decide, and what retention removed of it (`expired`: its tombstones).",
                 "parameters": [run_id],
                 "responses": ok("The run.", object.clone(), refusals(&["401", "404"]))
             }},

@@ -340,6 +340,51 @@ async fn a_run_s_page_shows_what_keeps_it_open_by_the_ledger_s_rule() {
     assert!(html.contains("Nothing keeps this run open"), "{html}");
 }
 
+/// A run over is closed, so `oncebox ledger gc` may remove its records before anyone asks to
+/// undo it. After a restart, the run's page and the API's run view still show it, with the
+/// compensatable step whose record went named for a person; compensating it through the API
+/// dispatches nothing and answers outstanding, the step `undo-by-hand`, never done while the
+/// payment stands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let mut server = setup.serve();
+    let paid = call(&server, "pay", "charge", &charge("o-gone")).await;
+    assert_eq!(paid["status"], "completed", "{paid}");
+    server.kill();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let ledger = setup.ledger();
+    let (code, gc, stderr) =
+        crate::support::oncebox(&["ledger", "gc", "--ledger", ledger.to_str().expect("utf8"), "--older-than", "0s"]);
+    assert_eq!((code, &gc["removed_operations"]), (0, &json!(1)), "{gc} {stderr}");
+
+    let server = setup.serve();
+    let html =
+        client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
+    assert!(html.contains("Removed by retention") && html.contains("class=\"expired\""), "{html}");
+    assert!(html.contains("undo-by-hand") && !html.contains("nothing to undo"), "{html}");
+    let run: Value =
+        client().get(server.url(&format!("/v1/runs/{RUN}"))).send().await.expect("run").json().await.expect("json");
+    assert_eq!(run["expired"][0]["tool"], "charge", "{run}");
+    assert_eq!(run["expired"][0]["class"], "compensatable", "{run}");
+
+    let requests = provider.requests();
+    let report = client()
+        .post(server.url(&format!("/v1/runs/{RUN}/compensate")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("compensate");
+    assert_eq!(report.status(), 200);
+    let report: Value = report.json().await.expect("json");
+    assert_eq!(report["state"], "outstanding", "{report}");
+    assert_eq!(report["steps"][0]["action"], "undo-by-hand", "{report}");
+    assert_eq!(provider.requests(), requests, "nothing dispatched");
+    assert_eq!(provider.counts("o-gone").refunds, 0);
+    assert_eq!(provider.counts("o-gone").payments, 1, "the payment stands, as the answer says");
+}
+
 /// An approval that expired unused shows as expired, with the form to decide again; deciding
 /// again lets the step run, once.
 #[tokio::test(flavor = "multi_thread")]

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use oncebox_runtime::ledger::{AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, Why, run_state};
+use oncebox_runtime::ledger::{
+    AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, Tombstone, Why, run_state,
+};
 use oncebox_runtime::recovery::RunRecovery;
 use oncebox_runtime::saga;
 use serde_json::Value;
@@ -138,7 +140,8 @@ pub async fn run(
     let recovery = report.get(&run_id).cloned().unwrap_or_default();
     let mut ops = ledger.operations(Some(&run_id)).await?;
     let approvals = api::approval_views(&app, Some(&run_id), false, viewer.signed_in()).await?;
-    if ops.is_empty() && approvals.is_empty() && recovery.open.is_empty() {
+    let expired = ledger.tombstones(&run_id).await?;
+    if ops.is_empty() && approvals.is_empty() && recovery.open.is_empty() && expired.is_empty() {
         return Err(Refusal::Error(StatusCode::NOT_FOUND, format!("no run {run_id} in the ledger")));
     }
     ops.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then_with(|| a.step_id.cmp(&b.step_id)));
@@ -153,7 +156,7 @@ pub async fn run(
     body.push_str(&decisions(&recovery));
     body.push_str("<h2>Requests for approval</h2>");
     body.push_str(&approvals_table(&approvals, "No step of this run asked for approval."));
-    body.push_str(&compensation(&ops, &recovery.open));
+    body.push_str(&compensation(&ops, &recovery.open, &expired));
     body.push_str("<h2>Timeline</h2><ol class=\"timeline\">");
     for op in &ops {
         let attempts = ledger.attempts(&op.key).await?;
@@ -161,6 +164,7 @@ pub async fn run(
         body.push_str(&step_item(op, &attempts, &effects));
     }
     body.push_str("</ol>");
+    body.push_str(&removed_table(&expired));
     Ok(Page::ok(html::page(&format!("Run {run_id}"), &viewer, flash(&uri), &body)))
 }
 
@@ -219,12 +223,44 @@ fn decisions(run: &RunRecovery) -> String {
     out
 }
 
-/// Where undoing the run stands: each completed compensatable step and its compensation.
-fn compensation(ops: &[OperationRecord], open: &[Open]) -> String {
+/// Where undoing the run stands: each completed compensatable step and its compensation, and
+/// those whose records retention removed before the run was undone (nothing can be made to undo
+/// them: `compensate` names them for a person).
+fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -> String {
     let undoable: Vec<&OperationRecord> = ops.iter().filter(|op| run_state::undoable(op)).collect();
+    let gone: Vec<&Tombstone> = expired
+        .iter()
+        .filter(|t| {
+            run_state::undoable_removed(t, t.class) && run_state::undone_by(&t.operation_key, ops, expired).is_none()
+        })
+        .collect();
     let mut out = String::from("<h2>Compensation</h2>");
+    if !gone.is_empty() {
+        out.push_str(
+            "<p>Retention removed the records of completed steps below before this run was undone: their \
+             compensations cannot be made from them. If the run must be undone, a person undoes them by hand \
+             (<code>compensate</code> names them <code>undo-by-hand</code>).</p>",
+        );
+        out.push_str(
+            "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th></tr>",
+        );
+        for stone in &gone {
+            let _ = write!(
+                out,
+                "<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&stone.operation_key),
+                escape(&stone.step_id),
+                escape(&stone.tool),
+                time(stone.ended_ms),
+                time(stone.removed_ms)
+            );
+        }
+        out.push_str("</table>");
+    }
     if undoable.is_empty() {
-        out.push_str("<p class=\"muted\">No completed compensatable step: nothing to undo.</p>");
+        if gone.is_empty() {
+            out.push_str("<p class=\"muted\">No completed compensatable step on record: nothing to undo.</p>");
+        }
         return out;
     }
     if open.iter().any(|o| o.why == Why::CompensationOutstanding) {
@@ -233,13 +269,41 @@ fn compensation(ops: &[OperationRecord], open: &[Open]) -> String {
     out.push_str("<table><tr><th>Step</th><th>Tool</th><th>Compensation</th></tr>");
     for op in undoable {
         let step = saga::compensation_step(op);
-        let state = ops.iter().find(|c| c.step_id == step).map_or("not started", |c| c.status.as_str());
+        let state = match run_state::undone_by(&op.key, ops, expired) {
+            Some(_) => "completed",
+            None => ops.iter().find(|c| c.step_id == step).map_or("not started", |c| c.status.as_str()),
+        };
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&op.step_id),
             escape(&op.tool),
             badge(if state == "completed" { "compensated" } else { state })
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// The steps whose records retention removed: which, how they ended, and when they went.
+fn removed_table(expired: &[Tombstone]) -> String {
+    if expired.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<h2>Removed by retention</h2><table class=\"removed\"><tr><th>Step</th><th>Tool</th><th>Ended</th>\
+         <th>At</th><th>Removed at</th></tr>",
+    );
+    for stone in expired {
+        let ended = if stone.rejected { "rejected" } else { stone.status.as_str() };
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&stone.step_id),
+            escape(&stone.tool),
+            badge(ended),
+            time(stone.ended_ms),
+            time(stone.removed_ms)
         );
     }
     out.push_str("</table>");
