@@ -122,6 +122,11 @@ pub fn targets(r: &Results) -> Vec<Target> {
             format!("{:.1}x", r.throughput_64 / r.sqlite_64),
         ),
     ];
+    // Issue 37: the shared ledger at half of redb's throughput, in the same run.
+    if let Some(pg) = r.pg_throughput_64 {
+        let ratio = pg / r.throughput_64;
+        targets.push(t("pg_throughput_64 >= 0.5 x throughput_64", ratio >= 0.5, format!("{ratio:.2}x ({pg:.0})")));
+    }
     targets.extend(language_targets(&r.languages));
     targets
 }

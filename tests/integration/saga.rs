@@ -309,7 +309,9 @@ async fn a_compensation_after_gc_removed_the_steps_names_them_for_a_person_and_n
     let requests = f.provider.requests();
     let report = f.host.compensate("r").await.expect("compensate");
     assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
-    let actions: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.tool.as_str(), s.action)).collect();
+    // Newest first, by when each ended (two ending in the same millisecond: either order).
+    let mut actions: Vec<(&str, &str)> = report.steps.iter().map(|s| (s.tool.as_str(), s.action)).collect();
+    actions.sort();
     assert_eq!(actions, [("charge", "undo-by-hand"), ("reserve", "undo-by-hand")], "{report:?}");
     assert!(
         report
@@ -332,6 +334,49 @@ async fn a_compensation_after_gc_removed_the_steps_names_them_for_a_person_and_n
     assert_eq!(actions, [("charge", "compensated")], "{undone:?}");
     assert_eq!(f.provider.counts("o-2").refunds, 1);
     assert_eq!(f.provider.requests(), requests);
+}
+
+/// A tombstone an older release left has no class: its step may have been compensatable, so the
+/// compensation names it for a person rather than passing it over. And a step still on record
+/// whose completed compensation's record alone was removed is compensated: not refunded again.
+#[tokio::test]
+async fn a_tombstone_without_a_class_is_named_and_a_removed_compensation_still_counts() {
+    let f = Fixture::new().await;
+    let ledger = f.host.ledger();
+    let old = oncebox::ledger::Tombstone {
+        operation_key: "old-key".into(),
+        run_id: "old".into(),
+        step_id: "pay".into(),
+        tool: "charge".into(),
+        fingerprint: "f".into(),
+        status: OperationStatus::Completed,
+        ended_ms: 1_000,
+        removed_ms: 2_000,
+        rejected: false,
+        class: None,
+    };
+    ledger.expire(&[old], &[]).await.expect("expire");
+    let report = f.host.compensate("old").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    assert_eq!(report.steps.len(), 1, "{report:?}");
+    assert_eq!(report.steps[0].action, "undo-by-hand", "{report:?}");
+    assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("older release")), "{report:?}");
+
+    assert_eq!(f.host.call(step("u", "pay", "charge", &charge("o-3"))).await.expect("c").status, Status::Completed);
+    assert_eq!(f.host.compensate("u").await.expect("compensate").state, SagaState::Done);
+    assert_eq!(f.provider.counts("o-3").refunds, 1);
+    let ops = ledger.operations(Some("u")).await.expect("read");
+    let refund = ops.iter().find(|op| oncebox::saga::is_compensation(op)).expect("the refund's record");
+    let tombstone = oncebox::ledger::Tombstone::of(refund, oncebox_now());
+    let removed = ledger.expire(&[tombstone], &[]).await.expect("expire");
+    assert_eq!(removed.operations, 1, "the run is closed: the refund's record goes alone");
+    let requests = f.provider.requests();
+    let again = f.host.compensate("u").await.expect("compensate");
+    assert_eq!(again.state, SagaState::Done, "{again:?}");
+    assert_eq!(again.steps[0].action, "compensated", "{again:?}");
+    assert!(again.steps[0].reason.as_deref().is_some_and(|r| r.contains("expired")), "{again:?}");
+    assert_eq!(f.provider.requests(), requests, "nothing sent");
+    assert_eq!(f.provider.counts("o-3").refunds, 1);
 }
 
 fn oncebox_now() -> u64 {

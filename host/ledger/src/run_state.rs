@@ -44,15 +44,17 @@ pub fn undoable(op: &OperationRecord) -> bool {
     !is_compensation(op) && op.status == OperationStatus::Completed && op.class == ReplayClass::Compensatable
 }
 
+/// Whether `tombstone` is what retention left of a completed step of its run: not a rejected
+/// request (nothing of it ran), not a compensation.
+pub fn removed_step(tombstone: &Tombstone) -> bool {
+    !tombstone.rejected && tombstone.status == OperationStatus::Completed && !step_ties_the_run(&tombstone.step_id)
+}
+
 /// Whether `tombstone` is what retention left of a step a compensation would have undone
-/// ([`undoable`]), its class `class` (the tombstone's, or for one an older release left without
-/// it, the loaded tool's): completed, not a rejected request, not a compensation, and
-/// compensatable, or of no known class (it may have been, so it is named rather than passed over).
-pub fn undoable_removed(tombstone: &Tombstone, class: Option<ReplayClass>) -> bool {
-    !tombstone.rejected
-        && tombstone.status == OperationStatus::Completed
-        && !step_ties_the_run(&tombstone.step_id)
-        && class.is_none_or(|class| class == ReplayClass::Compensatable)
+/// ([`undoable`]): a completed step ([`removed_step`]), compensatable, or of no class on record
+/// (a tombstone an older release left: it may have been, so it is named rather than passed over).
+pub fn undoable_removed(tombstone: &Tombstone) -> bool {
+    removed_step(tombstone) && tombstone.class.is_none_or(|class| class == ReplayClass::Compensatable)
 }
 
 /// Whether `op` is undone: some operation of its compensation's step completed, whatever tool ran

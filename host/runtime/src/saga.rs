@@ -38,6 +38,8 @@
 //! the run's tombstones (`Ledger::tombstones`, O(the run's)) and names each such compensatable
 //! step `undo-by-hand`: never `Done` while its effect may stand.
 
+mod removed;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -50,7 +52,7 @@ use crate::error::CallError;
 pub use crate::keys::COMPENSATION_PREFIX;
 use crate::ledger::{
     ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, Open,
-    OperationRecord, OperationStatus, Tombstone, Why, run_state,
+    OperationRecord, OperationStatus, Why, run_state,
 };
 use crate::policy::ReplayClass;
 use crate::stage::{Entry, Stage};
@@ -239,7 +241,7 @@ pub(crate) async fn compensate(
         }
         // Undone, and that record since removed by retention: never undone twice.
         if let Some(Undone::Removed(undone)) = run_state::undone_by(&op.key, &ops, &removed) {
-            steps.push(step(op, "compensated", Some(expired_compensation(undone))));
+            steps.push(step(op, "compensated", Some(removed::compensation_expired(undone))));
             continue;
         }
         let plan = tools(&op.tool)
@@ -339,72 +341,8 @@ pub(crate) async fn compensate(
         steps.push(SagaStep { compensation: Some(outcome), ..step(op, action, reason) });
     }
 
-    // The steps whose records retention removed before the run was undone (its run was closed
-    // then: no compensation of it had begun). Their args and output are gone, so no compensation
-    // can be made for them: each is named, for a person to undo by hand, and the run is not done.
-    // (Passed over, the saga would say `Done` while their payments stand.) Retention removes by
-    // age, so they ended before every step still on record: last in reverse order.
-    let mut gone: Vec<&Tombstone> =
-        removed.iter().filter(|t| !ops.iter().any(|op| op.key == t.operation_key)).collect();
-    gone.sort_by(|a, b| (b.ended_ms, &b.operation_key).cmp(&(a.ended_ms, &a.operation_key)));
-    for stone in gone {
-        let class = stone.class.or_else(|| tools(&stone.tool).map(|entry| entry.tool.manifest.class));
-        if !run_state::undoable_removed(stone, class) {
-            continue;
-        }
-        let ended = format!(
-            "it ended at {} and its record expired (removed at {})",
-            time(stone.ended_ms),
-            time(stone.removed_ms)
-        );
-        match run_state::undone_by(&stone.operation_key, &ops, &removed) {
-            Some(Undone::Recorded(_)) => {
-                steps.push(removed_step(stone, "compensated", format!("its compensation completed; {ended}")));
-            }
-            Some(Undone::Removed(undone)) => {
-                steps.push(removed_step(stone, "compensated", expired_compensation(undone)));
-            }
-            None => {
-                // Each one, whatever came before it: none will ever have a compensation to wait for.
-                let class = class.map_or("of a class its record no longer says", ReplayClass::as_str);
-                steps.push(removed_step(
-                    stone,
-                    "undo-by-hand",
-                    format!(
-                        "a completed step ({class}); {ended} before its run was undone, so the args its compensation \
-                     would be made from are gone and nothing was dispatched for it: a person must undo this step by \
-                     hand"
-                    ),
-                ));
-                state = SagaState::Outstanding;
-            }
-        }
-    }
+    steps.extend(removed::report(&ops, &removed, &mut state));
     Ok(SagaReport { run_id: run_id.to_string(), state, steps })
-}
-
-/// A step whose record retention removed, as the report names it.
-fn removed_step(stone: &Tombstone, action: &'static str, reason: String) -> SagaStep {
-    SagaStep {
-        step_id: stone.step_id.clone(),
-        tool: stone.tool.clone(),
-        operation_key: stone.operation_key.clone(),
-        action,
-        compensation: None,
-        reason: Some(reason),
-        approve: None,
-        console: None,
-    }
-}
-
-/// Why a step counts as compensated by a compensation whose own record retention removed.
-fn expired_compensation(undone: &Tombstone) -> String {
-    format!(
-        "its compensation `{}` completed at {}; that record expired (removed at {})",
-        undone.tool,
-        time(undone.ended_ms),
-        time(undone.removed_ms)
-    )
 }
 
 /// What keeps run `run_id` open now, by the ledger's one rule.

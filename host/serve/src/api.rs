@@ -179,8 +179,20 @@ async fn run(
     let report = oncebox_runtime::recovery::report(app.host.ledger(), Some(&run_id)).await?;
     let ops = app.host.ledger().operations(Some(&run_id)).await?;
     // What retention removed of the run (a compensation names its compensatable steps for a
-    // person): no params or answers, only which step, when it ended and when it went.
-    let expired = app.host.ledger().tombstones(&run_id).await?;
+    // person): which step, how and when it ended, and when it went. No params or answers were
+    // ever in a tombstone; the view names its fields, so a field added to it is not served unseen.
+    let expired: Vec<Value> = app
+        .host
+        .ledger()
+        .tombstones(&run_id)
+        .await?
+        .into_iter()
+        .map(|t| {
+            json!({ "step_id": t.step_id, "tool": t.tool, "operation_key": t.operation_key, "class": t.class,
+                    "status": if t.rejected { "rejected" } else { t.status.as_str() },
+                    "ended_ms": t.ended_ms, "removed_ms": t.removed_ms })
+        })
+        .collect();
     let recovery = match report.get(&run_id) {
         Some(recovery) => recovery.clone(),
         None if !expired.is_empty() => Default::default(),

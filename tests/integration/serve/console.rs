@@ -362,8 +362,14 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     let server = setup.serve();
     let html =
         client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
-    assert!(html.contains("Removed by retention") && html.contains("class=\"expired\""), "{html}");
-    assert!(html.contains("undo-by-hand") && !html.contains("nothing to undo"), "{html}");
+    let key = paid["operation_key"].as_str().expect("key");
+    assert!(html.contains("Removed by retention") && !html.contains("nothing to undo"), "{html}");
+    // The charge, named among the steps a person must undo.
+    let named = format!(
+        "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th></tr>\
+         <tr data-key=\"{key}\">"
+    );
+    assert!(html.contains(&named), "{html}");
     let run: Value =
         client().get(server.url(&format!("/v1/runs/{RUN}"))).send().await.expect("run").json().await.expect("json");
     assert_eq!(run["expired"][0]["tool"], "charge", "{run}");

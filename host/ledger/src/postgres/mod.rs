@@ -147,7 +147,7 @@ impl PostgresStore {
                 return Err(e);
             }
         }
-        schema::index_by_age(&mut client, &store.name).await?;
+        schema::index_records(&mut client, &store.name).await?;
         schema::keep_room_for_rewrites(&mut client).await;
         clock::measure(&client, &store.clock)
             .await
@@ -447,8 +447,8 @@ impl Store for PostgresStore {
 
     fn tombstones<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<Tombstone>, LedgerError>> {
         Box::pin(async move {
-            // `oncebox_tombstones_run` answers it (`schema::AGED_INDEXES`).
-            let sql = "SELECT record FROM oncebox_tombstones WHERE oncebox_tombstone_run(record) = $1 \
+            // `oncebox_tombstones_run` answers it (`schema::RECORD_INDEXES`), in its collation.
+            let sql = "SELECT record FROM oncebox_tombstones WHERE oncebox_tombstone_run(record) COLLATE \"C\" = $1 \
                        ORDER BY operation_key";
             self.records("oncebox_tombstones", sql, &[&run_id]).await
         })

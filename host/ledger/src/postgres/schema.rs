@@ -203,9 +203,11 @@ async fn added(tx: &Tx<'_>) -> Result<(), LedgerError> {
 /// The cost: a write of `record` is never a HOT update on these two tables (a request is written
 /// at its ask and its decision; a message at each delivery's answer), which is cheap next to
 /// reading every request or message at each gc. `oncebox_tombstone_run` reads a tombstone's run,
-/// for the tombstones by run (written once each, when retention removes an operation). The
+/// for the tombstones by run (written when retention removes an operation or a rejected request;
+/// indexed in the "C" collation, as every key of the schema, so that no change of the system's
+/// collation rules can reorder the index under it). The
 /// functions are made with the schema (they must be there before an index names them); the
-/// indexes after it ([`index_by_age`]).
+/// indexes after it ([`index_records`]).
 const AGED: &str = r#"
 CREATE OR REPLACE FUNCTION oncebox_approval_written(record bytea) RETURNS numeric
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -232,7 +234,7 @@ $$;
 /// retention removed: `Store::tombstones`, O(the run's) once built), each its own statement:
 /// `CREATE INDEX CONCURRENTLY` runs outside any transaction. Until a build ends, those reads scan
 /// their table, as before.
-const AGED_INDEXES: [(&str, &str); 3] = [
+const RECORD_INDEXES: [(&str, &str); 3] = [
     (
         "oncebox_approvals_written",
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_approvals_written \
@@ -246,11 +248,11 @@ const AGED_INDEXES: [(&str, &str); 3] = [
     (
         "oncebox_tombstones_run",
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS oncebox_tombstones_run \
-         ON oncebox_tombstones (oncebox_tombstone_run(record), operation_key)",
+         ON oncebox_tombstones (oncebox_tombstone_run(record) COLLATE \"C\", operation_key)",
     ),
 ];
 
-/// The functions of the indexes by age ([`AGED`]), where missing. Looked up first, as
+/// The functions of the indexes over records ([`AGED`]), where missing. Looked up first, as
 /// [`claim_tokens`] says why.
 async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
     let there = "SELECT to_regproc('oncebox_approval_written') IS NOT NULL \
@@ -270,22 +272,22 @@ async fn aged(tx: &Tx<'_>) -> Result<(), LedgerError> {
 }
 
 /// The lock (a session's, a key apart from [`SCHEMA_LOCK`]) that one host at a time holds while it
-/// builds the indexes by age, so that no host takes another's build in progress for one that
+/// builds the indexes over records, so that no host takes another's build in progress for one that
 /// was left unfinished.
 const AGED_LOCK: (i32, i32) = (SCHEMA_LOCK.0, SCHEMA_LOCK.1 + 1);
 
-/// The indexes by age ([`AGED_INDEXES`]), where missing or left invalid by a build that did not
-/// finish (a host killed during it). Built after the schema's transaction, outside its lock, and
-/// `CONCURRENTLY`: the first host of this release to connect to a database of the last one reads
-/// every request and message once (O(requests + messages), once, before its connect returns),
-/// while every other host goes on writing them. One host at a time builds: a host that finds
-/// another building goes on without waiting, and until the build ends gc reads those tables
-/// whole, as before. A build that fails fails the connect, with the statement named.
-pub(super) async fn index_by_age(client: &mut deadpool_postgres::Client, store: &str) -> Result<(), LedgerError> {
+/// The indexes over records, by age and of tombstones by run ([`RECORD_INDEXES`]), where missing
+/// or left invalid by a build that did not finish (a host killed during it). Built after the
+/// schema's transaction, outside its lock, and `CONCURRENTLY`: the first host of this release to
+/// connect to a database of the last one reads every request, message and tombstone once
+/// (O(those), once, before its connect returns), while every other host goes on writing them. One
+/// host at a time builds: a host that finds another building goes on without waiting, and until
+/// the build ends gc and a run's compensation read those tables whole, as before. A build that fails fails the connect, with the statement named.
+pub(super) async fn index_records(client: &mut deadpool_postgres::Client, store: &str) -> Result<(), LedgerError> {
     let failed = |what: &str, e: &deadpool_postgres::tokio_postgres::Error| super::db::failed(store, what, e);
     let valid = "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)";
     let mut missing = Vec::new();
-    for (name, create) in AGED_INDEXES {
+    for (name, create) in RECORD_INDEXES {
         let row = client.query_opt(valid, &[&name]).await.map_err(|e| failed("SELECT indisvalid", &e))?;
         if !row.is_some_and(|row| row.get::<_, bool>(0)) {
             missing.push((name, create));

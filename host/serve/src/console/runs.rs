@@ -230,9 +230,7 @@ fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -
     let undoable: Vec<&OperationRecord> = ops.iter().filter(|op| run_state::undoable(op)).collect();
     let gone: Vec<&Tombstone> = expired
         .iter()
-        .filter(|t| {
-            run_state::undoable_removed(t, t.class) && run_state::undone_by(&t.operation_key, ops, expired).is_none()
-        })
+        .filter(|t| run_state::undoable_removed(t) && run_state::undone_by(&t.operation_key, ops, expired).is_none())
         .collect();
     let mut out = String::from("<h2>Compensation</h2>");
     if !gone.is_empty() {
