@@ -226,7 +226,7 @@ async fn a_ledger_of_another_schema_version_is_refused_with_both_versions_and_le
     let err = oncebox::Host::builder(&ledger).build().await.expect_err("another schema");
     let message = format!("{err:#}");
     assert!(message.contains("ledger.redb") && message.contains("schema version 1"), "{message}");
-    assert!(message.contains("reads version 6"), "{message}");
+    assert!(message.contains("reads version 7"), "{message}");
     // Nothing was migrated or overwritten: the old version's records are still there.
     let db = redb::Database::open(&ledger).expect("still a redb file");
     let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
