@@ -30,7 +30,13 @@ fn request(key: &str, run: &str) -> ClaimRequest {
 
 /// Records operation `key` of `run` ended `status` at 1_001, with one outbox message per topic.
 async fn ended(ledger: &Ledger, key: &str, run: &str, status: OperationStatus, topics: &[&str]) {
-    let Ok(Claim::Owned { fence, .. }) = ledger.claim(&request(key, run)).await else { panic!("not claimed") };
+    ended_as(ledger, request(key, run), status, topics).await;
+}
+
+/// [`ended`], for the claim `claim`.
+async fn ended_as(ledger: &Ledger, claim: ClaimRequest, status: OperationStatus, topics: &[&str]) {
+    let (key, run) = (claim.key.as_str(), claim.run_id.as_str());
+    let Ok(Claim::Owned { fence, .. }) = ledger.claim(&claim).await else { panic!("not claimed") };
     let staged = topics
         .iter()
         .enumerate()
@@ -60,6 +66,14 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     // notified; a run kept open by an unknown step, notified of it and of its stuck compensation.
     ended(&ledger, "done", "closed", OperationStatus::Completed, &["email", "email"]).await;
     ended(&ledger, "doubt", "stuck", OperationStatus::Unknown, &[]).await;
+    // And a closed run whose compensatable step nothing undid: a compensation asked for after gc
+    // removes the step names it for a person, as often as it is asked, and is notified once.
+    let paid = ClaimRequest { class: ReplayClass::Compensatable, ..request("paid", "gone") };
+    ended_as(&ledger, paid, OperationStatus::Completed, &[]).await;
+    let gone = "compensation-outstanding/gone/8899aabbccddeeff";
+    assert!(ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"));
+    let seq = seq_of(&ledger, "notify", gone).await;
+    ledger.mark_delivered(seq, 1_002).await.expect("deliver");
     let events = ["approval-requested/done/5", "unknown/doubt/1001", "compensation-blocked/stuck/00112233aabbccdd"];
     for event in events {
         assert!(ledger.enqueue_once("notify", event, "{}").await.expect("enqueue"));
@@ -77,10 +91,12 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (0, 0, 0), "{gc:?}");
 
     let gc = oncebox::retention::gc(&ledger, WINDOW, 10_000).await.expect("gc");
-    assert_eq!(gc.removed_operations, 1, "the closed run's step: {gc:?}");
+    assert_eq!(gc.removed_operations, 2, "the closed runs' steps: {gc:?}");
     // The step's delivered message, and the notification of its request (whose records this gc
-    // removed), with its key; the unknown's and the compensation's kept: their run is still there.
-    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (2, 1, 2), "{gc:?}");
+    // removed), with its key; the unknown's and the compensation's kept: their run is still
+    // there; and the removed charge's run's, which names it as long as nothing undid it.
+    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (2, 1, 3), "{gc:?}");
+    assert!(!ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"), "still once");
     let left: Vec<u64> = ledger.outbox().await.expect("read").iter().map(|m| m.seq).collect();
     assert!(left.contains(&unsent) && !left.contains(&sent), "the pending message stays: {left:?}");
     assert_eq!(ledger.outbox_pending("email", 10).await.expect("read").len(), 1);
@@ -96,11 +112,14 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     let committed = Resolution::Committed { output: "{}".into() };
     ledger.resolve("doubt", None, None, &committed, &settlement).await.expect("settle");
     let gc = oncebox::retention::gc(&ledger, WINDOW, 20_500).await.expect("gc");
-    assert_eq!((gc.removed_operations, gc.removed_messages, gc.kept_notifications), (0, 0, 2), "{gc:?}");
+    assert_eq!((gc.removed_operations, gc.removed_messages, gc.kept_notifications), (0, 0, 3), "{gc:?}");
     let gc = oncebox::retention::gc(&ledger, WINDOW, 30_000).await.expect("gc");
     assert_eq!(gc.removed_operations, 1, "{gc:?}");
-    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (2, 2, 0), "{gc:?}");
-    assert!(ledger.delivered_before(u64::MAX).await.expect("read").is_empty());
+    // The settled step was not compensatable: its run's notification goes with it.
+    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (2, 2, 1), "{gc:?}");
+    assert!(!ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"), "still once, whenever");
+    let delivered = ledger.delivered_before(u64::MAX).await.expect("read");
+    assert_eq!(delivered.iter().map(|m| m.effect_key.as_str()).collect::<Vec<_>>(), [gone], "only the kept one");
     assert_eq!(ledger.outbox_pending("email", 10).await.expect("read").len(), 1, "still pending");
 }
 

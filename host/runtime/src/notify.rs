@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::clock::rfc3339;
-use crate::ledger::{ApprovalRecord, Ledger, LedgerError, OperationRecord};
+use crate::ledger::{ApprovalRecord, Ledger, LedgerError, OperationRecord, run_state};
 use crate::saga::{SagaReport, SagaState};
 
 /// What a person is told about.
@@ -111,13 +111,14 @@ impl<'k> Subject<'k> {
 /// where [`Ledger::enqueue_once`] promises once, whenever. Retention asks it before it removes a
 /// delivered notification with its key (`retention::gc`). An event is noticed from records: an
 /// approval asked for from its request (a request asked again has another time, so another key),
-/// an unknown from its operation's record; a compensation that cannot go on from its run's (a
-/// saga of a run with no operation left has nothing to undo, and its steps' keys name the
-/// event). So: yes while the operation's record or request is in the ledger, or the run has an
-/// operation or is open; once they are gone (retention removed them, leaving tombstones that
-/// refuse their steps), nothing can notice the event again. A key no event makes (an outbox
-/// effect's message, whose once is its effect record's): no. O(1) reads, O(the run's
-/// operations) for a run.
+/// an unknown from its operation's record; a compensation that cannot go on from its run's
+/// records and tombstones (its steps' keys name the event). So: yes while the operation's record
+/// or request is in the ledger, or the run has an operation or is open, or retention removed a
+/// completed compensatable step of it that nothing undid (the saga names that step for a person
+/// every time it is asked: `saga/removed.rs`, by `run_state::undoable_removed`); once they are
+/// gone, nothing can notice the event again. A key no event makes (an outbox effect's message,
+/// whose once is its effect record's): no. O(1) reads, O(the run's operations and tombstones)
+/// for a run.
 pub async fn may_be_noticed_again(ledger: &Ledger, key: &str, now_ms: u64) -> Result<bool, LedgerError> {
     match Subject::of(key) {
         None => Ok(false),
@@ -125,8 +126,15 @@ pub async fn may_be_noticed_again(ledger: &Ledger, key: &str, now_ms: u64) -> Re
             Ok(ledger.operation(op).await?.is_some() || ledger.approval(op).await?.is_some())
         }
         Some(Subject::Run(run)) => {
-            Ok(!ledger.operations(Some(run)).await?.is_empty()
-                || !ledger.open_runs(Some(run), now_ms).await?.is_empty())
+            let ops = ledger.operations(Some(run)).await?;
+            if !ops.is_empty() || !ledger.open_runs(Some(run), now_ms).await?.is_empty() {
+                return Ok(true);
+            }
+            let removed = ledger.tombstones(run).await?;
+            Ok(removed.iter().any(|stone| {
+                run_state::undoable_removed(stone)
+                    && run_state::undone_by(&stone.operation_key, &ops, &removed).is_none()
+            }))
         }
     }
 }
