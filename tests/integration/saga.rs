@@ -379,6 +379,40 @@ async fn a_tombstone_without_a_class_is_named_and_a_removed_compensation_still_c
     assert_eq!(f.provider.counts("o-3").refunds, 1);
 }
 
+/// A compensation whose request for approval was rejected, under a key of the scheme before
+/// compensations were keyed by their step alone (its tool in its key), the request since removed
+/// by retention (rejected requests go even from an open run: their tombstones keep them final):
+/// the step is named for a person, and its refund is not begun again under today's key.
+#[tokio::test]
+async fn a_rejected_compensation_whose_request_went_is_not_tried_again_under_another_key() {
+    let f = Fixture::new().await;
+    let ledger = f.host.ledger();
+    let paid = f.host.call(step("r", "pay", "charge", &charge("o-4"))).await.expect("call");
+    assert_eq!(paid.status, Status::Completed, "{paid:?}");
+    let charged = ledger.operation(paid.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
+    let rejected = oncebox::ledger::Tombstone {
+        operation_key: "old-refund-key".into(),
+        run_id: "r".into(),
+        step_id: oncebox::saga::compensation_step(&charged),
+        tool: "refund".into(),
+        fingerprint: "f".into(),
+        status: OperationStatus::Failed,
+        ended_ms: oncebox_now(),
+        removed_ms: oncebox_now(),
+        rejected: true,
+        class: None,
+    };
+    ledger.expire(&[rejected], &[]).await.expect("expire");
+
+    let requests = f.provider.requests();
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    assert_eq!(report.steps[0].action, "undo-by-hand", "{report:?}");
+    assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("was rejected")), "{report:?}");
+    assert_eq!(f.provider.requests(), requests, "no refund begun again");
+    assert_eq!(f.provider.counts("o-4").refunds, 0);
+}
+
 fn oncebox_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
 }

@@ -244,6 +244,17 @@ pub(crate) async fn compensate(
             steps.push(step(op, "compensated", Some(removed::compensation_expired(undone))));
             continue;
         }
+        // Begun, ended otherwise (failed, or its request rejected: anything else keeps the run
+        // open, and so its records), and that record since removed: not begun again under
+        // another key (one recorded before compensations were keyed by their step alone has its
+        // tool in its key), as its record would not have been.
+        if begun.is_empty()
+            && let Some(ended) = removed.iter().find(|t| t.step_id == compensation)
+        {
+            steps.push(step(op, "undo-by-hand", Some(removed::compensation_ended(ended))));
+            state = SagaState::Outstanding;
+            continue;
+        }
         let plan = tools(&op.tool)
             .ok_or_else(|| format!("`{}` is not loaded: put its component in --tools DIR", op.tool))
             .and_then(|entry| {

@@ -84,3 +84,17 @@ pub(super) fn compensation_expired(undone: &Tombstone) -> String {
         time(undone.removed_ms)
     )
 }
+
+/// Why a step is to be undone by hand whose compensation ended otherwise than completed (failed,
+/// or its request rejected), that record since removed.
+pub(super) fn compensation_ended(ended: &Tombstone) -> String {
+    let how = if ended.rejected { "was rejected" } else { ended.status.as_str() };
+    format!(
+        "its compensation `{}` {} at {}, and that record expired (removed at {}); it is not tried again: a person \
+         must undo this step by hand",
+        ended.tool,
+        if ended.rejected { how.to_string() } else { format!("ended {how}") },
+        time(ended.ended_ms),
+        time(ended.removed_ms)
+    )
+}
