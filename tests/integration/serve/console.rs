@@ -389,6 +389,35 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     assert_eq!(provider.requests(), requests, "nothing dispatched");
     assert_eq!(provider.counts("o-gone").refunds, 0);
     assert_eq!(provider.counts("o-gone").payments, 1, "the payment stands, as the answer says");
+
+    // A step on record whose compensation's rejected request went (under a key of the scheme
+    // before compensations were keyed by their step alone): shown rejected, as the saga reads it.
+    let mut server = server;
+    let again = call(&server, "pay-2", "charge", &charge("o-kept")).await;
+    assert_eq!(again["status"], "completed", "{again}");
+    server.kill();
+    {
+        let ledger = oncebox::ledger::Ledger::open(setup.ledger()).expect("open");
+        let charged = ledger.operation(again["operation_key"].as_str().expect("key")).await.expect("read");
+        let rejected = oncebox::ledger::Tombstone {
+            operation_key: "old-refund-key".into(),
+            run_id: RUN.into(),
+            step_id: oncebox::saga::compensation_step(&charged.expect("recorded")),
+            tool: "refund".into(),
+            fingerprint: "f".into(),
+            status: oncebox::ledger::OperationStatus::Failed,
+            ended_ms: 1,
+            removed_ms: 2,
+            rejected: true,
+            class: None,
+        };
+        ledger.expire(&[rejected], &[]).await.expect("expire");
+    }
+    let server = setup.serve();
+    let html =
+        client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
+    let row = "<tr><td>pay-2</td><td>charge</td><td><span class=\"badge bad\">rejected</span></td></tr>";
+    assert!(html.contains(row), "{html}");
 }
 
 /// An approval that expired unused shows as expired, with the form to decide again; deciding

@@ -269,7 +269,15 @@ fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -
         let step = saga::compensation_step(op);
         let state = match run_state::undone_by(&op.key, ops, expired) {
             Some(_) => "completed",
-            None => ops.iter().find(|c| c.step_id == step).map_or("not started", |c| c.status.as_str()),
+            None => match ops.iter().find(|c| c.step_id == step) {
+                Some(begun) => begun.status.as_str(),
+                // Ended otherwise and removed since (failed, or its request rejected): as the
+                // saga reads it, not begun again.
+                None => expired
+                    .iter()
+                    .find(|t| t.step_id == step)
+                    .map_or("not started", |t| if t.rejected { "rejected" } else { t.status.as_str() }),
+            },
         };
         let _ = write!(
             out,
