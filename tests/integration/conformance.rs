@@ -561,16 +561,9 @@ async fn a_request_claimed_after_retention_read_its_run_keeps_the_run(ledger: Le
 
 async fn only_what_is_over_expires_and_an_expired_step_is_not_claimed_again(ledger: Ledger) {
     let tombstone = |key: &str| oncebox::ledger::Tombstone {
-        operation_key: key.into(),
-        run_id: "run".into(),
-        step_id: key.into(),
-        tool: "charge".into(),
-        fingerprint: "args".into(),
-        status: OperationStatus::Completed,
         ended_ms: 1_001,
         removed_ms: 9_000,
-        rejected: false,
-        class: Some(ReplayClass::Compensatable),
+        ..crate::support::tombstone(key, "run", key, "charge")
     };
     ledger.put_approval(&approval("done", 1, oncebox::ledger::ApprovalState::Approved)).await.expect("approval");
     let done = owned(ledger.claim(&request("done", "a", 1_000)).await.expect("claim"));

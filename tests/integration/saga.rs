@@ -343,18 +343,8 @@ async fn a_compensation_after_gc_removed_the_steps_names_them_for_a_person_and_n
 async fn a_tombstone_without_a_class_is_named_and_a_removed_compensation_still_counts() {
     let f = Fixture::new().await;
     let ledger = f.host.ledger();
-    let old = oncebox::ledger::Tombstone {
-        operation_key: "old-key".into(),
-        run_id: "old".into(),
-        step_id: "pay".into(),
-        tool: "charge".into(),
-        fingerprint: "f".into(),
-        status: OperationStatus::Completed,
-        ended_ms: 1_000,
-        removed_ms: 2_000,
-        rejected: false,
-        class: None,
-    };
+    let old =
+        oncebox::ledger::Tombstone { class: None, ..crate::support::tombstone("old-key", "old", "pay", "charge") };
     ledger.expire(&[old], &[]).await.expect("expire");
     let report = f.host.compensate("old").await.expect("compensate");
     assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
@@ -390,17 +380,12 @@ async fn a_rejected_compensation_whose_request_went_is_not_tried_again_under_ano
     let paid = f.host.call(step("r", "pay", "charge", &charge("o-4"))).await.expect("call");
     assert_eq!(paid.status, Status::Completed, "{paid:?}");
     let charged = ledger.operation(paid.operation_key.as_deref().expect("key")).await.expect("read").expect("op");
+    let compensation = oncebox::saga::compensation_step(&charged);
     let rejected = oncebox::ledger::Tombstone {
-        operation_key: "old-refund-key".into(),
-        run_id: "r".into(),
-        step_id: oncebox::saga::compensation_step(&charged),
-        tool: "refund".into(),
-        fingerprint: "f".into(),
         status: OperationStatus::Failed,
-        ended_ms: oncebox_now(),
-        removed_ms: oncebox_now(),
         rejected: true,
         class: None,
+        ..crate::support::tombstone("old-refund-key", "r", &compensation, "refund")
     };
     ledger.expire(&[rejected], &[]).await.expect("expire");
 

@@ -175,6 +175,23 @@ pub fn approve_cli(ledger: &std::path::Path, printed: &serde_json::Value) {
 }
 
 /// The wall clock as the ledger's records keep it (ms since the epoch).
+/// What retention leaves of completed compensatable operation `key` (step `step`, tool `tool`)
+/// of run `run`: the shape the tests write tombstones from, with their own fields over it.
+pub fn tombstone(key: &str, run: &str, step: &str, tool: &str) -> oncebox::ledger::Tombstone {
+    oncebox::ledger::Tombstone {
+        operation_key: key.into(),
+        run_id: run.into(),
+        step_id: step.into(),
+        tool: tool.into(),
+        fingerprint: "f".into(),
+        status: oncebox::ledger::OperationStatus::Completed,
+        ended_ms: 5,
+        removed_ms: 6,
+        rejected: false,
+        class: Some(ReplayClass::Compensatable),
+    }
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

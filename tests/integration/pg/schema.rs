@@ -8,8 +8,7 @@ use oncebox::ledger::postgres::PostgresStore;
 use oncebox::ledger::{Ledger, Store};
 
 use super::{connect, connect_unmarked, fresh_database, request};
-use oncebox::ReplayClass;
-use oncebox::ledger::{ApprovalRecord, ApprovalState, OperationStatus, Tombstone};
+use oncebox::ledger::{ApprovalRecord, ApprovalState};
 
 #[tokio::test]
 async fn a_store_is_named_by_its_url_without_the_password() {
@@ -190,18 +189,7 @@ async fn the_indexes_by_age_are_made_over_a_database_of_the_last_release_and_rea
     let first = ledger.outbox().await.expect("read")[0].seq;
     ledger.mark_delivered(first, 40).await.expect("deliver");
     // What retention left of two runs.
-    let stone = |key: &str, run: &str| Tombstone {
-        operation_key: key.into(),
-        run_id: run.into(),
-        step_id: key.into(),
-        tool: "charge".into(),
-        fingerprint: "f".into(),
-        status: OperationStatus::Completed,
-        ended_ms: 5,
-        removed_ms: 6,
-        rejected: false,
-        class: Some(ReplayClass::Compensatable),
-    };
+    let stone = |key: &str, run: &str| crate::support::tombstone(key, run, key, "charge");
     let stones = [stone("t2", "r"), stone("t1", "other"), stone("t0", "r")];
     ledger.expire(&stones, &[]).await.expect("expire");
     drop(ledger);

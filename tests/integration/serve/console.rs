@@ -399,17 +399,12 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     {
         let ledger = oncebox::ledger::Ledger::open(setup.ledger()).expect("open");
         let charged = ledger.operation(again["operation_key"].as_str().expect("key")).await.expect("read");
+        let compensation = oncebox::saga::compensation_step(&charged.expect("recorded"));
         let rejected = oncebox::ledger::Tombstone {
-            operation_key: "old-refund-key".into(),
-            run_id: RUN.into(),
-            step_id: oncebox::saga::compensation_step(&charged.expect("recorded")),
-            tool: "refund".into(),
-            fingerprint: "f".into(),
             status: oncebox::ledger::OperationStatus::Failed,
-            ended_ms: 1,
-            removed_ms: 2,
             rejected: true,
             class: None,
+            ..crate::support::tombstone("old-refund-key", RUN, &compensation, "refund")
         };
         ledger.expire(&[rejected], &[]).await.expect("expire");
     }
