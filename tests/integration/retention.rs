@@ -46,7 +46,11 @@ async fn ended_as(ledger: &Ledger, claim: ClaimRequest, status: OperationStatus,
             (effect, LocalWrite::Outbox { topic: topic.to_string(), payload: format!("{key} {n}") })
         })
         .collect();
-    let attempt = oncebox::ledger::AttemptRecord { run_id: run.into(), ..super::conformance::attempt(key, 1, fence) };
+    let attempt = oncebox::ledger::AttemptRecord {
+        run_id: run.into(),
+        step_id: claim.step_id.clone(),
+        ..super::conformance::attempt(key, 1, fence)
+    };
     ledger
         .record_attempt(fence, &attempt, Some((status, Some("{}".into()), None)), 1_001, staged)
         .await
@@ -71,9 +75,22 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     let paid = ClaimRequest { class: ReplayClass::Compensatable, ..request("paid", "gone") };
     ended_as(&ledger, paid, OperationStatus::Completed, &[]).await;
     let gone = "compensation-outstanding/gone/8899aabbccddeeff";
-    assert!(ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"));
-    let seq = seq_of(&ledger, "notify", gone).await;
-    ledger.mark_delivered(seq, 1_002).await.expect("deliver");
+    // Notified blocked once, a state that tombstones alone never give again.
+    let blocked = "compensation-blocked/gone/0011223344556677";
+    // And a closed run whose compensatable step was undone: nothing to name once both go.
+    let undone = ClaimRequest { class: ReplayClass::Compensatable, ..request("paid-2", "undone") };
+    ended_as(&ledger, undone, OperationStatus::Completed, &[]).await;
+    let compensation = ClaimRequest {
+        step_id: format!("{}paid-2", oncebox::saga::COMPENSATION_PREFIX),
+        ..request("refund-2", "undone")
+    };
+    ended_as(&ledger, compensation, OperationStatus::Completed, &[]).await;
+    let was_undone = "compensation-outstanding/undone/2233445566778899";
+    for event in [gone, blocked, was_undone] {
+        assert!(ledger.enqueue_once("notify", event, "{}").await.expect("enqueue"));
+        let seq = seq_of(&ledger, "notify", event).await;
+        ledger.mark_delivered(seq, 1_002).await.expect("deliver");
+    }
     let events = ["approval-requested/done/5", "unknown/doubt/1001", "compensation-blocked/stuck/00112233aabbccdd"];
     for event in events {
         assert!(ledger.enqueue_once("notify", event, "{}").await.expect("enqueue"));
@@ -91,11 +108,12 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (0, 0, 0), "{gc:?}");
 
     let gc = oncebox::retention::gc(&ledger, WINDOW, 10_000).await.expect("gc");
-    assert_eq!(gc.removed_operations, 2, "the closed runs' steps: {gc:?}");
+    assert_eq!(gc.removed_operations, 4, "the closed runs' steps: {gc:?}");
     // The step's delivered message, and the notification of its request (whose records this gc
     // removed), with its key; the unknown's and the compensation's kept: their run is still
     // there; and the removed charge's run's, which names it as long as nothing undid it.
-    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (2, 1, 3), "{gc:?}");
+    // (The undone run's and the blocked key go.)
+    assert_eq!((gc.removed_messages, gc.removed_notices, gc.kept_notifications), (4, 3, 3), "{gc:?}");
     assert!(!ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"), "still once");
     let left: Vec<u64> = ledger.outbox().await.expect("read").iter().map(|m| m.seq).collect();
     assert!(left.contains(&unsent) && !left.contains(&sent), "the pending message stays: {left:?}");

@@ -114,8 +114,9 @@ impl<'k> Subject<'k> {
 /// an unknown from its operation's record; a compensation that cannot go on from its run's
 /// records and tombstones (its steps' keys name the event). So: yes while the operation's record
 /// or request is in the ledger, or the run has an operation or is open, or retention removed a
-/// completed compensatable step of it that nothing undid (the saga names that step for a person
-/// every time it is asked: `saga/removed.rs`, by `run_state::undoable_removed`); once they are
+/// completed compensatable step of it that nothing undid and the key is of an outstanding
+/// compensation (the saga names that step for a person every time it is asked, and answers
+/// outstanding: `saga/removed.rs`, by `run_state::undoable_removed`); once they are
 /// gone, nothing can notice the event again. A key no event makes (an outbox effect's message,
 /// whose once is its effect record's): no. O(1) reads, O(the run's operations and tombstones)
 /// for a run.
@@ -129,6 +130,11 @@ pub async fn may_be_noticed_again(ledger: &Ledger, key: &str, now_ms: u64) -> Re
             let ops = ledger.operations(Some(run)).await?;
             if !ops.is_empty() || !ledger.open_runs(Some(run), now_ms).await?.is_empty() {
                 return Ok(true);
+            }
+            // From tombstones alone a compensation can only be outstanding (`saga/removed.rs`): a
+            // key of another state is never made again.
+            if !key.starts_with(&format!("compensation-{}/", state(SagaState::Outstanding))) {
+                return Ok(false);
             }
             let removed = ledger.tombstones(run).await?;
             Ok(removed.iter().any(|stone| {

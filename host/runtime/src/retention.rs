@@ -18,7 +18,8 @@
 //! Delivered outbox messages go too, once delivered before the cutoff, each with the notice key
 //! that names it (`Ledger::enqueue_once`); a pending message, refused included, never goes. A
 //! notification whose event may still be noticed (its operation's record or request, or its
-//! run, is still in the ledger: `notify::may_be_noticed_again`) is kept, message and key, and
+//! run, is still in the ledger, or the run's outstanding compensation names a removed
+//! compensatable step that nothing undid: `notify::may_be_noticed_again`) is kept, message and key, and
 //! goes at the first gc after its event's records did: removing its key earlier would let a host
 //! that notices the same event again enqueue it a second time, where `enqueue_once` promises
 //! once, whenever. Keeping keys forever and removing only bodies would keep that promise too, but
