@@ -326,6 +326,16 @@ async fn a_compensation_after_gc_removed_the_steps_names_them_for_a_person_and_n
     assert_eq!(reserved(&f).await, 2);
     // Asked again, the same answer.
     assert_eq!(f.host.compensate("r").await.expect("compensate").state, SagaState::Outstanding);
+    // A person undoes both by hand and says so: the run is done, and still nothing is sent.
+    for step in &report.steps {
+        let said = f.host.undone_by_hand(&step.operation_key, "ops", Some("by hand")).await.expect("said");
+        assert!(said.recorded, "{said:?}");
+    }
+    let done = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert!(done.steps.iter().all(|s| s.action == "compensated"), "{done:?}");
+    assert_eq!(f.provider.requests(), requests);
+    assert_eq!(reserved(&f).await, 2, "released by the person, not by the saga");
 
     // The run undone before gc: done, from its compensation's tombstone, and not refunded again.
     let undone = f.host.compensate("u").await.expect("compensate");
@@ -808,6 +818,99 @@ async fn a_rejected_compensation_sends_nothing_and_names_the_step_to_undo_by_han
     assert!(report.steps[0].reason.as_deref().is_some_and(|r| r.contains("by hand")), "{report:?}");
     assert_eq!(provider.counts("o-1").refunds, 0);
     assert_eq!(provider.requests(), 1, "only the charge");
+
+    // The person who refunded it by bank transfer says so from the command line.
+    drop(host);
+    let ledger = dir.path().join("l.redb");
+    let ledger = ledger.to_str().expect("utf8");
+    let step_key = report.steps[0].operation_key.as_str();
+    let said = ["undone-by-hand", "--ledger", ledger, step_key, "--by", "ops", "--note", "bank transfer T-1"];
+    let (code, word, stderr) = crate::support::oncebox(&said);
+    assert_eq!((code, &word["recorded"], &word["by"]), (0, &json!(true), &json!("ops")), "{word} {stderr}");
+    let (code, _, stderr) =
+        crate::support::oncebox(&["undone-by-hand", "--ledger", ledger, "no-such-key", "--by", "ops"]);
+    assert_eq!(code, 2, "refused, and says why: {stderr}");
+    assert!(stderr.contains("no operation no-such-key"), "{stderr}");
+    let host = approving_refunds(&dir.path().join("l.redb"), &provider).await;
+    assert_eq!(host.compensate("r").await.expect("compensate").state, SagaState::Done);
+    assert_eq!(provider.requests(), 1, "only the charge");
+}
+
+/// A step whose compensation a person rejected is undone by hand and said so: the saga then
+/// answers it compensated, having sent nothing; a second word is answered from the first; and
+/// after gc removed the word's record, its tombstone still counts.
+#[tokio::test]
+async fn a_step_a_person_undid_by_hand_is_compensated_and_nothing_is_ever_sent_for_it() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let host = approving_refunds(&dir.path().join("l.redb"), &provider).await;
+    let paid = host.call(step("r", "pay", "charge", &charge("o-1"))).await.expect("call");
+    let key = paid.operation_key.clone().expect("key");
+    let report = host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::AwaitingApproval, "{report:?}");
+    // While the refund awaits a decision it may still run: a word now would undo the step twice.
+    let early = host.undone_by_hand(&key, "ops", None).await;
+    let why = early.as_ref().err().map(ToString::to_string).unwrap_or_default();
+    assert!(why.contains("awaiting approval") && why.contains("reject"), "{early:?}");
+
+    let waiting = report.steps[0].compensation.as_ref().expect("the refund's request");
+    let (refund, fingerprint) = (waiting.operation_key.as_deref().expect("k"), waiting.fingerprint.as_deref());
+    host.decide(refund, fingerprint.expect("fp"), Decision::Reject, "ops", None).await.expect("reject");
+    assert_eq!(host.compensate("r").await.expect("compensate").steps[0].action, "undo-by-hand");
+    let said = host.undone_by_hand(&key, "ops", Some("refunded by bank transfer T-9")).await.expect("said");
+    assert!(said.recorded, "{said:?}");
+    assert_eq!(said.recorded_as, oncebox::keys::undone_by_hand_key("r", &key), "beside the rejected request");
+    let done = host.compensate("r").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert_eq!(done.steps[0].action, "compensated", "{done:?}");
+    let reason = done.steps[0].reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("undone by hand by ops") && reason.contains("T-9"), "{done:?}");
+    // Another word is the first one's: not recorded again.
+    let again = host.undone_by_hand(&key, "someone-else", None).await.expect("said");
+    assert_eq!((again.recorded, again.by.as_deref()), (false, Some("ops")), "{again:?}");
+    // Nothing keeps the run open, so gc removes it; the word's tombstone still counts.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(host.ledger().open_runs(Some("r"), host.ledger().now_ms()).await.expect("open").is_empty());
+    assert!(host.gc(Duration::ZERO).await.expect("gc").removed_operations >= 2);
+    let after = host.compensate("r").await.expect("compensate");
+    assert_eq!(after.state, SagaState::Done, "{after:?}");
+    assert!(after.steps[0].reason.as_deref().is_some_and(|r| r.contains("undone by hand")), "{after:?}");
+    assert!(!host.undone_by_hand(&key, "x", None).await.expect("said").recorded, "the first word stands");
+    assert_eq!((provider.counts("o-1").refunds, provider.requests()), (0, 1), "only the charge was ever sent");
+}
+
+/// A word that a step was undone by hand is refused while its compensation's outcome is unknown
+/// (the refund may have gone), for no step, and without who said it. With nothing of
+/// its compensation begun it is recorded at the compensation's own key, so a compensation later
+/// finds the step undone and sends nothing.
+#[tokio::test]
+async fn undoing_by_hand_is_refused_while_the_compensation_may_undo_the_step_and_takes_its_place_before() {
+    let f = Fixture::new().await;
+    let paid = f.call("r", "pay", "charge", &charge("o-1")).await;
+    let key = paid.operation_key.clone().expect("key");
+    f.provider.arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit).for_order("o-1").times(100));
+    assert_eq!(f.host.compensate("r").await.expect("compensate").state, SagaState::Outstanding);
+    let refused = f.host.undone_by_hand(&key, "ops", None).await;
+    assert!(
+        matches!(&refused, Err(oncebox::CallError::ByHand { reason, .. }) if reason.contains("unknown")),
+        "{refused:?}"
+    );
+    let missing = f.host.undone_by_hand("no-such-key", "ops", None).await;
+    assert!(matches!(&missing, Err(oncebox::CallError::ByHand { reason, .. }) if reason.contains("no operation")));
+    assert!(f.host.undone_by_hand(&key, " ", None).await.is_err(), "who undid it is recorded");
+
+    // Nothing of its compensation begun: the word takes the compensation's key.
+    let other = f.call("q", "pay", "charge", &charge("o-2")).await;
+    let other_key = other.operation_key.clone().expect("key");
+    let said = f.host.undone_by_hand(&other_key, "ops", Some("refunded at the till")).await.expect("said");
+    let charged = f.host.ledger().operation(&other_key).await.expect("read").expect("op");
+    let compensation = oncebox::keys::operation_key("q", &oncebox::saga::compensation_step(&charged), "refund");
+    assert_eq!(said.recorded_as, compensation, "{said:?}");
+    let requests = f.provider.requests();
+    let done = f.host.compensate("q").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert_eq!(f.provider.requests(), requests, "no refund sent");
+    assert_eq!(f.provider.counts("o-2").refunds, 0);
 }
 
 /// A new version of `charge` that names another refund tool, `refun2`, and that tool: the

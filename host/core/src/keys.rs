@@ -22,6 +22,19 @@ pub fn operation_key(run_id: &str, step_id: &str, tool: &str) -> String {
 /// undoes (see `saga.rs`).
 pub const COMPENSATION_PREFIX: &str = "compensate/";
 
+/// The tool a person's word that they undid a step by hand is recorded under, as an operation of
+/// the step's compensation (`saga/by_hand.rs`). No tool can be named so: a tool's name is
+/// lowercase letters, digits, `-` and `_`.
+pub const BY_HAND: &str = "oncebox:by-hand";
+
+/// Where a person's word that they undid operation `operation_key` by hand is recorded when the
+/// compensation's own key is taken (by a compensation that failed or was rejected, or by what
+/// retention left of one): beside it, one key per undone step, so that a second word is
+/// answered from the first.
+pub fn undone_by_hand_key(run_id: &str, operation_key: &str) -> String {
+    hash("oncebox/undone-by-hand/v1", &[run_id.as_bytes(), operation_key.as_bytes()])
+}
+
 /// The longest run or step id, in bytes. Ids are the orchestrator's names, logged and shown
 /// wherever their operation is: a longer one is a mistake (a payload where a name belongs).
 pub const MAX_ID_BYTES: usize = 512;
@@ -281,6 +294,9 @@ mod tests {
 
     #[test]
     fn keys_are_length_prefixed() {
+        assert_ne!(undone_by_hand_key("ab", "c"), undone_by_hand_key("a", "bc"));
+        let step = format!("{COMPENSATION_PREFIX}k");
+        assert_ne!(undone_by_hand_key("r", "k"), operation_key("r", &step, BY_HAND));
         assert_ne!(operation_key("ab", "c", "t"), operation_key("a", "bc", "t"));
         assert_ne!(operation_key("r", "s", "t"), operation_key("r", "st", ""));
         assert_ne!(effect_key("k", "charge", 0), effect_key("k", "charge", 1));

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::{ApprovalRecord, ApprovalStanding, ApprovalState, OperationRecord, OperationStatus, Tombstone};
-use oncebox_core::keys::COMPENSATION_PREFIX;
+use oncebox_core::keys::{BY_HAND, COMPENSATION_PREFIX};
 use oncebox_core::policy::ReplayClass;
 
 /// The step id of the compensation of `op`.
@@ -80,6 +80,151 @@ pub fn undone_by<'a>(operation_key: &str, ops: &'a [OperationRecord], removed: &
 pub enum Undone<'a> {
     Recorded(&'a OperationRecord),
     Removed(&'a Tombstone),
+}
+
+impl Undone<'_> {
+    /// The tool that undid it ([`BY_HAND`]: a person, by their word).
+    pub fn tool(&self) -> &str {
+        match self {
+            Undone::Recorded(op) => &op.tool,
+            Undone::Removed(stone) => &stone.tool,
+        }
+    }
+
+    /// The key of the compensation's operation.
+    pub fn key(&self) -> &str {
+        match self {
+            Undone::Recorded(op) => &op.key,
+            Undone::Removed(stone) => &stone.operation_key,
+        }
+    }
+
+    /// Whether a person's word undid it, not a compensation tool.
+    pub fn by_hand(&self) -> bool {
+        self.tool() == BY_HAND
+    }
+}
+
+/// Where a person's word that they undid a step by hand is recorded ([`by_hand`]). It is recorded
+/// as a completed operation of the step's compensation, run by no tool ([`BY_HAND`]): every rule
+/// that asks whether a step is undone ([`compensated`], [`undone_by`], what keeps a run open,
+/// retention's tombstones) counts it as it counts a compensation, and nothing else is dispatched
+/// for the step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ByHand<'a> {
+    /// A person's word is on record already (or what retention left of it): answered from it.
+    Said(Undone<'a>),
+    /// Nothing of the step's compensation exists: the word is recorded at the compensation's own
+    /// key, where the ledger's claim decides between it and a compensation begun at the same
+    /// time (one of them is refused), so the step is never undone twice.
+    InPlace,
+    /// No compensation of the step will ever be dispatched: one ended without undoing it (failed,
+    /// or its request rejected, that record kept or removed since), or the step's own record is
+    /// gone (its compensation's args with it). The word is recorded beside
+    /// ([`undone_by_hand_key`](oncebox_core::keys::undone_by_hand_key)).
+    Beside,
+}
+
+/// Why a person's word that they undid a step by hand is refused ([`by_hand`]): a word recorded
+/// while the step's compensation may still run, or may have run, could undo the step twice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByHandRefused {
+    #[error("no step of the run has the key {0}")]
+    NoStep(String),
+    #[error("step `{step_id}` is {what}: there is nothing a compensation would undo")]
+    NotUndoable { step_id: String, what: String },
+    #[error("step `{step_id}` is undone already, by its compensation `{tool}` (operation {key})")]
+    Compensated { step_id: String, tool: String, key: String },
+    #[error(
+        "the compensation of step `{step_id}` (`{tool}`, operation {key}) is {state}: {what}; a step undone by \
+         hand as well would be undone twice"
+    )]
+    CompensationOpen { step_id: String, tool: String, key: String, state: &'static str, what: &'static str },
+}
+
+/// Whether a person may record that they undid step `operation_key` of a run by hand, and where:
+/// given the run's records (`ops`), its claims in flight, its requests for approval and its
+/// tombstones. Only a step a compensation would undo ([`undoable`], or [`undoable_removed`]), not
+/// undone yet, whose compensation is not unknown, in progress or awaiting a decision: those may
+/// still undo it. A compensation that failed, or whose request was rejected, is over for good (a
+/// failed compensation is replayed, never tried again), so a word beside it races nothing.
+pub fn by_hand<'a>(
+    operation_key: &str,
+    ops: &'a [OperationRecord],
+    in_flight: &'a [OperationRecord],
+    approvals: &[ApprovalRecord],
+    removed: &'a [Tombstone],
+) -> Result<ByHand<'a>, ByHandRefused> {
+    let not_undoable = |step_id: &str, what: String| ByHandRefused::NotUndoable { step_id: step_id.into(), what };
+    let kept = match ops.iter().find(|op| op.key == operation_key) {
+        Some(op) if undoable(op) => true,
+        Some(op) if is_compensation(op) => return Err(not_undoable(&op.step_id, "itself a compensation".into())),
+        Some(op) if op.status != OperationStatus::Completed => {
+            return Err(not_undoable(&op.step_id, format!("{}: nothing of it stands", op.status.as_str())));
+        }
+        Some(op) => return Err(not_undoable(&op.step_id, format!("{}, not compensatable", op.class.as_str()))),
+        None => match removed.iter().find(|t| t.operation_key == operation_key) {
+            Some(stone) if undoable_removed(stone) => false,
+            Some(stone) => {
+                return Err(not_undoable(
+                    &stone.step_id,
+                    "a step retention removed that no compensation would undo".into(),
+                ));
+            }
+            None => return Err(ByHandRefused::NoStep(operation_key.into())),
+        },
+    };
+    let step_id = ops
+        .iter()
+        .find(|op| op.key == operation_key)
+        .map(|op| op.step_id.clone())
+        .or_else(|| removed.iter().find(|t| t.operation_key == operation_key).map(|t| t.step_id.clone()))
+        .unwrap_or_default();
+    match undone_by(operation_key, ops, removed) {
+        Some(undone) if undone.by_hand() => return Ok(ByHand::Said(undone)),
+        Some(undone) => {
+            let (tool, key) = (undone.tool().into(), undone.key().into());
+            return Err(ByHandRefused::Compensated { step_id, tool, key });
+        }
+        None => {}
+    }
+    let compensation = compensation_step_of(operation_key);
+    let open = |c: &OperationRecord, state, what| ByHandRefused::CompensationOpen {
+        step_id: step_id.clone(),
+        tool: c.tool.clone(),
+        key: c.key.clone(),
+        state,
+        what,
+    };
+    // A word of a person's being recorded (claimed, not yet completed) is not a compensation:
+    // the claim of the same key decides it.
+    let begun: Vec<&OperationRecord> =
+        ops.iter().chain(in_flight).filter(|c| c.step_id == compensation && c.tool != BY_HAND).collect();
+    for c in &begun {
+        match c.status {
+            OperationStatus::Unknown => {
+                return Err(open(c, "unknown", "it may have undone the step: reconcile or settle it first"));
+            }
+            OperationStatus::Claimed => {
+                return Err(open(c, "in progress", "let it end (compensate takes it over once its owner is gone)"));
+            }
+            OperationStatus::Failed | OperationStatus::Completed => {}
+        }
+    }
+    let claimed: BTreeSet<&str> = ops.iter().chain(in_flight).map(|op| op.key.as_str()).collect();
+    let asked: Vec<&ApprovalRecord> =
+        approvals.iter().filter(|a| a.step_id == compensation && !claimed.contains(a.operation_key.as_str())).collect();
+    if let Some(waiting) = asked.iter().find(|a| a.state != ApprovalState::Rejected) {
+        return Err(ByHandRefused::CompensationOpen {
+            step_id,
+            tool: waiting.tool.clone(),
+            key: waiting.operation_key.clone(),
+            state: "awaiting approval",
+            what: "reject its request first (an approval would let it run)",
+        });
+    }
+    let ended = !begun.is_empty() || !asked.is_empty() || removed.iter().any(|t| t.step_id == compensation);
+    Ok(if ended || !kept { ByHand::Beside } else { ByHand::InPlace })
 }
 
 /// One thing that keeps a run open: the step it is about, and why.
@@ -403,6 +548,73 @@ mod tests {
         let open = open_reasons(&[a, b], &[flying], &[], 10);
         assert_eq!(open.len(), 3, "{open:?}");
         assert!(open[0].is_compensation() && matches!(open[0].why, Why::InFlight { .. }), "{open:?}");
+    }
+
+    #[test]
+    fn a_step_is_said_undone_by_hand_only_once_its_compensation_cannot_undo_it() {
+        let a = charged("a");
+        let one = std::slice::from_ref(&a);
+        fn word<'a>(
+            ops: &'a [OperationRecord],
+            flying: &'a [OperationRecord],
+            asked: &[ApprovalRecord],
+            gone: &'a [Tombstone],
+        ) -> Result<ByHand<'a>, ByHandRefused> {
+            by_hand("a", ops, flying, asked, gone)
+        }
+        // Nothing of its compensation exists: at the compensation's own key.
+        assert_eq!(word(one, &[], &[], &[]), Ok(ByHand::InPlace));
+        // Its compensation failed, or its request was rejected (kept or removed): beside it.
+        let failed = undoing(&a, OperationStatus::Failed);
+        assert_eq!(word(&[a.clone(), failed.clone()], &[], &[], &[]), Ok(ByHand::Beside));
+        let mut rejected = request("undo-a", ApprovalState::Rejected, None);
+        rejected.step_id = compensation_step(&a);
+        assert_eq!(word(one, &[], std::slice::from_ref(&rejected), &[]), Ok(ByHand::Beside));
+        let went = Tombstone { rejected: true, ..Tombstone::of(&failed, 9) };
+        assert_eq!(word(one, &[], &[], std::slice::from_ref(&went)), Ok(ByHand::Beside));
+        // The step's own record is gone: beside, as nothing can be made to undo it.
+        let stone = Tombstone::of(&a, 9);
+        assert_eq!(word(&[], &[], &[], std::slice::from_ref(&stone)), Ok(ByHand::Beside));
+
+        // Its compensation may still undo it, or may have: refused.
+        let refused = |result: Result<ByHand, ByHandRefused>, state: &str| match result {
+            Err(ByHandRefused::CompensationOpen { state: s, .. }) => assert_eq!(s, state),
+            other => panic!("{state}: {other:?}"),
+        };
+        refused(word(&[a.clone(), undoing(&a, OperationStatus::Unknown)], &[], &[], &[]), "unknown");
+        refused(word(one, &[undoing(&a, OperationStatus::Claimed)], &[], &[]), "in progress");
+        let mut pending = rejected.clone();
+        pending.state = ApprovalState::Pending;
+        refused(word(one, &[], &[pending], &[]), "awaiting approval");
+        let mut approved = rejected.clone();
+        approved.state = ApprovalState::Approved;
+        // Asked under another key (one whose compensation failed under this one): it may still run.
+        approved.operation_key = "undo-a-by-refund-v1".into();
+        refused(word(&[a.clone(), failed.clone()], &[], &[approved], &[]), "awaiting approval");
+        // Undone by its compensation: refused; by a person's word: answered from it.
+        let undone = undoing(&a, OperationStatus::Completed);
+        assert!(matches!(word(&[a.clone(), undone], &[], &[], &[]), Err(ByHandRefused::Compensated { .. })));
+        let mut said = undoing(&a, OperationStatus::Completed);
+        said.tool = BY_HAND.into();
+        assert!(matches!(word(&[a.clone(), failed.clone(), said.clone()], &[], &[], &[]), Ok(ByHand::Said(_))));
+        // A word being recorded (claimed) is not a compensation: its key's claim decides.
+        said.status = OperationStatus::Claimed;
+        assert_eq!(word(one, &[said], &[], &[]), Ok(ByHand::InPlace));
+        // A word that retention removed still counts, so a step is never said undone twice.
+        let mut said_gone = Tombstone::of(&undoing(&a, OperationStatus::Completed), 9);
+        said_gone.tool = BY_HAND.into();
+        assert!(matches!(word(one, &[], &[], &[said_gone]), Ok(ByHand::Said(Undone::Removed(_)))));
+
+        // Only a step a compensation would undo.
+        fn not<'a>(ops: &'a [OperationRecord], key: &str) -> Result<ByHand<'a>, ByHandRefused> {
+            by_hand(key, ops, &[], &[], &[])
+        }
+        let kept = op("k", "k", OperationStatus::Completed, ReplayClass::Irreversible, 0);
+        assert!(matches!(not(&[kept], "k"), Err(ByHandRefused::NotUndoable { .. })));
+        let lost = op("f", "f", OperationStatus::Failed, ReplayClass::Compensatable, 0);
+        assert!(matches!(not(&[lost], "f"), Err(ByHandRefused::NotUndoable { .. })));
+        assert!(matches!(not(std::slice::from_ref(&failed), "undo-a"), Err(ByHandRefused::NotUndoable { .. })));
+        assert_eq!(not(&[], "x"), Err(ByHandRefused::NoStep("x".into())));
     }
 
     #[test]

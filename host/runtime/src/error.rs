@@ -29,6 +29,10 @@ pub enum CallError {
     InvalidId { reason: String },
     #[error("cannot settle the operation: {reason}")]
     InvalidResolution { reason: String },
+    /// A person's word that they undid a step by hand, refused (`saga::undone_by_hand`): nothing
+    /// was recorded.
+    #[error("cannot record operation {operation_key} undone by hand: {reason}")]
+    ByHand { operation_key: String, reason: String },
     #[error("cannot decide the approval of operation {operation_key}: {reason}")]
     Approval { operation_key: String, reason: String },
     /// The host could not seal a call's sensitive values (no randomness): nothing was recorded.

@@ -420,6 +420,17 @@ impl Host {
         crate::reconcile::reconcile(&self.inner.stage, &entry, call).await
     }
 
+    /// Records a person's word that they undid step `operation_key` by hand (`saga::undone_by_hand`):
+    /// the saga then counts the step undone and dispatches nothing for it.
+    pub async fn undone_by_hand(
+        &self,
+        operation_key: &str,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<crate::saga::UndoneByHand, CallError> {
+        crate::saga::undone_by_hand(self.ledger(), &self.inner.stage.shared.keying, operation_key, by, note).await
+    }
+
     /// Settles an unknown operation by a person's word: `effect_key` names the effect in doubt
     /// (needed when there are several), `by` who decides and `note` why; both are recorded.
     pub async fn resolve(

@@ -37,8 +37,15 @@
 //! step open is closed) has no args or output left to make its compensation from. The saga reads
 //! the run's tombstones (`Ledger::tombstones`, O(the run's)) and names each such compensatable
 //! step `undo-by-hand`: never `Done` while its effect may stand.
+//!
+//! A person who undid a step by hand says so (`undone_by_hand`, `oncebox undone-by-hand`): the
+//! word is recorded as the step's completed compensation, run by no tool, and the saga answers
+//! the step `compensated` and goes on with the steps before it.
 
+mod by_hand;
 mod removed;
+
+pub use by_hand::{UndoneByHand, undone_by_hand};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -236,7 +243,8 @@ pub(crate) async fn compensate(
         // Undone already, by whatever tool: answered from that record, whatever the compensated
         // tool names today.
         if let Some(undone) = begun.iter().find(|c| c.status == OperationStatus::Completed) {
-            steps.push(SagaStep { compensation: Some(Outcome::replay(undone)), ..step(op, "compensated", None) });
+            let reason = by_hand::reason(undone);
+            steps.push(SagaStep { compensation: Some(Outcome::replay(undone)), ..step(op, "compensated", reason) });
             continue;
         }
         // Undone, and that record since removed by retention: never undone twice.
@@ -353,6 +361,9 @@ pub(crate) async fn compensate(
     }
 
     steps.extend(removed::report(&ops, &removed, &mut state));
+    for step in steps.iter_mut().filter(|step| step.action == "undo-by-hand") {
+        by_hand::ask(step, &path);
+    }
     Ok(SagaReport { run_id: run_id.to_string(), state, steps })
 }
 
@@ -408,6 +419,18 @@ fn begun_otherwise(
     );
     if let Some(other) = begun.iter().find(|c| c.tool != undo) {
         let key = &other.key;
+        // A person's word that they undid it, claimed and not recorded (a crash between the two):
+        // the same word again records it.
+        if other.tool == crate::keys::BY_HAND {
+            return Some((
+                "outstanding",
+                format!(
+                    "a person's word that they undid it by hand was being recorded and did not finish: say it again \
+                     (oncebox undone-by-hand --ledger {path} {} --by NAME)",
+                    op.key
+                ),
+            ));
+        }
         return Some(match other.status {
             OperationStatus::Failed => (
                 "undo-by-hand",

@@ -267,6 +267,7 @@ fn error_kind(e: &CallError) -> &'static str {
         CallError::ReservedStep { .. } => "reserved-step",
         CallError::InvalidId { .. } => "invalid-id",
         CallError::InvalidResolution { .. } => "invalid-resolution",
+        CallError::ByHand { .. } => "by-hand",
         CallError::Approval { .. } => "approval",
         CallError::Seal { .. } => "seal",
         CallError::Ledger(_) => "ledger",

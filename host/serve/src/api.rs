@@ -33,6 +33,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/v1/tools", get(tools))
         .route("/v1/operations/{key}", get(operation))
         .route("/v1/operations/{key}/resolve", post(resolve))
+        .route("/v1/operations/{key}/undone-by-hand", post(undone_by_hand))
         .route("/v1/runs", get(runs))
         .route("/v1/runs/{run_id}", get(run))
         .route("/v1/runs/{run_id}/reconcile", post(reconcile))
@@ -450,6 +451,45 @@ async fn resolve(
     app.auth.operator(&headers)?;
     let outcome = settle(&app, &key, body(bytes)?).await?;
     Ok(json_response(StatusCode::OK, &outcome))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UndoneBody {
+    /// Who undid the step (recorded).
+    pub by: String,
+    /// How, and why (recorded).
+    pub note: Option<String>,
+}
+
+/// Records a person's word that they undid step `key` by hand (API and console): the step's
+/// compensation then counts it undone, and nothing is dispatched for it.
+pub async fn undone(app: &App, key: &str, body: UndoneBody) -> Result<Value, ApiError> {
+    if body.by.trim().is_empty() {
+        return Err(ApiError::BadRequest("`by` names who undid the step, and is recorded".into()));
+    }
+    let ledger = app.host.ledger();
+    if ledger.operation(key).await?.is_none() && ledger.tombstone(key).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no operation with key {key}")));
+    }
+    let said = app
+        .host
+        .undone_by_hand(key, &body.by, body.note.as_deref())
+        .await
+        .map_err(|e| ApiError::from_operation(e, "undone-by-hand"))?;
+    Ok(serde_json::to_value(said).unwrap_or_default())
+}
+
+async fn undone_by_hand(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    // A word that closes a run's compensation: a decision, like settling.
+    app.auth.operator(&headers)?;
+    let said = undone(&app, &key, body(bytes)?).await?;
+    Ok(json_response(StatusCode::OK, &said))
 }
 
 /// `ok`, `starting` (the first scan of the tools directory is compiling them: a call waits for

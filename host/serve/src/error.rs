@@ -65,6 +65,7 @@ impl ApiError {
             | CallError::InvalidResolution { .. }
             | CallError::InvalidId { .. } => ApiError::BadRequest(error.to_string()),
             CallError::Approval { .. }
+            | CallError::ByHand { .. }
             | CallError::Ledger(LedgerError::NotInDoubt { .. } | LedgerError::Ambiguous { .. }) => {
                 ApiError::Conflict(error.to_string())
             }

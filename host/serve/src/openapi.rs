@@ -85,6 +85,11 @@ pub fn document() -> Value {
                 "parameters": [key], "requestBody": body("Resolve"),
                 "responses": ok("The operation's outcome after the settlement.", json!({ "$ref": "#/components/schemas/Outcome" }), refusals(&["400", "401", "404", "409", "413", "415"]))
             }},
+            "/v1/operations/{key}/undone-by-hand": { "post": {
+                "operationId": "undoneByHand", "summary": "Record that a person undid a completed compensatable step by hand (operator token): its compensation then counts it undone and dispatches nothing for it. Refused (409) while the step's compensation is unknown, in progress or awaiting approval, or once it completed.",
+                "parameters": [key], "requestBody": body("UndoneByHand"),
+                "responses": ok("The word as recorded (`recorded: false`: one was on record already, and this is it).", object.clone(), refusals(&["400", "401", "404", "409", "413", "415"]))
+            }},
             "/v1/runs/{run_id}": { "get": {
                 "operationId": "run", "summary": "A run's operations, what keeps it open (`open`: the ledger's one rule), what a person must decide, and what retention removed of it (`expired`: its tombstones).",
                 "parameters": [run_id],
@@ -185,6 +190,10 @@ pub fn document() -> Value {
                         "note": { "type": ["string", "null"] },
                         "expires_in": { "type": ["number", "null"], "minimum": 0, "maximum": 31622400, "description": "Approve only for this many seconds (at most 366 days)." }
                     }
+                },
+                "UndoneByHand": {
+                    "type": "object", "required": ["by"], "additionalProperties": false,
+                    "properties": { "by": { "type": "string", "pattern": "\\S" }, "note": { "type": ["string", "null"] } }
                 },
                 "Resolve": {
                     "type": "object", "required": ["by"], "additionalProperties": false,

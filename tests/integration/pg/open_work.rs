@@ -549,3 +549,34 @@ fn kv(op: &str) -> ((), oncebox::ledger::Staged) {
     };
     ((), vec![(effect, write)])
 }
+
+/// A person's word that they undid a step by hand, beside its failed compensation, closes the run
+/// on a shared ledger as on redb: the index of open work says so in the word's own transaction,
+/// and a word from another host is the first one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_undone_by_hand_closes_its_run_in_the_index() {
+    let url = fresh_database().await;
+    let (one, two) = (Ledger::connect(&url).await.expect("one"), Ledger::connect(&url).await.expect("two"));
+    let client = connect(&url).await;
+    let now = one.now_ms();
+    let charge = request("a", "pay", ReplayClass::Compensatable, now);
+    let fence = claim(&one, &charge).await;
+    finish(&one, &charge, fence, OperationStatus::Completed, now).await;
+    let compensation = format!("{}{}", oncebox::keys::COMPENSATION_PREFIX, charge.key);
+    let undo = request("a", &compensation, ReplayClass::IdempotentWrite, now);
+    let fence = claim(&two, &undo).await;
+    finish(&two, &undo, fence, OperationStatus::Failed, now).await;
+    let open = agrees(&client, &one, now, "its compensation failed").await;
+    let reasons: Vec<&str> = open["a"].iter().map(|o| o.why.as_str()).collect();
+    assert_eq!(reasons, ["compensation-outstanding"], "{open:?}");
+
+    let keying = oncebox::keys::FingerprintKey::new(vec![[7; 32]]).expect("key");
+    let said =
+        oncebox::saga::undone_by_hand(&two, &keying, &charge.key, "ops", Some("refunded by hand")).await.expect("said");
+    assert!(said.recorded, "{said:?}");
+    assert_eq!(said.recorded_as, oncebox::keys::undone_by_hand_key("a", &charge.key), "beside the failed one");
+    let open = agrees(&client, &one, one.now_ms(), "undone by hand").await;
+    assert!(open.is_empty(), "{open:?}");
+    let again = oncebox::saga::undone_by_hand(&one, &keying, &charge.key, "someone-else", None).await.expect("said");
+    assert_eq!((again.recorded, again.by.as_deref()), (false, Some("ops")), "{again:?}");
+}

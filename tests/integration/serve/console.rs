@@ -364,24 +364,22 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
         client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
     let key = paid["operation_key"].as_str().expect("key");
     assert!(html.contains("Removed by retention") && !html.contains("nothing to undo"), "{html}");
-    // The charge, named among the steps a person must undo.
+    // The charge, named among the steps a person must undo; the form to record it is for the
+    // operator alone.
     let named = format!(
-        "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th></tr>\
+        "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th><th></th></tr>\
          <tr data-key=\"{key}\">"
     );
     assert!(html.contains(&named), "{html}");
+    assert!(!html.contains("undone-by-hand"), "no form for a viewer not signed in: {html}");
     let run: Value =
         client().get(server.url(&format!("/v1/runs/{RUN}"))).send().await.expect("run").json().await.expect("json");
     assert_eq!(run["expired"][0]["tool"], "charge", "{run}");
     assert_eq!(run["expired"][0]["class"], "compensatable", "{run}");
 
     let requests = provider.requests();
-    let report = client()
-        .post(server.url(&format!("/v1/runs/{RUN}/compensate")))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("compensate");
+    let compensate = || client().post(server.url(&format!("/v1/runs/{RUN}/compensate"))).bearer_auth(TOKEN).send();
+    let report = compensate().await.expect("compensate");
     assert_eq!(report.status(), 200);
     let report: Value = report.json().await.expect("json");
     assert_eq!(report["state"], "outstanding", "{report}");
@@ -390,15 +388,31 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     assert_eq!(provider.counts("o-gone").refunds, 0);
     assert_eq!(provider.counts("o-gone").payments, 1, "the payment stands, as the answer says");
 
+    // A person refunds it at the provider's dashboard and says so: only with the operator's token.
+    let word = json!({ "by": "ops", "note": "refunded by hand, ref R-1" });
+    let said = server.url(&format!("/v1/operations/{key}/undone-by-hand"));
+    let stranger = client().post(&said).json(&word).send().await.expect("post");
+    assert_eq!(stranger.status(), 401);
+    let recorded = client().post(&said).bearer_auth(TOKEN).json(&word).send().await.expect("post");
+    assert_eq!(recorded.status(), 200);
+    let recorded: Value = recorded.json().await.expect("json");
+    assert_eq!((&recorded["recorded"], &recorded["by"]), (&json!(true), &json!("ops")), "{recorded}");
+    let done: Value = compensate().await.expect("compensate").json().await.expect("json");
+    assert_eq!(done["state"], "done", "{done}");
+    assert!(done["steps"][0]["reason"].as_str().is_some_and(|r| r.contains("undone by hand by ops")), "{done}");
+    assert_eq!(provider.requests(), requests, "nothing dispatched");
+    assert_eq!(provider.counts("o-gone").refunds, 0);
+
     // A step on record whose compensation's rejected request went (under a key of the scheme
     // before compensations were keyed by their step alone): shown rejected, as the saga reads it.
     let mut server = server;
     let again = call(&server, "pay-2", "charge", &charge("o-kept")).await;
     assert_eq!(again["status"], "completed", "{again}");
+    let kept = again["operation_key"].as_str().expect("key");
     server.kill();
     {
         let ledger = oncebox::ledger::Ledger::open(setup.ledger()).expect("open");
-        let charged = ledger.operation(again["operation_key"].as_str().expect("key")).await.expect("read");
+        let charged = ledger.operation(kept).await.expect("read");
         let compensation = oncebox::saga::compensation_step(&charged.expect("recorded"));
         let rejected = oncebox::ledger::Tombstone {
             status: oncebox::ledger::OperationStatus::Failed,
@@ -409,10 +423,45 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
         ledger.expire(&[rejected], &[]).await.expect("expire");
     }
     let server = setup.serve();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let cookie = sign_in(&http, &server).await;
+    let page = format!("/runs/{RUN}");
     let html =
-        client().get(server.url(&format!("/runs/{RUN}"))).send().await.expect("page").text().await.expect("html");
-    let row = "<tr><td>pay-2</td><td>charge</td><td><span class=\"badge bad\">rejected</span></td></tr>";
-    assert!(html.contains(row), "{html}");
+        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    let row = format!(
+        "<tr data-key=\"{kept}\"><td>pay-2</td><td>charge</td><td><span class=\"badge bad\">rejected</span></td>"
+    );
+    assert!(html.contains(&row), "{html}");
+    let action = format!("/runs/{RUN}/undone-by-hand/{kept}");
+    assert!(html.contains(&format!("action=\"{action}\"")), "the form to record it: {html}");
+    // Recorded through the console's form: the step counts as undone, and nothing is sent for it.
+    let csrf = csrf_of(&http, &server, &cookie, &page).await;
+    let response = http
+        .post(server.url(&action))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, server.base_url.as_str())
+        .body(form(&[("by", "ops"), ("note", "refunded by hand"), ("csrf", &csrf)]))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 303);
+    let html =
+        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    assert!(html.contains("undone by hand</span>") && !html.contains(&format!("action=\"{action}\"")), "{html}");
+    let requests = provider.requests();
+    let done: Value = client()
+        .post(server.url(&format!("/v1/runs/{RUN}/compensate")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("compensate")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(provider.requests(), requests, "nothing dispatched");
+    assert_eq!(provider.counts("o-kept").refunds, 0);
 }
 
 /// An approval that expired unused shows as expired, with the form to decide again; deciding

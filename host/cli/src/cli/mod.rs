@@ -63,6 +63,9 @@ pub enum Command {
     Approvals(approvals::Command),
     /// Undo a run's completed compensatable steps, in reverse order, each once.
     Compensate(saga::CompensateArgs),
+    /// Record that a person undid a step by hand (one `compensate` names `undo-by-hand`, or one
+    /// whose compensation has not begun): compensate counts it undone, and dispatches nothing for it.
+    UndoneByHand(saga::UndoneByHandArgs),
     /// Report what a restart left, per run, and what a person must decide.
     Recover(saga::RecoverArgs),
     /// Settle by hand an operation whose outcome is unknown: it took place, or it did not.
@@ -164,6 +167,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Reject(args) => approvals::decide_run(args, false).await,
         Command::Approvals(command) => approvals::run(command).await,
         Command::Compensate(args) => saga::compensate(args).await,
+        Command::UndoneByHand(args) => saga::undone_by_hand(args).await,
         Command::Recover(args) => saga::recover(args).await,
         Command::Ledger(command) => ledger::run(command).await,
         Command::Outbox(command) => outbox::run(command).await,

@@ -1,5 +1,6 @@
-//! `oncebox compensate --ledger L --run R --tools DIR [--policy F]` and
-//! `oncebox recover --ledger L [--run R]`: what happens after something went wrong.
+//! `oncebox compensate --ledger L --run R --tools DIR [--policy F]`, `oncebox undone-by-hand
+//! --ledger L KEY --by NAME [--note TEXT]` and `oncebox recover --ledger L [--run R]`: what
+//! happens after something went wrong.
 
 use std::path::PathBuf;
 
@@ -55,6 +56,31 @@ async fn load_skipping(host: &oncebox::Host, dir: &std::path::Path) -> anyhow::R
         }
     }
     Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UndoneByHandArgs {
+    #[arg(long)]
+    ledger: oncebox::LedgerAt,
+    /// The undone step's operation key (`compensate` names it, with `undo-by-hand`).
+    key: String,
+    /// Who undid it (recorded).
+    #[arg(long)]
+    by: String,
+    /// How, and why (recorded): a refund's reference at the bank, say.
+    #[arg(long)]
+    note: Option<String>,
+}
+
+/// Records a person's word that they undid a step by hand, and prints it. Exit 2 when it is
+/// refused (the step's compensation may still undo it, or did): the message says what to do.
+pub async fn undone_by_hand(args: UndoneByHandArgs) -> anyhow::Result<Exit> {
+    let ledger = super::open_ledger(&args.ledger).await?;
+    // The key file opens the values the step sealed, to mask them in the note recorded.
+    let keying = oncebox::secret::load_or_create(&super::key_file_of(&args.ledger)?)?;
+    let said = oncebox::saga::undone_by_hand(&ledger, &keying, &args.key, &args.by, args.note.as_deref()).await?;
+    print_json(&said)?;
+    Ok(Exit::Ok)
 }
 
 #[derive(Debug, clap::Args)]

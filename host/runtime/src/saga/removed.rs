@@ -38,8 +38,9 @@ pub(super) fn report(ops: &[OperationRecord], removed: &[Tombstone], state: &mut
             continue;
         }
         match run_state::undone_by(&stone.operation_key, ops, removed) {
-            Some(Undone::Recorded(_)) => {
-                steps.push(named(stone, "compensated", format!("its compensation completed; {ended}")));
+            Some(Undone::Recorded(undone)) => {
+                let how = super::by_hand::reason(undone).unwrap_or_else(|| "its compensation completed".into());
+                steps.push(named(stone, "compensated", format!("{how}; {ended}")));
             }
             Some(Undone::Removed(undone)) => steps.push(named(stone, "compensated", compensation_expired(undone))),
             None => {
@@ -77,6 +78,10 @@ fn named(stone: &Tombstone, action: &'static str, reason: String) -> SagaStep {
 
 /// Why a step counts as compensated by a compensation whose own record retention removed.
 pub(super) fn compensation_expired(undone: &Tombstone) -> String {
+    if undone.tool == crate::keys::BY_HAND {
+        let (at, removed) = (time(undone.ended_ms), time(undone.removed_ms));
+        return format!("undone by hand at {at}; that record expired (removed at {removed})");
+    }
     format!(
         "its compensation `{}` completed at {}; that record expired (removed at {})",
         undone.tool,

@@ -12,7 +12,7 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::{Flash, HasCsrf, Refusal, decider, local_path, see_other, with_flash};
-use crate::api::{self, DecideBody, ResolveBody};
+use crate::api::{self, DecideBody, ResolveBody, UndoneBody};
 use crate::app::App;
 use crate::auth::SESSION_COOKIE;
 
@@ -150,6 +150,34 @@ pub async fn settle(
     let form = decider(&app, &headers, form)?;
     api::settle(&app, &key, form.body()?).await?;
     Ok(with_flash("/unknowns", Flash::Settled))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UndoneForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    note: String,
+}
+
+impl HasCsrf for UndoneForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+/// A person's word that they undid a step of the run by hand (`api::undone`), back to the run.
+pub async fn undone_by_hand(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path((run_id, key)): Path<(String, String)>,
+    form: Result<Form<UndoneForm>, FormRejection>,
+) -> Result<Response, Refusal> {
+    let form = decider(&app, &headers, form)?;
+    api::undone(&app, &key, UndoneBody { by: form.by.clone(), note: given(&form.note) }).await?;
+    Ok(with_flash(&format!("/runs/{}", super::html::encode(&run_id)), Flash::UndoneByHand))
 }
 
 #[derive(Debug, Deserialize)]

@@ -42,6 +42,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/runs", get(runs::runs))
         .route("/runs/{run_id}", get(runs::run))
         .route("/runs/{run_id}/reconcile", post(actions::reconcile))
+        .route("/runs/{run_id}/undone-by-hand/{key}", post(actions::undone_by_hand))
         .route("/tools", get(pages::tools))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(actions::logout))
@@ -110,10 +111,12 @@ pub enum Flash {
     Rejected,
     Settled,
     Reconciled,
+    UndoneByHand,
 }
 
 impl Flash {
-    const ALL: [Flash; 5] = [Flash::SignedIn, Flash::Approved, Flash::Rejected, Flash::Settled, Flash::Reconciled];
+    const ALL: [Flash; 6] =
+        [Flash::SignedIn, Flash::Approved, Flash::Rejected, Flash::Settled, Flash::Reconciled, Flash::UndoneByHand];
 
     fn code(self) -> &'static str {
         match self {
@@ -122,6 +125,7 @@ impl Flash {
             Flash::Rejected => "rejected",
             Flash::Settled => "settled",
             Flash::Reconciled => "reconciled",
+            Flash::UndoneByHand => "undone-by-hand",
         }
     }
 
@@ -137,6 +141,10 @@ impl Flash {
             Flash::Reconciled => {
                 "Reconciled: what the authorities proved is recorded below; what they could not prove waits for a \
                  person under Unknowns."
+            }
+            Flash::UndoneByHand => {
+                "Recorded: the step counts as undone by your word, and nothing will be dispatched for it. Run \
+                 compensate again to go on with the steps before it."
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use oncebox_runtime::ledger::{
-    AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, Tombstone, Why, run_state,
+    ApprovalRecord, AttemptRecord, EffectRecord, EffectStatus, Open, OperationRecord, Tombstone, Why, run_state,
 };
 use oncebox_runtime::recovery::RunRecovery;
 use oncebox_runtime::saga;
@@ -156,7 +156,9 @@ pub async fn run(
     body.push_str(&decisions(&recovery));
     body.push_str("<h2>Requests for approval</h2>");
     body.push_str(&approvals_table(&approvals, "No step of this run asked for approval."));
-    body.push_str(&compensation(&ops, &recovery.open, &expired));
+    let requests = ledger.approvals(Some(&run_id)).await?;
+    let records = RunRecords { run_id: &run_id, ops: &ops, requests: &requests, expired: &expired };
+    body.push_str(&compensation(&records, &recovery.open, &viewer));
     body.push_str("<h2>Timeline</h2><ol class=\"timeline\">");
     for op in &ops {
         let attempts = ledger.attempts(&op.key).await?;
@@ -225,8 +227,11 @@ fn decisions(run: &RunRecovery) -> String {
 
 /// Where undoing the run stands: each completed compensatable step and its compensation, and
 /// those whose records retention removed before the run was undone (nothing can be made to undo
-/// them: `compensate` names them for a person).
-fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -> String {
+/// them: `compensate` names them for a person). A step no compensation will ever undo (one that
+/// failed or was rejected, or whose record went) has the form a signed-in person records their
+/// undo by hand with (`api::undone`).
+fn compensation(run: &RunRecords, open: &[Open], viewer: &Viewer) -> String {
+    let (ops, expired) = (run.ops, run.expired);
     let undoable: Vec<&OperationRecord> = ops.iter().filter(|op| run_state::undoable(op)).collect();
     let gone: Vec<&Tombstone> = expired
         .iter()
@@ -237,20 +242,22 @@ fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -
         out.push_str(
             "<p>Retention removed the records of completed steps below before this run was undone: their \
              compensations cannot be made from them. If the run must be undone, a person undoes them by hand \
-             (<code>compensate</code> names them <code>undo-by-hand</code>).</p>",
+             (<code>compensate</code> names them <code>undo-by-hand</code>) and records it here.</p>",
         );
         out.push_str(
-            "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th></tr>",
+            "<table class=\"expired\"><tr><th>Step</th><th>Tool</th><th>Ended</th><th>Record removed</th>\
+             <th></th></tr>",
         );
         for stone in &gone {
             let _ = write!(
                 out,
-                "<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 escape(&stone.operation_key),
                 escape(&stone.step_id),
                 escape(&stone.tool),
                 time(stone.ended_ms),
-                time(stone.removed_ms)
+                time(stone.removed_ms),
+                undone_form(run, &stone.operation_key, viewer)
             );
         }
         out.push_str("</table>");
@@ -264,11 +271,12 @@ fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -
     if open.iter().any(|o| o.why == Why::CompensationOutstanding) {
         out.push_str("<p>Compensation started and is not done: run it again once what blocks it is settled.</p>");
     }
-    out.push_str("<table><tr><th>Step</th><th>Tool</th><th>Compensation</th></tr>");
+    out.push_str("<table><tr><th>Step</th><th>Tool</th><th>Compensation</th><th></th></tr>");
     for op in undoable {
         let step = saga::compensation_step(op);
         let state = match run_state::undone_by(&op.key, ops, expired) {
-            Some(_) => "completed",
+            Some(undone) if undone.by_hand() => "undone by hand",
+            Some(_) => "compensated",
             None => match ops.iter().find(|c| c.step_id == step) {
                 Some(begun) => begun.status.as_str(),
                 // Ended otherwise and removed since (failed, or its request rejected): as the
@@ -279,16 +287,47 @@ fn compensation(ops: &[OperationRecord], open: &[Open], expired: &[Tombstone]) -
                     .map_or("not started", |t| if t.rejected { "rejected" } else { t.status.as_str() }),
             },
         };
+        let state = if state == "completed" { "compensated" } else { state };
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&op.key),
             escape(&op.step_id),
             escape(&op.tool),
-            badge(if state == "completed" { "compensated" } else { state })
+            badge(state),
+            undone_form(run, &op.key, viewer)
         );
     }
     out.push_str("</table>");
     out
+}
+
+/// What the run page read of a run, for the sections drawn from more than one of its records.
+struct RunRecords<'a> {
+    run_id: &'a str,
+    ops: &'a [OperationRecord],
+    requests: &'a [ApprovalRecord],
+    expired: &'a [Tombstone],
+}
+
+/// The form a person records that they undid step `key` by hand with, for a step no compensation
+/// will ever undo (by the ledger's rule: [`run_state::by_hand`] says `Beside`); empty otherwise, and
+/// for a viewer not signed in. The word is checked again when it is recorded, with the claims in
+/// flight this page does not read.
+fn undone_form(run: &RunRecords, key: &str, viewer: &Viewer) -> String {
+    let beside = run_state::by_hand(key, run.ops, &[], run.requests, run.expired);
+    if !viewer.signed_in() || beside != Ok(run_state::ByHand::Beside) {
+        return String::new();
+    }
+    format!(
+        "<form method=\"post\" action=\"/runs/{run}/undone-by-hand/{key}\" class=\"undone\">{csrf}\
+         <label>Undone by <input type=\"text\" name=\"by\" required></label>\
+         <label>How <input type=\"text\" name=\"note\" placeholder=\"refund reference\"></label>\
+         <button type=\"submit\">Record undone by hand</button></form>",
+        run = escape(&html::encode(run.run_id)),
+        key = escape(&html::encode(key)),
+        csrf = html::csrf_field(viewer),
+    )
 }
 
 /// The steps whose records retention removed: which, how they ended, and when they went.
