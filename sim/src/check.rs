@@ -265,7 +265,7 @@ fn taken_over_owners_fenced(facts: &Facts, found: &mut Vec<Violation>) {
 
 /// The order a run of the workload concerns, by the plan's names (`run-N`: `o-N`; a single
 /// call's `call-N`: `x-N`).
-fn order_of_run(run: &str) -> String {
+pub(crate) fn order_of_run(run: &str) -> String {
     match (run.strip_prefix("run-"), run.strip_prefix("call-")) {
         (Some(n), _) => format!("o-{n}"),
         (_, Some(n)) => format!("x-{n}"),
@@ -277,8 +277,15 @@ fn order_of(op: &OperationRecord) -> String {
     crate::plan::order_in(&op.args).unwrap_or_default().to_string()
 }
 
+/// What the host's effects committed for `route` and `order` (not a person at the dashboard).
 fn commits<'a>(facts: &'a Facts, route: &str, order: &str) -> Vec<&'a Commit> {
-    facts.commits.iter().filter(|c| c.route == route && c.order == order).collect()
+    facts.commits.iter().filter(|c| c.route == route && c.order == order && !c.by_hand()).collect()
+}
+
+/// How many refunds `order` had, the host's and those a person made at the dashboard (after the
+/// host named the step for a person to undo by hand).
+fn refunds(facts: &Facts, order: &str) -> usize {
+    facts.commits.iter().filter(|c| c.route == "refunds" && c.order == order).count()
 }
 
 fn violation(invariant: &'static str, run: &str, order: &str, detail: String) -> Violation {
@@ -295,7 +302,8 @@ fn run_of(facts: &Facts, order: &str) -> String {
 /// for one route and order are one effect committed twice.
 fn once_per_operation(facts: &Facts, found: &mut Vec<Violation>) {
     let mut counts: BTreeMap<(&str, &str), Vec<&Commit>> = BTreeMap::new();
-    for commit in &facts.commits {
+    // A person's refund at the dashboard is no operation's (`compensations` counts it).
+    for commit in facts.commits.iter().filter(|c| !c.by_hand()) {
         counts.entry((&commit.route, &commit.order)).or_default().push(commit);
     }
     for ((route, order), commits) in counts {
@@ -411,7 +419,7 @@ fn irreversible_only_approved(facts: &Facts, found: &mut Vec<Violation>) {
 /// Every compensation at most once, and only of what took effect.
 fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
     for order in &facts.workflow_orders {
-        let (refunds, payments) = (commits(facts, "refunds", order).len(), commits(facts, "payments", order).len());
+        let (refunds, payments) = (refunds(facts, order), commits(facts, "payments", order).len());
         if refunds > payments {
             let detail = format!("{refunds} refund(s) for {payments} payment(s)");
             found.push(violation("compensation-without-effect", &run_of(facts, order), order, detail));
@@ -458,7 +466,7 @@ fn undone_stays_undone(facts: &Facts, found: &mut Vec<Violation>) {
         };
         // No excuse for a step that gc removed before the saga looked: the saga reads the run's
         // tombstones and names such a step (undo by hand) instead of saying done.
-        let (payments, refunds) = (commits(facts, "payments", &order).len(), commits(facts, "refunds", &order).len());
+        let (payments, refunds) = (commits(facts, "payments", &order).len(), refunds(facts, &order));
         if payments > refunds {
             let detail = format!("compensation said done, yet {payments} payment(s) stand against {refunds} refund(s)");
             found.push(violation("compensation-incomplete", run, &order, detail));

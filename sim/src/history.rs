@@ -61,6 +61,14 @@ pub enum Event {
         by: String,
         result: String,
     },
+    /// A person refunded a step's payment by hand, at the downstream's dashboard (once), and
+    /// said so (`undone-by-hand`).
+    UndoneByHand {
+        run: String,
+        operation_key: String,
+        refunded: bool,
+        result: String,
+    },
     Crashed {
         how: String,
     },
@@ -119,6 +127,7 @@ impl Event {
             | Event::Reconciled { run: r, .. }
             | Event::Settled { run: r, .. }
             | Event::Compensated { run: r, .. }
+            | Event::UndoneByHand { run: r, .. }
             | Event::Paused { run: r, .. }
             | Event::Resumed { run: r, .. } => r == run,
             Event::Dispatch { order: o, .. } | Event::Commit { order: o, .. } | Event::Delivered { order: o, .. } => {
@@ -159,6 +168,10 @@ impl fmt::Display for Event {
                 write!(f, "operator settles {run} ({operation_key}) as {verdict}: {result}")
             }
             Event::Compensated { run, by, result } => write!(f, "{by} compensates {run}: {result}"),
+            Event::UndoneByHand { run, operation_key, refunded, result } => {
+                let refunded = if *refunded { "refunds it by hand at the dashboard and " } else { "" };
+                write!(f, "a person {refunded}says {run} ({operation_key}) is undone by hand: {result}")
+            }
             Event::Crashed { how } => write!(f, "the host crashes ({how})"),
             Event::Restarted => write!(f, "the host restarts on the reopened ledger"),
             Event::Reloaded { tool, result } => write!(f, "operator reloads {tool}: {result}"),

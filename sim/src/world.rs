@@ -58,6 +58,17 @@ pub struct Commit {
     pub at_ms: u64,
 }
 
+/// How the key of a commit a person made at the dashboard begins ([`World::refund_by_hand`]).
+const BY_HAND: &str = "by-hand/";
+
+impl Commit {
+    /// Whether a person made it at the dashboard, not the host: it counts as a refund, but is no
+    /// operation's effect.
+    pub fn by_hand(&self) -> bool {
+        self.key.starts_with(BY_HAND)
+    }
+}
+
 /// One outbox message that reached the topic's endpoint (and was taken by it: a 2xx, or an
 /// answer lost after it took the message).
 #[derive(Debug, Clone)]
@@ -340,6 +351,19 @@ impl World {
         });
         self.history.push(Event::Commit { route: route.to_string(), order: order.to_string() });
         response
+    }
+
+    /// A person refunds `order`'s payment at the dashboard, outside oncebox: a refund committed
+    /// under no key of the host's.
+    pub fn refund_by_hand(&self, order: &str) {
+        let mut state = self.state();
+        let nth = {
+            let n = state.nth.entry(("refunds".into(), order.into())).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let body = json!({ "order_id": order, "by": "a person, at the dashboard" });
+        self.commit(&mut state, "refunds", order, &format!("{BY_HAND}{order}/{nth}"), &body, nth);
     }
 
     /// Answers a read: the inventory, or a lookup by key (reconcile's).

@@ -99,6 +99,9 @@ struct Shared {
     next_job: Vec<usize>,
     /// Runs someone decided to compensate, until compensation is done.
     to_compensate: BTreeSet<String>,
+    /// Steps whose payment a person refunded by hand (by operation key): never twice, whatever
+    /// becomes of their word.
+    refunded_by_hand: BTreeSet<String>,
     /// Runs whose compensation reported done: their orchestrators start none of their steps (a
     /// stale retry may call again one they started: `call_again_after_undo`).
     undone: BTreeSet<String>,
@@ -751,9 +754,13 @@ async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
 }
 
 async fn compensate_on(ctx: &Ctx, host: &Host, run: &str, by: &str) {
+    let mut payments = Vec::new();
     let result = match host.compensate(run).await {
         Ok(report) => {
-            // Done, or waiting for a person to undo a step by hand (which nobody here does).
+            let named = report.steps.iter().filter(|s| s.action == "undo-by-hand" && s.tool == "charge");
+            payments = named.map(|s| s.operation_key.clone()).collect();
+            // Done, or waiting for a person to undo a step by hand (a payment a person may refund
+            // and say so: `undo_by_hand`; a reservation nobody here releases by hand).
             let by_hand = report.steps.iter().any(|s| s.action == "undo-by-hand");
             if report.state == oncebox_runtime::saga::SagaState::Done || by_hand {
                 let mut shared = ctx.shared();
@@ -769,7 +776,37 @@ async fn compensate_on(ctx: &Ctx, host: &Host, run: &str, by: &str) {
     ctx.history.push(Event::Compensated { run: run.to_string(), by: by.to_string(), result });
     if done {
         call_again_after_undo(ctx, host, run).await;
+    } else if undo_by_hand_payments(ctx, host, run, payments).await {
+        // Said undone: compensating again goes on with the steps before them.
+        Box::pin(compensate_on(ctx, host, run, by)).await;
     }
+}
+
+/// A person asked to undo a run's charges by hand (`payments`: the keys of those `compensate`
+/// named `undo-by-hand`): now and then, refunds each payment at the downstream's dashboard (once
+/// per step, whatever becomes of the word) and says so (`undone_by_hand`). Trusting the report:
+/// a payment the host refunded too, or a word the host took while its refund could still go, is
+/// a second refund (`compensation-without-effect`). Whether a new word was taken.
+async fn undo_by_hand_payments(ctx: &Ctx, host: &Host, run: &str, payments: Vec<String>) -> bool {
+    if payments.is_empty() || percent(ctx.plan.seed, &["undo-by-hand", run]) >= 50 {
+        return false;
+    }
+    let mut said = false;
+    for key in payments {
+        let refunded = ctx.shared().refunded_by_hand.insert(key.clone());
+        if refunded {
+            ctx.world.refund_by_hand(&crate::check::order_of_run(run));
+        }
+        let result = match host.undone_by_hand(&key, "a person", Some("refunded at the dashboard")).await {
+            Ok(word) => {
+                said |= word.recorded;
+                format!("recorded as {} ({})", word.recorded_as, if word.recorded { "new" } else { "already" })
+            }
+            Err(e) => format!("refused: {}", same_everywhere(ctx, &e.to_string())),
+        };
+        ctx.history.push(Event::UndoneByHand { run: run.into(), operation_key: key, refunded, result });
+    }
+    said
 }
 
 /// An orchestrator whose retry outlived the compensation: once a run is undone, now and then
