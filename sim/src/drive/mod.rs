@@ -755,7 +755,14 @@ async fn compensate(ctx: &Ctx, host: &Host, run: &str, by: &str) {
 
 async fn compensate_on(ctx: &Ctx, host: &Host, run: &str, by: &str) {
     let mut payments = Vec::new();
-    let result = match host.compensate(run).await {
+    // Now and then a person decides, at the same moment, to refund the charge themselves.
+    let racing = percent(ctx.plan.seed, &["word-races-the-saga", run, by]) < 10;
+    let (compensated, ()) = tokio::join!(host.compensate(run), async {
+        if racing {
+            word_racing_the_saga(ctx, host, run).await;
+        }
+    });
+    let result = match compensated {
         Ok(report) => {
             let named = report.steps.iter().filter(|s| s.action == "undo-by-hand" && s.tool == "charge");
             payments = named.map(|s| s.operation_key.clone()).collect();
@@ -780,6 +787,28 @@ async fn compensate_on(ctx: &Ctx, host: &Host, run: &str, by: &str) {
         // Said undone: compensating again goes on with the steps before them.
         Box::pin(compensate_on(ctx, host, run, by)).await;
     }
+}
+
+/// A person who decides to refund a run's completed charge themselves while its compensation
+/// runs: they say so first, and refund at the dashboard only if the word is taken (refused, the
+/// saga has the refund). The host must take the word or run the refund, never both: a word
+/// beside a refund the saga is starting is a second refund (`compensation-without-effect`).
+async fn word_racing_the_saga(ctx: &Ctx, host: &Host, run: &str) {
+    let Ok(ops) = host.ledger().operations(Some(run)).await else { return };
+    let charged =
+        ops.iter().find(|op| op.tool == "charge" && op.status == oncebox_runtime::ledger::OperationStatus::Completed);
+    let Some(key) = charged.map(|op| op.key.clone()) else { return };
+    let (refunded, result) = match host.undone_by_hand(&key, "a person", Some("refunding it myself")).await {
+        Ok(word) => {
+            let refunded = word.recorded && ctx.shared().refunded_by_hand.insert(key.clone());
+            if refunded {
+                ctx.world.refund_by_hand(&crate::check::order_of_run(run));
+            }
+            (refunded, format!("recorded as {} ({})", word.recorded_as, if word.recorded { "new" } else { "already" }))
+        }
+        Err(e) => (false, format!("refused: {}", same_everywhere(ctx, &e.to_string()))),
+    };
+    ctx.history.push(Event::UndoneByHand { run: run.into(), operation_key: key, refunded, result });
 }
 
 /// A person asked to undo a run's charges by hand (`payments`: the keys of those `compensate`
