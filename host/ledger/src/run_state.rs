@@ -156,30 +156,22 @@ pub fn by_hand<'a>(
     removed: &'a [Tombstone],
 ) -> Result<ByHand<'a>, ByHandRefused> {
     let not_undoable = |step_id: &str, what: String| ByHandRefused::NotUndoable { step_id: step_id.into(), what };
-    let kept = match ops.iter().find(|op| op.key == operation_key) {
-        Some(op) if undoable(op) => true,
-        Some(op) if is_compensation(op) => return Err(not_undoable(&op.step_id, "itself a compensation".into())),
-        Some(op) if op.status != OperationStatus::Completed => {
+    // The step, on record (`kept`) or as retention left it.
+    let recorded = ops.iter().find(|op| op.key == operation_key);
+    let (step_id, kept) = match (recorded, removed.iter().find(|t| t.operation_key == operation_key)) {
+        (Some(op), _) if undoable(op) => (op.step_id.clone(), true),
+        (Some(op), _) if is_compensation(op) => return Err(not_undoable(&op.step_id, "itself a compensation".into())),
+        (Some(op), _) if op.status != OperationStatus::Completed => {
             return Err(not_undoable(&op.step_id, format!("{}: nothing of it stands", op.status.as_str())));
         }
-        Some(op) => return Err(not_undoable(&op.step_id, format!("{}, not compensatable", op.class.as_str()))),
-        None => match removed.iter().find(|t| t.operation_key == operation_key) {
-            Some(stone) if undoable_removed(stone) => false,
-            Some(stone) => {
-                return Err(not_undoable(
-                    &stone.step_id,
-                    "a step retention removed that no compensation would undo".into(),
-                ));
-            }
-            None => return Err(ByHandRefused::NoStep(operation_key.into())),
-        },
+        (Some(op), _) => return Err(not_undoable(&op.step_id, format!("{}, not compensatable", op.class.as_str()))),
+        (None, Some(stone)) if undoable_removed(stone) => (stone.step_id.clone(), false),
+        (None, Some(stone)) => {
+            let what = "a step retention removed that no compensation would undo".into();
+            return Err(not_undoable(&stone.step_id, what));
+        }
+        (None, None) => return Err(ByHandRefused::NoStep(operation_key.into())),
     };
-    let step_id = ops
-        .iter()
-        .find(|op| op.key == operation_key)
-        .map(|op| op.step_id.clone())
-        .or_else(|| removed.iter().find(|t| t.operation_key == operation_key).map(|t| t.step_id.clone()))
-        .unwrap_or_default();
     match undone_by(operation_key, ops, removed) {
         Some(undone) if undone.by_hand() => return Ok(ByHand::Said(undone)),
         Some(undone) => {
