@@ -86,8 +86,9 @@ impl Event<'_> {
 enum Subject<'k> {
     /// An approval asked for, an unknown: noticed from the operation's request or record.
     Operation(&'k str),
-    /// A compensation that cannot go on: noticed from the run's records.
-    Run(&'k str),
+    /// A compensation that cannot go on: noticed from the run's records. `outstanding`: its
+    /// state was (a compensation did not complete), rather than blocked or awaiting approval.
+    Run { run: &'k str, outstanding: bool },
 }
 
 impl<'k> Subject<'k> {
@@ -101,8 +102,9 @@ impl<'k> Subject<'k> {
         if let Some(rest) = key.strip_prefix("unknown/") {
             return operation(rest);
         }
-        let (_state, rest) = key.strip_prefix("compensation-")?.split_once('/')?;
-        rest.rsplit_once('/').map(|(run, _steps)| Subject::Run(run))
+        let (state_of, rest) = key.strip_prefix("compensation-")?.split_once('/')?;
+        let outstanding = state_of == state(SagaState::Outstanding);
+        rest.rsplit_once('/').map(|(run, _steps)| Subject::Run { run, outstanding })
     }
 }
 
@@ -126,14 +128,14 @@ pub async fn may_be_noticed_again(ledger: &Ledger, key: &str, now_ms: u64) -> Re
         Some(Subject::Operation(op)) => {
             Ok(ledger.operation(op).await?.is_some() || ledger.approval(op).await?.is_some())
         }
-        Some(Subject::Run(run)) => {
+        Some(Subject::Run { run, outstanding }) => {
             let ops = ledger.operations(Some(run)).await?;
             if !ops.is_empty() || !ledger.open_runs(Some(run), now_ms).await?.is_empty() {
                 return Ok(true);
             }
             // From tombstones alone a compensation can only be outstanding (`saga/removed.rs`): a
             // key of another state is never made again.
-            if !key.starts_with(&format!("compensation-{}/", state(SagaState::Outstanding))) {
+            if !outstanding {
                 return Ok(false);
             }
             let removed = ledger.tombstones(run).await?;
@@ -256,7 +258,10 @@ mod tests {
             }],
         };
         let key = Event::CompensationStuck(&report).key();
-        assert_eq!(Subject::of(&key), Some(Subject::Run("r/1/x")));
+        assert_eq!(Subject::of(&key), Some(Subject::Run { run: "r/1/x", outstanding: false }));
+        let outstanding = SagaReport { state: SagaState::Outstanding, ..report };
+        let key = Event::CompensationStuck(&outstanding).key();
+        assert_eq!(Subject::of(&key), Some(Subject::Run { run: "r/1/x", outstanding: true }));
         let effect = oncebox_core::keys::effect_key("0123abcd", "send", 0);
         assert_eq!(Subject::of(&effect), None);
     }
