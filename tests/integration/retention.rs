@@ -139,6 +139,16 @@ async fn gc_keeps_a_notification_while_its_event_may_be_noticed_and_removes_what
     let delivered = ledger.delivered_before(u64::MAX).await.expect("read");
     assert_eq!(delivered.iter().map(|m| m.effect_key.as_str()).collect::<Vec<_>>(), [gone], "only the kept one");
     assert_eq!(ledger.outbox_pending("email", 10).await.expect("read").len(), 1, "still pending");
+
+    // A person undoes the removed charge by hand and says so. Once the word's record has gone too,
+    // its tombstone still counts the step undone: nothing names it again, and the key goes.
+    let keying = oncebox::keys::FingerprintKey::new(vec![[7; 32]]).expect("key");
+    let said = oncebox::saga::undone_by_hand(&ledger, &keying, "paid", "ops", None).await.expect("said");
+    assert!(said.recorded, "{said:?}");
+    let later = ledger.now_ms() + 2 * WINDOW.as_millis() as u64;
+    let gc = oncebox::retention::gc(&ledger, WINDOW, later).await.expect("gc");
+    assert_eq!((gc.removed_operations, gc.removed_notices, gc.kept_notifications), (1, 1, 0), "{gc:?}");
+    assert!(ledger.enqueue_once("notify", gone, "{}").await.expect("enqueue"), "the key went with the event");
 }
 
 #[tokio::test]
