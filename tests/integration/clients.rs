@@ -130,6 +130,7 @@ async fn the_clients_unit_tests_pass_against_a_server_that_drops_answers() {
         "test_a_dropped_answer_is_sent_again_with_the_same_ids",
         "test_resending_is_bounded",
         "test_a_4xx_is_raised_and_not_resent",
+        "test_a_step_undone_by_hand_is_said_with_who_and_why",
     ] {
         assert!(stderr.lines().any(|l| l.starts_with(test) && l.ends_with("... ok")), "{test}:\n{stderr}");
     }

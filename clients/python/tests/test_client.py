@@ -134,6 +134,25 @@ class Outcomes(unittest.TestCase):
         server.shutdown()
         server.server_close()
 
+    def test_a_step_undone_by_hand_is_said_with_who_and_why(self):
+        word = {"recorded": True, "by": "ops", "recorded_as": "k2"}
+        script = Script(word, word)
+        server, url = serve(script)
+        client = oncebox.Client(url, token="t")
+        self.assertEqual(client.undone_by_hand("op/1", by="ops", note="refund R-1"), word)
+        self.assertEqual(json.loads(script.bodies[0]), {"by": "ops", "note": "refund R-1"})
+        async def go():
+            async with oncebox.AsyncClient(url, token="t") as client:
+                return await client.undone_by_hand("op/1", by="ops")
+
+        self.assertEqual(asyncio.run(go()), word)
+        self.assertEqual(json.loads(script.bodies[1]), {"by": "ops"})
+        with self.assertRaises(ValueError):
+            client.undone_by_hand("op/1", by=" ")
+        self.assertEqual(len(script.bodies), 2, "nothing sent for the refused one")
+        server.shutdown()
+        server.server_close()
+
     def test_bad_input_is_refused_before_sending(self):
         client = oncebox.Client("http://127.0.0.1:9")
         for bad in [dict(run_id="", step_id="s"), dict(run_id="r", step_id=None), dict(run_id="r\u200b\n", step_id="s")]:

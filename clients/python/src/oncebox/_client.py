@@ -209,6 +209,11 @@ class Client(_Base):
         """Settles an unknown operation by hand (token)."""
         return self._json("POST", f"/v1/operations/{quote(key, safe='')}/resolve", _resolution(by, committed, not_committed, note))
 
+    def undone_by_hand(self, key: str, *, by: str, note: Optional[str] = None) -> Any:
+        """Records that a person undid step `key` by hand (one `compensate()` names `undo-by-hand`):
+        its compensation then counts it undone and sends nothing for it (token)."""
+        return self._json("POST", *_undone(key, by, note))
+
 
 def _decision(request: Mapping[str, Any], by: str, note: Optional[str], verb: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(by, str) or not by.strip():
@@ -220,6 +225,15 @@ def _decision(request: Mapping[str, Any], by: str, note: Optional[str], verb: st
     if note is not None:
         body["note"] = note
     return f"/v1/approvals/{quote(str(key), safe='')}/{verb}", body
+
+
+def _undone(key: str, by: str, note: Optional[str]) -> tuple[str, dict[str, Any]]:
+    if not isinstance(by, str) or not by.strip():
+        raise ValueError("`by` names who undid the step, and is recorded")
+    body: dict[str, Any] = {"by": by}
+    if note is not None:
+        body["note"] = note
+    return f"/v1/operations/{quote(key, safe='')}/undone-by-hand", body
 
 
 def _resolution(by: str, committed: Any, not_committed: bool, note: Optional[str]) -> dict[str, Any]:
@@ -319,3 +333,6 @@ class AsyncClient(_Base):
         return await self._json(
             "POST", f"/v1/operations/{quote(key, safe='')}/resolve", _resolution(by, committed, not_committed, note)
         )
+
+    async def undone_by_hand(self, key: str, *, by: str, note: Optional[str] = None) -> Any:
+        return await self._json("POST", *_undone(key, by, note))
