@@ -537,3 +537,47 @@ async fn an_older_release_s_send_taken_over_counts_once([first, second]: [oncebo
     provider.settled().await;
     assert_eq!((provider.requests(), provider.counts("o-1").payments), (1, 1), "charged once");
 }
+
+/// A person's word that they undid a step by hand, claimed and never recorded (what a crash
+/// between its two writes leaves on a shared ledger, where a claim is durable): recovery names it
+/// for what it is, with the command that says it again, and the same word said again takes the
+/// claim over and records it, which closes the run.
+#[tokio::test]
+async fn a_word_undone_by_hand_left_claimed_is_named_by_recovery_and_recorded_when_said_again() {
+    use oncebox::keys::{BY_HAND, FingerprintKey, canonical_json, operation_key};
+    use oncebox::ledger::{AttemptRecord, Claim, ClaimRequest, Ledger};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = Ledger::open(dir.path().join("l.redb")).expect("ledger");
+    let keying = FingerprintKey::new(vec![[7; 32]]).expect("key");
+    let paid = crate::conformance::request("paid", "host", 1_000);
+    let Ok(Claim::Owned { fence, .. }) = ledger.claim(&paid).await else { panic!("not claimed") };
+    let attempt = AttemptRecord { run_id: "run".into(), ..crate::conformance::attempt("paid", 1, fence) };
+    let finish = Some((OperationStatus::Completed, Some("{}".into()), None));
+    ledger.record_attempt(fence, &attempt, finish, 1_001, Vec::new()).await.expect("record");
+    // The word's claim, as `undone_by_hand` makes it, its lease long over; its record never came.
+    let step = format!("{}paid", oncebox::saga::COMPENSATION_PREFIX);
+    let identity = canonical_json(&serde_json::json!({ "undoes": "paid" }));
+    let word = ClaimRequest {
+        key: operation_key("run", &step, BY_HAND),
+        step_id: step,
+        tool: BY_HAND.into(),
+        class: oncebox::ReplayClass::IdempotentWrite,
+        fingerprint: keying.fingerprint(BY_HAND, &identity),
+        ..crate::conformance::request("word", &format!("{BY_HAND} (ops)"), 2_000)
+    };
+    assert!(matches!(ledger.claim(&word).await, Ok(Claim::Owned { .. })));
+
+    let report = oncebox::recovery::report(&ledger, Some("run")).await.expect("report");
+    let run = &report["run"];
+    assert_eq!(run.available.len(), 1, "{run:?}");
+    let next = run.available[0].next.as_deref().unwrap_or_default();
+    assert!(
+        next.contains("did not finish") && next.contains("oncebox undone-by-hand") && next.contains(" paid "),
+        "{next}"
+    );
+
+    let said = oncebox::saga::undone_by_hand(&ledger, &keying, "paid", "ops", Some("refund R-1")).await.expect("said");
+    assert!(said.recorded && said.recorded_as == word.key, "{said:?}");
+    assert!(ledger.open_runs(Some("run"), ledger.now_ms()).await.expect("open").is_empty(), "the run closed");
+}

@@ -900,17 +900,62 @@ async fn undoing_by_hand_is_refused_while_the_compensation_may_undo_the_step_and
     assert!(f.host.undone_by_hand(&key, " ", None).await.is_err(), "who undid it is recorded");
 
     // Nothing of its compensation begun: the word takes the compensation's key.
+    assert_eq!(f.call("q", "1-pay", "charge", &charge("o-3")).await.status, Status::Completed);
     let other = f.call("q", "pay", "charge", &charge("o-2")).await;
     let other_key = other.operation_key.clone().expect("key");
     let said = f.host.undone_by_hand(&other_key, "ops", Some("refunded at the till")).await.expect("said");
     let charged = f.host.ledger().operation(&other_key).await.expect("read").expect("op");
     let compensation = oncebox::keys::operation_key("q", &oncebox::saga::compensation_step(&charged), "refund");
     assert_eq!(said.recorded_as, compensation, "{said:?}");
+    // One step undone by hand starts no compensation of the run's others: the run stays closed.
+    let open = f.host.ledger().open_runs(Some("q"), f.host.ledger().now_ms()).await.expect("open");
+    assert!(open.is_empty(), "{open:?}");
     let requests = f.provider.requests();
     let done = f.host.compensate("q").await.expect("compensate");
     assert_eq!(done.state, SagaState::Done, "{done:?}");
-    assert_eq!(f.provider.requests(), requests, "no refund sent");
-    assert_eq!(f.provider.counts("o-2").refunds, 0);
+    assert_eq!(f.provider.requests(), requests + 1, "only the other charge's refund sent");
+    assert_eq!((f.provider.counts("o-2").refunds, f.provider.counts("o-3").refunds), (0, 1));
+}
+
+/// A refund in doubt that a person settles `not-committed` is reopened, for compensate to resume
+/// (and send again). A person who refunded by hand instead says so: the word ends the reopened
+/// refund (failed: nothing of it took effect) and is recorded beside it, so no compensate sends
+/// it. What they typed is masked by the values the charge sealed.
+#[tokio::test]
+async fn a_compensation_reopened_by_a_settlement_is_ended_by_a_person_s_word_and_never_sent() {
+    let f = Fixture::honouring_keys(false).await;
+    let paid = f.call("r", "pay", "charge", &charge("o-1")).await;
+    let key = paid.operation_key.clone().expect("key");
+    f.provider.arm(Fault::new(Route::Refunds, FaultKind::ErrorBeforeCommit).for_order("o-1").times(100));
+    let report = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(report.state, SagaState::Outstanding, "{report:?}");
+    let refund = report.steps[0].compensation.as_ref().and_then(|c| c.operation_key.clone()).expect("refund");
+    let settled = f
+        .host
+        .resolve(&refund, None, &oncebox::ledger::Resolution::NotCommitted, "ops", Some("not at the bank"))
+        .await
+        .expect("settle");
+    assert_eq!(settled.status, Status::InProgress, "reopened for compensate: {settled:?}");
+    f.provider.clear_faults();
+    let requests = f.provider.requests();
+
+    let note = "refunded pm_card_visa at the dashboard";
+    let said = f.host.undone_by_hand(&key, "ops", Some(note)).await.expect("said");
+    assert!(said.recorded, "{said:?}");
+    assert_eq!(said.recorded_as, oncebox::keys::undone_by_hand_key("r", &key), "beside the ended refund");
+    let ended = f.host.ledger().operation(&refund).await.expect("read").expect("refund");
+    assert_eq!(ended.status, OperationStatus::Failed, "{ended:?}");
+    assert!(ended.error.as_ref().is_some_and(|e| e.message.contains("undid step")), "{ended:?}");
+    let recorded = f.host.ledger().operation(&said.recorded_as).await.expect("read").expect("word");
+    assert!(!recorded.args.to_string().contains("pm_card_visa"), "the note is masked: {recorded:?}");
+    assert!(said.note.as_deref().is_some_and(|n| n.contains("at the dashboard") && !n.contains("pm_card")));
+
+    let done = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert!(done.steps[0].reason.as_deref().is_some_and(|r| r.contains("undone by hand by ops")), "{done:?}");
+    assert!(!format!("{done:?}").contains("pm_card_visa"), "{done:?}");
+    assert_eq!(f.provider.requests(), requests, "nothing sent after the word");
+    assert_eq!(f.provider.counts("o-1").refunds, 0);
 }
 
 /// A new version of `charge` that names another refund tool, `refun2`, and that tool: the

@@ -12,8 +12,9 @@
 //!   call of its step, or `compensate`, takes it over);
 //! - a request for approval has no operation yet: pending, or approved and not used (an expired
 //!   approval too: it lets nothing through until a person decides again);
-//! - its compensation started (some compensation operation exists) and a completed compensatable
-//!   step has no completed compensation.
+//! - its compensation started (some compensation operation exists, run by a tool: a person's
+//!   word that they undid one step by hand undoes that step only, and starts nothing) and a
+//!   completed compensatable step has no completed compensation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,6 +37,12 @@ pub fn compensation_step_of(operation_key: &str) -> String {
 /// Whether `op` is itself a compensation.
 pub fn is_compensation(op: &OperationRecord) -> bool {
     step_ties_the_run(&op.step_id)
+}
+
+/// Whether `op` is a compensation run by a tool, which starts its run's compensation: not a
+/// person's word that they undid one step by hand ([`by_hand`]), which asks nothing of the others.
+fn started_compensation(op: &OperationRecord) -> bool {
+    is_compensation(op) && op.tool != BY_HAND
 }
 
 /// Whether `op` is a step a compensation would undo: completed, compensatable, not itself a
@@ -118,6 +125,12 @@ pub enum ByHand<'a> {
     /// key, where the ledger's claim decides between it and a compensation begun at the same
     /// time (one of them is refused), so the step is never undone twice.
     InPlace,
+    /// The step's compensation was claimed by an owner that is gone (a killed process, a restart,
+    /// or a settlement `not-committed` that reopened it), and nothing of it may be running: the
+    /// word's writer takes it over first and ends it as `compensate` would (failed when nothing
+    /// of it took effect: then the word goes beside it; unknown when an effect of it took place or
+    /// is in doubt: then the word is refused), so that no later `compensate` resumes it.
+    EndAbandoned(&'a OperationRecord),
     /// No compensation of the step will ever be dispatched: one ended without undoing it (failed,
     /// or its request rejected, that record kept or removed since), or the step's own record is
     /// gone (its compensation's args with it). The word is recorded beside
@@ -144,16 +157,18 @@ pub enum ByHandRefused {
 
 /// Whether a person may record that they undid step `operation_key` of a run by hand, and where:
 /// given the run's records (`ops`), its claims in flight, its requests for approval and its
-/// tombstones. Only a step a compensation would undo ([`undoable`], or [`undoable_removed`]), not
-/// undone yet, whose compensation is not unknown, in progress or awaiting a decision: those may
-/// still undo it. A compensation that failed, or whose request was rejected, is over for good (a
-/// failed compensation is replayed, never tried again), so a word beside it races nothing.
+/// tombstones, at `now_ms`. Only a step a compensation would undo ([`undoable`], or
+/// [`undoable_removed`]), not undone yet, whose compensation is not unknown, in progress or
+/// awaiting a decision: those may still undo it. A compensation that failed, or whose request was
+/// rejected, is over for good (a failed compensation is replayed, never tried again), so a word
+/// beside it races nothing; one whose owner is gone is ended first ([`ByHand::EndAbandoned`]).
 pub fn by_hand<'a>(
     operation_key: &str,
     ops: &'a [OperationRecord],
     in_flight: &'a [OperationRecord],
     approvals: &[ApprovalRecord],
     removed: &'a [Tombstone],
+    now_ms: u64,
 ) -> Result<ByHand<'a>, ByHandRefused> {
     let not_undoable = |step_id: &str, what: String| ByHandRefused::NotUndoable { step_id: step_id.into(), what };
     // The step, on record (`kept`) or as retention left it.
@@ -162,7 +177,12 @@ pub fn by_hand<'a>(
         (Some(op), _) if undoable(op) => (op.step_id.clone(), true),
         (Some(op), _) if is_compensation(op) => return Err(not_undoable(&op.step_id, "itself a compensation".into())),
         (Some(op), _) if op.status != OperationStatus::Completed => {
-            return Err(not_undoable(&op.step_id, format!("{}: nothing of it stands", op.status.as_str())));
+            let what = match op.status {
+                OperationStatus::Unknown => "unknown: settle it first (if it took effect, compensate undoes it)",
+                OperationStatus::Claimed => "in progress: let it end first",
+                _ => "failed: nothing of it took effect",
+            };
+            return Err(not_undoable(&op.step_id, what.into()));
         }
         (Some(op), _) => return Err(not_undoable(&op.step_id, format!("{}, not compensatable", op.class.as_str()))),
         (None, Some(stone)) if undoable_removed(stone) => (stone.step_id.clone(), false),
@@ -190,16 +210,22 @@ pub fn by_hand<'a>(
     };
     // A word of a person's being recorded (claimed, not yet completed) is not a compensation:
     // the claim of the same key decides it.
+    // A claim read both in flight and recorded is the recorded one (read last).
+    let recorded: BTreeSet<&str> = ops.iter().map(|op| op.key.as_str()).collect();
+    let flying = in_flight.iter().filter(|c| !recorded.contains(c.key.as_str()));
     let begun: Vec<&OperationRecord> =
-        ops.iter().chain(in_flight).filter(|c| c.step_id == compensation && c.tool != BY_HAND).collect();
+        ops.iter().chain(flying).filter(|c| c.step_id == compensation && c.tool != BY_HAND).collect();
+    // An abandoned claim is ended only once nothing else of the compensation may undo the step.
+    let mut abandoned = None;
     for c in &begun {
         match c.status {
             OperationStatus::Unknown => {
                 return Err(open(c, "unknown", "it may have undone the step: reconcile or settle it first"));
             }
-            OperationStatus::Claimed => {
+            OperationStatus::Claimed if c.lease_until_ms > now_ms => {
                 return Err(open(c, "in progress", "let it end (compensate takes it over once its owner is gone)"));
             }
+            OperationStatus::Claimed => abandoned = abandoned.or(Some(*c)),
             OperationStatus::Failed | OperationStatus::Completed => {}
         }
     }
@@ -214,6 +240,9 @@ pub fn by_hand<'a>(
             state: "awaiting approval",
             what: "reject its request first (an approval would let it run)",
         });
+    }
+    if let Some(abandoned) = abandoned {
+        return Ok(ByHand::EndAbandoned(abandoned));
     }
     let ended = !begun.is_empty() || !asked.is_empty() || removed.iter().any(|t| t.step_id == compensation);
     Ok(if ended || !kept { ByHand::Beside } else { ByHand::InPlace })
@@ -312,7 +341,7 @@ pub fn open_reasons(
         });
     }
     let all: Vec<&OperationRecord> = ops.iter().map(|(op, _)| *op).collect();
-    if all.iter().any(|op| is_compensation(op)) {
+    if all.iter().any(|op| started_compensation(op)) {
         for op in all.iter().filter(|op| undoable(op) && !compensated(&all, op)) {
             open.push(Open::of(op, Why::CompensationOutstanding));
         }
@@ -543,6 +572,19 @@ mod tests {
     }
 
     #[test]
+    fn a_person_s_word_that_they_undid_one_step_by_hand_starts_no_compensation_of_the_others() {
+        let (a, b) = (charged("a"), charged("b"));
+        let mut said = undoing(&b, OperationStatus::Completed);
+        said.tool = BY_HAND.into();
+        assert!(open_reasons(&[a.clone(), b.clone(), said.clone()], &[], &[], 10).is_empty());
+        assert!(open_keys(&[a.clone(), b.clone(), said.clone()], &[]).is_empty());
+        // Once a compensation runs, the step the word undid counts as undone, the others not.
+        let refunded = undoing(&a, OperationStatus::Failed);
+        let ops = [a, b, said, refunded];
+        assert_eq!(whys(&open_reasons(&ops, &[], &[], 10)), [("a", &Why::CompensationOutstanding)]);
+    }
+
+    #[test]
     fn a_step_is_said_undone_by_hand_only_once_its_compensation_cannot_undo_it() {
         let a = charged("a");
         let one = std::slice::from_ref(&a);
@@ -552,7 +594,7 @@ mod tests {
             asked: &[ApprovalRecord],
             gone: &'a [Tombstone],
         ) -> Result<ByHand<'a>, ByHandRefused> {
-            by_hand("a", ops, flying, asked, gone)
+            by_hand("a", ops, flying, asked, gone, 10)
         }
         // Nothing of its compensation exists: at the compensation's own key.
         assert_eq!(word(one, &[], &[], &[]), Ok(ByHand::InPlace));
@@ -574,7 +616,14 @@ mod tests {
             other => panic!("{state}: {other:?}"),
         };
         refused(word(&[a.clone(), undoing(&a, OperationStatus::Unknown)], &[], &[], &[]), "unknown");
-        refused(word(one, &[undoing(&a, OperationStatus::Claimed)], &[], &[]), "in progress");
+        let mut running = undoing(&a, OperationStatus::Claimed);
+        running.lease_until_ms = 11;
+        refused(word(one, std::slice::from_ref(&running), &[], &[]), "in progress");
+        // Its owner gone (or a settlement reopened it): ended first, then the word.
+        running.lease_until_ms = 10;
+        assert_eq!(word(one, std::slice::from_ref(&running), &[], &[]), Ok(ByHand::EndAbandoned(&running)));
+        // Read in flight and since recorded failed: the record.
+        assert_eq!(word(&[a.clone(), failed.clone()], std::slice::from_ref(&running), &[], &[]), Ok(ByHand::Beside));
         let mut pending = rejected.clone();
         pending.state = ApprovalState::Pending;
         refused(word(one, &[], &[pending], &[]), "awaiting approval");
@@ -599,12 +648,17 @@ mod tests {
 
         // Only a step a compensation would undo.
         fn not<'a>(ops: &'a [OperationRecord], key: &str) -> Result<ByHand<'a>, ByHandRefused> {
-            by_hand(key, ops, &[], &[], &[])
+            by_hand(key, ops, &[], &[], &[], 10)
         }
         let kept = op("k", "k", OperationStatus::Completed, ReplayClass::Irreversible, 0);
         assert!(matches!(not(&[kept], "k"), Err(ByHandRefused::NotUndoable { .. })));
         let lost = op("f", "f", OperationStatus::Failed, ReplayClass::Compensatable, 0);
         assert!(matches!(not(&[lost], "f"), Err(ByHandRefused::NotUndoable { .. })));
+        let doubt = op("u", "u", OperationStatus::Unknown, ReplayClass::Compensatable, 0);
+        let unknown = not(std::slice::from_ref(&doubt), "u");
+        assert!(
+            matches!(&unknown, Err(ByHandRefused::NotUndoable { what, .. }) if what.starts_with("unknown: settle"))
+        );
         assert!(matches!(not(std::slice::from_ref(&failed), "undo-a"), Err(ByHandRefused::NotUndoable { .. })));
         assert_eq!(not(&[], "x"), Err(ByHandRefused::NoStep("x".into())));
     }

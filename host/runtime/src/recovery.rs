@@ -119,11 +119,14 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
                 Why::Abandoned { owner, .. } => {
                     // Nobody need decide: whichever comes first takes it over, and nothing of it
                     // is sent again blindly (an effect it may have sent makes it unknown).
-                    step.next = Some(format!(
-                        "its owner {owner} is gone: the next call of step `{}` takes it over and runs it, or `oncebox \
-                         compensate --ledger {path} --run {run_id} --tools DIR` takes it over and ends it",
-                        open.step_id
-                    ));
+                    // A compensation's claim, or a person's word: resumed by compensate, or said again.
+                    step.next = Some(crate::saga::next_for_abandoned(open, &run_id, &path).unwrap_or_else(|| {
+                        format!(
+                            "its owner {owner} is gone: the next call of step `{}` takes it over and runs it, or \
+                             `oncebox compensate --ledger {path} --run {run_id} --tools DIR` takes it over and ends it",
+                            open.step_id
+                        )
+                    }));
                     entry.available.push(step)
                 }
                 Why::InFlight { .. } => entry.in_progress.push(step),

@@ -45,6 +45,7 @@
 mod by_hand;
 mod removed;
 
+pub(crate) use by_hand::next_for_abandoned;
 pub use by_hand::{UndoneByHand, undone_by_hand};
 
 use std::collections::HashMap;
@@ -58,8 +59,8 @@ use crate::clock::rfc3339 as time;
 use crate::error::CallError;
 pub use crate::keys::COMPENSATION_PREFIX;
 use crate::ledger::{
-    ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, LedgerError, Open,
-    OperationRecord, OperationStatus, Why, run_state,
+    ApprovalRecord, ApprovalState, AttemptRecord, AttemptSource, Claim, ClaimRequest, ErrorRecord, Ledger, LedgerError,
+    Open, OperationRecord, OperationStatus, Why, run_state,
 };
 use crate::policy::ReplayClass;
 use crate::stage::{Entry, Stage};
@@ -173,11 +174,17 @@ pub(crate) async fn compensate(
         first.into_iter().filter(abandoned).map(|open| open.operation_key).collect()
     };
     if !abandoned.is_empty() {
+        let closer = Closer {
+            owner: &stage.owner,
+            lease_ms: stage.lease.as_millis() as u64,
+            why: "compensate, so that no later call of the step runs it after its run was undone (a new intent needs \
+                  a new step id)",
+        };
         let in_flight = ledger.in_flight(Some(run_id)).await?;
         let recorded = ledger.operations(Some(run_id)).await?;
         for key in &abandoned {
             let Some(op) = recorded.iter().chain(&in_flight).find(|op| &op.key == key) else { continue };
-            if let Some((status, why)) = close_abandoned(stage, op).await? {
+            if let Some((status, why)) = close_abandoned(ledger, &closer, op).await? {
                 if status == OperationStatus::Failed {
                     steps.push(step(op, "abandoned", Some(why)));
                 } else {
@@ -426,8 +433,8 @@ fn begun_otherwise(
                 "outstanding",
                 format!(
                     "a person's word that they undid it by hand was being recorded and did not finish: say it again \
-                     (oncebox undone-by-hand --ledger {path} {} --by NAME)",
-                    op.key
+                     ({})",
+                    by_hand::command(path, &op.key)
                 ),
             ));
         }
@@ -486,14 +493,26 @@ fn begun_otherwise(
     ))
 }
 
+/// Who ends an abandoned claim ([`close_abandoned`]), and why it is ended rather than run.
+struct Closer<'a> {
+    owner: &'a str,
+    lease_ms: u64,
+    why: &'a str,
+}
+
 /// Takes over `op`, claimed by an owner that is gone (its lease ran out), and ends it: failed when
 /// nothing of it took effect (its effects, if any, are proven not taken), so that no later call of
 /// its step runs it after its run was undone; unknown when an effect of it took place or is in
 /// doubt, for a person or a reconcile to settle. The rule of evidence is the ledger's to enforce:
 /// it refuses a failed end while an effect is taken or in doubt. `None` when the ledger does not
-/// hand it over (its owner is live, or it ended meanwhile). Else its end and why.
-async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(OperationStatus, String)>, CallError> {
-    let ledger = &stage.shared.ledger;
+/// hand it over (its owner is live, or it ended meanwhile). Else its end and why. `closer`: who
+/// takes it over, for how long, and why it is ended rather than run (`compensate`, or a person's
+/// word that they undid by hand the step it compensates).
+async fn close_abandoned(
+    ledger: &Ledger,
+    closer: &Closer<'_>,
+    op: &OperationRecord,
+) -> Result<Option<(OperationStatus, String)>, CallError> {
     let now = ledger.now_ms();
     let request = ClaimRequest {
         key: op.key.clone(),
@@ -506,9 +525,9 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
         args: op.args.clone(),
         // A take-over of an existing operation: the record keeps what it has.
         sealed: op.sealed.clone(),
-        owner: stage.owner.clone(),
+        owner: closer.owner.to_string(),
         now_ms: now,
-        lease_ms: stage.lease.as_millis() as u64,
+        lease_ms: closer.lease_ms,
         // It exists: a take-over, which no approval decides (its own call was let through).
         approval: None,
     };
@@ -547,10 +566,7 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
             taken.join(", ")
         ))
     } else {
-        let message = format!(
-            "{gone} before anything of it took effect; ended failed by compensate, so that no later call of the step \
-             runs it after its run was undone (a new intent needs a new step id)"
-        );
+        let message = format!("{gone} before anything of it took effect; ended failed by {}", closer.why);
         (OperationStatus::Failed, ErrorRecord { class: "abandoned".into(), message })
     };
     let attempt = previous_attempts + 1;
@@ -570,7 +586,7 @@ async fn close_abandoned(stage: &Stage, op: &OperationRecord) -> Result<Option<(
         downstream_accepted: None,
         // What the gone owner's attempt sent, by the take-over's rule: this record is that
         // attempt's.
-        effects: crate::pipeline::stopped_sends(stage, &op.key, &effects, previous_attempts).await?,
+        effects: crate::pipeline::stopped_sends(ledger, &op.key, &effects, previous_attempts).await?,
     };
     let ended =
         ledger.record_attempt(fence, &record, Some((status, None, Some(error.clone()))), ledger.now_ms(), Vec::new());

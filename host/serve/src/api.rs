@@ -463,14 +463,23 @@ pub struct UndoneBody {
 }
 
 /// Records a person's word that they undid step `key` by hand (API and console): the step's
-/// compensation then counts it undone, and nothing is dispatched for it.
-pub async fn undone(app: &App, key: &str, body: UndoneBody) -> Result<Value, ApiError> {
+/// compensation then counts it undone, and nothing is dispatched for it. `of_run`: the run the
+/// caller named the step by (the console's page), which must be the step's.
+pub async fn undone(app: &App, key: &str, of_run: Option<&str>, body: UndoneBody) -> Result<Value, ApiError> {
     if body.by.trim().is_empty() {
         return Err(ApiError::BadRequest("`by` names who undid the step, and is recorded".into()));
     }
     let ledger = app.host.ledger();
-    if ledger.operation(key).await?.is_none() && ledger.tombstone(key).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no operation with key {key}")));
+    let run = match ledger.operation(key).await? {
+        Some(op) => Some(op.run_id),
+        None => ledger.tombstone(key).await?.map(|stone| stone.run_id),
+    };
+    match (run, of_run) {
+        (None, _) => return Err(ApiError::NotFound(format!("no operation with key {key}"))),
+        (Some(run), Some(named)) if run != named => {
+            return Err(ApiError::NotFound(format!("run {named} has no step with key {key}")));
+        }
+        _ => {}
     }
     let said = app
         .host
@@ -488,7 +497,7 @@ async fn undone_by_hand(
 ) -> Result<Response, ApiError> {
     // A word that closes a run's compensation: a decision, like settling.
     app.auth.operator(&headers)?;
-    let said = undone(&app, &key, body(bytes)?).await?;
+    let said = undone(&app, &key, None, body(bytes)?).await?;
     Ok(json_response(StatusCode::OK, &said))
 }
 

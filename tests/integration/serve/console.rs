@@ -436,6 +436,25 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     assert!(html.contains(&format!("action=\"{action}\"")), "the form to record it: {html}");
     // Recorded through the console's form: the step counts as undone, and nothing is sent for it.
     let csrf = csrf_of(&http, &server, &cookie, &page).await;
+    let post = |action: String, cookie: Option<&str>, csrf: &str| {
+        let mut request = http
+            .post(server.url(&action))
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(ORIGIN, server.base_url.as_str());
+        if let Some(cookie) = cookie {
+            request = request.header(COOKIE, cookie);
+        }
+        request.body(form(&[("by", "ops"), ("csrf", csrf)])).send()
+    };
+    // Without the operator's session, without the form's CSRF token, or under another run's page:
+    // refused, and nothing recorded (the form is still there).
+    assert_eq!(post(action.clone(), None, &csrf).await.expect("post").status(), 401);
+    assert_eq!(post(action.clone(), Some(&cookie), "forged").await.expect("post").status(), 403);
+    let elsewhere = format!("/runs/another-run/undone-by-hand/{kept}");
+    assert_eq!(post(elsewhere, Some(&cookie), &csrf).await.expect("post").status(), 404);
+    let html =
+        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    assert!(html.contains(&format!("action=\"{action}\"")), "nothing recorded: {html}");
     let response = http
         .post(server.url(&action))
         .header(CONTENT_TYPE, "application/x-www-form-urlencoded")

@@ -229,7 +229,7 @@ async fn stopped_attempt(
     recorded: u32,
 ) -> Result<Option<(String, Vec<AttemptEffect>)>, CallError> {
     let effects = host.shared.ledger.effects(operation_key).await?;
-    let sent = stopped_sends(host, operation_key, &effects, recorded).await?;
+    let sent = stopped_sends(&host.shared.ledger, operation_key, &effects, recorded).await?;
     if sent.is_empty() {
         return Ok(None);
     }
@@ -247,13 +247,13 @@ async fn stopped_attempt(
 /// record of that attempt lists them. The recorded attempts are read only when the rule needs
 /// them. Asked by a take-over and by a saga closing a step whose owner is gone (`saga.rs`).
 pub(crate) async fn stopped_sends(
-    host: &Stage,
+    ledger: &crate::ledger::Ledger,
     operation_key: &str,
     effects: &[EffectRecord],
     recorded: u32,
 ) -> Result<Vec<AttemptEffect>, CallError> {
     let attempts = match crate::ledger::reads_attempts(effects) {
-        true => host.shared.ledger.attempts(operation_key).await?,
+        true => ledger.attempts(operation_key).await?,
         false => Vec::new(),
     };
     Ok(crate::ledger::sent_by_stopped(&crate::ledger::unrecorded_sends(effects, recorded, &attempts)))

@@ -68,21 +68,49 @@ pub async fn undone_by_hand(
         (None, Some(stone)) => (stone.run_id, stone.step_id, stone.tool),
         (None, None) => return Err(refused(format!("no operation {operation_key} in the ledger"))),
     };
-    // Claims in flight first, then the records: a compensation claimed before this look is seen
-    // by it, in flight or recorded (as the saga reads them).
-    let in_flight = ledger.in_flight(Some(&run_id)).await?;
-    let ops = ledger.operations(Some(&run_id)).await?;
-    let approvals = ledger.approvals(Some(&run_id)).await?;
-    let removed = ledger.tombstones(&run_id).await?;
-    let key = match run_state::by_hand(operation_key, &ops, &in_flight, &approvals, &removed) {
-        Ok(ByHand::Said(undone)) => return Ok(said(undone, operation_key, &step_id, &tool, &run_id)),
-        Ok(ByHand::InPlace) => operation_key_of_compensation(&run_id, operation_key),
-        Ok(ByHand::Beside) => undone_by_hand_key(&run_id, operation_key),
-        Err(why) => return Err(refused(why.to_string())),
+    let compensation = run_state::compensation_step_of(operation_key);
+    // An abandoned claim of the step's compensation is ended first (once), then the rule asked
+    // again on what that left.
+    let mut ended_abandoned = false;
+    let (key, ops) = loop {
+        // Claims in flight first, then the records: a compensation claimed before this look is
+        // seen by it, in flight or recorded (as the saga reads them).
+        let in_flight = ledger.in_flight(Some(&run_id)).await?;
+        let ops = ledger.operations(Some(&run_id)).await?;
+        let approvals = ledger.approvals(Some(&run_id)).await?;
+        let removed = ledger.tombstones(&run_id).await?;
+        let abandoned = match run_state::by_hand(operation_key, &ops, &in_flight, &approvals, &removed, ledger.now_ms())
+        {
+            Ok(ByHand::Said(undone)) => return Ok(said(undone, operation_key, &step_id, &tool, &run_id)),
+            Ok(ByHand::InPlace) => break (operation_key_of_compensation(&run_id, operation_key), ops),
+            Ok(ByHand::Beside) => break (undone_by_hand_key(&run_id, operation_key), ops),
+            Ok(ByHand::EndAbandoned(_)) if ended_abandoned => {
+                return Err(refused("its compensation's record changed meanwhile: look again".into()));
+            }
+            Ok(ByHand::EndAbandoned(claim)) => claim.clone(),
+            Err(why) => return Err(refused(why.to_string())),
+        };
+        ended_abandoned = true;
+        let why = format!("a person's word that they undid step `{step_id}` by hand, so that no compensate resumes it");
+        let closer = super::Closer { owner: BY_HAND, lease_ms: LEASE_MS, why: &why };
+        match super::close_abandoned(ledger, &closer, &abandoned).await? {
+            Some((OperationStatus::Failed, _)) => continue,
+            Some((_, why)) => {
+                return Err(refused(format!(
+                    "its compensation `{}` (operation {}) was left by its owner, and may have undone the step: {why}",
+                    abandoned.tool, abandoned.key
+                )));
+            }
+            None => return Err(refused("its compensation's record changed meanwhile: look again".into())),
+        }
     };
-    // What a person typed is masked like any answer, by the values the step sealed.
-    let secrets = step.as_ref().map(|op| crate::reconcile::recorded_secrets(keying, op)).unwrap_or_default();
-    let note = note.map(|n| crate::redact::mask_text(n, &secrets).unwrap_or_else(|| n.to_string()));
+    // What a person typed is masked like any answer, by the values the step sealed, and those its
+    // run's other records sealed (its compensation's args carry the step's, and outlive its record).
+    let secrets: Vec<String> =
+        step.iter().chain(&ops).flat_map(|op| crate::reconcile::recorded_secrets(keying, op)).collect();
+    let by = mask(by, &secrets);
+    let note = note.map(|n| mask(n, &secrets));
+    let by = by.as_str();
     let args = json!({ "undoes": operation_key, "by": by, "note": note });
     // The word's identity is the step it undoes, not who said it: a second word is the first.
     let identity = canonical_json(&json!({ "undoes": operation_key }));
@@ -90,7 +118,7 @@ pub async fn undone_by_hand(
     let request = ClaimRequest {
         key: key.clone(),
         run_id: run_id.clone(),
-        step_id: run_state::compensation_step_of(operation_key),
+        step_id: compensation,
         tool: BY_HAND.into(),
         class: ReplayClass::IdempotentWrite,
         fingerprint: keying.fingerprint(BY_HAND, &identity),
@@ -106,6 +134,16 @@ pub async fn undone_by_hand(
         Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
         Claim::Recorded(op) if op.tool == BY_HAND && op.status == OperationStatus::Completed => {
             return Ok(said(Undone::Recorded(&op), operation_key, &step_id, &tool, &run_id));
+        }
+        // Another word, being recorded at this moment, or left claimed by a crash between its
+        // two writes: the same word again, once its claim's lease ends, records it.
+        Claim::InProgress(op) if op.tool == BY_HAND => {
+            return Err(refused(format!(
+                "a word that it was undone by hand is being recorded ({}, until {}): look again then, and if it is \
+                 not on record, say it again",
+                op.owner,
+                time(op.lease_until_ms)
+            )));
         }
         Claim::Recorded(op) | Claim::Conflict(op) | Claim::InProgress(op) => {
             return Err(refused(format!(
@@ -157,6 +195,11 @@ pub async fn undone_by_hand(
     })
 }
 
+/// `text` with every one of `secrets` masked.
+fn mask(text: &str, secrets: &[String]) -> String {
+    crate::redact::mask_text(text, secrets).unwrap_or_else(|| text.to_string())
+}
+
 /// The key of the compensation of `operation_key`: the step's, whatever tool undoes it.
 fn operation_key_of_compensation(run_id: &str, undone: &str) -> String {
     operation_key(run_id, &run_state::compensation_step_of(undone), BY_HAND)
@@ -203,9 +246,34 @@ pub(super) fn reason(op: &OperationRecord) -> Option<String> {
 /// What a step named `undo-by-hand` asks of a person besides the undo: to say so, with the
 /// command that records it (on the ledger at `path`).
 pub(super) fn ask(step: &mut super::SagaStep, path: &str) {
-    let say = format!("once undone, say so: oncebox undone-by-hand --ledger {path} {} --by NAME", step.operation_key);
+    let say = format!("once undone, say so: {}", command(path, &step.operation_key));
     step.reason = Some(match step.reason.take() {
         Some(why) => format!("{why}; {say}"),
         None => say,
     });
+}
+
+/// The command that records a person's word that they undid step `operation_key` by hand, on the
+/// ledger at `path`.
+pub(crate) fn command(path: &str, operation_key: &str) -> String {
+    format!("oncebox undone-by-hand --ledger {path} {operation_key} --by NAME")
+}
+
+/// What comes next for a claim, in run `run_id`, of a person's word (`open`, abandoned: a crash between its two
+/// writes) or of a compensation whose owner is gone, beside what the next call of its step does.
+pub(crate) fn next_for_abandoned(open: &crate::ledger::Open, run_id: &str, path: &str) -> Option<String> {
+    let undone = open.step_id.strip_prefix(crate::keys::COMPENSATION_PREFIX)?;
+    Some(match open.tool == BY_HAND {
+        true => format!(
+            "a person's word that they undid step {undone} by hand was being recorded and did not finish: say it \
+             again ({})",
+            command(path, undone)
+        ),
+        false => format!(
+            "`oncebox compensate --ledger {path} --run {} --tools DIR` resumes it; or, if a person undid the step \
+             by hand, `{}` ends it (failed, when nothing of it took effect) and records that",
+            run_id,
+            command(path, undone)
+        ),
+    })
 }

@@ -176,7 +176,7 @@ pub async fn undone_by_hand(
     form: Result<Form<UndoneForm>, FormRejection>,
 ) -> Result<Response, Refusal> {
     let form = decider(&app, &headers, form)?;
-    api::undone(&app, &key, UndoneBody { by: form.by.clone(), note: given(&form.note) }).await?;
+    api::undone(&app, &key, Some(&run_id), UndoneBody { by: form.by.clone(), note: given(&form.note) }).await?;
     Ok(with_flash(&format!("/runs/{}", super::html::encode(&run_id)), Flash::UndoneByHand))
 }
 

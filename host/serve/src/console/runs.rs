@@ -157,7 +157,8 @@ pub async fn run(
     body.push_str("<h2>Requests for approval</h2>");
     body.push_str(&approvals_table(&approvals, "No step of this run asked for approval."));
     let requests = ledger.approvals(Some(&run_id)).await?;
-    let records = RunRecords { run_id: &run_id, ops: &ops, requests: &requests, expired: &expired };
+    let now_ms = ledger.now_ms();
+    let records = RunRecords { run_id: &run_id, ops: &ops, requests: &requests, expired: &expired, now_ms };
     body.push_str(&compensation(&records, &recovery.open, &viewer));
     body.push_str("<h2>Timeline</h2><ol class=\"timeline\">");
     for op in &ops {
@@ -308,15 +309,18 @@ struct RunRecords<'a> {
     ops: &'a [OperationRecord],
     requests: &'a [ApprovalRecord],
     expired: &'a [Tombstone],
+    /// When the page read them: a compensation claimed by an owner that is gone is ended by the word.
+    now_ms: u64,
 }
 
 /// The form a person records that they undid step `key` by hand with, for a step no compensation
-/// will ever undo (by the ledger's rule: [`run_state::by_hand`] says `Beside`); empty otherwise, and
-/// for a viewer not signed in. The word is checked again when it is recorded, with the claims in
-/// flight this page does not read.
+/// will ever undo, or whose compensation's owner is gone (by the ledger's rule: [`run_state::by_hand`]
+/// says `Beside` or `EndAbandoned`); empty otherwise, and for a viewer not signed in. The word is
+/// checked again when it is recorded, with the claims in flight this page does not read.
 fn undone_form(run: &RunRecords, key: &str, viewer: &Viewer) -> String {
-    let beside = run_state::by_hand(key, run.ops, &[], run.requests, run.expired);
-    if !viewer.signed_in() || beside != Ok(run_state::ByHand::Beside) {
+    let word = run_state::by_hand(key, run.ops, &[], run.requests, run.expired, run.now_ms);
+    let taken = matches!(word, Ok(run_state::ByHand::Beside | run_state::ByHand::EndAbandoned(_)));
+    if !viewer.signed_in() || !taken {
         return String::new();
     }
     format!(
