@@ -798,7 +798,14 @@ async fn word_racing_the_saga(ctx: &Ctx, host: &Host, run: &str) {
     let charged =
         ops.iter().find(|op| op.tool == "charge" && op.status == oncebox_runtime::ledger::OperationStatus::Completed);
     let Some(key) = charged.map(|op| op.key.clone()) else { return };
-    let (refunded, result) = match host.undone_by_hand(&key, "a person", Some("refunding it myself")).await {
+    word_then_refund(ctx, host, run, key, "refunding it myself").await;
+}
+
+/// A person who refunds charge `key` of `run` themselves: says so (`undone_by_hand`), and refunds
+/// at the dashboard only if the word is taken, once per step. A word taken while the charge's
+/// refund may still go is a second refund (`compensation-without-effect`).
+async fn word_then_refund(ctx: &Ctx, host: &Host, run: &str, key: String, note: &str) {
+    let (refunded, result) = match host.undone_by_hand(&key, "a person", Some(note)).await {
         Ok(word) => {
             let refunded = word.recorded && ctx.shared().refunded_by_hand.insert(key.clone());
             if refunded {

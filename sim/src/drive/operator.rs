@@ -265,6 +265,7 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
         Ok(None) => "no such operation".into(),
         Err(e) => format!("error: {e}"),
     };
+    let not_taken = answer == "not-committed";
     ctx.history.push(Event::Reconciled { run: op.run_id.clone(), operation_key: op.key.clone(), answer });
     let now = host.ledger().now_ms();
     let (tries, since) = {
@@ -273,6 +274,9 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
         tries.0 += 1;
         (tries.0, now.saturating_sub(tries.1))
     };
+    if not_taken {
+        return refund_it_myself(ctx, host, op).await;
+    }
     let Some(route) = route_of(&op.tool) else {
         return;
     };
@@ -306,6 +310,23 @@ async fn reconcile(ctx: &Ctx, host: &Host, op: &OperationRecord) {
         committed: committed.is_some(),
         result,
     });
+    if committed.is_none() {
+        refund_it_myself(ctx, host, op).await;
+    }
+}
+
+/// A refund found not taken (by a reconcile, or a person's settlement) is reopened, for
+/// compensate to send again. Now and then the person who looked refunds the charge themselves
+/// instead, and says so: the word ends the reopened refund, and no compensate may send it too (a
+/// compensate that resumed it meanwhile has it, and the word is refused).
+async fn refund_it_myself(ctx: &Ctx, host: &Host, op: &OperationRecord) {
+    let undone = op.step_id.strip_prefix(oncebox_runtime::saga::COMPENSATION_PREFIX);
+    if let Some(undone) = undone.filter(|_| route_of(&op.tool) == Some("refunds"))
+        && percent(ctx.plan.seed, &["refund-it-myself", &op.key]) < 50
+    {
+        let note = "the refund did not go: refunded it myself";
+        super::word_then_refund(ctx, host, &op.run_id, undone.to_string(), note).await;
+    }
 }
 
 /// One pass of the outbox relay; whether every message is delivered.
