@@ -917,6 +917,35 @@ async fn undoing_by_hand_is_refused_while_the_compensation_may_undo_the_step_and
     assert_eq!((f.provider.counts("o-2").refunds, f.provider.counts("o-3").refunds), (0, 1));
 }
 
+/// Two people say at the same moment that they undid the same step by hand: both are answered,
+/// one word is recorded and the other answered from it, and nothing is sent for the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_word_said_by_two_people_at_once_is_recorded_once_and_both_are_answered() {
+    let f = Fixture::new().await;
+    let paid = f.call("r", "pay", "charge", &charge("o-1")).await;
+    let key = paid.operation_key.clone().expect("key");
+    let requests = f.provider.requests();
+    for round in 0..5 {
+        let step = format!("pay-{round}");
+        let key = if round == 0 {
+            key.clone()
+        } else {
+            f.call("r", &step, "charge", &charge(&format!("o-{round}-b"))).await.operation_key.expect("key")
+        };
+        let (a, b) = tokio::join!(f.host.undone_by_hand(&key, "ana", None), f.host.undone_by_hand(&key, "bo", None));
+        let (a, b) = (a.expect("ana answered"), b.expect("bo answered"));
+        assert_eq!(a.recorded_as, b.recorded_as, "{a:?} {b:?}");
+        assert!(a.recorded != b.recorded, "exactly one recorded: {a:?} {b:?}");
+        assert_eq!(a.by, b.by, "the second is answered with the first's word");
+    }
+    let requests_after = f.provider.requests();
+    let done = f.host.compensate("r").await.expect("compensate");
+    assert_eq!(done.state, SagaState::Done, "{done:?}");
+    assert_eq!(f.provider.requests(), requests_after, "no refund sent");
+    assert!(requests_after > requests);
+    assert_eq!(f.provider.totals().refunds, 0);
+}
+
 /// A refund in doubt that a person settles `not-committed` is reopened, for compensate to resume
 /// (and send again). A person who refunded by hand instead says so: the word ends the reopened
 /// refund (failed: nothing of it took effect) and is recorded beside it, so no compensate sends

@@ -13,6 +13,8 @@
 //! between the word and a compensation begun at the same moment. A second word is answered from
 //! the first.
 
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -26,6 +28,10 @@ use crate::policy::ReplayClass;
 /// How long the word's claim is held: it is recorded at once, so a longer one only delays the
 /// next word after a crash between the claim and its record.
 const LEASE_MS: u64 = 30_000;
+
+/// How long a word waits for the same word, said by someone else at the same moment, to be
+/// recorded, and is then answered from it.
+const WORD_WAIT: Duration = Duration::from_secs(2);
 
 /// A person's word that they undid a step by hand, as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -101,7 +107,8 @@ pub async fn undone_by_hand(
                     abandoned.tool, abandoned.key
                 )));
             }
-            None => return Err(refused("its compensation's record changed meanwhile: look again".into())),
+            // Ended or taken over by another caller meanwhile: looked at again (once).
+            None => continue,
         }
     };
     // What a person typed is masked like any answer, by the values the step sealed, and those its
@@ -130,31 +137,42 @@ pub async fn undone_by_hand(
         lease_ms: LEASE_MS,
         approval: None,
     };
-    let (fence, previous_attempts) = match ledger.claim(&request).await? {
-        Claim::Owned { fence, previous_attempts } => (fence, previous_attempts),
-        Claim::Recorded(op) if op.tool == BY_HAND && op.status == OperationStatus::Completed => {
-            return Ok(said(Undone::Recorded(&op), operation_key, &step_id, &tool, &run_id));
-        }
-        // Another word, being recorded at this moment, or left claimed by a crash between its
-        // two writes: the same word again, once its claim's lease ends, records it.
-        Claim::InProgress(op) if op.tool == BY_HAND => {
-            return Err(refused(format!(
-                "a word that it was undone by hand is being recorded ({}, until {}): look again then, and if it is \
-                 not on record, say it again",
-                op.owner,
-                time(op.lease_until_ms)
-            )));
-        }
-        Claim::Recorded(op) | Claim::Conflict(op) | Claim::InProgress(op) => {
-            return Err(refused(format!(
-                "its compensation `{}` (operation {}) began meanwhile and is {}: look again once it ends",
-                op.tool,
-                op.key,
-                op.status.as_str()
-            )));
-        }
-        Claim::Expired(_) | Claim::ApprovalChanged => {
-            return Err(refused("its compensation's record changed meanwhile: look again".into()));
+    // A word said by two people at once is recorded once: the second waits for the first's record
+    // (a moment: it is written right after its claim) and is answered from it.
+    let patience = Instant::now() + WORD_WAIT;
+    let (fence, previous_attempts) = loop {
+        let mut request = request.clone();
+        request.now_ms = ledger.now_ms();
+        match ledger.claim(&request).await? {
+            Claim::Owned { fence, previous_attempts } => break (fence, previous_attempts),
+            Claim::Recorded(op) if op.tool == BY_HAND && op.status == OperationStatus::Completed => {
+                return Ok(said(Undone::Recorded(&op), operation_key, &step_id, &tool, &run_id));
+            }
+            Claim::InProgress(op) if op.tool == BY_HAND && Instant::now() < patience => {
+                let lease = Duration::from_millis(op.lease_until_ms.saturating_sub(request.now_ms).max(1));
+                ledger.changed(&key, patience.saturating_duration_since(Instant::now()).min(lease)).await;
+            }
+            // Another word, left claimed by a crash between its two writes (or slower than the
+            // wait): the same word again, once its claim's lease ends, records it.
+            Claim::InProgress(op) if op.tool == BY_HAND => {
+                return Err(refused(format!(
+                    "a word that it was undone by hand is being recorded ({}, until {}): look again then, and if it \
+                     is not on record, say it again",
+                    op.owner,
+                    time(op.lease_until_ms)
+                )));
+            }
+            Claim::Recorded(op) | Claim::Conflict(op) | Claim::InProgress(op) => {
+                return Err(refused(format!(
+                    "its compensation `{}` (operation {}) began meanwhile and is {}: look again once it ends",
+                    op.tool,
+                    op.key,
+                    op.status.as_str()
+                )));
+            }
+            Claim::Expired(_) | Claim::ApprovalChanged => {
+                return Err(refused("its compensation's record changed meanwhile: look again".into()));
+            }
         }
     };
     let message = match &note {
