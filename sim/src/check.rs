@@ -190,6 +190,7 @@ pub fn check(facts: &Facts) -> Vec<Violation> {
     rejected_sent_nothing(facts, &mut found);
     irreversible_only_approved(facts, &mut found);
     compensations(facts, &mut found);
+    undone_once(facts, &mut found);
     undone_stays_undone(facts, &mut found);
     compensation_finishes(facts, &mut found);
     irreversible_sent_once(facts, &mut found);
@@ -440,6 +441,34 @@ fn compensations(facts: &Facts, found: &mut Vec<Violation>) {
             &order,
             format!("the reservation was released {n} times"),
         ));
+    }
+}
+
+/// A step is undone once: its compensation's step has at most one completed operation, on record
+/// or removed by retention, whatever ran it (a compensation tool, or a person's word that they
+/// undid it by hand). Two would be two refunds, or a word beside a refund, or two people's words
+/// each taken (and each person refunding).
+fn undone_once(facts: &Facts, found: &mut Vec<Violation>) {
+    let mut undone: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    let completed = OperationStatus::Completed;
+    let recorded =
+        facts.operations.iter().filter(|op| op.status == completed).map(|op| (&op.run_id, &op.step_id, &op.key));
+    let removed = facts
+        .tombstones
+        .iter()
+        .filter(|t| t.status == completed && !t.rejected)
+        .map(|t| (&t.run_id, &t.step_id, &t.operation_key));
+    for (run, step, key) in recorded.chain(removed) {
+        if step.starts_with(oncebox_runtime::saga::COMPENSATION_PREFIX) {
+            let keys = undone.entry((run.as_str(), step.as_str())).or_default();
+            if !keys.contains(&key.as_str()) {
+                keys.push(key);
+            }
+        }
+    }
+    for ((run, step), keys) in undone.into_iter().filter(|(_, keys)| keys.len() > 1) {
+        let detail = format!("{step} undone by {} operations: {}", keys.len(), keys.join(", "));
+        found.push(violation("undone-twice", run, "", detail));
     }
 }
 

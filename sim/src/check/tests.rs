@@ -434,3 +434,28 @@ fn a_compensation_that_said_done_while_a_payment_stands_is_found_whatever_gc_rem
     facts.tombstones = vec![tombstone("reserve", 50, false)];
     assert!(incomplete(&facts), "another step's removal explains no standing payment");
 }
+
+#[test]
+fn a_step_undone_by_two_operations_is_found_on_record_or_removed() {
+    let compensation = |tool: &str, key: &str| {
+        let mut undo = op(tool, "o-1", "completed", None);
+        (undo.key, undo.step_id) =
+            (key.into(), format!("{}key-charge-o-1", oncebox_runtime::saga::COMPENSATION_PREFIX));
+        undo
+    };
+    let refund = compensation("release", "undo-1");
+    let word = compensation(oncebox_runtime::keys::BY_HAND, "word-1");
+    // One compensation, read both on record and as its tombstone: undone once.
+    let mut facts = Facts {
+        operations: vec![refund.clone()],
+        tombstones: vec![oncebox_runtime::ledger::Tombstone::of(&refund, 9)],
+        ..Facts::default()
+    };
+    assert_eq!(names(&facts), Vec::<&str>::new());
+    // A person's word beside it, kept or removed: undone twice.
+    facts.operations.push(word.clone());
+    assert_eq!(names(&facts), ["undone-twice"]);
+    facts.operations.pop();
+    facts.tombstones.push(oncebox_runtime::ledger::Tombstone::of(&word, 9));
+    assert_eq!(names(&facts), ["undone-twice"]);
+}

@@ -805,7 +805,22 @@ async fn word_racing_the_saga(ctx: &Ctx, host: &Host, run: &str) {
 /// at the dashboard only if the word is taken, once per step. A word taken while the charge's
 /// refund may still go is a second refund (`compensation-without-effect`).
 async fn word_then_refund(ctx: &Ctx, host: &Host, run: &str, key: String, note: &str) {
-    let (refunded, result) = match host.undone_by_hand(&key, "a person", Some(note)).await {
+    // Now and then a second person says the same at the same moment (and refunds too, if their
+    // word is the one taken): one word is recorded, the other answered from it.
+    if percent(ctx.plan.seed, &["two-people-say-it", run, &key]) < 25 {
+        let other = key.clone();
+        tokio::join!(
+            Box::pin(one_word_then_refund(ctx, host, run, key, "a person", note)),
+            Box::pin(one_word_then_refund(ctx, host, run, other, "a colleague", "refunded it too")),
+        );
+        return;
+    }
+    one_word_then_refund(ctx, host, run, key, "a person", note).await;
+}
+
+/// One person's [`word_then_refund`].
+async fn one_word_then_refund(ctx: &Ctx, host: &Host, run: &str, key: String, who: &str, note: &str) {
+    let (refunded, result) = match host.undone_by_hand(&key, who, Some(note)).await {
         Ok(word) => {
             let refunded = word.recorded && ctx.shared().refunded_by_hand.insert(key.clone());
             if refunded {
@@ -833,14 +848,26 @@ async fn undo_by_hand_payments(ctx: &Ctx, host: &Host, run: &str, payments: Vec<
         if refunded {
             ctx.world.refund_by_hand(&crate::check::order_of_run(run));
         }
-        let result = match host.undone_by_hand(&key, "a person", Some("refunded at the dashboard")).await {
-            Ok(word) => {
-                said |= word.recorded;
-                format!("recorded as {} ({})", word.recorded_as, if word.recorded { "new" } else { "already" })
-            }
-            Err(e) => format!("refused: {}", same_everywhere(ctx, &e.to_string())),
-        };
-        ctx.history.push(Event::UndoneByHand { run: run.into(), operation_key: key, refunded, result });
+        // Now and then a colleague who saw the refund says so at the same moment: one word is
+        // recorded, the other answered from it.
+        let colleague = percent(ctx.plan.seed, &["a-colleague-says-it-too", run, &key]) < 25;
+        let (mine, theirs) =
+            tokio::join!(host.undone_by_hand(&key, "a person", Some("refunded at the dashboard")), async {
+                match colleague {
+                    true => Some(host.undone_by_hand(&key, "a colleague", Some("saw it refunded")).await),
+                    false => None,
+                }
+            });
+        for (word, refunded) in std::iter::once((mine, refunded)).chain(theirs.map(|word| (word, false))) {
+            let result = match word {
+                Ok(word) => {
+                    said |= word.recorded;
+                    format!("recorded as {} ({})", word.recorded_as, if word.recorded { "new" } else { "already" })
+                }
+                Err(e) => format!("refused: {}", same_everywhere(ctx, &e.to_string())),
+            };
+            ctx.history.push(Event::UndoneByHand { run: run.into(), operation_key: key.clone(), refunded, result });
+        }
     }
     said
 }
