@@ -48,6 +48,6 @@ pub use oncebox_runtime::{
 };
 pub use oncebox_runtime::{
     approvals, capabilities, failure, keys, ledger, limits, notice, notify, outbox, policy, policy_file, reconciler,
-    recovery, retention, retry, saga, seal, secret, telemetry,
+    recovery, retention, retry, saga, seal, secret, shown, telemetry,
 };
 pub use oncebox_testing as testing;

@@ -50,15 +50,8 @@ pub fn id_refused(what: &str, id: &str) -> Option<String> {
     if id.len() > MAX_ID_BYTES {
         return Some(format!("the {what} id is {} bytes; ids are at most {MAX_ID_BYTES}", id.len()));
     }
-    let control = id.chars().find(|c| c.is_control() || invisible(*c))?;
-    Some(format!("the {what} id holds the control character {control:?}; ids are printable text"))
-}
-
-/// Formatting characters that change how text around them is shown without showing themselves:
-/// line and paragraph separators (a new line in many log viewers), bidirectional overrides and
-/// isolates (text shown in another order than stored), zero-width characters and the BOM.
-fn invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+    let control = id.chars().find(|c| crate::shown::hides(*c))?;
+    Some(format!("the {what} id holds the character {control:?}, which hides from a reader; ids are printable text"))
 }
 
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.

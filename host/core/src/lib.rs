@@ -11,6 +11,7 @@
 //! - `capabilities`: what each tool is granted, and the denial that names the missing grant.
 //! - `limits`: per-attempt resource limits, their defaults and ceilings.
 //! - `redact`: sensitive values out of records and logs.
+//! - `shown`: characters that hide from a reader, and stored text shown with them escaped.
 //! - `targets`: what the operator says about each downstream HTTP host.
 //! - `delivery`: the outbox relay's rules: what an endpoint's answer means, how long to wait.
 //! - `reconcile_schedule`: when to ask again about an unknown operation.
@@ -32,5 +33,6 @@ pub mod policy_file;
 pub mod reconcile_schedule;
 pub mod redact;
 pub mod retry;
+pub mod shown;
 pub mod targets;
 pub mod window;

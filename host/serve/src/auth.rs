@@ -145,6 +145,19 @@ impl Auth {
     /// A request may read the console's pages: always on loopback, signed in (or with the token)
     /// elsewhere or through a proxy. The API and MCP never take the cookie.
     pub fn may_read_console(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.known(headers)
+    }
+
+    /// A request may hand the server a body (the sign-in form's aside): on loopback, anyone;
+    /// elsewhere, or through a proxy, only with the token or a session. A stranger's body is
+    /// refused before a byte of it is read (`guard`), so that strangers cannot make the server
+    /// hold bodies of `--max-body` each for the body timeout.
+    pub fn may_send_body(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.known(headers)
+    }
+
+    /// Anyone on loopback; elsewhere, or through a proxy, the token or an open session.
+    fn known(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match self.stranger(headers) {
             Some(why) => self.console_operator(headers).map_err(|_| ApiError::Unauthorized(why)),
             None => Ok(()),

@@ -11,7 +11,7 @@ pub fn document() -> Value {
             let description = match *code {
                 "400" => {
                     "Malformed JSON, a missing or unknown field, args the tool's schema refuses, a run or step id that is \
-                     empty, too long or holds a control character, or a second or non-ASCII Host or Origin."
+                     empty, too long or holds a character that hides from a reader (a control, a bidi or format character), or a second or non-ASCII Host or Origin."
                 }
                 "401" => "The operator's token is needed.",
                 "403" => {

@@ -306,6 +306,54 @@ async fn the_console_escapes_what_the_ledger_holds_and_shows_errors_as_pages() {
     assert!(page.text().await.expect("html").contains("class=\"flash\" role=\"status\">Reconciled:"));
 }
 
+/// A param holding a direction override would show the approver `Acct  5678-1234 end` where
+/// `4321-8765` is bound and sent: every character that hides from a reader is shown as its JSON
+/// escape, with a line saying so, to the operator and to a reader without a session alike; the
+/// approval then ships the exact value, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approver_reads_characters_that_hide_as_their_escapes_and_approves_the_exact_value() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let server = setup.serve();
+    let order = "o-bidi";
+    let address = "Acct \u{202E}4321-8765 \u{202C} end";
+    let args = json!({"order_id": order, "address": address, "items": [{"sku": "sku\u{200B}-1", "quantity": 1}]});
+    let waiting = call(&server, "fulfill", "fulfill", &args).await;
+    assert_eq!(waiting["status"], "awaiting-approval", "{waiting}");
+    let key = waiting["operation_key"].as_str().expect("operation_key").to_string();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let hidden = |html: &str| html.chars().find(|c| ['\u{202E}', '\u{202C}', '\u{200B}'].contains(c));
+
+    let cookie = sign_in(&http, &server).await;
+    for (who, cookie) in [("the operator", Some(cookie.as_str())), ("a reader without a session", None)] {
+        let mut request = http.get(server.url(&format!("/approvals/{key}")));
+        if let Some(cookie) = cookie {
+            request = request.header(COOKIE, cookie);
+        }
+        let html = request.send().await.expect("page").text().await.expect("html");
+        assert_eq!(hidden(&html), None, "{who}: a character that hides reached the page:\n{html}");
+        assert!(html.contains("data-testid=\"hidden-characters\""), "{who}: no line says so:\n{html}");
+        assert!(html.contains("sku\\u200b-1"), "{who}: the sku as stored:\n{html}");
+        if cookie.is_some() {
+            assert!(html.contains("Acct \\u202e4321-8765 \\u202c end"), "{who}: the address as bound:\n{html}");
+        }
+    }
+
+    let response = client()
+        .post(server.url(&format!("/v1/approvals/{key}/approve")))
+        .bearer_auth(TOKEN)
+        .json(
+            &json!({"fingerprint": waiting["fingerprint"], "component": waiting["approval"]["component"], "by": "ops"}),
+        )
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap_or_default());
+    let shipped = call(&server, "fulfill", "fulfill", &args).await;
+    assert_eq!(shipped["status"], "completed", "{shipped}");
+    assert_eq!(provider.counts(order).fulfillments, 1, "shipped once, the exact value approved");
+}
+
 /// A run's page says what keeps the run open, as the ledger's one rule (and the API's run view)
 /// says it: here, a shipment awaiting approval; once rejected, nothing.
 #[tokio::test(flavor = "multi_thread")]

@@ -83,6 +83,51 @@ async fn a_thousand_slow_connections_leave_the_server_answering_and_are_dropped_
     assert_eq!(closed, 1000, "every slow connection is dropped after the header timeout");
 }
 
+/// Sends a request head declaring a body of `declared` bytes and only the first ten of them,
+/// and reads what the server answers within two seconds (the body timeout is 30 s): its status
+/// line, or `None` if it waited for the rest of the body.
+fn head_then_silence(server: &Server, head: &str, declared: usize) -> Option<String> {
+    let addr = server.base_url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let request = format!("{head}content-length: {declared}\r\nconnection: close\r\n\r\n{{\"run_id\":");
+    stream.write_all(request.as_bytes()).expect("write");
+    stream.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    let mut answer = [0u8; 64];
+    let n = stream.read(&mut answer).ok()?;
+    String::from_utf8_lossy(&answer[..n]).lines().next().map(str::to_string)
+}
+
+/// Behind a proxy (`--public-url`), a stranger's body is refused before a byte of it is read,
+/// on every route, so that strangers cannot make the server hold `--max-body` each for the body
+/// timeout; the sign-in form, the one body a stranger may send, is refused past a few KiB.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_public_url_a_stranger_s_body_is_refused_before_it_is_read() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let server = setup.serve_with(&["--public-url", "https://ops.example"]);
+    let host = "host: ops.example\r\n";
+    for (route, kind) in [
+        ("/v1/calls", "application/json"),
+        ("/v1/runs/r/reconcile", "application/json"),
+        ("/approvals/k/approve", "application/x-www-form-urlencoded"),
+        ("/runs/r/reconcile", "application/x-www-form-urlencoded"),
+        ("/mcp", "application/json"),
+    ] {
+        let head = format!("POST {route} HTTP/1.1\r\n{host}content-type: {kind}\r\n");
+        let answer = head_then_silence(&server, &head, 1_000_000);
+        assert!(answer.as_deref().is_some_and(|l| l.contains(" 401 ")), "POST {route}: {answer:?}");
+    }
+    let head = format!("POST /login HTTP/1.1\r\n{host}content-type: application/x-www-form-urlencoded\r\n");
+    let answer = head_then_silence(&server, &head, 1_000_000);
+    assert!(answer.as_deref().is_some_and(|l| l.contains(" 413 ")), "a sign-in form of a megabyte: {answer:?}");
+    // With the token, the same head is the operator's: the server waits for the body.
+    let head = format!(
+        "POST /v1/calls HTTP/1.1\r\n{host}content-type: application/json\r\nauthorization: Bearer {}\r\n",
+        super::support::TOKEN
+    );
+    assert_eq!(head_then_silence(&server, &head, 1_000_000), None, "the operator's body is read");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_connection_beyond_the_cap_is_answered_503_and_the_next_one_is_served_once_a_slot_frees() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");

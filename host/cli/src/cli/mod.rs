@@ -274,9 +274,11 @@ pub fn init_logging(format: LogFormat) {
     tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(quiet)).init();
 }
 
-/// Prints a value as one line of JSON on stdout.
+/// Prints a value as one line of JSON on stdout. A character that would hide from the reader (a bidi override in a param, say: `shown`) is
+/// printed as its JSON escape: the same value to a JSON reader, and what a person reads at a
+/// terminal is what is stored.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string(value)?);
+    println!("{}", oncebox::shown::reveal_json(&serde_json::to_string(value)?));
     Ok(())
 }
 

@@ -107,6 +107,15 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .await
         .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr().context("the listening address")?;
+    if !addr.ip().is_loopback() && args.public_url.as_ref().is_none_or(|url| url.scheme() != "https") {
+        // Every request beyond loopback carries the operator's token or the console's session:
+        // over plain HTTP, both cross the network as they are.
+        tracing::warn!(
+            listen = %addr,
+            "oncebox serve speaks plain HTTP beyond loopback: the operator's token and the console's session cross \
+             the network in the clear; put a TLS proxy in front and start with --public-url https://NAME"
+        );
+    }
     let app = App::for_http(host, token, addr, args.public_url.as_ref(), loaded, args.max_calls);
     let base_url = app.base_url().to_string();
     tokio::spawn(oncebox_serve::watch(app.clone()));

@@ -73,10 +73,21 @@ pub fn micros(us: u64) -> String {
     }
 }
 
-/// JSON, pretty, in a `<pre>`; `class` names what it is for (and what a test reads).
+/// JSON, pretty, in a `<pre>`; `class` names what it is for (and what a test reads). A character
+/// that would hide from the reader (a bidi override, a zero-width one: `shown`) is written as its
+/// JSON escape, and a line above says so: an approver reads the value the fingerprint binds.
 pub fn json_pre(class: &str, value: &serde_json::Value) -> String {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    format!("<pre class=\"json {}\">{}</pre>", escape(class), escape(&text))
+    let shown = oncebox_runtime::shown::reveal_json(&text);
+    let warning = match shown {
+        std::borrow::Cow::Borrowed(_) => "",
+        std::borrow::Cow::Owned(_) => {
+            "<p class=\"warn hidden-characters\" data-testid=\"hidden-characters\">These values hold characters \
+             that change how text is shown without showing themselves (a direction override, a zero-width or \
+             format character): each is written below as its escape, <code>\\uXXXX</code>.</p>"
+        }
+    };
+    format!("{warning}<pre class=\"json {}\">{}</pre>", escape(class), escape(&shown))
 }
 
 /// Recorded JSON text (an output, a response) pretty when it parses, as is otherwise.
@@ -192,6 +203,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1rem;margin:.4r
 .badge{display:inline-block;padding:0 .45rem;border-radius:9px;font-size:.8rem;font-weight:600;background:#e6e9ef}
 .badge.good{background:#d8f0de;color:#185c2a}.badge.warn{background:#fdebc8;color:#7a4b00}.badge.bad{background:#f8d7d7;color:#8a1c1c}
 .consequence{border-left:4px solid #c0392b;background:#fdf0ef;padding:.5rem .8rem}
+.hidden-characters{border-left:4px solid #b07a00;background:#fdebc8;padding:.5rem .8rem}
 .flash{background:#e4efff;border:1px solid #b7cdf5;padding:.6rem .9rem;border-radius:6px}
 .error{background:#fdf0ef;border:1px solid #f0b6b0;padding:.6rem .9rem;border-radius:6px}
 .muted{color:var(--muted)}form{margin:.6rem 0}label{display:block;margin:.35rem 0}

@@ -44,7 +44,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/runs/{run_id}/reconcile", post(actions::reconcile))
         .route("/runs/{run_id}/undone-by-hand/{key}", post(actions::undone_by_hand))
         .route("/tools", get(pages::tools))
-        .route("/login", get(login_form).post(login))
+        .route(super::guard::SIGN_IN, get(login_form).post(login))
         .route("/logout", post(actions::logout))
 }
 

@@ -151,7 +151,8 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
     );
     // An expired approval lets nothing through until a person decides again: the same form.
     if state == "pending" || state == "expired" {
-        out.push_str(&decision_form(key, fingerprint, field(view, "component"), viewer, back));
+        let exact = view["params_exact"] == true;
+        out.push_str(&decision_form(key, fingerprint, field(view, "component"), exact, viewer, back));
     } else {
         let by = field(view, "decided_by");
         if !by.is_empty() {
@@ -172,8 +173,10 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
 }
 
 /// Approve and Reject in one form: both carry the fingerprint shown, so the decision binds to
-/// what the person read (`api::decide` refuses another fingerprint).
-fn decision_form(key: &str, fingerprint: &str, component: &str, viewer: &Viewer, back: &str) -> String {
+/// what the person read (`api::decide` refuses another fingerprint). Approve only beside the
+/// exact params (`exact`): where the sensitive values could not be unsealed (a missing key file),
+/// a person may reject what they cannot read, never approve it.
+fn decision_form(key: &str, fingerprint: &str, component: &str, exact: bool, viewer: &Viewer, back: &str) -> String {
     if !viewer.signed_in() {
         return format!(
             "<p><a href=\"/login?next={}\">Sign in</a> to approve or reject.</p>",
@@ -182,12 +185,18 @@ fn decision_form(key: &str, fingerprint: &str, component: &str, viewer: &Viewer,
     }
     let action = format!("/approvals/{}", html::encode(key));
     format!(
-        "<form method=\"post\" action=\"{action}/approve\" class=\"decide\">{fp}{component}{csrf}{back}\
+        "<form method=\"post\" action=\"{action}/{default}\" class=\"decide\">{fp}{component}{csrf}{back}\
          <label>Decided by <input type=\"text\" name=\"by\" required placeholder=\"your name\"></label>\
          <label>Note <input type=\"text\" name=\"note\" placeholder=\"why (recorded)\"></label>\
          <label>Approval expires in (seconds, optional) <input type=\"text\" name=\"expires_in\" inputmode=\"numeric\"></label>\
-         <button type=\"submit\" class=\"approve\">Approve</button>\
-         <button type=\"submit\" class=\"reject\" formaction=\"{action}/reject\">Reject</button></form>",
+         {approve}<button type=\"submit\" class=\"reject\" formaction=\"{action}/reject\">Reject</button></form>",
+        default = if exact { "approve" } else { "reject" },
+        approve = if exact {
+            "<button type=\"submit\" class=\"approve\">Approve</button>"
+        } else {
+            "<p class=\"muted\" data-testid=\"no-approve\">Approving needs the exact params, shown above only \
+             once their sensitive values can be unsealed.</p>"
+        },
         action = escape(&action),
         fp = hidden("fingerprint", fingerprint),
         component = hidden("component", component),

@@ -1,0 +1,87 @@
+//! What a person is shown is what is stored. Some characters change how the text around them is
+//! displayed without showing themselves: bidirectional overrides and isolates (a value shown in
+//! another order than it is sent), zero-width and other format characters, line and paragraph
+//! separators, controls, private-use and unassigned code points, variation selectors and blank
+//! fillers. Ids may not hold them (`keys::id_refused`); stored text that holds them is shown
+//! with each one written as an escape wherever a person reads it to decide (the console, the
+//! CLI's JSON), so that an approver reads the value the fingerprint binds.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use unicode_general_category::{GeneralCategory, get_general_category};
+
+/// Whether `c` hides from a reader: shown as nothing, as a blank, or by changing its neighbours.
+pub fn hides(c: char) -> bool {
+    use GeneralCategory::*;
+    matches!(
+        get_general_category(c),
+        Control | Format | LineSeparator | ParagraphSeparator | PrivateUse | Surrogate | Unassigned
+    ) || matches!(
+        c,
+        // Variation selectors and the combining grapheme joiner: marks that draw nothing.
+        '\u{034F}' | '\u{180B}'..='\u{180F}' | '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}'
+        // Letters drawn as blanks (Hangul fillers).
+        | '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}'
+    )
+}
+
+/// serde_json's text of a value with every hiding character inside its strings written as a JSON
+/// escape (`\u202e`): the same value to any JSON reader, shown as stored. serde_json escapes the
+/// controls below U+0020 inside strings itself, so a new line there is layout, left alone.
+pub fn reveal_json(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(|c| c != '\n' && hides(c)) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if c != '\n' && hides(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_hides_and_what_does_not() {
+        for c in ['\u{202E}', '\u{2066}', '\u{200B}', '\u{200D}', '\u{FEFF}', '\u{00AD}', '\u{2028}', '\u{E0041}'] {
+            assert!(hides(c), "{c:?} hides");
+        }
+        for c in ['\u{0007}', '\u{007F}', '\u{0085}', '\u{E000}', '\u{FE0F}', '\u{3164}'] {
+            assert!(hides(c), "{c:?} hides");
+        }
+        for c in ['a', ' ', 'é', 'ß', '中', '€', '😀', '\u{0301}'] {
+            assert!(!hides(c), "{c:?} shows");
+        }
+    }
+
+    #[test]
+    fn a_revealed_value_reads_back_as_the_same_value_with_nothing_hidden() {
+        let value = serde_json::json!({
+            "address": "Acct \u{202E}4321-8765 \u{202C} end",
+            "zero\u{200B}width": ["tag \u{E0041}", "line\u{2028}sep", "del \u{7F}", "plain é 中 😀"],
+        });
+        let text = serde_json::to_string_pretty(&value).expect("json");
+        let shown = reveal_json(&text);
+        assert!(shown.contains("Acct \\u202e4321-8765 \\u202c end"), "{shown}");
+        assert!(shown.contains("\\udb40\\udc41"), "an astral character as its surrogate pair: {shown}");
+        assert!(shown.contains("plain é 中 😀"), "what shows is left as it is: {shown}");
+        assert!(!shown.chars().any(|c| c != '\n' && hides(c)), "{shown}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&shown).expect("the shown text is JSON"), value);
+    }
+
+    #[test]
+    fn text_with_nothing_hidden_is_not_copied() {
+        let text = serde_json::to_string_pretty(&serde_json::json!({"a": "b\nc", "d": [1, 2]})).expect("json");
+        assert!(matches!(reveal_json(&text), Cow::Borrowed(_)));
+    }
+}
