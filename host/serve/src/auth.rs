@@ -11,19 +11,22 @@
 //!   to a server started without `--public-url` needs it too: the proxy's peer is a stranger as
 //!   far as this server can tell, whatever `Host` the proxy wrote.
 //!
-//! The console carries the operator in a session cookie set by its sign-in form (`sessions`),
-//! and each of its forms carries a CSRF token bound to that session.
+//! The console carries the operator in HTTP Basic authentication (any user name, the token as the
+//! password), which its sign-in page asks the browser for (`console::login`). Not a cookie: a
+//! browser sends a host's cookies to every port of that host (RFC 6265 section 8.5), so any
+//! process listening on another port of `127.0.0.1` that the operator's browser visits would
+//! receive a session and could decide with it; a browser keeps Basic credentials per origin,
+//! port included. Each of the console's forms carries a CSRF token derived from the token.
 
-use axum::http::header::{AUTHORIZATION, COOKIE};
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::HeaderMap;
+use axum::http::HeaderName;
+use axum::http::header::AUTHORIZATION;
+use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::error::ApiError;
-use super::sessions::Sessions;
-
-/// The console's session cookie.
-pub const SESSION_COOKIE: &str = "oncebox_session";
+use super::sign_in::WrongTokens;
 
 /// The headers a proxy adds to a request it forwards (RFC 7239, the de-facto `X-Forwarded-*`,
 /// nginx's `X-Real-IP`, HTTP's `Via`). A proxy that adds none of them cannot be told from a
@@ -31,15 +34,15 @@ pub const SESSION_COOKIE: &str = "oncebox_session";
 const FORWARDING: [&str; 7] =
     ["forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port", "x-real-ip", "via"];
 
-/// Why the sign-in form took no session.
+/// Why the sign-in page signed nobody in.
 #[derive(Debug)]
 pub enum SignInRefused {
+    /// No credentials given yet: the browser is to ask for them.
+    Asked,
     /// Not the operator's token.
     Wrong,
-    /// Too many wrong tokens lately: the form takes none for this long.
+    /// Too many wrong tokens lately: the sign-in takes none for this long.
     Closed(std::time::Duration),
-    /// No randomness for the session id.
-    Random(getrandom::Error),
 }
 
 pub struct Auth {
@@ -49,8 +52,8 @@ pub struct Auth {
     /// The `Host` values a request may carry. Any other is a browser's request under a rebound
     /// DNS name, or a name the operator did not give.
     hosts: Hosts,
-    /// The console's signed-in sessions and the sign-in form's bound on wrong tokens.
-    sessions: Sessions,
+    /// The sign-in page's bound on wrong tokens.
+    wrong: WrongTokens,
 }
 
 /// The one allow-list of hosts and origins.
@@ -79,12 +82,12 @@ impl Auth {
         let Some(addr) = listening else {
             // stdio: no HTTP request ever reaches this server.
             let hosts = Hosts::Listed { hosts: Vec::new(), origins: Vec::new() };
-            return Auth { token, everywhere: false, hosts, sessions: Sessions::default() };
+            return Auth { token, everywhere: false, hosts, wrong: WrongTokens::default() };
         };
         let beyond_loopback = !addr.ip().is_loopback();
         let everywhere = beyond_loopback || public.is_some();
         if beyond_loopback && public.is_none() {
-            return Auth { token, everywhere, hosts: Hosts::Any, sessions: Sessions::default() };
+            return Auth { token, everywhere, hosts: Hosts::Any, wrong: WrongTokens::default() };
         }
         let port = addr.port();
         // A proxy in front of a loopback server often rewrites `Host` to the upstream's address
@@ -105,7 +108,7 @@ impl Auth {
             });
             origins.push(url.origin().ascii_serialization());
         }
-        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins }, sessions: Sessions::default() }
+        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins }, wrong: WrongTokens::default() }
     }
 
     /// Whether a request must name this server in `Host`: wherever the allow-list is a list.
@@ -143,20 +146,20 @@ impl Auth {
     }
 
     /// A request may read the console's pages: always on loopback, signed in (or with the token)
-    /// elsewhere or through a proxy. The API and MCP never take the cookie.
+    /// elsewhere or through a proxy. The API and MCP take the bearer token only.
     pub fn may_read_console(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         self.known(headers)
     }
 
-    /// A request may hand the server a body (the sign-in form's aside): on loopback, anyone;
-    /// elsewhere, or through a proxy, only with the token or a session. A stranger's body is
+    /// A request may hand the server a body: on loopback, anyone; elsewhere, or through a proxy,
+    /// only the operator (the token, or the console's sign-in). A stranger's body is
     /// refused before a byte of it is read (`guard`), so that strangers cannot make the server
     /// hold bodies of `--max-body` each for the body timeout.
     pub fn may_send_body(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         self.known(headers)
     }
 
-    /// Anyone on loopback; elsewhere, or through a proxy, the token or an open session.
+    /// Anyone on loopback; elsewhere, or through a proxy, the token or the console's sign-in.
     fn known(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match self.stranger(headers) {
             Some(why) => self.console_operator(headers).map_err(|_| ApiError::Unauthorized(why)),
@@ -178,51 +181,45 @@ impl Auth {
         ))
     }
 
-    /// A request comes from the operator: `Authorization: Bearer TOKEN`. (The console's session
-    /// cookie counts only on the console's own routes, with their CSRF token: `console_operator`.)
+    /// A request comes from the operator: `Authorization: Bearer TOKEN`. (The console's sign-in
+    /// counts only on the console's own routes, with their CSRF token: `console_operator`.)
     pub fn operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if self.has_bearer(headers) { Ok(()) } else { Err(ApiError::Unauthorized(NEEDS_TOKEN.into())) }
     }
 
-    /// The operator on a console route: the bearer token or an open session. The route checks
-    /// the form's CSRF token as well.
+    /// The operator on a console route: the bearer token, or the browser's Basic credentials
+    /// (`signed_in`). The route checks the form's CSRF token as well.
     pub fn console_operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.session(headers).is_some() { Ok(()) } else { self.operator(headers) }
+        if self.signed_in(headers) { Ok(()) } else { self.operator(headers) }
     }
 
     fn has_bearer(&self, headers: &HeaderMap) -> bool {
-        headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .is_some_and(|(scheme, given)| scheme.eq_ignore_ascii_case("bearer") && same(given.trim(), &self.token))
+        self.credential(headers, "bearer").is_some_and(|given| same(given.trim(), &self.token))
     }
 
-    /// Signs the console in with `given`, the sign-in form's token: a new session's id, for the
-    /// cookie. Wrong tokens are counted, and beyond their bound none is taken for a while.
-    pub fn sign_in(&self, given: &str) -> Result<String, SignInRefused> {
-        self.sessions.may_try().map_err(SignInRefused::Closed)?;
-        if !same(given.trim(), &self.token) {
-            self.sessions.wrong_token();
-            return Err(SignInRefused::Wrong);
+    /// Whether the request carries the console's sign-in: `Authorization: Basic` with the token
+    /// as its password (whatever the user name).
+    fn signed_in(&self, headers: &HeaderMap) -> bool {
+        self.basic_password(headers).is_some_and(|given| same(&given, &self.token))
+    }
+
+    /// The sign-in page's check: the browser's Basic credentials hold the token, or why not.
+    /// Wrong tokens are counted, and beyond their bound none is taken for a while.
+    pub fn sign_in(&self, headers: &HeaderMap) -> Result<(), SignInRefused> {
+        self.wrong.may_try().map_err(SignInRefused::Closed)?;
+        let Some(given) = self.basic_password(headers) else { return Err(SignInRefused::Asked) };
+        if same(&given, &self.token) {
+            return Ok(());
         }
-        self.sessions.open().map_err(SignInRefused::Random)
+        self.wrong.wrong_token();
+        Err(SignInRefused::Wrong)
     }
 
-    /// Signs the request's session out: its cookie opens nothing from now on.
-    pub fn sign_out(&self, headers: &HeaderMap) {
-        if let Some(id) = self.session(headers) {
-            self.sessions.close(&id);
-        }
-    }
-
-    /// The CSRF token of the operator's forms: bound to their session (or, for a client that
-    /// sends the bearer token, to the token). `None` for anyone else, who is shown no form.
+    /// The CSRF token of the operator's forms, derived from the token: shown to the operator
+    /// (signed in, or a client that sends the bearer token) only; `None` for anyone else, who is
+    /// shown no form.
     pub fn csrf(&self, headers: &HeaderMap) -> Option<String> {
-        match self.session(headers) {
-            Some(id) => Some(self.derive(&format!("console-csrf:{id}"))),
-            None => self.has_bearer(headers).then(|| self.derive("console-csrf")),
-        }
+        (self.signed_in(headers) || self.has_bearer(headers)).then(|| self.derive("console-csrf"))
     }
 
     /// Whether `given` is the CSRF token of this request's operator.
@@ -230,13 +227,18 @@ impl Auth {
         self.csrf(headers).is_some_and(|csrf| same(given, &csrf))
     }
 
-    /// The request's session id, if its cookie names an open session.
-    fn session(&self, headers: &HeaderMap) -> Option<String> {
-        let cookies = headers.get_all(COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';'));
-        cookies
-            .filter_map(|pair| pair.trim().split_once('='))
-            .find(|(name, value)| *name == SESSION_COOKIE && self.sessions.is_open(value))
-            .map(|(_, value)| value.to_string())
+    /// The credentials of `Authorization: SCHEME CREDENTIALS`, if that is the scheme given.
+    fn credential<'h>(&self, headers: &'h HeaderMap, scheme: &str) -> Option<&'h str> {
+        let (given, credentials) = headers.get(AUTHORIZATION)?.to_str().ok()?.split_once(' ')?;
+        given.eq_ignore_ascii_case(scheme).then_some(credentials)
+    }
+
+    /// The password of `Authorization: Basic base64(user:password)`.
+    fn basic_password(&self, headers: &HeaderMap) -> Option<String> {
+        let decoded =
+            base64::engine::general_purpose::STANDARD.decode(self.credential(headers, "basic")?.trim()).ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        text.split_once(':').map(|(_, password)| password.trim().to_string())
     }
 
     fn derive(&self, purpose: &str) -> String {
@@ -305,25 +307,38 @@ mod tests {
         }
     }
 
+    fn basic(user_and_password: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(user_and_password);
+        headers.insert(AUTHORIZATION, format!("Basic {encoded}").parse().expect("header"));
+        headers
+    }
+
     #[test]
-    fn a_console_session_is_the_sign_ins_own_and_ends_at_sign_out() {
+    fn the_console_s_sign_in_is_the_token_as_a_basic_password_and_its_csrf_token_is_derived_from_it() {
         let auth = auth("127.0.0.1:7420", None);
-        assert!(matches!(auth.sign_in("wrong"), Err(SignInRefused::Wrong)));
-        let cookie = |id: &str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(COOKIE, format!("other=1; {SESSION_COOKIE}={id}").parse().expect("header"));
-            headers
-        };
-        let (a, b) = (auth.sign_in(&"t".repeat(16)).expect("a"), auth.sign_in(&"t".repeat(16)).expect("b"));
-        assert_ne!(a, b, "every sign-in its own session");
-        assert!(auth.console_operator(&cookie(&a)).is_ok());
-        let (csrf_a, csrf_b) = (auth.csrf(&cookie(&a)).expect("a"), auth.csrf(&cookie(&b)).expect("b"));
-        assert_ne!(csrf_a, csrf_b);
-        assert!(auth.is_csrf(&cookie(&a), &csrf_a) && !auth.is_csrf(&cookie(&a), &csrf_b));
-        auth.sign_out(&cookie(&a));
-        assert!(auth.console_operator(&cookie(&a)).is_err() && auth.csrf(&cookie(&a)).is_none());
-        assert!(auth.console_operator(&cookie(&b)).is_ok(), "the other session stays");
-        assert!(auth.csrf(&HeaderMap::new()).is_none());
+        let token = "t".repeat(16);
+        assert!(matches!(auth.sign_in(&HeaderMap::new()), Err(SignInRefused::Asked)));
+        assert!(matches!(auth.sign_in(&basic("operator:wrong")), Err(SignInRefused::Wrong)));
+        assert!(auth.sign_in(&basic(&format!("anyone:{token}"))).is_ok(), "any user name");
+        assert!(auth.console_operator(&basic(&format!("operator:{token}"))).is_ok());
+        assert!(auth.console_operator(&basic("operator:wrong")).is_err());
+        assert!(auth.console_operator(&basic(&token)).is_err(), "no colon: no password");
+        assert!(auth.operator(&basic(&format!("operator:{token}"))).is_err(), "the API takes the bearer token only");
+        let csrf = auth.csrf(&basic(&format!("operator:{token}"))).expect("signed in");
+        assert_eq!(auth.csrf(&bearer(&token)), Some(csrf.clone()), "the operator's, however they came");
+        assert!(auth.csrf(&HeaderMap::new()).is_none() && auth.csrf(&basic("operator:wrong")).is_none());
+        assert!(!auth.is_csrf(&HeaderMap::new(), &csrf), "a form without the sign-in decides nothing");
+    }
+
+    #[test]
+    fn wrong_tokens_close_the_sign_in_for_a_while_even_to_the_right_one() {
+        let auth = auth("127.0.0.1:7420", None);
+        for _ in 0..super::super::sign_in::MAX_WRONG_SIGN_INS {
+            assert!(matches!(auth.sign_in(&basic("operator:wrong")), Err(SignInRefused::Wrong)));
+        }
+        let right = basic(&format!("operator:{}", "t".repeat(16)));
+        assert!(matches!(auth.sign_in(&right), Err(SignInRefused::Closed(_))));
     }
 
     #[test]

@@ -63,16 +63,13 @@ fn refusal(app: &App, method: &Method, path: &str, headers: &HeaderMap) -> Optio
             "a request body to the API must be `Content-Type: application/json`".into(),
         ));
     }
-    // Beyond loopback, a stranger's body is refused before it is read: only the sign-in form
-    // takes one from anyone (and it is small: `listen::bounded_body`).
-    if has_body && path != SIGN_IN {
+    // Beyond loopback, a stranger's body is refused before it is read (no route takes one from
+    // a stranger: the console's sign-in is the browser's Basic credentials, a header).
+    if has_body {
         return app.auth.may_send_body(headers).err();
     }
     None
 }
-
-/// The one route that takes a body from a stranger: the console's sign-in form.
-pub const SIGN_IN: &str = "/login";
 
 /// A header that may appear once, as visible ASCII: a second one, or one that is not text, is
 /// refused rather than skipped, so that no check is passed by a header it could not read.

@@ -155,15 +155,10 @@ async fn refuse(mut stream: TcpStream, max: usize) {
 /// Reads a request's whole body within the limits before any route sees it: a body over
 /// `max_body` is refused 413, one that does not arrive in time 408.
 pub async fn bounded_body(State(limits): State<ConnectionLimits>, request: Request, next: Next) -> Response {
-    // The sign-in form, the one body a stranger may send (`guard`), is a token and a path.
-    let (max, set_by) = if request.uri().path() == super::guard::SIGN_IN {
-        (limits.max_body.min(SIGN_IN_BODY), "a sign-in form")
-    } else {
-        (limits.max_body, "--max-body")
-    };
+    let max = limits.max_body;
     let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
-        return too_large(max, set_by);
+        return too_large(max);
     }
     let (parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(limits.body_timeout, axum::body::to_bytes(body, max)).await {
@@ -173,7 +168,7 @@ pub async fn bounded_body(State(limits): State<ConnectionLimits>, request: Reque
                 .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>())
                 || e.to_string().contains("length limit");
             if over {
-                return too_large(max, set_by);
+                return too_large(max);
             }
             return ApiError::BadRequest(format!("the request body could not be read: {e}")).into_response();
         }
@@ -186,10 +181,7 @@ pub async fn bounded_body(State(limits): State<ConnectionLimits>, request: Reque
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
-/// The most a sign-in form's body may hold.
-const SIGN_IN_BODY: usize = 8 * 1024;
-
-fn too_large(max: usize, set_by: &str) -> Response {
-    ApiError::TooLarge(format!("a request body may be at most {max} bytes ({set_by}); nothing was done"))
+fn too_large(max: usize) -> Response {
+    ApiError::TooLarge(format!("a request body may be at most {max} bytes (--max-body); nothing was done"))
         .into_response()
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, ORIGIN, SET_COOKIE};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, ORIGIN, SET_COOKIE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
 
 use super::support::{Server, Setup, TOKEN, client};
@@ -98,12 +98,27 @@ async fn a_person_approves_a_pending_fulfillment_in_chromium_and_it_ships_once()
     for page in PAGES {
         let _ = std::fs::remove_file(shots.join(format!("{page}.png")));
     }
+    // Another process on another port of the same host, which the operator's browser visits
+    // once signed in: it must receive nothing of the sign-in (a cookie would reach it: cookies
+    // are the host's, whatever the port).
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+    let probe_url = format!("http://127.0.0.1:{}/report", probe.local_addr().expect("addr").port());
+    let received = std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        let (stream, _) = probe.accept().expect("the browser visits the probe");
+        let mut reader = std::io::BufReader::new(stream);
+        let mut head = String::new();
+        while reader.read_line(&mut head).is_ok_and(|n| n > 2) {}
+        let _ = reader.get_mut().write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        head
+    });
     let dir = console_dir();
     let output = Command::new("node")
         .arg(dir.join("approve.mjs"))
         .args([server.base_url.as_str(), TOKEN])
         .arg(&shots)
         .arg(RUN)
+        .arg(&probe_url)
         .current_dir(&dir)
         .output()
         .expect("node approve.mjs");
@@ -115,6 +130,12 @@ async fn a_person_approves_a_pending_fulfillment_in_chromium_and_it_ships_once()
     eprintln!("the browser saw: {saw}");
 
     assert_eq!(saw["signed_in"], true, "{saw}");
+    let head = received.join().expect("probe").to_ascii_lowercase();
+    assert!(head.starts_with("get /report"), "{head}");
+    assert!(
+        !head.contains("\ncookie:") && !head.contains("\nauthorization:"),
+        "a process on another port received the operator's sign-in:\n{head}"
+    );
     assert_eq!(saw["key"], key.as_str(), "the browser opened the pending request");
     assert_eq!(saw["params"], args, "the signed-in operator sees exactly the params that will be sent");
     assert_eq!(saw["fingerprint"], fingerprint.as_str(), "the fingerprint shown is the one the API returned");
@@ -146,32 +167,46 @@ fn form(pairs: &[(&str, &str)]) -> String {
     url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
 }
 
-/// Signs in through the form and returns the session cookie it set.
+/// The console's sign-in as a browser answers its challenge: `Authorization: Basic`, any user
+/// name, the token as the password. Checked against the sign-in page first: without it, 401 and
+/// the challenge; with it, back to where the person was going.
 async fn sign_in(http: &reqwest::Client, server: &Server) -> String {
-    let response = http
-        .post(server.url("/login"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .header(ORIGIN, server.base_url.as_str())
-        .body(form(&[("token", TOKEN), ("next", "/")]))
-        .send()
-        .await
-        .expect("sign in");
+    let asked = http.get(server.url("/login?next=/runs")).send().await.expect("sign in");
+    assert_eq!(asked.status(), 401);
+    let challenge = asked.headers()[WWW_AUTHENTICATE].to_str().expect("ascii").to_string();
+    assert!(challenge.starts_with("Basic realm="), "{challenge}");
+    let signed = basic(TOKEN);
+    let response = http.get(server.url("/login?next=/runs")).header(AUTHORIZATION, &signed).send().await.expect("in");
     assert_eq!(response.status(), 303);
-    let cookie = response.headers()[SET_COOKIE].to_str().expect("ascii").to_string();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"), "{cookie}");
-    cookie.split(';').next().expect("name=value").to_string()
+    assert_eq!(response.headers()[LOCATION], "/runs?flash=signed-in");
+    assert!(response.headers().get(SET_COOKIE).is_none(), "no cookie, which every port of the host would receive");
+    signed
+}
+
+/// `Authorization: Basic` with `password` and a user name, as reqwest encodes it.
+fn basic(password: &str) -> String {
+    let request = reqwest::Client::new().get("http://127.0.0.1/").basic_auth("operator", Some(password));
+    let request = request.build().expect("a request");
+    request.headers()[AUTHORIZATION].to_str().expect("ascii").to_string()
 }
 
 /// The CSRF token of the signed-in page's forms.
-async fn csrf_of(http: &reqwest::Client, server: &Server, cookie: &str, path: &str) -> String {
-    let html =
-        http.get(server.url(path)).header(COOKIE, cookie).send().await.expect("page").text().await.expect("html");
+async fn csrf_of(http: &reqwest::Client, server: &Server, signed: &str, path: &str) -> String {
+    let html = http
+        .get(server.url(path))
+        .header(AUTHORIZATION, signed)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
     let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + "name=\"csrf\" value=\"".len();
     html[at..].split('"').next().expect("value").to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_nothing() {
+async fn a_decision_sent_cross_site_without_csrf_or_without_the_sign_in_decides_nothing() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
     let setup = setup(&provider);
     let server = setup.serve();
@@ -188,17 +223,16 @@ async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_no
     assert!(anonymous.contains(&fingerprint) && !anonymous.contains("name=\"csrf\""), "{anonymous}");
 
     let wrong = http
-        .post(server.url("/login"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(form(&[("token", "not-the-token-at-all")]))
+        .get(server.url("/login"))
+        .header(AUTHORIZATION, basic("not-the-token-at-all"))
         .send()
         .await
         .expect("sign in");
     assert_eq!(wrong.status(), 401);
-    assert!(wrong.headers().get(SET_COOKIE).is_none(), "a wrong token gets no session");
+    assert!(wrong.headers().get(WWW_AUTHENTICATE).is_some(), "asked again");
 
-    let cookie = sign_in(&http, &server).await;
-    let csrf = csrf_of(&http, &server, &cookie, &format!("/approvals/{key}")).await;
+    let signed = sign_in(&http, &server).await;
+    let csrf = csrf_of(&http, &server, &signed, &format!("/approvals/{key}")).await;
     let approve = server.url(&format!("/approvals/{key}/approve"));
     let component = waiting["approval"]["component"].as_str().expect("the component digest").to_string();
     let body = |csrf: &str| {
@@ -210,22 +244,23 @@ async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_no
     let refusals: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![
         (
             "another site's Origin",
-            post(&approve, body(&csrf)).header(COOKIE, &cookie).header(ORIGIN, "http://evil.example"),
+            post(&approve, body(&csrf)).header(AUTHORIZATION, &signed).header(ORIGIN, "http://evil.example"),
             403,
         ),
         (
             "Sec-Fetch-Site: cross-site",
-            post(&approve, body(&csrf)).header(COOKIE, &cookie).header("sec-fetch-site", "cross-site"),
+            post(&approve, body(&csrf)).header(AUTHORIZATION, &signed).header("sec-fetch-site", "cross-site"),
             403,
         ),
-        ("a wrong CSRF token", post(&approve, body("0123")).header(COOKIE, &cookie), 403),
+        ("a wrong CSRF token", post(&approve, body("0123")).header(AUTHORIZATION, &signed), 403),
         (
             "no CSRF token",
-            post(&approve, form(&[("fingerprint", fingerprint.as_str()), ("by", "mallory")])).header(COOKIE, &cookie),
+            post(&approve, form(&[("fingerprint", fingerprint.as_str()), ("by", "mallory")]))
+                .header(AUTHORIZATION, &signed),
             403,
         ),
         ("no session", post(&approve, body(&csrf)), 401),
-        ("a forged session", post(&approve, body(&csrf)).header(COOKIE, "oncebox_session=forged"), 401),
+        ("a wrong token", post(&approve, body(&csrf)).header(AUTHORIZATION, basic("forged-forged-forged")), 401),
         ("a reject without a session", post(&server.url(&format!("/approvals/{key}/reject")), body(&csrf)), 401),
         (
             "a settle without a session",
@@ -263,7 +298,7 @@ async fn a_decision_sent_cross_site_without_csrf_or_without_a_session_decides_no
     // The same form from the console itself decides: the refusals above were the checks', not a
     // broken form's.
     let response = post(&approve, body(&csrf))
-        .header(COOKIE, &cookie)
+        .header(AUTHORIZATION, &signed)
         .header(ORIGIN, server.base_url.as_str())
         .send()
         .await
@@ -324,17 +359,17 @@ async fn an_approver_reads_characters_that_hide_as_their_escapes_and_approves_th
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
     let hidden = |html: &str| html.chars().find(|c| ['\u{202E}', '\u{202C}', '\u{200B}'].contains(c));
 
-    let cookie = sign_in(&http, &server).await;
-    for (who, cookie) in [("the operator", Some(cookie.as_str())), ("a reader without a session", None)] {
+    let signed = sign_in(&http, &server).await;
+    for (who, signed) in [("the operator", Some(signed.as_str())), ("a reader not signed in", None)] {
         let mut request = http.get(server.url(&format!("/approvals/{key}")));
-        if let Some(cookie) = cookie {
-            request = request.header(COOKIE, cookie);
+        if let Some(signed) = signed {
+            request = request.header(AUTHORIZATION, signed);
         }
         let html = request.send().await.expect("page").text().await.expect("html");
         assert_eq!(hidden(&html), None, "{who}: a character that hides reached the page:\n{html}");
         assert!(html.contains("data-testid=\"hidden-characters\""), "{who}: no line says so:\n{html}");
         assert!(html.contains("sku\\u200b-1"), "{who}: the sku as stored:\n{html}");
-        if cookie.is_some() {
+        if signed.is_some() {
             assert!(html.contains("Acct \\u202e4321-8765 \\u202c end"), "{who}: the address as bound:\n{html}");
         }
     }
@@ -472,10 +507,17 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     }
     let server = setup.serve();
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
-    let cookie = sign_in(&http, &server).await;
+    let signed = sign_in(&http, &server).await;
     let page = format!("/runs/{RUN}");
-    let html =
-        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    let html = http
+        .get(server.url(&page))
+        .header(AUTHORIZATION, &signed)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
     let row = format!(
         "<tr data-key=\"{kept}\"><td>pay-2</td><td>charge</td><td><span class=\"badge bad\">rejected</span></td>"
     );
@@ -483,38 +525,52 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     let action = format!("/runs/{RUN}/undone-by-hand/{kept}");
     assert!(html.contains(&format!("action=\"{action}\"")), "the form to record it: {html}");
     // Recorded through the console's form: the step counts as undone, and nothing is sent for it.
-    let csrf = csrf_of(&http, &server, &cookie, &page).await;
-    let post = |action: String, cookie: Option<&str>, csrf: &str| {
+    let csrf = csrf_of(&http, &server, &signed, &page).await;
+    let post = |action: String, signed: Option<&str>, csrf: &str| {
         let mut request = http
             .post(server.url(&action))
             .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(ORIGIN, server.base_url.as_str());
-        if let Some(cookie) = cookie {
-            request = request.header(COOKIE, cookie);
+        if let Some(signed) = signed {
+            request = request.header(AUTHORIZATION, signed);
         }
         request.body(form(&[("by", "ops"), ("csrf", csrf)])).send()
     };
     // Without the operator's session, without the form's CSRF token, or under another run's page:
     // refused, and nothing recorded (the form is still there).
     assert_eq!(post(action.clone(), None, &csrf).await.expect("post").status(), 401);
-    assert_eq!(post(action.clone(), Some(&cookie), "forged").await.expect("post").status(), 403);
+    assert_eq!(post(action.clone(), Some(&signed), "forged").await.expect("post").status(), 403);
     let elsewhere = format!("/runs/another-run/undone-by-hand/{kept}");
-    assert_eq!(post(elsewhere, Some(&cookie), &csrf).await.expect("post").status(), 404);
-    let html =
-        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    assert_eq!(post(elsewhere, Some(&signed), &csrf).await.expect("post").status(), 404);
+    let html = http
+        .get(server.url(&page))
+        .header(AUTHORIZATION, &signed)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
     assert!(html.contains(&format!("action=\"{action}\"")), "nothing recorded: {html}");
     let response = http
         .post(server.url(&action))
         .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .header(COOKIE, &cookie)
+        .header(AUTHORIZATION, &signed)
         .header(ORIGIN, server.base_url.as_str())
         .body(form(&[("by", "ops"), ("note", "refunded by hand"), ("csrf", &csrf)]))
         .send()
         .await
         .expect("post");
     assert_eq!(response.status(), 303);
-    let html =
-        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    let html = http
+        .get(server.url(&page))
+        .header(AUTHORIZATION, &signed)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
     assert!(html.contains("undone by hand</span>") && !html.contains(&format!("action=\"{action}\"")), "{html}");
     let requests = provider.requests();
     let done: Value = client()
@@ -556,17 +612,24 @@ async fn an_expired_approval_shows_as_expired_and_can_be_approved_again() {
     assert_eq!(approval_state(&server, &key).await, "expired");
 
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
-    let cookie = sign_in(&http, &server).await;
+    let signed = sign_in(&http, &server).await;
     let page = format!("/approvals/{key}");
-    let html =
-        http.get(server.url(&page)).header(COOKIE, &cookie).send().await.expect("page").text().await.expect("html");
+    let html = http
+        .get(server.url(&page))
+        .header(AUTHORIZATION, &signed)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
     assert!(html.contains(&format!("action=\"/approvals/{key}/approve\"")), "the form to decide again: {html}");
-    let csrf = csrf_of(&http, &server, &cookie, &page).await;
+    let csrf = csrf_of(&http, &server, &signed, &page).await;
     let again = form(&[("fingerprint", &fingerprint), ("component", &component), ("by", "ops"), ("csrf", &csrf)]);
     let response = http
         .post(server.url(&format!("/approvals/{key}/approve")))
         .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .header(COOKIE, &cookie)
+        .header(AUTHORIZATION, &signed)
         .header(ORIGIN, server.base_url.as_str())
         .body(again)
         .send()

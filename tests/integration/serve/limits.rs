@@ -99,7 +99,7 @@ fn head_then_silence(server: &Server, head: &str, declared: usize) -> Option<Str
 
 /// Behind a proxy (`--public-url`), a stranger's body is refused before a byte of it is read,
 /// on every route, so that strangers cannot make the server hold `--max-body` each for the body
-/// timeout; the sign-in form, the one body a stranger may send, is refused past a few KiB.
+/// timeout (the console's sign-in is a header, so no route takes a stranger's body).
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_a_public_url_a_stranger_s_body_is_refused_before_it_is_read() {
     let provider = oncebox_example_provider::Provider::start().await.expect("provider");
@@ -112,14 +112,12 @@ async fn behind_a_public_url_a_stranger_s_body_is_refused_before_it_is_read() {
         ("/approvals/k/approve", "application/x-www-form-urlencoded"),
         ("/runs/r/reconcile", "application/x-www-form-urlencoded"),
         ("/mcp", "application/json"),
+        ("/login", "application/x-www-form-urlencoded"),
     ] {
         let head = format!("POST {route} HTTP/1.1\r\n{host}content-type: {kind}\r\n");
         let answer = head_then_silence(&server, &head, 1_000_000);
         assert!(answer.as_deref().is_some_and(|l| l.contains(" 401 ")), "POST {route}: {answer:?}");
     }
-    let head = format!("POST /login HTTP/1.1\r\n{host}content-type: application/x-www-form-urlencoded\r\n");
-    let answer = head_then_silence(&server, &head, 1_000_000);
-    assert!(answer.as_deref().is_some_and(|l| l.contains(" 413 ")), "a sign-in form of a megabyte: {answer:?}");
     // With the token, the same head is the operator's: the server waits for the body.
     let head = format!(
         "POST /v1/calls HTTP/1.1\r\n{host}content-type: application/json\r\nauthorization: Bearer {}\r\n",

@@ -1,8 +1,10 @@
 // Drives the oncebox serve console in the system's headless Chromium (never a downloaded one):
-// signs in with the operator's token, opens the pending approval from the overview, reads the
-// params and the fingerprint the page shows, approves, and screenshots every page.
+// signs in with the operator's token (the browser's own answer to the console's Basic challenge),
+// opens the pending approval from the overview, reads the params and the fingerprint the page
+// shows, approves, and screenshots every page; then, still signed in, opens PROBE_URL, a page
+// another process serves on another port of the same host, which records what the browser sent.
 //
-//   node approve.mjs BASE_URL TOKEN ARTIFACTS_DIR RUN_ID
+//   node approve.mjs BASE_URL TOKEN ARTIFACTS_DIR RUN_ID PROBE_URL
 //
 // Prints one JSON line of what it saw; exits 1 (with the reason on stderr) if anything fails.
 
@@ -10,9 +12,9 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 
-const [base, token, artifacts, runId] = process.argv.slice(2);
-if (!base || !token || !artifacts || !runId) {
-  console.error('usage: node approve.mjs BASE_URL TOKEN ARTIFACTS_DIR RUN_ID');
+const [base, token, artifacts, runId, probe] = process.argv.slice(2);
+if (!base || !token || !artifacts || !runId || !probe) {
+  console.error('usage: node approve.mjs BASE_URL TOKEN ARTIFACTS_DIR RUN_ID PROBE_URL');
   process.exit(2);
 }
 mkdirSync(artifacts, { recursive: true });
@@ -49,14 +51,17 @@ async function shot(page, name, path) {
 
 let page;
 try {
-  // A fresh context: no cookie from any earlier run.
-  const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
+  // A fresh context: no credentials from any earlier run. The browser answers the console's
+  // challenge with these, as a person types them into its dialog.
+  const context = await browser.newContext({
+    viewport: { width: 1200, height: 900 },
+    httpCredentials: { username: 'operator', password: token },
+  });
   page = await context.newPage();
   page.setDefaultTimeout(30000);
 
   await page.goto(`${base}/login?next=/`);
-  await page.fill('input[name=token]', token);
-  await Promise.all([page.waitForURL((url) => url.pathname === '/'), page.click('button[type=submit].primary')]);
+  await page.waitForURL((url) => url.pathname === '/');
   const signedIn = (await page.textContent('header nav')).includes('Signed in');
   await shot(page, 'overview');
 
@@ -94,6 +99,10 @@ try {
   const timeline = await page.locator('ol.timeline > li').count();
   await shot(page, 'run');
   await shot(page, 'tools', '/tools');
+
+  // Another port of the same host: what would a process listening there receive?
+  const probed = await page.goto(probe);
+  statuses.probe = probed ? probed.status() : 0;
 
   console.log(
     JSON.stringify({

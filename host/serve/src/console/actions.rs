@@ -6,15 +6,13 @@ use std::sync::Arc;
 
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, Path, State};
-use axum::http::header::SET_COOKIE;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::{Flash, HasCsrf, Refusal, decider, local_path, see_other, with_flash};
+use super::{Flash, HasCsrf, Refusal, decider, local_path, with_flash};
 use crate::api::{self, DecideBody, ResolveBody, UndoneBody};
 use crate::app::App;
-use crate::auth::SESSION_COOKIE;
 
 /// A form field left empty is a field not given.
 fn given(text: &str) -> Option<String> {
@@ -206,21 +204,4 @@ pub async fn reconcile(
         .await
         .map_err(|e| Refusal::from(crate::error::ApiError::from_call(e, "reconcile")))?;
     Ok(with_flash(local_path(&form.back), Flash::Reconciled))
-}
-
-/// Signs out: the session ends on the server (its cookie opens nothing from now on) and the
-/// browser is told to drop the cookie.
-pub async fn logout(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    form: Result<Form<CsrfForm>, FormRejection>,
-) -> Result<Response, Refusal> {
-    decider(&app, &headers, form)?;
-    app.auth.sign_out(&headers);
-    let mut response = see_other("/login");
-    let cookie = format!("{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(SET_COOKIE, value);
-    }
-    Ok(response)
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-/// Who is looking: signed in (the session cookie, or the bearer token) or not. Only a signed-in
+/// Who is looking: signed in (the browser's Basic credentials, or the bearer token) or not. Only a signed-in
 /// viewer is shown the decision forms, and so the CSRF token they carry.
 #[derive(Debug, Clone, Default)]
 pub struct Viewer {

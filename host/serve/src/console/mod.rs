@@ -5,8 +5,9 @@
 //!   and the unknowns to reconcile. `actions`: the POST forms.
 //!
 //! Who may do what: reading is `auth.may_read_console` (open on loopback, signed in beyond it);
-//! deciding (approve, reject, settle, reconcile) needs the operator (the session cookie the
-//! sign-in form sets), a CSRF token in the form, and a request that is not cross-site.
+//! deciding (approve, reject, settle, reconcile) needs the operator (the browser's Basic
+//! credentials, which the sign-in page asks for: `auth`), a CSRF token in the form, and a request
+//! that is not cross-site.
 
 mod actions;
 mod html;
@@ -18,17 +19,15 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, State};
-use axum::http::header::{HOST, LOCATION, ORIGIN, SET_COOKIE};
+use axum::http::header::{HOST, LOCATION, ORIGIN, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 
 use super::app::App;
-use super::auth::{SESSION_COOKIE, SignInRefused};
+use super::auth::SignInRefused;
 use super::error::ApiError;
-use super::sessions::SESSION_TTL;
-use html::{Page, Viewer, escape, hidden};
+use html::{Page, Viewer, escape};
 
 pub fn routes() -> Router<Arc<App>> {
     Router::new()
@@ -44,12 +43,11 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/runs/{run_id}/reconcile", post(actions::reconcile))
         .route("/runs/{run_id}/undone-by-hand/{key}", post(actions::undone_by_hand))
         .route("/tools", get(pages::tools))
-        .route(super::guard::SIGN_IN, get(login_form).post(login))
-        .route("/logout", post(actions::logout))
+        .route("/login", get(login))
 }
 
 /// Why a console request got no page of its own: an error page with its one-line message and
-/// status, or (reading beyond loopback without a session) the way to the sign-in form.
+/// status, or (reading beyond loopback without signing in) the way to the sign-in page.
 #[derive(Debug)]
 pub enum Refusal {
     Error(StatusCode, String),
@@ -215,7 +213,7 @@ where
     if app.auth.console_operator(headers).is_err() {
         return Err(Refusal::Error(
             StatusCode::UNAUTHORIZED,
-            "deciding needs the operator: sign in at /login with the operator's token".into(),
+            "deciding needs the operator: sign in at /login with the operator's token as the password".into(),
         ));
     }
     let Form(form) = form.map_err(|e| Refusal::Error(e.status(), format!("the form: {}", e.body_text())))?;
@@ -232,90 +230,49 @@ trait HasCsrf {
     fn csrf(&self) -> &str;
 }
 
-#[derive(Debug, Deserialize)]
-struct LoginForm {
-    #[serde(default)]
-    token: String,
-    #[serde(default)]
-    next: String,
-}
+/// The browser's challenge: its own sign-in dialog, for this server's origin only.
+const CHALLENGE: &str = "Basic realm=\"oncebox console\", charset=\"UTF-8\"";
 
-async fn login_form(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Page {
+/// The sign-in page: with the browser's Basic credentials holding the token, back to `next`;
+/// without them, 401 and the challenge, so the browser asks for them (the page below shows if
+/// the person cancels). Reading, and answering the challenge, are no decision: nothing here
+/// changes the ledger, so no CSRF token is asked.
+async fn login(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Response {
     let next = url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "next")
         .map_or_else(|| "/".to_string(), |(_, v)| v.into_owned());
-    let viewer = Viewer { csrf: app.auth.csrf(&headers) };
-    let body = login_body(&viewer, local_path(&next), None);
-    Page::ok(html::page("Sign in", &viewer, flash(&uri), &body))
-}
-
-fn login_body(viewer: &Viewer, next: &str, error: Option<&str>) -> String {
-    let error = error.map(|e| format!("<p class=\"error\">{}</p>", escape(e))).unwrap_or_default();
-    let signed_in = if viewer.signed_in() {
-        format!(
-            "<p>You are signed in as the operator.</p><form method=\"post\" action=\"/logout\">{}\
-             <button type=\"submit\">Sign out</button></form>",
-            html::csrf_field(viewer)
-        )
-    } else {
-        String::new()
+    let next = local_path(&next);
+    let (status, why) = match app.auth.sign_in(&headers) {
+        Ok(()) => return with_flash(next, Flash::SignedIn),
+        Err(SignInRefused::Asked) => (StatusCode::UNAUTHORIZED, None),
+        Err(SignInRefused::Wrong) => (StatusCode::UNAUTHORIZED, Some("That is not the operator's token.".to_string())),
+        Err(SignInRefused::Closed(wait)) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(format!(
+                "Too many wrong tokens were given here in the last minute: sign-in takes none for {} s.",
+                wait.as_secs().max(1)
+            )),
+        ),
     };
-    format!(
-        "{error}{signed_in}<form method=\"post\" action=\"/login\" class=\"card\">{}\
-         <label>Operator token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" required></label>\
-         <button type=\"submit\" class=\"primary\">Sign in</button></form>\
-         <p class=\"muted\">The token <code>oncebox serve</code> was given with --token-file or $ONCEBOX_TOKEN \
-         (or printed on its stderr). Reading on loopback needs no sign-in; deciding always does.</p>",
-        hidden("next", next)
-    )
-}
-
-/// Checks the token and sets the session cookie. Login is no decision, but it still refuses a
-/// cross-site post (so another site cannot sign the browser in).
-async fn login(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    form: Result<Form<LoginForm>, FormRejection>,
-) -> Response {
-    if let Err(refusal) = same_origin(&app, &headers) {
-        return refusal.into_response();
-    }
-    let Ok(Form(form)) = form else {
-        return Refusal::Error(StatusCode::BAD_REQUEST, "the sign-in form is malformed".into()).into_response();
-    };
-    let next = local_path(&form.next);
-    let session = match app.auth.sign_in(&form.token) {
-        Ok(session) => session,
-        Err(refused) => {
-            let (status, why) = match refused {
-                SignInRefused::Wrong => (StatusCode::UNAUTHORIZED, "That is not the operator's token.".to_string()),
-                SignInRefused::Closed(wait) => (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "Too many wrong tokens were given here in the last minute: sign-in takes none for {} s.",
-                        wait.as_secs().max(1)
-                    ),
-                ),
-                SignInRefused::Random(e) => {
-                    tracing::error!(error = %e, "no randomness for a console session");
-                    (StatusCode::INTERNAL_SERVER_ERROR, format!("No session could be made (no randomness: {e})."))
-                }
-            };
-            let body = login_body(&Viewer::default(), next, Some(&why));
-            return Page { status, html: html::page("Sign in", &Viewer::default(), None, &body) }.into_response();
-        }
-    };
-    let mut response = with_flash(next, Flash::SignedIn);
-    // Behind an https public URL the browser must never send the session over plain HTTP.
-    let secure = if app.base_url.starts_with("https://") { "; Secure" } else { "" };
-    let cookie = format!(
-        "{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
-        SESSION_TTL.as_secs()
-    );
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(SET_COOKIE, value);
+    let body = login_body(next, why.as_deref());
+    let mut response = Page { status, html: html::page("Sign in", &Viewer::default(), None, &body) }.into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
     }
     response
+}
+
+fn login_body(next: &str, error: Option<&str>) -> String {
+    let error = error.map(|e| format!("<p class=\"error\">{}</p>", escape(e))).unwrap_or_default();
+    format!(
+        "{error}<section class=\"card\"><p>Your browser asks for a user name and a password: any user name, \
+         and the operator's token as the password (the token <code>oncebox serve</code> was given with \
+         --token-file or $ONCEBOX_TOKEN, or printed on its stderr). It sends them to this server's address \
+         and port only, with every page, until it is closed.</p>\
+         <p><a href=\"/login?next={}\">Sign in</a></p></section>\
+         <p class=\"muted\">Reading on loopback needs no sign-in; deciding always does.</p>",
+        escape(&html::encode(next))
+    )
 }
 
 #[cfg(test)]
