@@ -23,7 +23,7 @@ pub async fn serve(host: &Host, dir: &Path) -> anyhow::Result<String> {
     let tools = dir.join("api-tools");
     std::fs::create_dir_all(&tools).with_context(|| format!("creating {}", tools.display()))?;
     let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a token for the API: {e}"))?;
-    let app = App::for_http(host.clone(), token, addr, None, Loaded::new(tools), MAX_CALLS);
+    let app = App::for_http(host.clone(), token, None, addr, None, Loaded::new(tools), MAX_CALLS);
     app.loaded().scan(host, false).await;
     // The server's own router and listener, with its default limits: what `oncebox serve` runs.
     let limits = oncebox_serve::ConnectionLimits::default();

@@ -68,17 +68,19 @@ impl App {
 
     /// The server for HTTP at `addr`, the address it listens on, reached at `public_url` when
     /// given (calls wait for `loaded`'s first scan, as over stdio). Who may do what is judged from these two (`auth.rs`), so that nothing else can tell
-    /// it that a server listening beyond loopback is on loopback.
+    /// it that a server listening beyond loopback is on loopback. `caller`: a second token, that
+    /// may call, read and reconcile but decide nothing, for agents beyond loopback.
     pub fn for_http(
         host: Host,
         token: String,
+        caller: Option<String>,
         addr: std::net::SocketAddr,
         public_url: Option<&url::Url>,
         loaded: Loaded,
         max_calls: usize,
     ) -> Arc<App> {
         let base_url = public_url.map_or_else(|| format!("http://{addr}"), |url| url.origin().ascii_serialization());
-        App::new(host, Auth::new(token, Some(addr), public_url), loaded, base_url, max_calls)
+        App::new(host, Auth::new(token, Some(addr), public_url).with_caller(caller), loaded, base_url, max_calls)
     }
 
     fn new(host: Host, auth: Auth, loaded: Loaded, base_url: String, max_calls: usize) -> Arc<App> {

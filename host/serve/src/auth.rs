@@ -47,6 +47,10 @@ pub enum SignInRefused {
 
 pub struct Auth {
     token: String,
+    /// The callers' token, if the operator gave one: it may call, read and reconcile wherever the
+    /// operator's may, and decide nothing (so an agent beyond loopback never holds the
+    /// credential that approves).
+    caller: Option<String>,
     /// Every request needs the token: the server listens beyond loopback or behind a proxy.
     everywhere: bool,
     /// The `Host` values a request may carry. Any other is a browser's request under a rebound
@@ -82,12 +86,12 @@ impl Auth {
         let Some(addr) = listening else {
             // stdio: no HTTP request ever reaches this server.
             let hosts = Hosts::Listed { hosts: Vec::new(), origins: Vec::new() };
-            return Auth { token, everywhere: false, hosts, wrong: WrongTokens::default() };
+            return Auth { token, caller: None, everywhere: false, hosts, wrong: WrongTokens::default() };
         };
         let beyond_loopback = !addr.ip().is_loopback();
         let everywhere = beyond_loopback || public.is_some();
         if beyond_loopback && public.is_none() {
-            return Auth { token, everywhere, hosts: Hosts::Any, wrong: WrongTokens::default() };
+            return Auth { token, caller: None, everywhere, hosts: Hosts::Any, wrong: WrongTokens::default() };
         }
         let port = addr.port();
         // A proxy in front of a loopback server often rewrites `Host` to the upstream's address
@@ -108,7 +112,12 @@ impl Auth {
             });
             origins.push(url.origin().ascii_serialization());
         }
-        Auth { token, everywhere, hosts: Hosts::Listed { hosts, origins }, wrong: WrongTokens::default() }
+        Auth { token, caller: None, everywhere, hosts: Hosts::Listed { hosts, origins }, wrong: WrongTokens::default() }
+    }
+
+    /// With the callers' token `caller` (see [`Auth::may_call`]).
+    pub(crate) fn with_caller(self, caller: Option<String>) -> Auth {
+        Auth { caller, ..self }
     }
 
     /// Whether a request must name this server in `Host`: wherever the allow-list is a list.
@@ -136,13 +145,20 @@ impl Auth {
         }
     }
 
-    /// A request may call tools, read and reconcile: on loopback, anyone; elsewhere, or through a
-    /// proxy, the operator.
+    /// A request may call tools, read (sensitive values masked) and reconcile: on loopback,
+    /// anyone; elsewhere, or through a proxy, the operator or a caller (the callers' token).
     pub fn may_call(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match self.stranger(headers) {
+            Some(_) if self.is_caller(headers) => Ok(()),
             Some(why) => self.operator(headers).map_err(|_| ApiError::Unauthorized(why)),
             None => Ok(()),
         }
+    }
+
+    /// Whether the request carries the callers' token as its bearer token.
+    fn is_caller(&self, headers: &HeaderMap) -> bool {
+        let given = self.credential(headers, "bearer");
+        self.caller.as_deref().is_some_and(|caller| given.is_some_and(|given| same(given.trim(), caller)))
     }
 
     /// A request may read the console's pages: always on loopback, signed in (or with the token)
@@ -152,11 +168,11 @@ impl Auth {
     }
 
     /// A request may hand the server a body: on loopback, anyone; elsewhere, or through a proxy,
-    /// only the operator (the token, or the console's sign-in). A stranger's body is
+    /// only the operator (the token, or the console's sign-in) or a caller. A stranger's body is
     /// refused before a byte of it is read (`guard`), so that strangers cannot make the server
     /// hold bodies of `--max-body` each for the body timeout.
     pub fn may_send_body(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        self.known(headers)
+        if self.is_caller(headers) { Ok(()) } else { self.known(headers) }
     }
 
     /// Anyone on loopback; elsewhere, or through a proxy, the token or the console's sign-in.
@@ -339,6 +355,20 @@ mod tests {
         }
         let right = basic(&format!("operator:{}", "t".repeat(16)));
         assert!(matches!(auth.sign_in(&right), Err(SignInRefused::Closed(_))));
+    }
+
+    #[test]
+    fn the_callers_token_calls_and_reads_beyond_loopback_and_decides_nothing() {
+        let caller = "c".repeat(16);
+        let served = auth("127.0.0.1:7420", Some("https://ops.example")).with_caller(Some(caller.clone()));
+        assert!(served.may_call(&bearer(&caller)).is_ok() && served.may_send_body(&bearer(&caller)).is_ok());
+        assert!(served.operator(&bearer(&caller)).is_err(), "no decision");
+        assert!(served.may_read_console(&bearer(&caller)).is_err() && served.csrf(&bearer(&caller)).is_none());
+        assert!(served.console_operator(&basic(&format!("x:{caller}"))).is_err(), "no console sign-in either");
+        assert!(served.may_call(&bearer("c-but-not-the-callers")).is_err());
+        assert!(served.may_call(&bearer(&"t".repeat(16))).is_ok(), "the operator's still calls");
+        let without = auth("127.0.0.1:7420", Some("https://ops.example"));
+        assert!(without.may_call(&bearer(&caller)).is_err(), "none given: no caller");
     }
 
     #[test]

@@ -537,6 +537,67 @@ fn initialize() -> Value {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "edge-test", "version": "1"}}})
 }
 
+/// An agent beyond loopback holds the callers' token, not the operator's: it calls (MCP and the
+/// API), reads with sensitive values masked and reconciles; it cannot approve, settle, undo by
+/// hand, compensate, nor read the console, and the request it made stays pending until the
+/// operator decides.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_public_url_the_callers_token_calls_and_decides_nothing() {
+    use reqwest::Method;
+    let provider = Provider::start().await.expect("provider");
+    let setup = Setup::new(&provider);
+    let caller = "caller-token-0123456789-abcdef";
+    let file = setup.dir.path().join("caller-token");
+    std::fs::write(&file, format!("{caller}\n")).expect("caller token file");
+    let file = file.to_str().expect("utf-8");
+    let server = setup.serve_with(&["--public-url", "https://ops.example", "--caller-token-file", file]);
+    let host = "ops.example";
+    let args = json!({"order_id": "ct-1", "address": "1 Main St", "items": [{"sku": "sku-1", "quantity": 1}]});
+    let body = json!({ "run_id": "rc", "step_id": "ship", "tool": "fulfill", "args": args });
+    let (status, said) = proxied(Method::POST, &server.url("/v1/calls"), host, Some(caller), Some(&body)).await;
+    assert_eq!(status, 200, "{said}");
+    let waiting: Value = serde_json::from_str(&said).expect("json");
+    assert_eq!(waiting["status"], "awaiting-approval", "{waiting}");
+    let key = waiting["operation_key"].as_str().expect("key").to_string();
+    let (status, view) =
+        proxied(Method::GET, &server.url(&format!("/v1/approvals/{key}")), host, Some(caller), None).await;
+    assert_eq!(status, 200, "{view}");
+    let view: Value = serde_json::from_str(&view).expect("json");
+    assert_eq!((view["params"]["address"].as_str(), view["params_exact"].as_bool()), (Some("[redacted]"), Some(false)));
+    let mcp = client()
+        .post(server.url("/mcp"))
+        .header("host", host)
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(caller)
+        .json(&initialize())
+        .send()
+        .await
+        .expect("mcp");
+    assert_eq!(mcp.status(), 200, "MCP with the callers' token: {}", mcp.text().await.unwrap_or_default());
+    let (status, said) = proxied(Method::POST, &server.url("/v1/runs/rc/reconcile"), host, Some(caller), None).await;
+    assert_eq!(status, 200, "{said}");
+
+    let decision =
+        json!({"fingerprint": waiting["fingerprint"], "component": waiting["approval"]["component"], "by": "agent"});
+    for (path, body) in [
+        (format!("/v1/approvals/{key}/approve"), decision.clone()),
+        (format!("/v1/approvals/{key}/reject"), decision.clone()),
+        (format!("/v1/operations/{key}/resolve"), json!({"verdict": "committed", "by": "agent"})),
+        (format!("/v1/operations/{key}/undone-by-hand"), json!({"by": "agent"})),
+        ("/v1/runs/rc/compensate".to_string(), json!({})),
+    ] {
+        let (status, said) = proxied(Method::POST, &server.url(&path), host, Some(caller), Some(&body)).await;
+        assert_eq!(status, 401, "POST {path} with the callers' token: {said}");
+    }
+    let console = client().get(server.url("/approvals")).header("host", host).bearer_auth(caller).send().await;
+    let console = console.expect("console");
+    assert!(console.url().path().starts_with("/login") || console.status() == 401, "the console is the operator's");
+    let (_, view) = proxied(Method::GET, &server.url(&format!("/v1/approvals/{key}")), host, Some(TOKEN), None).await;
+    let view: Value = serde_json::from_str(&view).expect("json");
+    assert_eq!(view["state"], "pending", "nothing decided: {view}");
+    assert_eq!(provider.counts("ct-1").fulfillments, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_a_public_url_a_stranger_gets_nothing_but_healthz_and_the_operator_everything() {
     use reqwest::Method;

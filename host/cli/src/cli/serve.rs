@@ -42,6 +42,11 @@ pub struct Args {
     /// printed on stderr). Approving and settling always need it.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// A file holding the callers' token (else `$ONCEBOX_CALLER_TOKEN`; none by default): it may
+    /// call tools, read (sensitive values masked) and reconcile, beyond loopback too, and decide
+    /// nothing. Give it to agents and orchestrators instead of the operator's.
+    #[arg(long, value_name = "FILE")]
+    pub caller_token_file: Option<PathBuf>,
     /// On SIGINT or SIGTERM, how long running calls may take to finish; what still runs then is
     /// left to the recovery of the next start.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
@@ -89,6 +94,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         return Err(Usage(format!("--tools {}: not a directory", args.tools.display())).into());
     }
     let token = token(&args)?;
+    let caller = caller_token(&args, &token)?;
     // Opening the ledger recovers what a stopped server left: this start is its recovery.
     let host = builder.build().await?;
     // The tools are loaded by the server's first scan, compiling them all at once while it
@@ -116,7 +122,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
              the network in the clear; put a TLS proxy in front and start with --public-url https://NAME"
         );
     }
-    let app = App::for_http(host, token, addr, args.public_url.as_ref(), loaded, args.max_calls);
+    let app = App::for_http(host, token, caller, addr, args.public_url.as_ref(), loaded, args.max_calls);
     let base_url = app.base_url().to_string();
     tokio::spawn(oncebox_serve::watch(app.clone()));
     relay(&app, topics, args.no_relay)?;
@@ -155,21 +161,35 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
     Ok(finish(&app, args.grace.saturating_sub(started.elapsed())).await)
 }
 
+/// A token from `file`, else from the variable `var`: at least 16 characters; `None` if neither.
+fn given_token(file: Option<&PathBuf>, flag: &str, var: &str) -> anyhow::Result<Option<String>> {
+    let (token, from) = if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| Usage(format!("{flag} {}: {e}", path.display())))?;
+        (text.trim().to_string(), format!("{flag} {}", path.display()))
+    } else if let Some(token) = std::env::var(var).ok().filter(|t| !t.trim().is_empty()) {
+        (token.trim().to_string(), format!("${var}"))
+    } else {
+        return Ok(None);
+    };
+    if token.len() < 16 {
+        return Err(Usage(format!("{from}: a token needs at least 16 characters")).into());
+    }
+    Ok(Some(token))
+}
+
+/// The callers' token, if given: never the operator's (it would decide).
+fn caller_token(args: &Args, operator: &str) -> anyhow::Result<Option<String>> {
+    let caller = given_token(args.caller_token_file.as_ref(), "--caller-token-file", "ONCEBOX_CALLER_TOKEN")?;
+    if caller.as_deref() == Some(operator) {
+        return Err(Usage("the callers' token is the operator's: give callers a token of their own".into()).into());
+    }
+    Ok(caller)
+}
+
 /// The operator's token: `--token-file`, `$ONCEBOX_TOKEN`, or a new one printed on stderr.
 fn token(args: &Args) -> anyhow::Result<String> {
-    if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path).map_err(|e| Usage(format!("--token-file {}: {e}", path.display())))?;
-        let token = text.trim().to_string();
-        if token.len() < 16 {
-            return Err(Usage(format!("--token-file {}: a token needs at least 16 characters", path.display())).into());
-        }
+    if let Some(token) = given_token(args.token_file.as_ref(), "--token-file", "ONCEBOX_TOKEN")? {
         return Ok(token);
-    }
-    if let Some(token) = std::env::var("ONCEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
-        if token.trim().len() < 16 {
-            return Err(Usage("$ONCEBOX_TOKEN: a token needs at least 16 characters".into()).into());
-        }
-        return Ok(token.trim().to_string());
     }
     if !args.stdio && !args.listen.ip().is_loopback() {
         return Err(Usage(format!(
@@ -179,7 +199,11 @@ fn token(args: &Args) -> anyhow::Result<String> {
         .into());
     }
     let token = oncebox_serve::generate_token().map_err(|e| anyhow::anyhow!("a random token: {e}"))?;
-    eprintln!("oncebox serve: operator token (for approving, and the console's sign-in): {token}");
+    // On stdio no request could carry it (MCP decides nothing): printing it would only put a
+    // credential in a log.
+    if !args.stdio {
+        eprintln!("oncebox serve: operator token (for approving, and the console's sign-in): {token}");
+    }
     Ok(token)
 }
 
