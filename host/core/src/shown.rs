@@ -26,15 +26,16 @@ pub fn hides(c: char) -> bool {
     )
 }
 
-/// serde_json's text of a value with every hiding character inside its strings written as a JSON
-/// escape (`\u202e`): the same value to any JSON reader, shown as stored. serde_json escapes the
-/// controls below U+0020 inside strings itself, so a new line there is layout, left alone.
-pub fn reveal_json(json: &str) -> Cow<'_, str> {
-    if !json.chars().any(|c| c != '\n' && hides(c)) {
-        return Cow::Borrowed(json);
+/// `text` with every hiding character but the new line written as a JSON escape (`\u202e`). In
+/// serde_json's text of a value, that is the same value to any JSON reader, shown as stored:
+/// serde_json escapes the controls below U+0020 inside strings itself, so a new line there is
+/// layout. In plain text (a note, a description), it is what a person reads instead of nothing.
+pub fn reveal(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| c != '\n' && hides(c)) {
+        return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(json.len() + 16);
-    for c in json.chars() {
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
         if c != '\n' && hides(c) {
             let mut units = [0u16; 2];
             for unit in c.encode_utf16(&mut units) {
@@ -71,7 +72,7 @@ mod tests {
             "zero\u{200B}width": ["tag \u{E0041}", "line\u{2028}sep", "del \u{7F}", "plain é 中 😀"],
         });
         let text = serde_json::to_string_pretty(&value).expect("json");
-        let shown = reveal_json(&text);
+        let shown = reveal(&text);
         assert!(shown.contains("Acct \\u202e4321-8765 \\u202c end"), "{shown}");
         assert!(shown.contains("\\udb40\\udc41"), "an astral character as its surrogate pair: {shown}");
         assert!(shown.contains("plain é 中 😀"), "what shows is left as it is: {shown}");
@@ -82,6 +83,6 @@ mod tests {
     #[test]
     fn text_with_nothing_hidden_is_not_copied() {
         let text = serde_json::to_string_pretty(&serde_json::json!({"a": "b\nc", "d": [1, 2]})).expect("json");
-        assert!(matches!(reveal_json(&text), Cow::Borrowed(_)));
+        assert!(matches!(reveal(&text), Cow::Borrowed(_)));
     }
 }

@@ -278,7 +278,7 @@ pub fn init_logging(format: LogFormat) {
 /// printed as its JSON escape: the same value to a JSON reader, and what a person reads at a
 /// terminal is what is stored.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", oncebox::shown::reveal_json(&serde_json::to_string(value)?));
+    println!("{}", oncebox::shown::reveal(&serde_json::to_string(value)?));
     Ok(())
 }
 

@@ -20,8 +20,11 @@ impl Viewer {
     }
 }
 
-/// Escapes text for HTML content and for quoted attribute values.
+/// Escapes text for HTML content and for quoted attribute values, its hiding characters shown.
 pub fn escape(text: &str) -> String {
+    // What the ledger holds is shown as it is: a character that would hide from the reader (a
+    // direction override in a note, a zero-width one in a description: `shown`) as its escape.
+    let text = oncebox_runtime::shown::reveal(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -78,7 +81,7 @@ pub fn micros(us: u64) -> String {
 /// JSON escape, and a line above says so: an approver reads the value the fingerprint binds.
 pub fn json_pre(class: &str, value: &serde_json::Value) -> String {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    let shown = oncebox_runtime::shown::reveal_json(&text);
+    let shown = oncebox_runtime::shown::reveal(&text);
     let warning = match shown {
         std::borrow::Cow::Borrowed(_) => "",
         std::borrow::Cow::Owned(_) => {
@@ -90,10 +93,14 @@ pub fn json_pre(class: &str, value: &serde_json::Value) -> String {
     format!("{warning}<pre class=\"json {}\">{}</pre>", escape(class), escape(&shown))
 }
 
-/// Recorded JSON text (an output, a response) pretty when it parses, as is otherwise.
+/// Recorded JSON text (an output, a response) pretty when it parses, as is otherwise (but as a
+/// JSON string, its hiding characters escaped, where it holds any).
 pub fn json_text_pre(class: &str, text: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(value) => json_pre(class, &value),
+        Err(_) if text.chars().any(|c| c != '\n' && oncebox_runtime::shown::hides(c)) => {
+            json_pre(class, &serde_json::Value::String(text.to_string()))
+        }
         Err(_) => format!("<pre class=\"json {}\">{}</pre>", escape(class), escape(text)),
     }
 }
@@ -258,9 +265,23 @@ mod tests {
     }
 
     #[test]
+    fn escape_shows_what_would_hide() {
+        assert_eq!(escape("by \u{202E}ecila\u{200B}"), "by \\u202eecila\\u200b");
+    }
+
+    #[test]
     fn encode_keeps_a_segment_one_segment() {
         assert_eq!(encode("run 1/a?b"), "run%201%2Fa%3Fb");
         assert_eq!(encode("r-1_x.y~"), "r-1_x.y~");
+    }
+
+    #[test]
+    fn recorded_text_that_is_not_json_shows_its_hiding_characters_as_escapes() {
+        let shown = json_text_pre("output", "paid to \u{202E}4321\u{202C}");
+        assert!(shown.contains("hidden-characters") && shown.contains("\\u202e4321\\u202c"), "{shown}");
+        assert!(!shown.contains('\u{202E}'), "{shown}");
+        let plain = json_text_pre("output", "plain text\nsecond line");
+        assert!(!plain.contains("hidden-characters") && plain.contains("plain text\nsecond line"), "{plain}");
     }
 
     #[test]
