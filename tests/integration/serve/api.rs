@@ -531,6 +531,21 @@ async fn proxied(
     (status, response.text().await.unwrap_or_default())
 }
 
+/// MCP's `initialize` sent to `url` under the name `host` with the bearer `token`, as a
+/// streamable HTTP client sends it: its status and body.
+async fn mcp_initialize(url: &str, host: &str, token: &str) -> (u16, String) {
+    let response = client()
+        .post(url)
+        .header("host", host)
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(token)
+        .json(&initialize())
+        .send()
+        .await
+        .expect("mcp");
+    (response.status().as_u16(), response.text().await.unwrap_or_default())
+}
+
 /// MCP's `initialize`, as any client sends it first.
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -564,16 +579,8 @@ async fn behind_a_public_url_the_callers_token_calls_and_decides_nothing() {
     assert_eq!(status, 200, "{view}");
     let view: Value = serde_json::from_str(&view).expect("json");
     assert_eq!((view["params"]["address"].as_str(), view["params_exact"].as_bool()), (Some("[redacted]"), Some(false)));
-    let mcp = client()
-        .post(server.url("/mcp"))
-        .header("host", host)
-        .header("accept", "application/json, text/event-stream")
-        .bearer_auth(caller)
-        .json(&initialize())
-        .send()
-        .await
-        .expect("mcp");
-    assert_eq!(mcp.status(), 200, "MCP with the callers' token: {}", mcp.text().await.unwrap_or_default());
+    let (status, said) = mcp_initialize(&server.url("/mcp"), host, caller).await;
+    assert_eq!(status, 200, "MCP with the callers' token: {said}");
     let (status, said) = proxied(Method::POST, &server.url("/v1/runs/rc/reconcile"), host, Some(caller), None).await;
     assert_eq!(status, 200, "{said}");
 
@@ -639,17 +646,7 @@ async fn behind_a_public_url_a_stranger_gets_nothing_but_healthz_and_the_operato
     let (status, said) = proxied(Method::POST, &server.url("/v1/calls"), host, Some(TOKEN), Some(&body)).await;
     assert_eq!(status, 200, "{said}");
     assert_eq!(provider.counts("p1").payments, 1);
-    let mcp = client()
-        .post(server.url("/mcp"))
-        .header("host", host)
-        .header("accept", "application/json, text/event-stream")
-        .bearer_auth(TOKEN)
-        .json(&initialize())
-        .send()
-        .await
-        .expect("mcp");
-    let status = mcp.status().as_u16();
-    let said = mcp.text().await.unwrap_or_default();
+    let (status, said) = mcp_initialize(&server.url("/mcp"), host, TOKEN).await;
     assert_eq!(status, 200, "MCP under the public name with the token: {said}");
     assert!(said.contains("\"oncebox\""), "the server's info: {said}");
 

@@ -190,17 +190,14 @@ fn basic(password: &str) -> String {
     request.headers()[AUTHORIZATION].to_str().expect("ascii").to_string()
 }
 
+/// A console page as the signed-in operator reads it.
+async fn page_as(http: &reqwest::Client, server: &Server, signed: &str, path: &str) -> String {
+    http.get(server.url(path)).header(AUTHORIZATION, signed).send().await.expect("page").text().await.expect("html")
+}
+
 /// The CSRF token of the signed-in page's forms.
 async fn csrf_of(http: &reqwest::Client, server: &Server, signed: &str, path: &str) -> String {
-    let html = http
-        .get(server.url(path))
-        .header(AUTHORIZATION, signed)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let html = page_as(http, server, signed, path).await;
     let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + "name=\"csrf\" value=\"".len();
     html[at..].split('"').next().expect("value").to_string()
 }
@@ -509,15 +506,7 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
     let signed = sign_in(&http, &server).await;
     let page = format!("/runs/{RUN}");
-    let html = http
-        .get(server.url(&page))
-        .header(AUTHORIZATION, &signed)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let html = page_as(&http, &server, &signed, &page).await;
     let row = format!(
         "<tr data-key=\"{kept}\"><td>pay-2</td><td>charge</td><td><span class=\"badge bad\">rejected</span></td>"
     );
@@ -542,15 +531,7 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
     assert_eq!(post(action.clone(), Some(&signed), "forged").await.expect("post").status(), 403);
     let elsewhere = format!("/runs/another-run/undone-by-hand/{kept}");
     assert_eq!(post(elsewhere, Some(&signed), &csrf).await.expect("post").status(), 404);
-    let html = http
-        .get(server.url(&page))
-        .header(AUTHORIZATION, &signed)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let html = page_as(&http, &server, &signed, &page).await;
     assert!(html.contains(&format!("action=\"{action}\"")), "nothing recorded: {html}");
     let response = http
         .post(server.url(&action))
@@ -562,15 +543,7 @@ async fn a_run_whose_records_gc_removed_shows_what_must_be_undone_by_hand() {
         .await
         .expect("post");
     assert_eq!(response.status(), 303);
-    let html = http
-        .get(server.url(&page))
-        .header(AUTHORIZATION, &signed)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let html = page_as(&http, &server, &signed, &page).await;
     assert!(html.contains("undone by hand</span>") && !html.contains(&format!("action=\"{action}\"")), "{html}");
     let requests = provider.requests();
     let done: Value = client()
@@ -614,15 +587,7 @@ async fn an_expired_approval_shows_as_expired_and_can_be_approved_again() {
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
     let signed = sign_in(&http, &server).await;
     let page = format!("/approvals/{key}");
-    let html = http
-        .get(server.url(&page))
-        .header(AUTHORIZATION, &signed)
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let html = page_as(&http, &server, &signed, &page).await;
     assert!(html.contains(&format!("action=\"/approvals/{key}/approve\"")), "the form to decide again: {html}");
     let csrf = csrf_of(&http, &server, &signed, &page).await;
     let again = form(&[("fingerprint", &fingerprint), ("component", &component), ("by", "ops"), ("csrf", &csrf)]);
