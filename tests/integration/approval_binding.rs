@@ -331,3 +331,32 @@ async fn from_the_cli_a_replaced_component_is_shown_and_needs_its_own_approval()
     provider.settled().await;
     assert_eq!(provider.counts("o-1").fulfillments, 1);
 }
+
+/// `approvals show` prints a param holding a direction override (which would show the person
+/// another order than the one bound) as its JSON escape: the same value to a JSON reader, and
+/// nothing on the terminal that hides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_the_cli_a_param_that_would_hide_is_printed_as_its_escape() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("l.redb");
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let base = provider.base_url();
+    let (config, grant) = (format!("base_url={base}"), format!("http={base}"));
+    let order = "o-\u{202E}4321";
+    let args = fulfill(order).to_string();
+    let ship = ["call", "--ledger", ledger_arg, "--config", &config, "--grant", &grant, "--run", "r", "--step", "ship"];
+    let mut ship = ship.to_vec();
+    ship.extend([oncebox_artifacts::FULFILL, args.as_str()]);
+    let (code, awaiting, stderr) = oncebox(&ship);
+    assert_eq!((code, awaiting["status"].as_str()), (1, Some("awaiting-approval")), "{awaiting} {stderr}");
+    let key = awaiting["operation_key"].as_str().expect("key");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["approvals", "show", "--ledger", ledger_arg, key])
+        .output()
+        .expect("approvals show");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("\"order_id\":\"o-\\u202e4321\"") && !printed.contains('\u{202E}'), "{printed}");
+    let shown: Value = serde_json::from_str(printed.trim()).expect("one line of JSON");
+    assert_eq!(shown["params"]["order_id"], order, "the same value: {shown}");
+}

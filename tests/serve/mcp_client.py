@@ -121,7 +121,9 @@ async def scenario_identity_missing(session: ClientSession, opts: argparse.Names
 
 
 async def scenario_approval(session: ClientSession, opts: argparse.Namespace) -> dict[str, Any]:
-    step = f"fulfill-{opts.order}"
+    # The order id may hold characters an id may not (a direction override): the step names it
+    # in ASCII.
+    step = "fulfill-" + opts.order.encode("ascii", "backslashreplace").decode()
     return await call(session, "fulfill", fulfill_args(opts.order), identity(opts.run, step))
 
 

@@ -50,8 +50,8 @@ pub fn id_refused(what: &str, id: &str) -> Option<String> {
     if id.len() > MAX_ID_BYTES {
         return Some(format!("the {what} id is {} bytes; ids are at most {MAX_ID_BYTES}", id.len()));
     }
-    let control = id.chars().find(|c| crate::shown::hides(*c))?;
-    Some(format!("the {what} id holds the character {control:?}, which hides from a reader; ids are printable text"))
+    let control = id.chars().find(|c| crate::shown::forges(*c))?;
+    Some(format!("the {what} id holds the control character {control:?}; ids are printable text"))
 }
 
 /// Identifies one effect of an operation: the `occurrence`-th use of `label` in an invocation.

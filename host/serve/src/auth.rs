@@ -26,7 +26,6 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::error::ApiError;
-use super::sign_in::WrongTokens;
 
 /// The headers a proxy adds to a request it forwards (RFC 7239, the de-facto `X-Forwarded-*`,
 /// nginx's `X-Real-IP`, HTTP's `Via`). A proxy that adds none of them cannot be told from a
@@ -41,8 +40,6 @@ pub enum SignInRefused {
     Asked,
     /// Not the operator's token.
     Wrong,
-    /// Too many wrong tokens lately: the sign-in takes none for this long.
-    Closed(std::time::Duration),
 }
 
 pub struct Auth {
@@ -56,8 +53,6 @@ pub struct Auth {
     /// The `Host` values a request may carry. Any other is a browser's request under a rebound
     /// DNS name, or a name the operator did not give.
     hosts: Hosts,
-    /// The sign-in page's bound on wrong tokens.
-    wrong: WrongTokens,
 }
 
 /// The one allow-list of hosts and origins.
@@ -86,12 +81,12 @@ impl Auth {
         let Some(addr) = listening else {
             // stdio: no HTTP request ever reaches this server.
             let hosts = Hosts::Listed { hosts: Vec::new(), origins: Vec::new() };
-            return Auth { token, caller: None, everywhere: false, hosts, wrong: WrongTokens::default() };
+            return Auth { token, caller: None, everywhere: false, hosts };
         };
         let beyond_loopback = !addr.ip().is_loopback();
         let everywhere = beyond_loopback || public.is_some();
         if beyond_loopback && public.is_none() {
-            return Auth { token, caller: None, everywhere, hosts: Hosts::Any, wrong: WrongTokens::default() };
+            return Auth { token, caller: None, everywhere, hosts: Hosts::Any };
         }
         let port = addr.port();
         // A proxy in front of a loopback server often rewrites `Host` to the upstream's address
@@ -112,7 +107,7 @@ impl Auth {
             });
             origins.push(url.origin().ascii_serialization());
         }
-        Auth { token, caller: None, everywhere, hosts: Hosts::Listed { hosts, origins }, wrong: WrongTokens::default() }
+        Auth { token, caller: None, everywhere, hosts: Hosts::Listed { hosts, origins } }
     }
 
     /// With the callers' token `caller` (see [`Auth::may_call`]).
@@ -187,7 +182,7 @@ impl Auth {
     /// reached beyond loopback, or a proxy forwarded the request.
     fn stranger(&self, headers: &HeaderMap) -> Option<String> {
         if self.everywhere {
-            return Some(NEEDS_TOKEN.into());
+            return Some(NEEDS_TO_CALL.into());
         }
         let header = FORWARDING.iter().find(|name| headers.contains_key(HeaderName::from_static(name)))?;
         Some(format!(
@@ -220,15 +215,13 @@ impl Auth {
     }
 
     /// The sign-in page's check: the browser's Basic credentials hold the token, or why not.
-    /// Wrong tokens are counted, and beyond their bound none is taken for a while.
+    /// Wrong tokens are not counted: every page checks the credentials a browser sends, as the
+    /// API checks its bearer token, so a bound here would stop no guesser and would let anyone
+    /// who reaches `/login` keep the operator out. A token no one guesses online is the defence
+    /// (48 random hex characters when `serve` makes it).
     pub fn sign_in(&self, headers: &HeaderMap) -> Result<(), SignInRefused> {
-        self.wrong.may_try().map_err(SignInRefused::Closed)?;
         let Some(given) = self.basic_password(headers) else { return Err(SignInRefused::Asked) };
-        if same(&given, &self.token) {
-            return Ok(());
-        }
-        self.wrong.wrong_token();
-        Err(SignInRefused::Wrong)
+        if same(&given, &self.token) { Ok(()) } else { Err(SignInRefused::Wrong) }
     }
 
     /// The CSRF token of the operator's forms, derived from the token: shown to the operator
@@ -266,6 +259,9 @@ impl Auth {
 
 const NEEDS_TOKEN: &str = "this needs the operator's token: `Authorization: Bearer TOKEN` (the token `oncebox serve` \
      was given with --token-file or $ONCEBOX_TOKEN)";
+/// What a stranger is told: a caller sends the callers' token, which decides nothing.
+const NEEDS_TO_CALL: &str = "this needs a token: `Authorization: Bearer TOKEN`, the callers' token (`oncebox serve \
+     --caller-token-file`, for agents and orchestrators: it calls, reads and reconciles) or the operator's";
 
 /// Compares in time that does not depend on where the strings differ.
 fn same(given: &str, expected: &str) -> bool {
@@ -345,16 +341,6 @@ mod tests {
         assert_eq!(auth.csrf(&bearer(&token)), Some(csrf.clone()), "the operator's, however they came");
         assert!(auth.csrf(&HeaderMap::new()).is_none() && auth.csrf(&basic("operator:wrong")).is_none());
         assert!(!auth.is_csrf(&HeaderMap::new(), &csrf), "a form without the sign-in decides nothing");
-    }
-
-    #[test]
-    fn wrong_tokens_close_the_sign_in_for_a_while_even_to_the_right_one() {
-        let auth = auth("127.0.0.1:7420", None);
-        for _ in 0..super::super::sign_in::MAX_WRONG_SIGN_INS {
-            assert!(matches!(auth.sign_in(&basic("operator:wrong")), Err(SignInRefused::Wrong)));
-        }
-        let right = basic(&format!("operator:{}", "t".repeat(16)));
-        assert!(matches!(auth.sign_in(&right), Err(SignInRefused::Closed(_))));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!   operator's pages. `metrics`: `/metrics`. `error`: refusals as JSON.
 //! - `auth`: who may do what, from where (the operator's token, the one host/origin allow-list);
 //!   `guard`: the middleware every front door passes. `listen`: connections, their timeouts and
-//!   caps. `sign_in`: the console's bound on wrong tokens.
+//!   caps.
 //! - `reload`: the tools directory, watched. `reconciling`: the background reconciler.
 
 mod api;
@@ -26,7 +26,6 @@ mod openapi;
 mod page;
 mod reconciling;
 mod reload;
-mod sign_in;
 
 use std::sync::Arc;
 use std::time::Duration;

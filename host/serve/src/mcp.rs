@@ -173,7 +173,8 @@ fn http_config() -> StreamableHttpServerConfig {
     StreamableHttpServerConfig::default().disable_allowed_hosts().disable_allowed_origins()
 }
 
-/// Beyond loopback or behind `--public-url`, MCP needs the operator's token like the rest of the API.
+/// Beyond loopback or behind `--public-url`, MCP needs a token (the callers', or the operator's) like
+/// the rest of the API.
 async fn require_token(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     match app.auth.may_call(request.headers()) {
         Ok(()) => next.run(request).await,
@@ -358,7 +359,9 @@ fn result_of(app: &App, tool: &str, run_id: Option<&str>, outcome: &Outcome, sou
     if let Some(explained) = explanation(app, tool, run_id, outcome) {
         content.push(ContentBlock::text(explained));
     }
-    content.push(ContentBlock::text(value.to_string()));
+    // The same JSON, its hiding characters escaped: the same value, and what a person reads if
+    // the agent shows it. (`structuredContent`, for programs, is exact.)
+    content.push(ContentBlock::text(oncebox_runtime::shown::reveal(&value.to_string()).into_owned()));
     let mut meta = MetaObject::new();
     meta.insert("oncebox/status".into(), value["status"].clone());
     meta.insert("oncebox/replayed".into(), outcome.replayed.into());
@@ -433,9 +436,12 @@ fn awaiting_approval(app: &App, tool: &str, outcome: &Outcome) -> String {
     let consequence =
         outcome.approval.as_ref().and_then(|a| a.consequence.as_deref()).map(|c| format!(" {c}")).unwrap_or_default();
     let (console, api) = where_to_approve(app, key);
-    format!(
+    let text = format!(
         "`{tool}` awaits a person's approval of these exact params; nothing was dispatched.{consequence} Params: \
          {params}. Fingerprint: {fingerprint}. Approve at {console}, or with {api}; then call again with the same \
          `_meta` and arguments."
-    )
+    );
+    // The agent relays this to a person: a character that would hide from them (a direction
+    // override in a param) is written as its escape, as the console and the CLI show it.
+    oncebox_runtime::shown::reveal(&text).into_owned()
 }

@@ -11,9 +11,12 @@ pub fn document() -> Value {
             let description = match *code {
                 "400" => {
                     "Malformed JSON, a missing or unknown field, args the tool's schema refuses, a run or step id that is \
-                     empty, too long or holds a character that hides from a reader (a control, a bidi or format character), or a second or non-ASCII Host or Origin."
+                     empty, too long or holds a control character, or a second or non-ASCII Host or Origin."
                 }
-                "401" => "The operator's token is needed.",
+                "401" => {
+                    "A token is needed: the operator's for decisions; beyond loopback, the callers' (or the \
+                     operator's) for everything else."
+                }
                 "403" => {
                     "Refused as a browser's cross-site request: another site's Origin, or a Host that is not this \
                      server (or none)."

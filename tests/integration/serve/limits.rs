@@ -111,6 +111,7 @@ async fn behind_a_public_url_a_stranger_s_body_is_refused_before_it_is_read() {
         ("/v1/runs/r/reconcile", "application/json"),
         ("/approvals/k/approve", "application/x-www-form-urlencoded"),
         ("/runs/r/reconcile", "application/x-www-form-urlencoded"),
+        // MCP's own token check refused this before the guard did; kept so the two agree.
         ("/mcp", "application/json"),
         ("/login", "application/x-www-form-urlencoded"),
     ] {

@@ -234,23 +234,27 @@ async fn mcp_an_irreversible_call_awaits_approval_with_its_params_and_where_to_a
     let provider = Provider::start().await.expect("provider");
     let setup = setup(&provider);
     let server = setup.serve();
-    let seen = script(http(&server.url("/mcp"), "approval", "o-1", "legacy")).await;
+    // The order id holds a direction override: the text the agent relays to a person writes it as
+    // its escape, as the console and the CLI do; the structured params (for programs) are exact.
+    let order = "o-\u{202E}1";
+    let seen = script(http(&server.url("/mcp"), "approval", order, "legacy")).await;
     assert_eq!(seen["is_error"], false, "nothing failed: {seen}");
     assert_eq!(seen["status"], "awaiting-approval", "{seen}");
     let key = seen["meta"]["oncebox/operation-key"].as_str().expect("key");
     let structured = &seen["structured"];
-    assert_eq!(structured["approval"]["params"]["order_id"], "o-1", "{seen}");
+    assert_eq!(structured["approval"]["params"]["order_id"], order, "{seen}");
     let fingerprint = structured["fingerprint"].as_str().expect("fingerprint");
     let text = texts(&seen);
     assert!(text.contains(&format!("{}/approvals/{key}", server.base_url)), "{text}");
     assert!(text.contains(&format!("POST {}/v1/approvals/{key}/approve", server.base_url)), "{text}");
     assert!(text.contains(fingerprint), "{text}");
-    assert!(text.contains("\"order_id\":\"o-1\""), "the params: {text}");
+    assert!(text.contains("\"order_id\":\"o-\\u202e1\""), "the params: {text}");
+    assert!(!text.contains('\u{202E}'), "a character that hides reached the text: {text}");
     // The model learns where a person approves, never where the ledger lives on this machine.
     let ledger = setup.ledger().display().to_string();
     assert!(!seen.to_string().contains(&ledger), "the ledger's path reached the model: {seen}");
     assert!(!seen.to_string().contains("--ledger"), "{seen}");
-    assert_eq!(provider.counts("o-1").fulfillments, 0, "nothing shipped");
+    assert_eq!(provider.counts(order).fulfillments, 0, "nothing shipped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

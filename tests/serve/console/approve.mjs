@@ -76,6 +76,21 @@ try {
   const key = await page.getAttribute('section.approval', 'data-key');
   const paramsText = await page.textContent('section.approval pre.params');
   const params = JSON.parse(paramsText);
+  // Where the browser draws two groups of digits of the params: in stored order, left to right,
+  // even beside right-to-left letters (which would otherwise reorder them).
+  const drawn = await page.evaluate(() => {
+    const pre = document.querySelector('section.approval pre.params');
+    const text = pre.firstChild;
+    const left = (needle) => {
+      const at = text.textContent.indexOf(needle);
+      if (at < 0) return null;
+      const range = document.createRange();
+      range.setStart(text, at);
+      range.setEnd(text, at + needle.length);
+      return range.getBoundingClientRect().left;
+    };
+    return { first: left('1234'), second: left('5678') };
+  });
   const fingerprint = (await page.textContent('[data-testid=fingerprint]')).trim();
   const consequence = (await page.textContent('[data-testid=consequence]')).trim();
   const shownFingerprint = await page.inputValue('form.decide input[name=fingerprint]');
@@ -109,6 +124,7 @@ try {
       signed_in: signedIn,
       key,
       params,
+      digits_drawn_in_stored_order: drawn.first !== null && drawn.second !== null && drawn.first < drawn.second,
       fingerprint,
       form_fingerprint: shownFingerprint,
       consequence,

@@ -114,8 +114,10 @@ class _Base:
 class Client(_Base):
     """A client of ``oncebox serve``'s HTTP API.
 
-    ``token`` is the operator's token: needed to approve, reject, settle and compensate (and for
-    everything beyond loopback). Never give it to the model.
+    ``token`` is a bearer token. The operator's is needed to approve, reject, settle and compensate;
+    beyond loopback every request needs one, and an agent's client should hold the callers' token
+    (``oncebox serve --caller-token-file``), which calls, reads and reconciles and decides nothing.
+    Never give the operator's token to the model.
     """
 
     def __init__(

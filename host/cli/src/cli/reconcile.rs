@@ -111,7 +111,7 @@ async fn watch(args: call::Args) -> anyhow::Result<Exit> {
         // Written, not `println!`ed: a closed stdout (the reader went away) is no reason to stop
         // settling what can be, nor to panic.
         if let Ok(line) = serde_json::to_string(tried) {
-            let _ = writeln!(std::io::stdout().lock(), "{line}");
+            let _ = writeln!(std::io::stdout().lock(), "{}", oncebox::shown::reveal(&line));
         }
     });
     reconciler.run(super::stop_signal()).await;

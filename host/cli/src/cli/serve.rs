@@ -113,14 +113,8 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         .await
         .map_err(|e| Usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr().context("the listening address")?;
-    if !addr.ip().is_loopback() && args.public_url.as_ref().is_none_or(|url| url.scheme() != "https") {
-        // Every request beyond loopback carries the operator's token or the console's session:
-        // over plain HTTP, both cross the network as they are.
-        tracing::warn!(
-            listen = %addr,
-            "oncebox serve speaks plain HTTP beyond loopback: the operator's token and the console's session cross \
-             the network in the clear; put a TLS proxy in front and start with --public-url https://NAME"
-        );
+    if let Some(why) = plain_http(addr, args.public_url.as_ref()) {
+        tracing::warn!(listen = %addr, "oncebox serve: {why}");
     }
     let app = App::for_http(host, token, caller, addr, args.public_url.as_ref(), loaded, args.max_calls);
     let base_url = app.base_url().to_string();
@@ -159,6 +153,26 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
         eprintln!("oncebox serve: connections still open after {:?}; closing them", args.grace);
     }
     Ok(finish(&app, args.grace.saturating_sub(started.elapsed())).await)
+}
+
+/// Where the token and the console's sign-in (both sent with every request that needs them) would
+/// cross a network in the clear, if they would.
+fn plain_http(addr: SocketAddr, public: Option<&url::Url>) -> Option<&'static str> {
+    match public {
+        Some(url) if url.scheme() != "https" => Some(
+            "the public URL is plain HTTP: the token and the console's sign-in cross the network in the clear; \
+             give --public-url https://NAME behind a TLS proxy",
+        ),
+        _ if addr.ip().is_loopback() => None,
+        None => Some(
+            "listening beyond loopback in plain HTTP: the token and the console's sign-in cross the network in the \
+             clear; put a TLS proxy in front and start with --public-url https://NAME",
+        ),
+        Some(_) => Some(
+            "listening beyond loopback in plain HTTP: the hop from the TLS proxy to this listener carries the token \
+             in the clear; keep it on a network you trust, or listen on loopback beside the proxy",
+        ),
+    }
 }
 
 /// A token from `file`, else from the variable `var`: at least 16 characters; `None` if neither.
@@ -265,4 +279,20 @@ fn relay(app: &Arc<App>, topics: usize, off: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     oncebox_serve::relay(app).map_err(|e| Usage(format!("the outbox relay: {e}")).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_is_said_wherever_the_token_would_cross_a_network_in_the_clear() {
+        let url = |u: &str| url::Url::parse(u).expect("url");
+        let (loopback, anywhere) = ("127.0.0.1:7420".parse().expect("addr"), "0.0.0.0:7420".parse().expect("addr"));
+        assert_eq!(plain_http(loopback, None), None);
+        assert_eq!(plain_http(loopback, Some(&url("https://ops.example"))), None);
+        assert!(plain_http(loopback, Some(&url("http://ops.example"))).is_some_and(|w| w.contains("public URL")));
+        assert!(plain_http(anywhere, None).is_some_and(|w| w.contains("TLS proxy in front")));
+        assert!(plain_http(anywhere, Some(&url("https://ops.example"))).is_some_and(|w| w.contains("hop")));
+    }
 }

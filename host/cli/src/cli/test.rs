@@ -64,7 +64,7 @@ pub async fn run(args: Args) -> anyhow::Result<Exit> {
 
     if !args.explore {
         let run = harness.run(&args.args, None).await.map_err(unwrapped)?;
-        println!("{}", serde_json::to_string(&run.outcome)?);
+        crate::cli::print_json(&run.outcome)?;
         for dispatch in &run.dispatches {
             println!(
                 "sent `{}`#{} {} {} -> {}{}",

@@ -78,7 +78,9 @@ pub fn micros(us: u64) -> String {
 
 /// JSON, pretty, in a `<pre>`; `class` names what it is for (and what a test reads). A character
 /// that would hide from the reader (a bidi override, a zero-width one: `shown`) is written as its
-/// JSON escape, and a line above says so: an approver reads the value the fingerprint binds.
+/// JSON escape, and a line above says so; and the block is laid out left to right in stored order
+/// (the style's `bidi-override`), so that right-to-left letters cannot reorder the digits beside
+/// them: an approver reads the value the fingerprint binds.
 pub fn json_pre(class: &str, value: &serde_json::Value) -> String {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
     let shown = oncebox_runtime::shown::reveal(&text);
@@ -210,6 +212,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1rem;margin:.4r
 .badge{display:inline-block;padding:0 .45rem;border-radius:9px;font-size:.8rem;font-weight:600;background:#e6e9ef}
 .badge.good{background:#d8f0de;color:#185c2a}.badge.warn{background:#fdebc8;color:#7a4b00}.badge.bad{background:#f8d7d7;color:#8a1c1c}
 .consequence{border-left:4px solid #c0392b;background:#fdf0ef;padding:.5rem .8rem}
+pre.json{unicode-bidi:bidi-override;direction:ltr}
 .hidden-characters{border-left:4px solid #b07a00;background:#fdebc8;padding:.5rem .8rem}
 .flash{background:#e4efff;border:1px solid #b7cdf5;padding:.6rem .9rem;border-radius:6px}
 .error{background:#fdf0ef;border:1px solid #f0b6b0;padding:.6rem .9rem;border-radius:6px}

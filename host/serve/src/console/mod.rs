@@ -242,23 +242,15 @@ async fn login(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri) -> Res
         .find(|(k, _)| k == "next")
         .map_or_else(|| "/".to_string(), |(_, v)| v.into_owned());
     let next = local_path(&next);
-    let (status, why) = match app.auth.sign_in(&headers) {
+    let why = match app.auth.sign_in(&headers) {
         Ok(()) => return with_flash(next, Flash::SignedIn),
-        Err(SignInRefused::Asked) => (StatusCode::UNAUTHORIZED, None),
-        Err(SignInRefused::Wrong) => (StatusCode::UNAUTHORIZED, Some("That is not the operator's token.".to_string())),
-        Err(SignInRefused::Closed(wait)) => (
-            StatusCode::TOO_MANY_REQUESTS,
-            Some(format!(
-                "Too many wrong tokens were given here in the last minute: sign-in takes none for {} s.",
-                wait.as_secs().max(1)
-            )),
-        ),
+        Err(SignInRefused::Asked) => None,
+        Err(SignInRefused::Wrong) => Some("That is not the operator's token."),
     };
-    let body = login_body(next, why.as_deref());
+    let body = login_body(next, why);
+    let status = StatusCode::UNAUTHORIZED;
     let mut response = Page { status, html: html::page("Sign in", &Viewer::default(), None, &body) }.into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
-    }
+    response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
     response
 }
 
