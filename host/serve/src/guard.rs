@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,15 @@ use super::app::App;
 use super::error::ApiError;
 
 pub async fn same_site(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let mut response = match refusal(&app, request.method(), request.uri().path(), request.headers()) {
+    let path = request.uri().path();
+    let mut response = match refusal(&app, request.method(), path, request.headers()) {
+        // A console form sent with Basic credentials gone stale (a new token) is asked for them
+        // again, as the sign-in page asks, rather than left at a refusal.
+        Some(error @ ApiError::Unauthorized(_)) if !path.starts_with("/v1/") && !path.starts_with("/mcp") => {
+            let mut response = error.into_response();
+            response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(super::console::CHALLENGE));
+            response
+        }
         Some(error) => error.into_response(),
         None => next.run(request).await,
     };

@@ -231,7 +231,7 @@ trait HasCsrf {
 }
 
 /// The browser's challenge: its own sign-in dialog, for this server's origin only.
-const CHALLENGE: &str = "Basic realm=\"oncebox console\", charset=\"UTF-8\"";
+pub(crate) const CHALLENGE: &str = "Basic realm=\"oncebox console\", charset=\"UTF-8\"";
 
 /// The sign-in page: with the browser's Basic credentials holding the token, back to `next`;
 /// without them, 401 and the challenge, so the browser asks for them (the page below shows if
