@@ -34,6 +34,34 @@ async fn schema_invalid_args_name_every_problem_and_record_nothing() {
     assert!(ok.is_completed(), "{ok:?}");
 }
 
+/// A model may well send a card number as a number: the refusal names where and why, and quotes
+/// no sensitive value, neither at its own path nor inside the object an error at the root quotes.
+#[tokio::test]
+async fn a_refusal_of_a_sensitive_arg_quotes_no_value() {
+    let f = Fixture::new().await;
+    for args in [
+        r#"{"order_id": "o-1", "amount_cents": 100, "currency": "eur", "payment_method": 4242424242424242}"#,
+        r#"{"order_id": "o-1", "amount_cents": "x", "currency": "eur", "payment_method": "pm_card_4242424242424242", "extra": 1}"#,
+    ] {
+        let err = f.host.call(Call::step("run-1", "s", "charge", args)).await.expect_err("refused");
+        let message = err.to_string();
+        assert!(message.contains("does not match the input schema"), "{message}");
+        assert!(!message.contains("4242424242424242"), "a sensitive value in the refusal: {message}");
+    }
+    let err = f
+        .host
+        .call(Call::step(
+            "run-1",
+            "s",
+            "charge",
+            r#"{"order_id": "o-1", "amount_cents": 100, "currency": "eur", "payment_method": 4242424242424242}"#,
+        ))
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("/payment_method [redacted] is not of type"), "{err}");
+    assert!(f.host.ledger().operations(None).await.expect("list").is_empty());
+}
+
 #[tokio::test]
 async fn a_write_tool_needs_a_run_and_a_step() {
     let f = Fixture::new().await;

@@ -43,12 +43,20 @@ pub(super) fn validate(tool: &LoadedTool, args: &str) -> Result<Value, CallError
     if tool.schema.is_valid(&value) {
         return Ok(value);
     }
+    // A refusal quotes the value it refuses ("12345678901234 is not of type string"): where the
+    // tool has sensitive args (a card number sent as a number, say), no value is quoted at all,
+    // since an error at an enclosing object quotes the whole of it, and what is left is scrubbed
+    // of the sensitive values all the same. The path still says where.
+    let sensitive = &tool.manifest.sensitive;
+    let secrets = crate::redact::sensitive_values(&value, sensitive);
     let problems: Vec<String> = tool
         .schema
         .iter_errors(&value)
         .map(|e| {
             let at = e.instance_path().to_string();
-            format!("{} {e}", if at.is_empty() { "(root)".to_string() } else { at })
+            let at = if at.is_empty() { "(root)".to_string() } else { at };
+            let problem = if sensitive.is_empty() { e.to_string() } else { e.masked_with(crate::REDACTED).to_string() };
+            crate::redact::scrub(&format!("{at} {problem}"), &secrets)
         })
         .collect();
     if !problems.is_empty() {
