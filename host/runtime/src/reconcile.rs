@@ -216,25 +216,25 @@ pub async fn settle(
     if by.trim().is_empty() {
         return Err(CallError::InvalidResolution { reason: "say who settles it (--by NAME)".into() });
     }
-    // What the person copied (a downstream's dashboard echoes the address too) is masked like any
-    // answer, by the values the operation sealed.
-    let masked;
-    let resolution = match (resolution, ledger.operation(operation_key).await?) {
-        (Resolution::Committed { output }, Some(op)) => {
-            match crate::redact::mask_text(output, &recorded_secrets(keying, &op)) {
-                Some(output) => {
-                    masked = Resolution::Committed { output };
-                    &masked
-                }
-                None => resolution,
-            }
+    let Some(op) = ledger.operation(operation_key).await? else {
+        return Err(CallError::InvalidResolution { reason: format!("no operation with key {operation_key}") });
+    };
+    // What the person copied or typed (a downstream's dashboard echoes the address too, a note
+    // may quote the card) is masked like any answer, by the values the operation sealed.
+    let secrets = recorded_secrets(keying, &op);
+    let masked = |text: &str| crate::redact::mask_text(text, &secrets).unwrap_or_else(|| text.to_string());
+    let masked_output;
+    let resolution = match resolution {
+        Resolution::Committed { output } => {
+            masked_output = Resolution::Committed { output: masked(output) };
+            &masked_output
         }
         _ => resolution,
     };
     let settlement = Settlement {
         verdict: resolution.verdict().into(),
-        by: by.to_string(),
-        note: note.map(str::to_string),
+        by: masked(by),
+        note: note.map(masked),
         at_ms: ledger.now_ms(),
     };
     let resolved = ledger.resolve(operation_key, effect_key, None, resolution, &settlement).await?;

@@ -255,7 +255,12 @@ async fn a_reconcile_or_a_settlement_that_echoes_a_sensitive_value_is_masked() {
         http.post(server.url("/v1/calls")).json(&call).send().await.expect("call").json().await.expect("json");
     assert_eq!(unknown["status"], "unknown", "{unknown}");
     let key = unknown["operation_key"].as_str().expect("key");
-    let settle = json!({"committed": {"id": format!("pay_{CARD}"), "card": CARD}, "by": "ops"});
+    // Who and why are masked too: a note may quote the card.
+    let settle = json!({
+        "committed": {"id": format!("pay_{CARD}"), "card": CARD},
+        "by": "ops",
+        "note": format!("the dashboard shows {CARD} charged"),
+    });
     let settled = http
         .post(server.url(&format!("/v1/operations/{key}/resolve")))
         .bearer_auth(TOKEN)
@@ -268,7 +273,9 @@ async fn a_reconcile_or_a_settlement_that_echoes_a_sensitive_value_is_masked() {
     assert!(settled.contains("pay_[redacted]"), "{settled}");
     assert_sealed("a person's settlement", &settled);
     let view = http.get(server.url(&format!("/v1/operations/{key}"))).send().await.expect("get");
-    assert_sealed("a settled operation", &view.text().await.expect("text"));
+    let view = view.text().await.expect("text");
+    assert_sealed("a settled operation", &view);
+    assert!(view.contains("the dashboard shows [redacted] charged"), "the note, masked: {view}");
 
     assert_sealed("the server's log", &server.log());
     drop(server);
