@@ -129,11 +129,15 @@ pub fn reconciled(reported: Reported, lookup: Lookup, now_ms: u64) -> Proven {
             if now_ms >= settled_ms {
                 Proven::NotTaken
             } else {
+                // `sent_until_ms` is when the last send may have ended at the latest (its deadline
+                // and the client's timeout included), which may be later than now: the reason says
+                // how long is left, which is what a person waiting on it needs.
+                let left = Duration::from_millis(settled_ms.saturating_sub(now_ms));
                 Proven::InDoubt {
                     reason: format!(
-                        "the authority has no record of it yet, but a request whose last send ended {} ago can \
-                         still commit (settle window {})",
-                        humantime::format_duration(Duration::from_millis(now_ms.saturating_sub(sent_until_ms))),
+                        "the authority has no record of it yet, but the request can still commit for another {} \
+                         (the settle window, {}, counts from when its last send may have ended)",
+                        humantime::format_duration(Duration::from_secs(left.as_secs().max(1))),
                         humantime::format_duration(settle_window)
                     ),
                     counts_from_ms: Some(settled_ms),
@@ -318,6 +322,12 @@ mod tests {
         let lookup = Lookup { sent_until_ms: sent, settle_window: Duration::from_secs(60), forgotten_from_ms: None };
         let early = reconciled(Reported::NotCommitted, lookup, sent + 59_999);
         assert!(matches!(early, Proven::InDoubt { counts_from_ms: Some(at), .. } if at == sent + 60_000), "{early:?}");
+        // Asked before the last send could even have ended: the reason says how long is left.
+        let before = reconciled(Reported::NotCommitted, lookup, sent - 10_000);
+        assert!(
+            matches!(&before, Proven::InDoubt { reason, .. } if reason.contains("for another 1m 10s")),
+            "{before:?}"
+        );
         assert_eq!(reconciled(Reported::NotCommitted, lookup, sent + 60_000), Proven::NotTaken);
         assert!(matches!(reconciled(Reported::StillUnknown, lookup, sent + 10_000_000), Proven::InDoubt { .. }));
         assert_eq!(reconciled(Reported::Committed("{}".into()), lookup, sent), Proven::Taken("{}".into()));

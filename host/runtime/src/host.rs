@@ -527,7 +527,7 @@ impl Host {
     /// loaded tool whose input schema has the args the mapping makes. Returns the manifests.
     pub async fn load_dir(&self, dir: impl AsRef<Path>) -> Result<Vec<ToolManifest>, Error> {
         let dir = dir.as_ref();
-        let io = |e: std::io::Error| Error::Load(crate::LoadError::Io { path: dir.to_path_buf(), source: e });
+        let io = |e: std::io::Error| Error::Load(crate::LoadError::Io { path: dir.to_path_buf(), error: e });
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(io)?
             .filter_map(|entry| entry.ok().map(|e| e.path()))

@@ -278,8 +278,15 @@ pub fn init_logging(format: LogFormat) {
 /// printed as its JSON escape: the same value to a JSON reader, and what a person reads at a
 /// terminal is what is stored.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", oncebox::shown::reveal(&serde_json::to_string(value)?));
-    Ok(())
+    use std::io::Write as _;
+    let line = serde_json::to_string(value)?;
+    match writeln!(std::io::stdout().lock(), "{}", oncebox::shown::reveal(&line)) {
+        Ok(()) => Ok(()),
+        // The reader went away (`| head`): nothing more to say to it, and nothing to complain of,
+        // as any filter in a pipe ends.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -29,8 +29,16 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<Exit> {
     if args.step.is_none() && args.tool.is_none() {
         return run_wide(args).await;
     }
+    let (run, step) = (args.run.clone().unwrap_or_default(), args.step.clone().unwrap_or_default());
     let (host, call) = call::open(args).await?;
     let reconciliation = host.reconcile(call).await?;
+    if let Reconciliation::NotUnknown { outcome: None } = reconciliation {
+        // Nothing on record for this step: not an answer to print as if it were one.
+        return Err(super::Usage(format!(
+            "no operation of this tool for run `{run}` step `{step}` in the ledger: nothing to reconcile"
+        ))
+        .into());
+    }
     print_json(&reconciliation)?;
     Ok(match reconciliation {
         Reconciliation::StillUnknown { operation_key, .. } => {

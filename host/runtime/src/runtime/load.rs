@@ -48,8 +48,10 @@ const ALLOWED_IMPORTS: [&str; 10] = [
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// The I/O error is part of the message, not a `source` of it: chained (`{:#}`), it would be
+    /// said twice.
+    #[error("cannot read {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path} is not a WebAssembly component: {reason}")]
     NotAComponent { path: PathBuf, reason: String },
     #[error(
@@ -137,7 +139,7 @@ impl Runtime {
     /// server's first scan compile ahead of loading this way.
     pub async fn compile(&self, path: &Path) -> Result<Compiled, LoadError> {
         let path = path.to_path_buf();
-        let io = |source| LoadError::Io { path: path.clone(), source };
+        let io = |error| LoadError::Io { path: path.clone(), error };
         let size = std::fs::metadata(&path).map_err(io)?.len();
         if size > MAX_COMPONENT_BYTES {
             return Err(LoadError::NotAComponent {
