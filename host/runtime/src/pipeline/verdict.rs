@@ -68,7 +68,7 @@ impl Verdict {
                 error: ErrorRecord {
                     class: "failed-after-effect".into(),
                     message: format!(
-                        "{}; but effect(s) {} took place, and nothing undoes them: reconcile the operation or \
+                        "{}; but effect(s) {} took place, and the failure undid none of them: reconcile the operation or \
                          settle it by hand (oncebox resolve)",
                         error.message,
                         taken.join(", ")
