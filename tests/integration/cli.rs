@@ -65,6 +65,21 @@ async fn call_prints_the_outcome_and_replays_from_the_ledger_file() {
     assert_eq!(shown["operation"]["args"]["payment_method"], oncebox::REDACTED);
     assert_eq!(shown["effects"].as_array().map(Vec::len), Some(1));
     assert_eq!(shown["attempts"][0]["outcome"], "ok");
+
+    // Naming what is not there gets one line that says so, not an answer about something else.
+    let ledger_arg = ledger.to_str().expect("utf8");
+    let (code, _, stderr) = oncebox(&["resolve", "--ledger", ledger_arg, "deadbeef", "--not-committed", "--by", "me"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("no operation with key deadbeef"), "{stderr}");
+    let mut reconcile: Vec<&str> = flags.iter().map(String::as_str).collect();
+    reconcile[0] = "reconcile";
+    reconcile.extend(["--run", "r1", "--step", "nope", oncebox_artifacts::CHARGE, &args]);
+    let (code, printed, stderr) = oncebox(&reconcile);
+    assert_eq!((code, printed), (2, serde_json::Value::Null), "{stderr}");
+    assert!(stderr.contains("no operation of this tool for run `r1` step `nope`"), "{stderr}");
+    let (code, _, stderr) = run(&["--run", "r1", "--step", "s9", "/no/such/tool.wasm", &args]);
+    assert_eq!(code, 2);
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "said once: {stderr}");
 }
 
 #[test]
