@@ -262,3 +262,32 @@ async fn key_target_keeps_what_the_policy_file_says_of_the_host() {
     assert_eq!(code, 0, "{outcome} {stderr}");
     assert_eq!(provider.last_authorization().as_deref(), Some("Bearer sk_test_kept"), "the file's credential was sent");
 }
+
+/// A reader that goes away (`oncebox ledger list | head -c 10`) ends the command quietly: exit 0,
+/// no panic, as any filter in a pipe ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::io::Read;
+    let f = crate::support::Fixture::new().await;
+    // More lines than a pipe holds (64 KiB), so the command is still writing when the reader goes.
+    for i in 0..400 {
+        let done = f.call("pipe", &format!("s{i}"), "panicky", &serde_json::json!({"mode": "ok"})).await;
+        assert!(done.is_completed(), "{done:?}");
+    }
+    let ledger = f.dir.path().join("ledger.redb");
+    let crate::support::Fixture { dir, host, .. } = f;
+    drop(host);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["ledger", "list", "--ledger", ledger.to_str().expect("utf8")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("oncebox ledger list");
+    let mut first = [0u8; 10];
+    child.stdout.take().expect("stdout").read_exact(&mut first).expect("ten bytes");
+    let output = child.wait_with_output().expect("ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    drop(dir);
+}
