@@ -341,13 +341,11 @@ async fn from_the_cli_a_param_that_would_hide_is_printed_as_its_escape() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("l.redb");
     let ledger_arg = ledger.to_str().expect("utf8");
-    let base = provider.base_url();
-    let (config, grant) = (format!("base_url={base}"), format!("http={base}"));
     let order = "o-\u{202E}4321";
     let args = fulfill(order).to_string();
-    let ship = ["call", "--ledger", ledger_arg, "--config", &config, "--grant", &grant, "--run", "r", "--step", "ship"];
-    let mut ship = ship.to_vec();
-    ship.extend([oncebox_artifacts::FULFILL, args.as_str()]);
+    let flags = crate::support::call_flags(&ledger, &provider);
+    let mut ship: Vec<&str> = flags.iter().map(String::as_str).collect();
+    ship.extend(["--run", "r", "--step", "ship", oncebox_artifacts::FULFILL, args.as_str()]);
     let (code, awaiting, stderr) = oncebox(&ship);
     assert_eq!((code, awaiting["status"].as_str()), (1, Some("awaiting-approval")), "{awaiting} {stderr}");
     let key = awaiting["operation_key"].as_str().expect("key");

@@ -7,13 +7,9 @@ use crate::support::{charge, oncebox, oncebox_with};
 
 /// `oncebox call` on `ledger` with `charge` configured for, granted, and keyed at `provider`.
 fn charge_flags(ledger: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) -> Vec<String> {
-    let ledger = ledger.to_str().expect("utf8");
-    let (base, addr) = (provider.base_url(), provider.addr().to_string());
-    ["call", "--ledger", ledger, "--config", &format!("base_url={base}"), "--grant", &format!("http={base}")]
-        .into_iter()
-        .map(String::from)
-        .chain(["--key-target".to_string(), addr])
-        .collect()
+    let mut flags = crate::support::call_flags(ledger, provider);
+    flags.extend(["--key-target".to_string(), provider.addr().to_string()]);
+    flags
 }
 
 // Multi-threaded: the provider must keep serving while this thread blocks on the child process.

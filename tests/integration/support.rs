@@ -125,6 +125,16 @@ pub async fn closed_origin() -> String {
 }
 
 /// Runs the `oncebox` binary: (exit code, the first line of stdout as JSON, stderr).
+/// `oncebox call` on `ledger` with an example tool's config and grant for `provider`: the flags
+/// before the run, the step, the component and the args.
+pub fn call_flags(ledger: &std::path::Path, provider: &ProviderHandle) -> Vec<String> {
+    let (ledger, base) = (ledger.to_str().expect("utf8"), provider.base_url());
+    ["call", "--ledger", ledger, "--config", &format!("base_url={base}"), "--grant", &format!("http={base}")]
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
 pub fn oncebox(args: &[&str]) -> (i32, serde_json::Value, String) {
     // The suite's own compile cache, so the tests neither compile every component in every process
     // nor write to the home directory.

@@ -18,9 +18,8 @@
 //! receive a session and could decide with it; a browser keeps Basic credentials per origin,
 //! port included. Each of the console's forms carries a CSRF token derived from the token.
 
-use axum::http::HeaderMap;
-use axum::http::HeaderName;
 use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, HeaderName};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -159,7 +158,10 @@ impl Auth {
     /// A request may read the console's pages: always on loopback, signed in (or with the token)
     /// elsewhere or through a proxy. The API and MCP take the bearer token only.
     pub fn may_read_console(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        self.known(headers)
+        match self.stranger(headers) {
+            Some(why) => self.console_operator(headers).map_err(|_| ApiError::Unauthorized(why)),
+            None => Ok(()),
+        }
     }
 
     /// A request may hand the server a body: on loopback, anyone; elsewhere, or through a proxy,
@@ -167,15 +169,7 @@ impl Auth {
     /// refused before a byte of it is read (`guard`), so that strangers cannot make the server
     /// hold bodies of `--max-body` each for the body timeout.
     pub fn may_send_body(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.is_caller(headers) { Ok(()) } else { self.known(headers) }
-    }
-
-    /// Anyone on loopback; elsewhere, or through a proxy, the token or the console's sign-in.
-    fn known(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        match self.stranger(headers) {
-            Some(why) => self.console_operator(headers).map_err(|_| ApiError::Unauthorized(why)),
-            None => Ok(()),
-        }
+        if self.is_caller(headers) { Ok(()) } else { self.may_read_console(headers) }
     }
 
     /// Why a request counts as a stranger's until it shows the token, if it does: the server is
