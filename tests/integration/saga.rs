@@ -521,6 +521,20 @@ async fn an_operator_sees_the_exact_params_with_reveal_approves_them_and_the_shi
     let (_, ledger_show, _) = crate::support::oncebox(&["ledger", "list", "--ledger", ledger_arg]);
     assert!(ledger_show.is_null(), "no operation exists before the approval: {ledger_show}");
 
+    // Without the key that opens the address, approving is refused: the person could not have
+    // read what they approve.
+    let key_file = oncebox::secret::beside(&ledger);
+    let away = dir.path().join("away.key");
+    std::fs::rename(&key_file, &away).expect("move the key file away");
+    let fingerprint = awaiting["fingerprint"].as_str().expect("fingerprint");
+    let component = awaiting["approval"]["component"].as_str().expect("component");
+    let approve = ["approve", "--ledger", ledger_arg, key, "--fingerprint", fingerprint, "--component", component];
+    let (code, _, stderr) = crate::support::oncebox(&[&approve[..], &["--by", "ops"]].concat());
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot be unsealed here") && !stderr.contains("1 Main St"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    std::fs::rename(&away, &key_file).expect("the key file back");
+
     crate::support::approve_cli(&ledger, &awaiting);
     let (code, shipped, stderr) = crate::support::oncebox(&ship);
     assert_eq!((code, shipped["status"].as_str()), (0, Some("completed")), "{shipped} {stderr}");

@@ -234,24 +234,33 @@ pub enum Decision {
 /// Records a person's decision on the request for approval of `operation_key`. `fingerprint`
 /// must be the request's: a decision is about the exact params the person saw. Refused once the
 /// operation ran (an approval never authorises another dispatch) and after a rejection (final).
+/// `keying` opens the request's sealed sensitive values (see [`decide_on`]).
 /// See [`decide_on`] to bind the decision to the component the person saw as well.
 pub async fn decide(
     ledger: &Ledger,
+    keying: Option<&crate::keys::FingerprintKey>,
     operation_key: &str,
     fingerprint: &str,
     decision: Decision,
     by: &str,
     note: Option<&str>,
 ) -> Result<ApprovalRecord, CallError> {
-    decide_on(ledger, operation_key, fingerprint, None, decision, by, note).await
+    decide_on(ledger, keying, operation_key, fingerprint, None, decision, by, note).await
 }
 
 /// Like [`decide`]; with `component`, the digest of the component the person saw the request
 /// name, refused if the request now names another (the tool was replaced and the request renewed
 /// since they looked). Whatever is given here, an approval lets only the component the request
 /// names run: a call of other code supersedes it (see the module's docs).
+///
+/// `keying` is the key of whoever decides (the host's, or the CLI's key file): an approval of a
+/// request whose sensitive values it cannot unseal is refused, since the person could read only
+/// `[redacted]` where the values go, and a call fingerprinted under that key would not match the
+/// request anyway. A rejection needs no key.
+#[allow(clippy::too_many_arguments)]
 pub async fn decide_on(
     ledger: &Ledger,
+    keying: Option<&crate::keys::FingerprintKey>,
     operation_key: &str,
     fingerprint: &str,
     component: Option<&str>,
@@ -318,6 +327,16 @@ pub async fn decide_on(
                      and approve that"
                         .into(),
                 ));
+            }
+            if record.sealed.is_some() {
+                let opened = keying.map_or_else(|| Err("no key to open them".to_string()), |key| reveal(&record, key));
+                if let Err(why) = opened {
+                    return Err(refuse(format!(
+                        "its sensitive values cannot be unsealed here ({why}), so what it would send cannot be \
+                         read, and a call of the step fingerprinted under this key would not match it: reject it, \
+                         and call with a new step id"
+                    )));
+                }
             }
             record.expires_ms = expires_ms;
             ApprovalState::Approved

@@ -496,7 +496,16 @@ impl Host {
         by: &str,
         note: Option<&str>,
     ) -> Result<crate::ledger::ApprovalRecord, CallError> {
-        crate::approvals::decide(self.ledger(), operation_key, fingerprint, decision, by, note).await
+        crate::approvals::decide(
+            self.ledger(),
+            Some(&self.inner.stage.shared.keying),
+            operation_key,
+            fingerprint,
+            decision,
+            by,
+            note,
+        )
+        .await
     }
 
     /// Like [`Host::decide`], bound to the component the person saw the request name as well
@@ -510,7 +519,17 @@ impl Host {
         by: &str,
         note: Option<&str>,
     ) -> Result<crate::ledger::ApprovalRecord, CallError> {
-        crate::approvals::decide_on(self.ledger(), operation_key, fingerprint, component, decision, by, note).await
+        crate::approvals::decide_on(
+            self.ledger(),
+            Some(&self.inner.stage.shared.keying),
+            operation_key,
+            fingerprint,
+            component,
+            decision,
+            by,
+            note,
+        )
+        .await
     }
 
     /// A request for approval with its sealed sensitive values opened (for the approver).

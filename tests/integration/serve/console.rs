@@ -610,3 +610,77 @@ async fn an_expired_approval_shows_as_expired_and_can_be_approved_again() {
     assert_eq!(shipped["status"], "completed", "{shipped}");
     assert_eq!(provider.counts(order).fulfillments, 1);
 }
+
+/// Where the sensitive values of a request cannot be unsealed (its ledger's key file was lost, or
+/// the ledger was restored without it), the operator's card says why, shows them masked, and
+/// offers Reject alone: a person may refuse what they cannot read, never approve it. The
+/// rejection decides, and nothing is charged.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_whose_sensitive_values_cannot_be_unsealed_can_be_rejected_and_never_approved() {
+    let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+    let setup = setup(&provider);
+    let policy = std::fs::read_to_string(setup.policy()).expect("policy");
+    let policy = policy.replace("[tools.charge]\n", "[tools.charge]\nrequires_approval = true\n");
+    std::fs::write(setup.policy(), policy).expect("policy");
+    let mut server = setup.serve();
+    let order = "o-unreadable";
+    let card = "pm_card_4000056655665556";
+    let args = json!({"order_id": order, "amount_cents": 1200, "currency": "eur", "payment_method": card});
+    let waiting = call(&server, "charge", "charge", &args).await;
+    assert_eq!(waiting["status"], "awaiting-approval", "{waiting}");
+    let key = waiting["operation_key"].as_str().expect("operation_key").to_string();
+    let fingerprint = waiting["fingerprint"].as_str().expect("fingerprint").to_string();
+    let component = waiting["approval"]["component"].as_str().expect("component").to_string();
+
+    // The key file is lost; the server starts with a new one.
+    server.kill();
+    let key_file = setup.dir.path().join("hosts.key");
+    std::fs::remove_file(&key_file).expect("remove the key file");
+    let server = setup.serve();
+
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let signed = sign_in(&http, &server).await;
+    let page = format!("/approvals/{key}");
+    let html = page_as(&http, &server, &signed, &page).await;
+    assert!(!html.contains(card), "the card in the clear:\n{html}");
+    assert!(html.contains("[redacted]") && html.contains("could not be unsealed"), "masked, and why:\n{html}");
+    assert!(html.contains("data-testid=\"no-approve\""), "says why there is no Approve:\n{html}");
+    assert!(!html.contains("class=\"approve\""), "an Approve button beside params the approver cannot read:\n{html}");
+    assert!(html.contains(&format!("action=\"/approvals/{key}/reject\"")), "the form rejects by default:\n{html}");
+    assert!(html.contains(&format!("formaction=\"/approvals/{}/reject\"", key)), "a Reject button:\n{html}");
+
+    let csrf = csrf_of(&http, &server, &signed, &page).await;
+    let body = form(&[
+        ("fingerprint", &fingerprint),
+        ("component", &component),
+        ("by", "ops"),
+        ("note", "cannot read it"),
+        ("csrf", &csrf),
+    ]);
+    // Approving it unread is refused wherever it comes from: the API here, the console's form
+    // (the same decision), the CLI.
+    let approved = client()
+        .post(server.url(&format!("/v1/approvals/{key}/approve")))
+        .bearer_auth(TOKEN)
+        .json(&json!({"fingerprint": fingerprint, "component": component, "by": "ops"}))
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(approved.status(), 409);
+    let refusal = approved.text().await.expect("body");
+    assert!(refusal.contains("cannot be unsealed here") && !refusal.contains(card), "{refusal}");
+    assert_eq!(approval_state(&server, &key).await, "pending");
+
+    let response = http
+        .post(server.url(&format!("/approvals/{key}/reject")))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(AUTHORIZATION, &signed)
+        .header(ORIGIN, server.base_url.as_str())
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 303);
+    assert_eq!(approval_state(&server, &key).await, "rejected");
+    assert_eq!(provider.counts(order).payments, 0, "nothing charged");
+}

@@ -75,8 +75,20 @@ pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit>
         .into());
     }
     let component = args.component.as_deref();
-    let record =
-        decide_on(&ledger, &args.key, &args.fingerprint, component, decision, &args.by, args.note.as_deref()).await?;
+    // To approve sealed params is to have read them: with the key that opens them, as `approvals
+    // show --reveal` does (the approval is refused without it; a rejection needs none).
+    let keying = if approve { ledger_key(&args.ledger).ok() } else { None };
+    let record = decide_on(
+        &ledger,
+        keying.as_ref(),
+        &args.key,
+        &args.fingerprint,
+        component,
+        decision,
+        &args.by,
+        args.note.as_deref(),
+    )
+    .await?;
     print_json(&view(&record, &ledger))?;
     Ok(Exit::Ok)
 }
@@ -101,10 +113,7 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
                 ledger.approval(&key).await?.ok_or_else(|| Usage(format!("no request for approval of {key}")))?;
             let mut shown = view(&record, &ledger);
             if open_sealed {
-                let key_file = super::key_file_of(&path)?;
-                let text = std::fs::read_to_string(&key_file)
-                    .map_err(|e| Usage(format!("--reveal needs the ledger's key file {}: {e}", key_file.display())))?;
-                let key = FingerprintKey::parse(&text).map_err(|e| Usage(format!("{}: {e}", key_file.display())))?;
+                let key = ledger_key(&path).map_err(|e| Usage(format!("--reveal needs {e}")))?;
                 shown["params"] = reveal(&record, &key).map_err(|e| Usage(format!("cannot reveal: {e}")))?;
                 shown["revealed"] = true.into();
             }
@@ -112,6 +121,14 @@ pub async fn run(command: Command) -> anyhow::Result<Exit> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// The key of the ledger at `path`, read (never created): the ledger's key file, or why not.
+fn ledger_key(path: &oncebox::LedgerAt) -> Result<FingerprintKey, String> {
+    let key_file = super::key_file_of(path).map_err(|e| format!("the ledger's key file ({e})"))?;
+    let text =
+        std::fs::read_to_string(&key_file).map_err(|e| format!("the ledger's key file {}: {e}", key_file.display()))?;
+    FingerprintKey::parse(&text).map_err(|e| format!("the ledger's key file {}: {e}", key_file.display()))
 }
 
 fn view(record: &ApprovalRecord, ledger: &Ledger) -> serde_json::Value {
