@@ -243,7 +243,7 @@ async fn a_gateway_502_after_the_commit_is_unknown_and_never_sent_again_until_a_
     // Settling again is refused: it is no longer in doubt.
     let (code, _, stderr) = oncebox(&["resolve", "--ledger", ledger_arg, key, "--not-committed", "--by", "bob"]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("no longer in doubt"), "{stderr}");
+    assert!(stderr.contains("no longer in doubt") && stderr.contains("(it is completed now)"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

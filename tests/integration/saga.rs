@@ -212,8 +212,12 @@ async fn compensation_refuses_while_a_step_is_unknown_or_awaits_approval_and_kee
     assert_eq!(lost.status, Status::Unknown);
     let blocked = f.host.compensate("r").await.expect("compensate");
     assert_eq!(blocked.state, SagaState::Blocked, "the refund waits for the shipment's truth");
+    let reason = blocked.steps.iter().find(|s| s.tool == "fulfill").and_then(|s| s.reason.clone());
+    let reason = reason.expect("the shipment's reason");
+    // The command it prints runs as printed, once a person fills in what they know.
     assert!(
-        blocked.steps.iter().any(|s| s.tool == "fulfill" && s.reason.as_deref().is_some_and(|r| r.contains("unknown")))
+        reason.contains("unknown") && reason.contains("(--committed 'OUTPUT JSON' | --not-committed) --by NAME"),
+        "{reason}"
     );
     assert_eq!(f.provider.counts("o-1").refunds, 0);
 

@@ -44,7 +44,7 @@ pub use oncebox_runtime::{
     DEFAULT_LEASE, DEFAULT_SEND_BY, DEFAULT_SETTLE_WINDOW, Decision, EffectProvider, Error, Grant, Grants, Host,
     HostBuilder, HttpTarget, Limits, LoadError, MAX_COMPONENT_BYTES, Outcome, ProviderOutcome, REDACTED, Reconciler,
     Reconciliation, Relay, ReplayClass, RetryPolicy, RunReconciliation, Sandbox, Status, ToolManifest, TraceContext,
-    install_crypto_provider, redact, settle,
+    install_crypto_provider, redact, resolve_command, settle,
 };
 pub use oncebox_runtime::{
     approvals, capabilities, failure, keys, ledger, limits, notice, notify, outbox, policy, policy_file, reconciler,

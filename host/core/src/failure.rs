@@ -105,6 +105,15 @@ pub struct Lookup {
     pub forgotten_from_ms: Option<u64>,
 }
 
+impl Lookup {
+    /// How long after `sent_until_ms` a send that ended at `ended_ms` ended, if it did. A send
+    /// bounded by the client's timeout never does; one whose host was paused or starved while
+    /// sending may have reached the downstream after another host could judge it.
+    pub fn overrun_ms(&self, ended_ms: u64) -> Option<u64> {
+        (ended_ms > self.sent_until_ms).then(|| ended_ms - self.sent_until_ms)
+    }
+}
+
 /// The rule of evidence for reconciliation. An empty lookup proves nothing while the request can
 /// still commit (a downstream still processing it, an index that lags): `not-committed` counts
 /// only once `settle_window` has passed since the effect's last send ended, and only while the
@@ -248,6 +257,14 @@ mod tests {
     fn class_of(end: End) -> (Failure, &'static str) {
         let c = attempt(&end, &[], IdempotentWrite).expect("a failure");
         (c.failure, c.name)
+    }
+
+    #[test]
+    fn a_send_overruns_only_past_the_moment_every_send_counts_as_ended() {
+        let lookup = Lookup { sent_until_ms: 10_000, settle_window: Duration::from_secs(300), forgotten_from_ms: None };
+        assert_eq!(lookup.overrun_ms(9_000), None);
+        assert_eq!(lookup.overrun_ms(10_000), None);
+        assert_eq!(lookup.overrun_ms(26_000), Some(16_000));
     }
 
     #[test]

@@ -27,7 +27,10 @@ pub enum LedgerError {
     Storage(redb::Error),
     #[error("corrupt ledger: {what}")]
     Corrupt { what: String },
-    #[error("operation {operation_key} is no longer in doubt; another caller resolved it")]
+    #[error(
+        "operation {operation_key} is no longer in doubt: nothing was settled (it was settled meanwhile, or it is \
+         being run again, or it ended; look at it again)"
+    )]
     NotInDoubt { operation_key: String },
     #[error(
         "operation {operation_key} was taken over (this writer holds fence {fence}, the ledger {current}); \

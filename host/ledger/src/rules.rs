@@ -142,7 +142,8 @@ pub fn settled(
     let not_in_doubt = || LedgerError::NotInDoubt { operation_key: operation_key.to_string() };
     let mut op = op.ok_or_else(not_in_doubt)?;
     if op.status != OperationStatus::Unknown {
-        return Err(not_in_doubt());
+        let operation_key = format!("{operation_key} (it is {} now)", op.status.as_str());
+        return Err(LedgerError::NotInDoubt { operation_key });
     }
     let in_doubt: Vec<&EffectRecord> = effects.iter().filter(|e| e.status.in_doubt()).collect();
     let any_taken = effects.iter().any(|e| e.status.taken());

@@ -78,7 +78,7 @@ pub use ledger::{Ledger, LedgerAt};
 pub use limits::Limits;
 pub use outbox::Relay;
 pub use policy::{ReplayClass, RetryPolicy};
-pub use reconcile::{Reconciliation, RunReconciliation, settle};
+pub use reconcile::{Reconciliation, RunReconciliation, resolve_command, settle};
 pub use reconciler::Reconciler;
 pub use redact::{REDACTED, redact};
 pub use runtime::{GuestClock, MAX_COMPONENT_BYTES, Origin, ToolManifest};

@@ -85,13 +85,8 @@ pub(crate) async fn reconcile_run(
                 counts_from_ms: None,
             },
         };
-        let settle_by_hand = matches!(answer, Reconciliation::StillUnknown { .. }).then(|| {
-            format!(
-                "oncebox resolve --ledger {} {} (--committed 'OUTPUT JSON' | --not-committed) --by NAME --note WHY",
-                host.shared.ledger.path().display(),
-                op.key
-            )
-        });
+        let settle_by_hand = matches!(answer, Reconciliation::StillUnknown { .. })
+            .then(|| resolve_command(host.shared.ledger.path().display(), &op.key));
         answers.push(RunReconciliation {
             step_id: op.step_id.clone(),
             tool: op.tool.clone(),
@@ -179,6 +174,14 @@ async fn reconcile_recorded(
 /// back after the call, when the caller's args are gone (a reconcile from the record, a person's
 /// settlement). None when it sealed none; none either when the seal does not open (another
 /// ledger's key file), which is logged.
+/// The command that settles operation `key` of the ledger at `ledger` by a person's word, as
+/// every message that sends a person to settle one prints it.
+pub fn resolve_command(ledger: impl std::fmt::Display, key: &str) -> String {
+    format!(
+        "oncebox resolve --ledger {ledger} {key} (--committed 'OUTPUT JSON' | --not-committed) --by NAME --note WHY"
+    )
+}
+
 pub fn recorded_secrets(keying: &crate::keys::FingerprintKey, op: &crate::ledger::OperationRecord) -> Vec<String> {
     let Some(sealed) = &op.sealed else {
         return Vec::new();

@@ -109,9 +109,8 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
                         step_id: open.step_id.clone(),
                         what: format!("`{}` may have taken effect: ask its authority, or settle it by hand", open.tool),
                         command: format!(
-                            "oncebox reconcile --ledger {path} --run {run_id} --tools DIR  |  oncebox resolve --ledger \
-                             {path} {} (--committed 'OUTPUT' | --not-committed) --by NAME",
-                            open.operation_key
+                            "oncebox reconcile --ledger {path} --run {run_id} --tools DIR  |  {}",
+                            crate::reconcile::resolve_command(&path, &open.operation_key)
                         ),
                     });
                     entry.in_doubt.push(step);

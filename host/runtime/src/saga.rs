@@ -337,7 +337,8 @@ pub(crate) async fn compensate(
                 "outstanding",
                 Some(format!(
                     "the compensation's outcome is unknown: reconcile it (oncebox reconcile --ledger {path} --operation \
-                     {key} --tools DIR), or settle it (oncebox resolve --ledger {path} {key})"
+                     {key} --tools DIR), or settle it ({})",
+                    crate::reconcile::resolve_command(&path, &key)
                 )),
             ),
             Status::InProgress => {
@@ -388,7 +389,8 @@ fn blocked_by(open: &Open, closed: &mut HashMap<String, String>, path: &str, run
         Why::Unknown => closed.remove(key).unwrap_or_else(|| {
             format!(
                 "unknown: reconcile it (oncebox reconcile --ledger {path} --run {run_id} --tools DIR) or settle it \
-                 (oncebox resolve --ledger {path} {key})"
+                 ({})",
+                crate::reconcile::resolve_command(path, key)
             )
         }),
         Why::InFlight { owner, lease_until_ms, recorded } => format!(
@@ -454,8 +456,10 @@ fn begun_otherwise(
                 format!(
                     "its compensation began as `{}` (operation {key}) and its outcome is unknown. {once}: reconcile \
                      it with `{}` loaded (oncebox reconcile --ledger {path} --operation {key} --tools DIR) or settle \
-                     it (oncebox resolve --ledger {path} {key}), then compensate again",
-                    other.tool, other.tool
+                     it ({}), then compensate again",
+                    other.tool,
+                    other.tool,
+                    crate::reconcile::resolve_command(path, key)
                 ),
             ),
             _ => (

@@ -148,3 +148,51 @@ async fn sigterm_lets_the_running_call_finish_refuses_new_ones_and_the_next_star
     assert_eq!(replay["replayed"], true);
     assert_eq!(provider.counts("term-1").payments, 1);
 }
+
+/// A server paused while its charge is at the provider (SIGSTOP: a frozen VM, a stopped
+/// container), past the moment from which every send of the charge counts as ended (the send
+/// deadline, 10 s, plus the host's timeout), says so on resuming: an error naming the effect's key,
+/// since a request the kernel writes on resuming may reach a downstream after another host could
+/// judge it, and no check in the process can stop that. A call that was not paused says nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_paused_while_sending_names_the_effect_key_to_check_at_the_downstream() {
+    const SAID: &str = "was paused or starved while it sent an effect";
+    let provider = Provider::start().await.expect("provider");
+    let host = provider.addr();
+    let setup = Setup::with_policy(&provider, &format!("[hosts.\"{host}\"]\ntimeout = \"2s\"\n"));
+    let mut server = setup.serve();
+    let url = server.url("/v1/calls");
+    let (code, quick) = call(&url, &step("p-quick")).await.expect("call");
+    assert_eq!((code, quick["status"].as_str()), (200, Some("completed")), "{quick}");
+    assert!(!server.log().contains(SAID), "a call that was not paused: {}", server.log());
+
+    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 1_000 }).for_order("p-paused"));
+    let paused = tokio::spawn({
+        let url = url.clone();
+        async move { call(&url, &step("p-paused")).await }
+    });
+    eventually("the charge reached the provider", || provider.counts("p-paused").payments == 1).await;
+    let pid = server.pid().to_string();
+    let signal = |name: &str| std::process::Command::new("kill").args([name, &pid]).status().expect("kill");
+    assert!(signal("-STOP").success());
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert!(signal("-CONT").success());
+    let (code, answer) = paused.await.expect("task").expect("the call ends");
+    assert_eq!(code, 200, "{answer}");
+    let key = answer["operation_key"].as_str().expect("operation_key");
+    let effects: Value = client()
+        .get(server.url(&format!("/v1/operations/{key}")))
+        .send()
+        .await
+        .expect("operation")
+        .json()
+        .await
+        .expect("json");
+    let effect_key = effects["effects"][0]["key"].as_str().expect("an effect key");
+    eventually("the server says so", || server.log().contains(SAID)).await;
+    let log = server.log();
+    let line = log.lines().find(|line| line.contains(SAID)).expect("the line");
+    assert!(line.contains(effect_key), "the line names the effect's key {effect_key}: {line}");
+    assert_eq!(provider.counts("p-paused").payments, 1);
+    server.kill();
+}

@@ -44,9 +44,8 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<Exit> {
         Reconciliation::StillUnknown { operation_key, .. } => {
             // What a person needs when no lookup can decide: the command that settles it by hand.
             eprintln!(
-                "still unknown; once you know what happened, settle it by hand: oncebox resolve --ledger {} {operation_key} \
-                 (--committed 'OUTPUT JSON' | --not-committed) --by NAME [--note WHY]",
-                ledger
+                "still unknown; once you know what happened, settle it by hand: {}",
+                oncebox::resolve_command(&ledger, &operation_key)
             );
             Exit::ToolFailed
         }

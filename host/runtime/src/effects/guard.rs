@@ -62,6 +62,27 @@ pub fn late(record: &EffectRecord, now_ms: u64, send_by: std::time::Duration) ->
     })
 }
 
+/// Says loudly when an effect's send ended after the moment from which every send of it counts as
+/// ended (`Shared::lookup`'s `sent_until_ms`, where another host starts counting a lookup's settle
+/// window). The client's timeout ends a send before that moment, so only a host paused or starved
+/// while sending gets there: a frozen VM, or SIGSTOP in the instant after `late` was checked and
+/// before the kernel wrote the request. No check in the process can stop a request the kernel
+/// writes on resuming; by then another host may have taken the step over and judged the effect,
+/// and at a downstream that does not honour keys the request may commit a second time. The
+/// operator gets the key to look for.
+pub fn overran(lookup: &crate::failure::Lookup, effect_key: &str, target: &str, now_ms: u64) {
+    if let Some(over_ms) = lookup.overrun_ms(now_ms) {
+        tracing::error!(
+            %effect_key,
+            %target,
+            over_ms,
+            "this host was paused or starved while it sent an effect: the send ended {over_ms} ms after every send \
+             of it counts as ended, so its request may have reached the downstream after another host could judge \
+             it. If the step was taken over meanwhile, look for a second commit of this key at the downstream"
+        );
+    }
+}
+
 /// How the refusal of a diverged attempt begins (the harness reports it as a violation).
 pub const DIVERGED: &str = "the tool diverged";
 

@@ -308,7 +308,10 @@ impl EffectCtx {
                 for (name, value) in span.headers() {
                     prepared = prepared.header(name, value);
                 }
-                perform(prepared, &target).await
+                let answered = perform(prepared, &target).await;
+                let lookup = self.shared.lookup(&record);
+                super::guard::overran(&lookup, &record.key, &target, self.shared.ledger.now_ms());
+                answered
             }
         };
         let json = self.finish(record, source, was_in_doubt, span, outcome).await?;

@@ -95,7 +95,7 @@ pub(super) async fn admit(
         Claim::Owned { fence, previous_attempts } => {
             return Ok(Admitted::Run(Owned { fence, previous_attempts, claimed_at }));
         }
-        Claim::Recorded(op) => {
+        Claim::Recorded(op) if op.status != OperationStatus::Claimed => {
             attempt_log::replayed(&op.run_id, &op.step_id, &op.tool, &op.key, op.status.as_str());
             Outcome::replay(&op)
         }
@@ -107,7 +107,9 @@ pub(super) async fn admit(
             );
             Outcome::refused(&op, Status::Conflict, "conflict", message)
         }
-        Claim::InProgress(op) => {
+        // Another caller reopened it first (an unknown resent with its keys): it runs there, and
+        // nothing of it is answered from a record yet.
+        Claim::Recorded(op) | Claim::InProgress(op) => {
             let message = format!("operation {} is being run by {}; try again later", op.key, op.owner);
             Outcome::refused(&op, Status::InProgress, "in-progress", message)
         }
