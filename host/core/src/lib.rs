@@ -28,6 +28,7 @@ pub mod failure;
 pub mod keys;
 pub mod limits;
 pub mod notice;
+pub mod pages;
 pub mod policy;
 pub mod policy_file;
 pub mod reconcile_schedule;

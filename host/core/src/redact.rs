@@ -55,16 +55,35 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
 /// any other value that is a secret whole (a card number sent as a number, a sensitive object
 /// echoed back as it was sent) becomes the string `[redacted]`. The result is still JSON of the
 /// same shape, so a reader that parses it keeps working. No secrets, no work.
+///
+/// A string may hold JSON text itself (a downstream's body, kept as the text it sent): it is
+/// masked as JSON when it parses, so that however its writer escaped a value (`\u00df`,
+/// `\u00DF`, `\/`) the value is found; any other string is scrubbed of each secret as it is and in
+/// its JSON-escaped forms (a body quoting the value inside text).
 pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
     struct Walk<'a> {
         secrets: &'a [String],
+        /// The secrets and their JSON-escaped forms, for strings that are not JSON themselves.
+        forms: Vec<String>,
         /// Some secret is a whole object or array: only then is each one compared whole.
         composite: bool,
         changed: bool,
     }
     impl Walk<'_> {
         fn scrubbed(&mut self, text: &str) -> String {
-            let out = scrub(text, self.secrets);
+            let trimmed = text.trim_start();
+            if (trimmed.starts_with('{') || trimmed.starts_with('['))
+                && let Ok(inner) = serde_json::from_str::<Value>(text)
+            {
+                return match mask_value(&inner, self.secrets) {
+                    Some(masked) => {
+                        self.changed = true;
+                        masked.to_string()
+                    }
+                    None => text.to_string(),
+                };
+            }
+            let out = scrub(text, &self.forms);
             self.changed |= out != text;
             out
         }
@@ -92,7 +111,7 @@ pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
         return None;
     }
     let composite = secrets.iter().any(|s| s.starts_with('{') || s.starts_with('['));
-    let mut walk = Walk { secrets, composite, changed: false };
+    let mut walk = Walk { secrets, forms: escaped_forms(secrets), composite, changed: false };
     let masked = walk.walk(value);
     walk.changed.then_some(masked)
 }
@@ -114,30 +133,38 @@ pub fn mask_text(text: &str, secrets: &[String]) -> Option<String> {
 }
 
 /// Each secret as it is, and as JSON text escapes it (quotes and backslashes escaped, as serde
-/// writes it; and every non-ASCII character as `\uXXXX`, as Python's `json.dumps` does), so that
-/// a value quoted inside a non-JSON text (an error that quotes a body) is caught too. Longest first.
+/// writes it; every non-ASCII character as `\uxxxx`, as Python's `json.dumps` does, or as
+/// `\uXXXX`; and `/` as `\/`, as PHP's `json_encode` does), so that a value quoted inside a
+/// non-JSON text (an error that quotes a body) is caught too. Longest first.
 fn escaped_forms(secrets: &[String]) -> Vec<String> {
     let mut forms = Vec::with_capacity(secrets.len());
     for secret in secrets {
-        forms.push(secret.clone());
+        let mut own = vec![secret.clone()];
         let quoted = Value::String(secret.clone()).to_string();
         let inner = &quoted[1..quoted.len() - 1];
         if inner != secret {
-            forms.push(inner.to_string());
+            own.push(inner.to_string());
         }
         if !inner.is_ascii() {
-            let mut ascii = String::with_capacity(inner.len() * 2);
+            let (mut lower, mut upper) =
+                (String::with_capacity(inner.len() * 2), String::with_capacity(inner.len() * 2));
             for c in inner.chars() {
                 if c.is_ascii() {
-                    ascii.push(c);
+                    lower.push(c);
+                    upper.push(c);
                 } else {
                     for unit in c.encode_utf16(&mut [0; 2]) {
-                        ascii.push_str(&format!("\\u{unit:04x}"));
+                        lower.push_str(&format!("\\u{unit:04x}"));
+                        upper.push_str(&format!("\\u{unit:04X}"));
                     }
                 }
             }
-            forms.push(ascii);
+            own.push(lower);
+            own.push(upper);
         }
+        let slashed: Vec<String> = own.iter().filter(|f| f.contains('/')).map(|f| f.replace('/', "\\/")).collect();
+        forms.extend(own);
+        forms.extend(slashed);
     }
     forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     forms.dedup();
@@ -248,6 +275,38 @@ mod tests {
             mask_text(quoted, &address).as_deref(),
             Some(r#"400: {"address":"[redacted]"} or {"address":"[redacted]"}"#)
         );
+    }
+
+    #[test]
+    fn a_body_kept_as_text_is_masked_however_its_writer_escaped_the_value() {
+        let secret = r#"Zürich "Hof" 4\5 / Straße"#;
+        let secrets = sensitive_values(&json!({ "a": secret }), &["/a".into()]);
+        let bodies = [
+            // serde_json, JavaScript's JSON.stringify.
+            r#"{"address":"Zürich \"Hof\" 4\\5 / Straße","id":"s_1"}"#,
+            // Python's json.dumps: every non-ASCII character escaped.
+            r#"{"address": "Z\u00fcrich \"Hof\" 4\\5 / Stra\u00dfe", "id": "s_1"}"#,
+            // Upper-case hex digits.
+            r#"{"address":"Z\u00FCrich \"Hof\" 4\\5 / Stra\u00DFe","id":"s_1"}"#,
+            // PHP's json_encode: `/` escaped too.
+            r#"{"address":"Z\u00fcrich \"Hof\" 4\\5 \/ Stra\u00dfe","id":"s_1"}"#,
+            // Not JSON: text quoting the value as Python's json.dumps escaped it.
+            r#"refused: address "Z\u00fcrich \"Hof\" 4\\5 \/ Stra\u00dfe" is unknown"#,
+        ];
+        for body in bodies {
+            // As the ledger keeps an effect's answer: the downstream's body is a string in it.
+            let recorded = json!({"status": 200, "headers": [["content-type", "application/json"]], "body": body});
+            let masked = mask_value(&recorded, &secrets).map(|m| m.to_string()).unwrap_or_default();
+            assert!(
+                !masked.contains("Hof") && !masked.contains("rich") && masked.contains(REDACTED),
+                "{body}: {masked}"
+            );
+            let text = mask_text(body, &secrets).unwrap_or_default();
+            assert!(!text.contains("Hof") && !text.contains("rich"), "{body}: {text}");
+        }
+        // A JSON body with no secret is left exactly as its writer wrote it.
+        let plain = json!({"body": "{\"id\": \"s_1\"}"});
+        assert_eq!(mask_value(&plain, &secrets), None);
     }
 
     #[test]

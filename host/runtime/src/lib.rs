@@ -55,7 +55,9 @@ mod stage;
 pub mod telemetry;
 
 use oncebox_core::redact;
-pub use oncebox_core::{capabilities, clock, failure, keys, limits, notice, policy, policy_file, retry, shown, window};
+pub use oncebox_core::{
+    capabilities, clock, failure, keys, limits, notice, pages, policy, policy_file, retry, shown, window,
+};
 pub use oncebox_ledger as ledger;
 pub use oncebox_ledger::{seal, secret};
 

@@ -53,13 +53,13 @@ impl Event<'_> {
                 "event": "approval-requested",
                 "run_id": r.run_id, "step_id": r.step_id, "tool": r.tool, "operation_key": r.operation_key,
                 "requested_at": rfc3339(r.requested_ms),
-                "link": format!("{console}/console/approvals/{}", r.operation_key),
+                "link": format!("{console}{}", crate::pages::approval(&r.operation_key)),
             }),
             Event::Unknown(op) => json!({
                 "event": "unknown",
                 "run_id": op.run_id, "step_id": op.step_id, "tool": op.tool, "operation_key": op.key,
                 "unknown_since": rfc3339(op.updated_ms),
-                "link": format!("{console}/console/unknowns"),
+                "link": format!("{console}{}", crate::pages::UNKNOWNS),
             }),
             Event::CompensationStuck(report) => json!({
                 "event": "compensation-blocked",
@@ -69,7 +69,7 @@ impl Event<'_> {
                     .filter(|s| !matches!(s.action, "compensated" | "kept" | "abandoned"))
                     .map(|s| json!({ "step_id": s.step_id, "tool": s.tool, "operation_key": s.operation_key, "action": s.action }))
                     .collect::<Vec<_>>(),
-                "link": format!("{console}/console/runs/{}", report.run_id),
+                "link": format!("{console}{}", crate::pages::run(&report.run_id)),
             }),
         };
         let mut body = base;

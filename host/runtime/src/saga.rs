@@ -311,7 +311,7 @@ pub(crate) async fn compensate(
             Status::Completed => ("compensated", None),
             Status::AwaitingApproval => {
                 state = SagaState::AwaitingApproval;
-                let page = format!("/approvals/{key}");
+                let page = crate::pages::approval(&key);
                 let why = format!(
                     "its compensation `{undo}` needs a person's approval; nothing of it was dispatched: {message}, or \
                      approve it in the console of an `oncebox serve` on this ledger ({page}). Then run compensate \

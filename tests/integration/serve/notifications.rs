@@ -139,7 +139,11 @@ async fn a_person_is_told_once_of_each_approval_unknown_and_blocked_compensation
     assert!(!receiver.stderr().contains("repeat"), "no event was sent twice: {}", receiver.stderr());
     for event in &events {
         assert_eq!(event["run_id"], "rn", "{event}");
-        assert!(event["link"].as_str().is_some_and(|l| l.starts_with(CONSOLE)), "a link to the console: {event}");
+        let link = event["link"].as_str().unwrap_or_default();
+        let page = link.strip_prefix(CONSOLE).unwrap_or_else(|| panic!("a link to the console: {event}"));
+        // The page it links to is one the console serves.
+        let served = client().get(server.url(page)).send().await.expect("the linked page");
+        assert_eq!(served.status(), 200, "{link}: {}", served.text().await.unwrap_or_default());
         let text = event.to_string();
         for secret in ["221B Baker Street", "pm_card_visa", SECRET] {
             assert!(!text.contains(secret), "no sensitive value in a notification: {text}");

@@ -282,3 +282,69 @@ async fn a_reconcile_or_a_settlement_that_echoes_a_sensitive_value_is_masked() {
     let bytes = std::fs::read(setup.ledger()).expect("ledger file");
     assert!(!bytes.windows(CARD.len()).any(|w| w == CARD.as_bytes()), "the ledger file holds the value in the clear");
 }
+
+/// A downstream that writes its JSON as Python's `json.dumps` does (every non-ASCII character as
+/// `\u00fc`) and PHP's (`/` as `\/`), and echoes the payment method in a header in Latin-1 bytes:
+/// the value comes back in none of the forms the caller sent, and is masked in every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sensitive_value_the_downstream_escapes_its_own_way_is_masked_too() {
+    const METHOD: &str = "Zyxwü \"Hofkeller\" 4\\5 / Straße";
+    const FRAGMENTS: [&str; 2] = ["Hofkeller", "Zyxw"];
+    async fn payments(Json(sent): Json<Value>) -> axum::response::Response {
+        let mut answer = sent.clone();
+        answer["id"] = "pay_1".into();
+        answer["status"] = "succeeded".into();
+        let mut body = String::new();
+        for c in answer.to_string().chars() {
+            match c {
+                '/' => body.push_str("\\/"),
+                c if c.is_ascii() => body.push(c),
+                c => body.push_str(&format!("\\u{:04x}", u32::from(c))),
+            }
+        }
+        let latin1: Vec<u8> = sent["payment_method"].as_str().unwrap_or_default().chars().map(|c| c as u8).collect();
+        let mut response = axum::response::Response::new(axum::body::Body::from(body));
+        let headers = response.headers_mut();
+        headers.insert("content-type", axum::http::HeaderValue::from_static("application/json"));
+        headers.insert("x-echo", axum::http::HeaderValue::from_bytes(&latin1).expect("obs-text"));
+        response
+    }
+    let app = axum::Router::new().route("/payments", post(payments));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let setup = Setup::downstream(&base, "");
+    let mut server = setup.serve();
+    let http = client();
+    let mut args = args("o-escaped");
+    args["payment_method"] = METHOD.into();
+    let call = json!({"run_id": "r", "step_id": "charge", "tool": "charge", "args": args});
+    let answer: Value =
+        http.post(server.url("/v1/calls")).json(&call).send().await.expect("call").json().await.expect("json");
+    assert_eq!(answer["status"], "completed", "{answer}");
+    let key = answer["operation_key"].as_str().expect("key").to_string();
+    let sealed = |surface: &str, text: &str| {
+        for fragment in FRAGMENTS {
+            assert!(!text.contains(fragment), "{surface} shows the sensitive value ({fragment}):\n{text}");
+        }
+    };
+    sealed("the call's answer", &answer.to_string());
+    for path in [format!("/v1/operations/{key}"), "/v1/runs/r".to_string()] {
+        let text = http.get(server.url(&path)).send().await.expect("get").text().await.expect("text");
+        sealed(&path, &text);
+        assert!(text.contains("[redacted]"), "{path}: masked, not dropped: {text}");
+    }
+    server.kill();
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .env("ONCEBOX_KEY_FILE", setup.dir.path().join("hosts.key"))
+        .args(["ledger", "show", "--ledger", setup.ledger().to_str().expect("utf8"), &key])
+        .output()
+        .expect("ledger show");
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    sealed("`oncebox ledger show`", &String::from_utf8_lossy(&shown.stdout));
+    let bytes = std::fs::read(setup.ledger()).expect("ledger file");
+    for fragment in FRAGMENTS {
+        assert!(!bytes.windows(fragment.len()).any(|w| w == fragment.as_bytes()), "the ledger file holds {fragment}");
+    }
+}

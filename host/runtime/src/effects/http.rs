@@ -128,6 +128,17 @@ fn bounded(method: &str, headers: &[(String, String)]) -> Result<(), ToolError> 
 }
 
 /// Sends, observes, and lets [`conclude`] say what the observation means.
+/// A header's value as text: UTF-8 where it is, else each byte as the Latin-1 character it
+/// stands for (HTTP's historical header charset, as a browser's `fetch` reads it), so that no
+/// character the downstream sent is lost, and a sensitive value it echoed in Latin-1 is found and
+/// masked like any other.
+fn header_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_string(),
+        Err(_) => bytes.iter().map(|&b| char::from(b)).collect(),
+    }
+}
+
 async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
     let (observation, response) = match request.send().await {
         Err(e) if e.is_connect() => (HttpObservation::NotConnected, Err(format!("could not connect to {target}"))),
@@ -186,11 +197,8 @@ fn conclude(observation: &HttpObservation, target: &str, lost: Option<String>) -
 
 /// Reads a definitive answer's body; losing the body loses the answer, so the outcome is unknown.
 async fn read_answer(response: reqwest::Response, status: u16, target: &str, taken: bool) -> Dispatched {
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
-        .collect();
+    let headers =
+        response.headers().iter().map(|(name, value)| (name.to_string(), header_text(value.as_bytes()))).collect();
     match response.bytes().await {
         Ok(body) => recorded(HttpResponse { status, headers, body: body.to_vec() }, target, taken),
         Err(e) => Dispatched::Unknown(format!("{target} answered {status} but the body was lost: {}", describe(&e))),

@@ -39,18 +39,9 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// Percent-encodes a path segment or query value: run ids and step ids are the orchestrator's
-/// and may hold `/`, `?` or spaces.
+/// Percent-encodes a path segment or query value (`pages::segment`, the one rule).
 pub fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    oncebox_runtime::pages::segment(text)
 }
 
 /// A link whose path ends in `segment` (encoded) and whose text is `text` (escaped).
