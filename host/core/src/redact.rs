@@ -71,6 +71,10 @@ pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
     }
     impl Walk<'_> {
         fn scrubbed(&mut self, text: &str) -> String {
+            if let Some(masked) = scrub_hex(text, self.secrets) {
+                self.changed = true;
+                return masked;
+            }
             let trimmed = text.trim_start();
             if (trimmed.starts_with('{') || trimmed.starts_with('['))
                 && let Ok(inner) = serde_json::from_str::<Value>(text)
@@ -114,6 +118,36 @@ pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
     let mut walk = Walk { secrets, forms: escaped_forms(secrets), composite, changed: false };
     let masked = walk.walk(value);
     walk.changed.then_some(masked)
+}
+
+/// A string of hex digits may be bytes the host could not keep as text (an answer's body that is
+/// not UTF-8 is kept as `body_hex`): each secret is looked for in those bytes, as UTF-8 and as
+/// Latin-1, and replaced there; the masked bytes, in hex again, or `None` when none was there.
+fn scrub_hex(text: &str, secrets: &[String]) -> Option<String> {
+    if text.len() < 8 || !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut bytes = hex::decode(text).ok()?;
+    let mut changed = false;
+    for secret in secrets {
+        let latin1: Option<Vec<u8>> = secret.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
+        for pattern in [Some(secret.as_bytes().to_vec()), latin1].into_iter().flatten() {
+            let mut out = Vec::with_capacity(bytes.len());
+            let mut at = 0;
+            while at < bytes.len() {
+                if bytes[at..].starts_with(&pattern) {
+                    out.extend_from_slice(REDACTED.as_bytes());
+                    at += pattern.len();
+                    changed = true;
+                } else {
+                    out.push(bytes[at]);
+                    at += 1;
+                }
+            }
+            bytes = out;
+        }
+    }
+    changed.then(|| hex::encode(bytes))
 }
 
 /// [`mask_value`] for a text: JSON text is masked as JSON (and stays JSON); any other text (an
@@ -304,6 +338,12 @@ mod tests {
             let text = mask_text(body, &secrets).unwrap_or_default();
             assert!(!text.contains("Hof") && !text.contains("rich"), "{body}: {text}");
         }
+        // A body that is not UTF-8 is kept in hex: the value is found in its bytes, in Latin-1 too.
+        let latin1: Vec<u8> = format!("address: {secret}!").chars().map(|c| c as u8).collect();
+        let recorded = json!({"status": 200, "body_hex": hex::encode(&latin1)});
+        let masked = mask_value(&recorded, &secrets).expect("masked");
+        let bytes = hex::decode(masked["body_hex"].as_str().expect("hex")).expect("hex");
+        assert_eq!(bytes, b"address: [redacted]!".to_vec());
         // A JSON body with no secret is left exactly as its writer wrote it.
         let plain = json!({"body": "{\"id\": \"s_1\"}"});
         assert_eq!(mask_value(&plain, &secrets), None);

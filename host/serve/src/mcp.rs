@@ -136,6 +136,7 @@ pub fn routes(app: Arc<App>, max_sessions: usize, limits: ConnectionLimits) -> R
     let cap = Cap { sessions, max: max_sessions.max(1) };
     Router::new()
         .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn(session_closed))
         .layer(axum::middleware::from_fn_with_state(cap, session_cap))
         .layer(axum::middleware::from_fn_with_state(limits, bounded_body))
         .layer(axum::middleware::from_fn_with_state(app, require_token))
@@ -163,6 +164,17 @@ async fn session_cap(State(cap): State<Cap>, request: Request, next: Next) -> Re
         return ApiError::Full(message).into_response();
     }
     next.run(request).await
+}
+
+/// A session closed by its client (`DELETE /mcp`) answers 204: the SDK answers 202, which the
+/// official Python SDK takes for a failure (it accepts 200 and 204) and logs at every close.
+async fn session_closed(request: Request, next: Next) -> Response {
+    let deleting = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if deleting && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// The SDK's defaults (stateful sessions, SSE keep-alive), without its own `Host` check: the

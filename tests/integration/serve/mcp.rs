@@ -41,6 +41,9 @@ async fn script(args: Vec<String>) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "mcp_client.py {:?}\nstdout: {stdout}\nstderr: {stderr}", output.status);
+    // The SDK closes its session with DELETE at the end, and says so when the server's answer
+    // is not one it takes for a close.
+    assert!(!stderr.contains("Session termination failed"), "the SDK could not close its session: {stderr}");
     let line = stdout.lines().last().unwrap_or_default();
     serde_json::from_str(line).unwrap_or_else(|e| panic!("mcp_client.py printed {stdout:?} ({e}); stderr: {stderr}"))
 }
