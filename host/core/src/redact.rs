@@ -84,7 +84,13 @@ pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
                         self.changed = true;
                         masked.to_string()
                     }
-                    None => text.to_string(),
+                    // Parsing may have lost a form the text still holds (a number read as a
+                    // float, the first of two equal keys): the text is scrubbed as text then.
+                    None => {
+                        let out = scrub(text, &self.forms);
+                        self.changed |= out != text;
+                        out
+                    }
                 };
             }
             let out = scrub(text, &self.forms);
@@ -195,6 +201,8 @@ fn escaped_forms(secrets: &[String]) -> Vec<String> {
             }
             own.push(lower);
             own.push(upper);
+            // Its UTF-8 bytes read as Latin-1: how a header that is not UTF-8 throughout shows it.
+            own.push(secret.bytes().map(char::from).collect());
         }
         let slashed: Vec<String> = own.iter().filter(|f| f.contains('/')).map(|f| f.replace('/', "\\/")).collect();
         forms.extend(own);
@@ -344,6 +352,14 @@ mod tests {
         let masked = mask_value(&recorded, &secrets).expect("masked");
         let bytes = hex::decode(masked["body_hex"].as_str().expect("hex")).expect("hex");
         assert_eq!(bytes, b"address: [redacted]!".to_vec());
+        // A number JSON would read as a float, echoed whole, is still found in the text.
+        let number = sensitive_values(&json!({"n": "123456789012345678901234"}), &["/n".into()]);
+        let body = json!({"body": "{\"n\": 123456789012345678901234}"});
+        assert!(!mask_value(&body, &number).expect("masked").to_string().contains("1234567890"));
+        // A UTF-8 value in a header read as Latin-1 (one invalid byte elsewhere) is found too.
+        let misread: String = format!("x\u{ff} {secret}").bytes().map(char::from).collect();
+        let misread = mask_value(&json!({"headers": [["x-echo", misread]]}), &secrets).expect("masked");
+        assert!(!misread.to_string().contains("Hof"), "{misread}");
         // A JSON body with no secret is left exactly as its writer wrote it.
         let plain = json!({"body": "{\"id\": \"s_1\"}"});
         assert_eq!(mask_value(&plain, &secrets), None);

@@ -169,11 +169,6 @@ async fn reconcile_recorded(
     })
 }
 
-/// The sensitive values of a recorded operation's args, from the seal it keeps
-/// (`seal::seal_params`), as `redact::sensitive_values` lists them: what is masked in what comes
-/// back after the call, when the caller's args are gone (a reconcile from the record, a person's
-/// settlement). None when it sealed none; none either when the seal does not open (another
-/// ledger's key file), which is logged.
 /// The command that settles operation `key` of the ledger at `ledger` by a person's word, as
 /// every message that sends a person to settle one prints it.
 pub fn resolve_command(ledger: impl std::fmt::Display, key: &str) -> String {
@@ -182,6 +177,11 @@ pub fn resolve_command(ledger: impl std::fmt::Display, key: &str) -> String {
     )
 }
 
+/// The sensitive values of a recorded operation's args, from the seal it keeps
+/// (`seal::seal_params`), as `redact::sensitive_values` lists them: what is masked in what comes
+/// back after the call, when the caller's args are gone (a reconcile from the record, a person's
+/// settlement). None when it sealed none; none either when the seal does not open (another
+/// ledger's key file), which is logged.
 pub fn recorded_secrets(keying: &crate::keys::FingerprintKey, op: &crate::ledger::OperationRecord) -> Vec<String> {
     let Some(sealed) = &op.sealed else {
         return Vec::new();

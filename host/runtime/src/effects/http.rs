@@ -127,7 +127,6 @@ fn bounded(method: &str, headers: &[(String, String)]) -> Result<(), ToolError> 
     Ok(())
 }
 
-/// Sends, observes, and lets [`conclude`] say what the observation means.
 /// A header's value as text: UTF-8 where it is, else each byte as the Latin-1 character it
 /// stands for (HTTP's historical header charset, as a browser's `fetch` reads it), so that no
 /// character the downstream sent is lost, and a sensitive value it echoed in Latin-1 is found and
@@ -139,6 +138,7 @@ fn header_text(bytes: &[u8]) -> String {
     }
 }
 
+/// Sends, observes, and lets [`conclude`] say what the observation means.
 async fn perform(request: reqwest::RequestBuilder, target: &str) -> Dispatched {
     let (observation, response) = match request.send().await {
         Err(e) if e.is_connect() => (HttpObservation::NotConnected, Err(format!("could not connect to {target}"))),
