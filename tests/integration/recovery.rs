@@ -90,6 +90,47 @@ async fn after_a_crash_an_effect_in_doubt_at_a_key_honouring_host_is_resent_with
     assert!(restarted.call(call()).await.expect("call").replayed);
 }
 
+#[tokio::test]
+async fn callers_racing_to_resend_an_unknown_wait_for_the_one_that_won() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = dir.path().join("ledger.redb");
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
+    let refund = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+    let call =
+        || oncebox::Call::step("run-1", "refund", "refund", refund.clone()).waiting(std::time::Duration::from_secs(20));
+    let host = host_for(&ledger, &provider, true).await;
+    let in_flight = tokio::spawn({
+        let (host, call) = (host.clone(), call());
+        async move { host.call(call).await }
+    });
+    eventually("the provider committed the refund", || provider.counts("o-1").refunds == 1).await;
+    in_flight.abort();
+    let _ = in_flight.await;
+    drop(host);
+
+    // Unknown after the restart, and resendable with its key: several callers arrive at once,
+    // each reads the unknown, and one of them reopens it; its resend is held a moment.
+    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 600 }).for_order("o-1"));
+    let restarted = host_for(&ledger, &provider, true).await;
+    let callers: Vec<_> = (0..6)
+        .map(|_| {
+            let (host, call) = (restarted.clone(), call());
+            tokio::spawn(async move { host.call(call).await })
+        })
+        .collect();
+    let mut fresh = 0;
+    for caller in callers {
+        let outcome = caller.await.expect("joined").expect("call");
+        // A caller that asked to wait and lost the race to reopen waits for the winner's answer
+        // instead of being told to come back.
+        assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+        fresh += usize::from(!outcome.replayed);
+    }
+    assert_eq!(fresh, 1, "one caller resent, the others were answered from its record");
+    assert_eq!(provider.counts("o-1").refunds, 1, "the resend was answered from the provider's key store");
+}
+
 /// A downstream that answers lookups with 404 but never answers a write: the write's outcome is
 /// unknown, and reconciliation learns it never took place.
 async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {

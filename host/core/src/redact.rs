@@ -1,6 +1,9 @@
 //! Replaces the values a manifest marks sensitive (JSON pointers) before anything is stored or
 //! logged. Pure.
 
+use std::cell::OnceCell;
+
+use memchr::memmem;
 use serde_json::Value;
 
 pub const REDACTED: &str = "[redacted]";
@@ -44,9 +47,61 @@ pub fn sensitive_values(value: &Value, pointers: &[String]) -> Vec<String> {
     values
 }
 
-/// Replaces every occurrence of a secret in `text`.
+/// Replaces every occurrence of a secret in `text`, in one pass over it.
 pub fn scrub(text: &str, secrets: &[String]) -> String {
-    secrets.iter().fold(text.to_string(), |text, secret| text.replace(secret.as_str(), REDACTED))
+    Finder::new(secrets).scrub(text).unwrap_or_else(|| text.to_string())
+}
+
+/// Patterns (secrets, or their forms) found in a text or bytes, every occurrence, overlapping
+/// ones too: what overlapping matches cover together is replaced once, so no part of either is
+/// left (a value and a leaf inside it, or two values sharing an end and a start). Built once per
+/// value masked, asked for each of its strings.
+struct Finder(Vec<memmem::Finder<'static>>);
+
+impl Finder {
+    fn new<P: AsRef<[u8]>>(patterns: &[P]) -> Finder {
+        let patterns = patterns.iter().map(AsRef::as_ref).filter(|p| !p.is_empty());
+        Finder(patterns.map(|p| memmem::Finder::new(p).into_owned()).collect())
+    }
+
+    /// `haystack` with every match replaced by [`REDACTED`], or `None` when nothing matched.
+    fn replace(&self, haystack: &[u8]) -> Option<Vec<u8>> {
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for finder in &self.0 {
+            let mut at = 0;
+            while let Some(found) = finder.find(&haystack[at..]) {
+                spans.push((at + found, at + found + finder.needle().len()));
+                at += found + 1;
+            }
+        }
+        if spans.is_empty() {
+            return None;
+        }
+        spans.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+        for (start, end) in spans {
+            match merged.last_mut() {
+                Some(last) if start < last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        let mut out = Vec::with_capacity(haystack.len());
+        let mut from = 0;
+        for (start, end) in merged {
+            out.extend_from_slice(&haystack[from..start]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            from = end;
+        }
+        out.extend_from_slice(&haystack[from..]);
+        Some(out)
+    }
+
+    /// [`Finder::replace`] for a text: a UTF-8 pattern found in UTF-8 text starts and ends on
+    /// characters, so the result is UTF-8 too.
+    fn scrub(&self, text: &str) -> Option<String> {
+        let out = self.replace(text.as_bytes())?;
+        Some(String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    }
 }
 
 /// The one rule for what comes back: `value` (a tool's output, a downstream's answer) with every
@@ -61,99 +116,110 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
 /// `\u00DF`, `\/`) the value is found; any other string is scrubbed of each secret as it is and in
 /// its JSON-escaped forms (a body quoting the value inside text).
 pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
-    struct Walk<'a> {
-        secrets: &'a [String],
-        /// The secrets and their JSON-escaped forms, for strings that are not JSON themselves.
-        forms: Vec<String>,
-        /// Some secret is a whole object or array: only then is each one compared whole.
-        composite: bool,
-        changed: bool,
-    }
-    impl Walk<'_> {
-        fn scrubbed(&mut self, text: &str) -> String {
-            if let Some(masked) = scrub_hex(text, self.secrets) {
-                self.changed = true;
-                return masked;
-            }
-            let trimmed = text.trim_start();
-            if (trimmed.starts_with('{') || trimmed.starts_with('['))
-                && let Ok(inner) = serde_json::from_str::<Value>(text)
-            {
-                return match mask_value(&inner, self.secrets) {
-                    Some(masked) => {
-                        self.changed = true;
-                        masked.to_string()
-                    }
-                    // Parsing may have lost a form the text still holds (a number read as a
-                    // float, the first of two equal keys): the text is scrubbed as text then.
-                    None => {
-                        let out = scrub(text, &self.forms);
-                        self.changed |= out != text;
-                        out
-                    }
-                };
-            }
-            let out = scrub(text, &self.forms);
-            self.changed |= out != text;
-            out
-        }
-        fn whole(&mut self, value: &Value) -> bool {
-            let hit = self.secrets.contains(&value.to_string());
-            self.changed |= hit;
-            hit
-        }
-        fn walk(&mut self, value: &Value) -> Value {
-            match value {
-                Value::String(text) => Value::String(self.scrubbed(text)),
-                Value::Number(_) if self.whole(value) => Value::String(REDACTED.into()),
-                Value::Array(_) | Value::Object(_) if self.composite && self.whole(value) => {
-                    Value::String(REDACTED.into())
-                }
-                Value::Array(items) => Value::Array(items.iter().map(|v| self.walk(v)).collect()),
-                Value::Object(fields) => {
-                    Value::Object(fields.iter().map(|(k, v)| (self.scrubbed(k), self.walk(v))).collect())
-                }
-                other => other.clone(),
-            }
-        }
-    }
     if secrets.is_empty() {
         return None;
     }
+    let forms = escaped_forms(secrets);
+    let (text, bytes) = (Finder::new(&forms), OnceCell::new());
     let composite = secrets.iter().any(|s| s.starts_with('{') || s.starts_with('['));
-    let mut walk = Walk { secrets, forms: escaped_forms(secrets), composite, changed: false };
+    let mut walk = Walk { secrets, forms: &forms, text: &text, bytes: &bytes, composite, depth: 0, changed: false };
     let masked = walk.walk(value);
     walk.changed.then_some(masked)
 }
 
+/// How many strings deep JSON held in a string is parsed and masked as JSON (a downstream's body
+/// inside a tool's output inside a string is three). Deeper, a string is scrubbed as text, its
+/// escaped forms included: an output that nests itself cannot make masking parse it once per
+/// level (a 1 MiB output holds about nineteen).
+const JSON_IN_STRINGS_DEPTH: usize = 4;
+
+/// One walk of [`mask_value`] over a value.
+struct Walk<'a> {
+    secrets: &'a [String],
+    /// The secrets and their JSON-escaped forms, and their finder, for strings that are not JSON
+    /// themselves.
+    forms: &'a [String],
+    text: &'a Finder,
+    /// The same forms' bytes, as UTF-8 and as Latin-1, for a body kept in hex (built when one is
+    /// met).
+    bytes: &'a OnceCell<Finder>,
+    /// Some secret is a whole object or array: only then is each one compared whole.
+    composite: bool,
+    /// How many strings holding JSON this walk is inside.
+    depth: usize,
+    changed: bool,
+}
+
+impl Walk<'_> {
+    fn scrubbed(&mut self, text: &str) -> String {
+        if let Some(masked) = scrub_hex(text, || self.bytes.get_or_init(|| Finder::new(&hex_patterns(self.forms)))) {
+            self.changed = true;
+            return masked;
+        }
+        let trimmed = text.trim_start();
+        if self.depth < JSON_IN_STRINGS_DEPTH
+            && (trimmed.starts_with('{') || trimmed.starts_with('['))
+            && let Ok(inner) = serde_json::from_str::<Value>(text)
+        {
+            let mut nested = Walk { depth: self.depth + 1, changed: false, ..*self };
+            let masked = nested.walk(&inner);
+            if nested.changed {
+                self.changed = true;
+                return masked.to_string();
+            }
+            // Parsing may have lost a form the text still holds (a number read as a float, the
+            // first of two equal keys): the text is scrubbed as text then.
+        }
+        match self.text.scrub(text) {
+            Some(out) => {
+                self.changed = true;
+                out
+            }
+            None => text.to_string(),
+        }
+    }
+    fn whole(&mut self, value: &Value) -> bool {
+        let hit = self.secrets.contains(&value.to_string());
+        self.changed |= hit;
+        hit
+    }
+    fn walk(&mut self, value: &Value) -> Value {
+        match value {
+            Value::String(text) => Value::String(self.scrubbed(text)),
+            Value::Number(_) if self.whole(value) => Value::String(REDACTED.into()),
+            Value::Array(_) | Value::Object(_) if self.composite && self.whole(value) => Value::String(REDACTED.into()),
+            Value::Array(items) => Value::Array(items.iter().map(|v| self.walk(v)).collect()),
+            Value::Object(fields) => {
+                Value::Object(fields.iter().map(|(k, v)| (self.scrubbed(k), self.walk(v))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+}
+
 /// A string of hex digits may be bytes the host could not keep as text (an answer's body that is
-/// not UTF-8 is kept as `body_hex`): each secret is looked for in those bytes, as UTF-8 and as
-/// Latin-1, and replaced there; the masked bytes, in hex again, or `None` when none was there.
-fn scrub_hex(text: &str, secrets: &[String]) -> Option<String> {
+/// not UTF-8, or cut inside a character, is kept as `body_hex`): the secrets' forms are looked
+/// for in those bytes (`bytes`, from [`hex_patterns`]) and replaced there; the masked bytes, in
+/// hex again, or `None` when none was there.
+fn scrub_hex<'f>(text: &str, bytes: impl FnOnce() -> &'f Finder) -> Option<String> {
     if text.len() < 8 || !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let mut bytes = hex::decode(text).ok()?;
-    let mut changed = false;
-    for secret in secrets {
-        let latin1: Option<Vec<u8>> = secret.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
-        for pattern in [Some(secret.as_bytes().to_vec()), latin1].into_iter().flatten() {
-            let mut out = Vec::with_capacity(bytes.len());
-            let mut at = 0;
-            while at < bytes.len() {
-                if bytes[at..].starts_with(&pattern) {
-                    out.extend_from_slice(REDACTED.as_bytes());
-                    at += pattern.len();
-                    changed = true;
-                } else {
-                    out.push(bytes[at]);
-                    at += 1;
-                }
-            }
-            bytes = out;
+    bytes().replace(&hex::decode(text).ok()?).map(hex::encode)
+}
+
+/// Each form as UTF-8 and, where every character fits a byte, as Latin-1.
+fn hex_patterns(forms: &[String]) -> Vec<Vec<u8>> {
+    let mut patterns = Vec::with_capacity(forms.len() * 2);
+    for form in forms {
+        patterns.push(form.as_bytes().to_vec());
+        if !form.is_ascii()
+            && let Some(latin1) = form.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>()
+        {
+            patterns.push(latin1);
         }
     }
-    changed.then(|| hex::encode(bytes))
+    patterns
 }
 
 /// [`mask_value`] for a text: JSON text is masked as JSON (and stays JSON); any other text (an
@@ -165,10 +231,7 @@ pub fn mask_text(text: &str, secrets: &[String]) -> Option<String> {
     }
     match serde_json::from_str::<Value>(text) {
         Ok(value) => mask_value(&value, secrets).map(|masked| masked.to_string()),
-        Err(_) => {
-            let scrubbed = scrub(text, &escaped_forms(secrets));
-            (scrubbed != text).then_some(scrubbed)
-        }
+        Err(_) => Finder::new(&escaped_forms(secrets)).scrub(text),
     }
 }
 
@@ -363,6 +426,41 @@ mod tests {
         // A JSON body with no secret is left exactly as its writer wrote it.
         let plain = json!({"body": "{\"id\": \"s_1\"}"});
         assert_eq!(mask_value(&plain, &secrets), None);
+    }
+
+    #[test]
+    fn overlapping_values_leave_nothing_of_either_and_a_hex_body_is_searched_for_escaped_forms() {
+        // Two values sharing an end and a start: whichever is replaced first, nothing of the
+        // other may be left.
+        let secrets = vec!["abcd-1234".to_string(), "1234-wxyz".to_string()];
+        assert_eq!(scrub("x abcd-1234-wxyz y", &secrets), "x [redacted] y");
+        assert_eq!(scrub("x 1234-wxyz abcd-1234 y", &secrets), "x [redacted] [redacted] y");
+        // A body cut inside a character is kept in hex: the value as JSON escaped it is found
+        // there too, as are its plain UTF-8 and Latin-1 bytes.
+        let secret = "Zürich Straße";
+        let secrets = sensitive_values(&json!({ "a": secret }), &["/a".into()]);
+        let mut body = br#"{"address":"Z\u00fcrich Stra\u00dfe","x":""#.to_vec();
+        body.extend_from_slice(&"é".as_bytes()[..1]);
+        let masked = mask_value(&json!({ "body_hex": hex::encode(&body) }), &secrets).expect("masked");
+        let bytes = hex::decode(masked["body_hex"].as_str().expect("hex")).expect("hex");
+        assert!(bytes.starts_with(br#"{"address":"[redacted]","x":""#), "{}", String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn json_nested_in_strings_is_masked_as_json_to_a_depth_and_as_text_below_it() {
+        let secret = "Bahnhofstraße 10";
+        let secrets = sensitive_values(&json!({ "a": secret }), &["/a".into()]);
+        // Within the depth, every escaping is decoded and the value found.
+        let shallow = json!({ "body": json!({ "body": r#"{"address": "Bahnhofstra\u00dfe 10"}"# }).to_string() });
+        let masked = mask_value(&shallow, &secrets).expect("masked").to_string();
+        assert!(!masked.contains("Bahnhof"), "{masked}");
+        // Below it, the value's plain and singly escaped forms are still found, as text.
+        let mut deep = json!({ "address": secret });
+        for _ in 0..12 {
+            deep = json!({ "body": deep.to_string() });
+        }
+        let masked = mask_value(&deep, &secrets).expect("masked").to_string();
+        assert!(!masked.contains("Bahnhof"), "{masked}");
     }
 
     #[test]

@@ -90,6 +90,12 @@ pub(super) async fn admit(
         && policy.redispatch_in_doubt
     {
         claimed = reopen(host, &request, policy).await?;
+        // Another caller reopened it first: it is theirs now, asked about as any other owner's
+        // is (a caller that asked to wait waits for that run's answer).
+        if matches!(&claimed, Claim::Recorded(op) if op.status == OperationStatus::Claimed) {
+            claimed_at = host.shared.ledger.now_ms();
+            claimed = claim(host, &request, wait).await?;
+        }
     }
     let answer = match claimed {
         Claim::Owned { fence, previous_attempts } => {
@@ -107,8 +113,7 @@ pub(super) async fn admit(
             );
             Outcome::refused(&op, Status::Conflict, "conflict", message)
         }
-        // Another caller reopened it first (an unknown resent with its keys): it runs there, and
-        // nothing of it is answered from a record yet.
+        // Another caller runs it (and a record that says claimed is no answer yet).
         Claim::Recorded(op) | Claim::InProgress(op) => {
             let message = format!("operation {} is being run by {}; try again later", op.key, op.owner);
             Outcome::refused(&op, Status::InProgress, "in-progress", message)
