@@ -63,6 +63,9 @@ async fn a_rejection_and_a_call_never_both_win(
                 assert_eq!(count, 0, "round {n}: `reject` said nothing is ever dispatched; the provider shipped");
                 let after = caller.call(ship(n)).await.expect("call");
                 assert_eq!(after.status, Status::Rejected, "round {n}: {after:?}");
+                // What it shows of the request offers no approval any more.
+                let shown = after.approval.as_ref().expect("the request is shown");
+                assert_eq!(shown.approve, None, "round {n}: a rejected request offers `approve`: {shown:?}");
             }
             Err(refused) => {
                 shipped += 1;

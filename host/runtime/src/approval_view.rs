@@ -31,14 +31,17 @@ pub struct ApprovalView {
     pub note: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
-    /// How to approve it.
-    pub approve: String,
+    /// How to approve it, while it is pending (a decided or expired request is not approved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approve: Option<String>,
 }
 
 impl ApprovalView {
     pub fn of(record: &ApprovalRecord, ledger: &Ledger) -> Self {
+        let state = record.standing(ledger.now_ms());
         ApprovalView {
-            state: record.standing(ledger.now_ms()),
+            approve: (state == ApprovalStanding::Pending).then(|| approve_command(record, ledger)),
+            state,
             tool: record.tool.clone(),
             component: record.component.clone(),
             description: record.description.clone(),
@@ -50,13 +53,17 @@ impl ApprovalView {
             decided_by: record.decided_by.clone(),
             note: record.note.clone(),
             expires_ms: record.expires_ms,
-            approve: format!(
-                "oncebox approve --ledger {} {} --fingerprint {}{} --by NAME",
-                ledger.path().display(),
-                record.operation_key,
-                record.fingerprint,
-                record.component.as_deref().map(|c| format!(" --component {c}")).unwrap_or_default()
-            ),
         }
     }
+}
+
+/// The command that approves `record`'s exact params and component on this ledger.
+pub fn approve_command(record: &ApprovalRecord, ledger: &Ledger) -> String {
+    format!(
+        "oncebox approve --ledger {} {} --fingerprint {}{} --by NAME",
+        ledger.path().display(),
+        record.operation_key,
+        record.fingerprint,
+        record.component.as_deref().map(|c| format!(" --component {c}")).unwrap_or_default()
+    )
 }

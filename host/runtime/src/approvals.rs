@@ -388,7 +388,7 @@ pub fn reveal(record: &ApprovalRecord, key: &crate::keys::FingerprintKey) -> Res
 }
 
 fn awaiting(record: &ApprovalRecord, ledger: &Ledger, why: &str) -> Outcome {
-    let message = format!("{why}: {}", ApprovalView::of(record, ledger).approve);
+    let message = format!("{why}: {}", crate::approval_view::approve_command(record, ledger));
     stopped(record, Status::AwaitingApproval, "awaiting-approval", message, ledger)
 }
 

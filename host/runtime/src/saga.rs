@@ -317,7 +317,7 @@ pub(crate) async fn compensate(
                      approve it in the console of an `oncebox serve` on this ledger ({page}). Then run compensate \
                      again: it runs once, approved"
                 );
-                let approve = outcome.approval.as_ref().map(|view| view.approve.clone());
+                let approve = outcome.approval.as_ref().and_then(|view| view.approve.clone());
                 steps.push(SagaStep {
                     approve,
                     console: Some(page),
