@@ -3,17 +3,28 @@
 
 use std::fmt::Write as _;
 
+/// The page of every request waiting for a person's approval.
+pub const APPROVALS: &str = "/approvals";
+
 /// The page of the request for approval of `operation_key`.
 pub fn approval(operation_key: &str) -> String {
-    format!("/approvals/{}", segment(operation_key))
+    format!("{APPROVALS}/{}", segment(operation_key))
 }
 
 /// The page of every unknown outcome waiting for a reconcile or a person.
 pub const UNKNOWNS: &str = "/unknowns";
 
+/// The page of the unknown operation `operation_key` (its settle form posts there).
+pub fn unknown(operation_key: &str) -> String {
+    format!("{UNKNOWNS}/{}", segment(operation_key))
+}
+
+/// Every run, by the page.
+pub const RUNS: &str = "/runs";
+
 /// The page of run `run_id`: its steps, what keeps it open, what compensation did.
 pub fn run(run_id: &str) -> String {
-    format!("/runs/{}", segment(run_id))
+    format!("{RUNS}/{}", segment(run_id))
 }
 
 /// `text` percent-encoded as one path segment or query value: run ids and step ids are the

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 
+use super::html::paths;
 use super::{Flash, HasCsrf, Refusal, decider, local_path, with_flash};
 use crate::api::{self, DecideBody, ResolveBody, UndoneBody};
 use crate::app::App;
@@ -147,7 +148,7 @@ pub async fn settle(
 ) -> Result<Response, Refusal> {
     let form = decider(&app, &headers, form)?;
     api::settle(&app, &key, form.body()?).await?;
-    Ok(with_flash("/unknowns", Flash::Settled))
+    Ok(with_flash(paths::UNKNOWNS, Flash::Settled))
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,7 +176,7 @@ pub async fn undone_by_hand(
 ) -> Result<Response, Refusal> {
     let form = decider(&app, &headers, form)?;
     api::undone(&app, &key, Some(&run_id), UndoneBody { by: form.by.clone(), note: given(&form.note) }).await?;
-    Ok(with_flash(&format!("/runs/{}", super::html::encode(&run_id)), Flash::UndoneByHand))
+    Ok(with_flash(&paths::run(&run_id), Flash::UndoneByHand))
 }
 
 #[derive(Debug, Deserialize)]

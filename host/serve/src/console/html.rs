@@ -6,6 +6,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+/// Where each page is: named once, for the console's links as for every message that sends a
+/// person here.
+pub use oncebox_runtime::pages as paths;
 
 /// Who is looking: signed in (the browser's Basic credentials, or the bearer token) or not. Only a signed-in
 /// viewer is shown the decision forms, and so the CSRF token they carry.
@@ -44,9 +47,9 @@ pub fn encode(text: &str) -> String {
     oncebox_runtime::pages::segment(text)
 }
 
-/// A link whose path ends in `segment` (encoded) and whose text is `text` (escaped).
-pub fn link(prefix: &str, segment: &str, text: &str) -> String {
-    format!("<a href=\"{}{}\">{}</a>", escape(prefix), escape(&encode(segment)), escape(text))
+/// A link to `href` (a path from [`paths`]) whose text is `text` (escaped).
+pub fn link(href: &str, text: &str) -> String {
+    format!("<a href=\"{}\">{}</a>", escape(href), escape(text))
 }
 
 /// A time from the ledger (ms since the epoch), in UTC; 0 is "never".
@@ -121,9 +124,9 @@ pub fn hidden(name: &str, value: &str) -> String {
 /// The links of the navigation bar, by path and label.
 const NAV: [(&str, &str); 6] = [
     ("/", "Overview"),
-    ("/approvals", "Approvals"),
-    ("/unknowns", "Unknowns"),
-    ("/runs", "Runs"),
+    (paths::APPROVALS, "Approvals"),
+    (paths::UNKNOWNS, "Unknowns"),
+    (paths::RUNS, "Runs"),
     ("/tools", "Tools"),
     ("/login", "Sign in"),
 ];
@@ -235,11 +238,11 @@ pub fn approvals_table(views: &[serde_json::Value], empty: &str) -> String {
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(field(view, "tool")),
-            link("/runs/", field(view, "run_id"), field(view, "run_id")),
+            link(&paths::run(field(view, "run_id")), field(view, "run_id")),
             escape(field(view, "step_id")),
             badge(state),
             time(view["requested_ms"].as_u64().unwrap_or_default()),
-            link("/approvals/", field(view, "operation_key"), "Review"),
+            link(&paths::approval(field(view, "operation_key")), "Review"),
         );
     }
     out.push_str("</table>");

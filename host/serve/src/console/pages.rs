@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use oncebox_runtime::ledger::Why;
 use serde_json::Value;
 
-use super::html::{self, Page, Viewer, approvals_table, badge, escape, field, hidden, json_pre, link, time};
+use super::html::{self, Page, Viewer, approvals_table, badge, escape, field, hidden, json_pre, link, paths, time};
 use super::runs::summaries_page;
 use super::{Refusal, flash, viewer};
 use crate::api;
@@ -26,8 +26,8 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri)
     let errors = app.loaded.errors();
     let mut body = String::from("<div class=\"counts\">");
     for (path, count, label) in [
-        ("/approvals", pending.len(), "pending approvals"),
-        ("/unknowns", unknown.len(), "unknowns to reconcile"),
+        (paths::APPROVALS, pending.len(), "pending approvals"),
+        (paths::UNKNOWNS, unknown.len(), "unknowns to reconcile"),
         ("/tools", tools.len(), "tools loaded"),
         ("/tools", errors.len(), "load errors"),
     ] {
@@ -44,18 +44,18 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri)
             let _ = write!(
                 body,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                link("/runs/", &op.run_id, &op.run_id),
+                link(&paths::run(&op.run_id), &op.run_id),
                 escape(&op.step_id),
                 escape(&op.tool),
                 time(op.updated_ms)
             );
         }
-        body.push_str("</table><p><a href=\"/unknowns\">Reconcile or settle them</a></p>");
+        let _ = write!(body, "</table><p>{}</p>", link(paths::UNKNOWNS, "Reconcile or settle them"));
     }
     body.push_str("<h2>Runs</h2>");
     body.push_str(&super::runs::runs_table(&runs));
     if more.is_some() {
-        body.push_str("<p><a href=\"/runs\">Every run, by the page</a></p>");
+        let _ = write!(body, "<p>{}</p>", link(paths::RUNS, "Every run, by the page"));
     }
     body.push_str("<h2>Tools</h2><table><tr><th>Tool</th><th>Class</th><th>Description</th></tr>");
     for (manifest, _) in &tools {
@@ -81,7 +81,7 @@ pub async fn approvals(State(app): State<Arc<App>>, headers: HeaderMap, uri: Uri
         body.push_str("<p class=\"muted\">Nothing awaits approval.</p>");
     }
     for view in &pending {
-        body.push_str(&approval_card(view, &viewer, "/approvals"));
+        body.push_str(&approval_card(view, &viewer, paths::APPROVALS));
     }
     body.push_str("<h2>Decided or used</h2>");
     body.push_str(&approvals_table(&decided, "No request was decided yet."));
@@ -100,7 +100,7 @@ pub async fn approval(
         .iter()
         .find(|v| v["operation_key"] == key.as_str())
         .ok_or_else(|| Refusal::Error(StatusCode::NOT_FOUND, format!("no request for approval of {key}")))?;
-    let back = format!("/approvals/{}", html::encode(&key));
+    let back = paths::approval(&key);
     let body = approval_card(view, &viewer, &back);
     Ok(Page::ok(html::page("Approval", &viewer, flash(&uri), &body)))
 }
@@ -140,7 +140,7 @@ fn approval_card(view: &Value, viewer: &Viewer, back: &str) -> String {
         ekey = escape(key),
         tool = escape(field(view, "tool")),
         badge = badge(state),
-        run = link("/runs/", field(view, "run_id"), field(view, "run_id")),
+        run = link(&paths::run(field(view, "run_id")), field(view, "run_id")),
         step = escape(field(view, "step_id")),
         description = escape(field(view, "description")),
         requested = time(view["requested_ms"].as_u64().unwrap_or_default()),
@@ -183,7 +183,7 @@ fn decision_form(key: &str, fingerprint: &str, component: &str, exact: bool, vie
             escape(&html::encode(back))
         );
     }
-    let action = format!("/approvals/{}", html::encode(key));
+    let action = paths::approval(key);
     format!(
         "<form method=\"post\" action=\"{action}/{default}\" class=\"decide\">{fp}{component}{csrf}{back}\
          <label>Decided by <input type=\"text\" name=\"by\" required placeholder=\"your name\"></label>\

@@ -14,7 +14,7 @@ use oncebox_runtime::saga;
 use serde_json::Value;
 
 use super::html::{
-    self, Page, Viewer, approvals_table, badge, escape, hidden, json_pre, json_text_pre, link, micros, time,
+    self, Page, Viewer, approvals_table, badge, escape, hidden, json_pre, json_text_pre, link, micros, paths, time,
 };
 use super::{Refusal, flash, viewer};
 use crate::api;
@@ -73,7 +73,7 @@ pub fn runs_table(runs: &[RunSummary]) -> String {
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            link("/runs/", &run.run_id, &run.run_id),
+            link(&paths::run(&run.run_id), &run.run_id),
             run.steps,
             statuses.join(" "),
             run.awaiting_approval,
@@ -122,7 +122,7 @@ pub async fn runs(
 ) -> Result<Page, Refusal> {
     let viewer = viewer(&app, &headers, &uri)?;
     let (runs, next) = summaries_page(&app, &query, viewer.signed_in()).await?;
-    let body = format!("{}{}", runs_table(&runs), next_page("/runs", next.as_deref(), query.limit()));
+    let body = format!("{}{}", runs_table(&runs), next_page(paths::RUNS, next.as_deref(), query.limit()));
     Ok(Page::ok(html::page("Runs", &viewer, flash(&uri), &body)))
 }
 
@@ -145,7 +145,7 @@ pub async fn run(
         return Err(Refusal::Error(StatusCode::NOT_FOUND, format!("no run {run_id} in the ledger")));
     }
     ops.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then_with(|| a.step_id.cmp(&b.step_id)));
-    let back = format!("/runs/{}", html::encode(&run_id));
+    let back = paths::run(&run_id);
     let mut body = String::new();
     let summary = run_summaries(&ops, &approvals);
     body.push_str(&runs_table(&summary));
@@ -324,11 +324,11 @@ fn undone_form(run: &RunRecords, key: &str, viewer: &Viewer) -> String {
         return String::new();
     }
     format!(
-        "<form method=\"post\" action=\"/runs/{run}/undone-by-hand/{key}\" class=\"undone\">{csrf}\
+        "<form method=\"post\" action=\"{run}/undone-by-hand/{key}\" class=\"undone\">{csrf}\
          <label>Undone by <input type=\"text\" name=\"by\" required></label>\
          <label>How <input type=\"text\" name=\"note\" placeholder=\"refund reference\"></label>\
          <button type=\"submit\">Record undone by hand</button></form>",
-        run = escape(&html::encode(run.run_id)),
+        run = escape(&paths::run(run.run_id)),
         key = escape(&html::encode(key)),
         csrf = html::csrf_field(viewer),
     )
@@ -487,10 +487,10 @@ fn reconcile_form(run_id: &str, viewer: &Viewer, back: &str) -> String {
         );
     }
     format!(
-        "<form method=\"post\" action=\"/runs/{}/reconcile\" class=\"reconcile\">{}{}\
+        "<form method=\"post\" action=\"{}/reconcile\" class=\"reconcile\">{}{}\
          <button type=\"submit\" class=\"primary\">Reconcile run {}</button> \
          <span class=\"muted\">asks each unknown step's tool what happened, under the rule of evidence</span></form>",
-        escape(&html::encode(run_id)),
+        escape(&paths::run(run_id)),
         html::csrf_field(viewer),
         hidden("back", back),
         escape(run_id)
@@ -517,7 +517,7 @@ pub async fn unknowns(
         let effects = ledger.effects(&op.key).await?;
         body.push_str(&unknown_card(op, &effects, &viewer));
     }
-    body.push_str(&next_page("/unknowns", next.as_deref(), query.limit()));
+    body.push_str(&next_page(paths::UNKNOWNS, next.as_deref(), query.limit()));
     Ok(Page::ok(html::page("Unknowns", &viewer, flash(&uri), &body)))
 }
 
@@ -537,11 +537,11 @@ fn unknown_card(op: &OperationRecord, effects: &[EffectRecord], viewer: &Viewer)
         step = escape(&op.step_id),
         tool = escape(&op.tool),
         status = badge(op.status.as_str()),
-        run = link("/runs/", &op.run_id, &op.run_id),
+        run = link(&paths::run(&op.run_id), &op.run_id),
         since = time(op.updated_ms),
         effects = effects_table(&in_doubt),
     );
-    out.push_str(&reconcile_form(&op.run_id, viewer, "/unknowns"));
+    out.push_str(&reconcile_form(&op.run_id, viewer, paths::UNKNOWNS));
     if viewer.signed_in() {
         out.push_str(&settle_form(op, &in_doubt, viewer));
     }
@@ -562,7 +562,7 @@ fn settle_form(op: &OperationRecord, in_doubt: &[EffectRecord], viewer: &Viewer)
         String::new()
     };
     format!(
-        "<form method=\"post\" action=\"/unknowns/{key}/settle\" class=\"settle\"><h3>Settle by hand</h3>{csrf}{effect}\
+        "<form method=\"post\" action=\"{key}/settle\" class=\"settle\"><h3>Settle by hand</h3>{csrf}{effect}\
          <label><input type=\"radio\" name=\"verdict\" value=\"committed\" required> It took place: the output was</label>\
          <textarea name=\"output\" rows=\"3\" placeholder='{{\"id\": \"...\"}}'></textarea>\
          <label><input type=\"radio\" name=\"verdict\" value=\"not-committed\"> It did not take place \
@@ -570,7 +570,7 @@ fn settle_form(op: &OperationRecord, in_doubt: &[EffectRecord], viewer: &Viewer)
          <label>Decided by <input type=\"text\" name=\"by\" required></label>\
          <label>Note <input type=\"text\" name=\"note\"></label>\
          <button type=\"submit\" class=\"primary\">Settle</button></form>",
-        key = escape(&html::encode(&op.key)),
+        key = escape(&paths::unknown(&op.key)),
         csrf = html::csrf_field(viewer),
     )
 }
