@@ -59,23 +59,32 @@ async fn a_host_dropped_after_dispatch_leaves_unknown_and_the_next_call_dispatch
     assert_eq!(provider.counts("o-1").payments, 1);
 }
 
+/// The refund of run-1 to a host that honours keys, committed at the provider and left in doubt
+/// by a host that died waiting for its answer.
+fn refund() -> oncebox::Call {
+    let refund = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+    oncebox::Call::step("run-1", "refund", "refund", refund)
+}
+
+async fn a_refund_left_in_doubt(ledger: &std::path::Path, provider: &oncebox_example_provider::ProviderHandle) {
+    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
+    let host = host_for(ledger, provider, true).await;
+    let in_flight = tokio::spawn({
+        let host = host.clone();
+        async move { host.call(refund()).await }
+    });
+    eventually("the provider committed the refund", || provider.counts("o-1").refunds == 1).await;
+    in_flight.abort();
+    let _ = in_flight.await;
+}
+
 #[tokio::test]
 async fn after_a_crash_an_effect_in_doubt_at_a_key_honouring_host_is_resent_with_its_key_once() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("ledger.redb");
     let provider = Provider::start().await.expect("provider");
-    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
-    let refund = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
-    let call = || oncebox::Call::step("run-1", "refund", "refund", refund.clone());
-    let host = host_for(&ledger, &provider, true).await;
-    let in_flight = tokio::spawn({
-        let (host, call) = (host.clone(), call());
-        async move { host.call(call).await }
-    });
-    eventually("the provider committed the refund", || provider.counts("o-1").refunds == 1).await;
-    in_flight.abort();
-    let _ = in_flight.await;
-    drop(host);
+    a_refund_left_in_doubt(&ledger, &provider).await;
+    let call = refund;
 
     // Recovery left the operation unknown; the host honours keys within their retention, so the
     // next call takes it over and resends with the same key instead of waiting for a person.
@@ -95,19 +104,8 @@ async fn callers_racing_to_resend_an_unknown_wait_for_the_one_that_won() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = dir.path().join("ledger.redb");
     let provider = Provider::start().await.expect("provider");
-    provider.arm(Fault::new(Route::Refunds, FaultKind::Delay { delay_ms: 5_000 }).for_order("o-1"));
-    let refund = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
-    let call =
-        || oncebox::Call::step("run-1", "refund", "refund", refund.clone()).waiting(std::time::Duration::from_secs(20));
-    let host = host_for(&ledger, &provider, true).await;
-    let in_flight = tokio::spawn({
-        let (host, call) = (host.clone(), call());
-        async move { host.call(call).await }
-    });
-    eventually("the provider committed the refund", || provider.counts("o-1").refunds == 1).await;
-    in_flight.abort();
-    let _ = in_flight.await;
-    drop(host);
+    a_refund_left_in_doubt(&ledger, &provider).await;
+    let call = || refund().waiting(std::time::Duration::from_secs(20));
 
     // Unknown after the restart, and resendable with its key: several callers arrive at once,
     // each reads the unknown, and one of them reopens it; its resend is held a moment.
