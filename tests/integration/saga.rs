@@ -536,6 +536,8 @@ async fn an_operator_sees_the_exact_params_with_reveal_approves_them_and_the_shi
     let (code, _, stderr) = crate::support::oncebox(&[&approve[..], &["--by", "ops"]].concat());
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("cannot be unsealed here") && !stderr.contains("1 Main St"), "{stderr}");
+    // It says why: the key file it looked for, and what reading it said.
+    assert!(stderr.contains(&key_file.display().to_string()), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     std::fs::rename(&away, &key_file).expect("the key file back");
 

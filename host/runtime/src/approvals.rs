@@ -238,7 +238,7 @@ pub enum Decision {
 /// See [`decide_on`] to bind the decision to the component the person saw as well.
 pub async fn decide(
     ledger: &Ledger,
-    keying: Option<&crate::keys::FingerprintKey>,
+    keying: Result<&crate::keys::FingerprintKey, &str>,
     operation_key: &str,
     fingerprint: &str,
     decision: Decision,
@@ -253,14 +253,14 @@ pub async fn decide(
 /// since they looked). Whatever is given here, an approval lets only the component the request
 /// names run: a call of other code supersedes it (see the module's docs).
 ///
-/// `keying` is the key of whoever decides (the host's, or the CLI's key file): an approval of a
-/// request whose sensitive values it cannot unseal is refused, since the person could read only
-/// `[redacted]` where the values go, and a call fingerprinted under that key would not match the
-/// request anyway. A rejection needs no key.
+/// `keying` is the key of whoever decides (the host's, or the CLI's key file), or why there is
+/// none (said in the refusal): an approval of a request whose sensitive values it cannot unseal
+/// is refused, since the person could read only `[redacted]` where the values go, and a call
+/// fingerprinted under that key would not match the request anyway. A rejection needs no key.
 #[allow(clippy::too_many_arguments)]
 pub async fn decide_on(
     ledger: &Ledger,
-    keying: Option<&crate::keys::FingerprintKey>,
+    keying: Result<&crate::keys::FingerprintKey, &str>,
     operation_key: &str,
     fingerprint: &str,
     component: Option<&str>,
@@ -329,7 +329,7 @@ pub async fn decide_on(
                 ));
             }
             if record.sealed.is_some() {
-                let opened = keying.map_or_else(|| Err("no key to open them".to_string()), |key| reveal(&record, key));
+                let opened = keying.map_err(str::to_string).and_then(|key| reveal(&record, key));
                 if let Err(why) = opened {
                     return Err(refuse(format!(
                         "its sensitive values cannot be unsealed here ({why}), so what it would send cannot be \

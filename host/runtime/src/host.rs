@@ -498,7 +498,7 @@ impl Host {
     ) -> Result<crate::ledger::ApprovalRecord, CallError> {
         crate::approvals::decide(
             self.ledger(),
-            Some(&self.inner.stage.shared.keying),
+            Ok(&self.inner.stage.shared.keying),
             operation_key,
             fingerprint,
             decision,
@@ -521,7 +521,7 @@ impl Host {
     ) -> Result<crate::ledger::ApprovalRecord, CallError> {
         crate::approvals::decide_on(
             self.ledger(),
-            Some(&self.inner.stage.shared.keying),
+            Ok(&self.inner.stage.shared.keying),
             operation_key,
             fingerprint,
             component,

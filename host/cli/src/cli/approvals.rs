@@ -77,10 +77,10 @@ pub async fn decide_run(args: DecideArgs, approve: bool) -> anyhow::Result<Exit>
     let component = args.component.as_deref();
     // To approve sealed params is to have read them: with the key that opens them, as `approvals
     // show --reveal` does (the approval is refused without it; a rejection needs none).
-    let keying = if approve { ledger_key(&args.ledger).ok() } else { None };
+    let keying = if approve { ledger_key(&args.ledger) } else { Err("a rejection reads none".into()) };
     let record = decide_on(
         &ledger,
-        keying.as_ref(),
+        keying.as_ref().map_err(String::as_str),
         &args.key,
         &args.fingerprint,
         component,
