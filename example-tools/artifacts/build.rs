@@ -25,6 +25,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("HOSTILE", "test-hostile", "test-tools/hostile"),
     ("DIR_USER", "test-dir-user", "test-tools/dir-user"),
     ("KEY_CHANGER", "test-key-changer", "test-tools/key-changer"),
+    ("SELF_RETRIER", "test-self-retrier", "test-tools/self-retrier"),
 ];
 
 fn main() {

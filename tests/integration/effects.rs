@@ -274,3 +274,42 @@ async fn an_effect_left_in_doubt_keeps_the_operation_from_completing_even_if_a_l
     // The KV write made before the bank's call went to disk with its write-ahead, before the call left.
     assert_eq!(host.ledger().kv_get("panicky", "panicky/flipped").await.expect("kv").as_deref(), Some(&b"yes"[..]));
 }
+
+/// A tool that catches its refund's unknown outcome and sends the same request again itself:
+/// the host refuses the second send (a new key for a request of this attempt in doubt), so the
+/// provider refunds once, whether or not it honours keys.
+#[tokio::test]
+async fn a_tool_that_resends_its_own_lost_answer_is_refused_and_the_refund_lands_once() {
+    for honours_keys in [false, true] {
+        let dir = tempfile::tempdir().expect("dir");
+        let provider = oncebox_example_provider::Provider::start().await.expect("provider");
+        let host = crate::support::builder_for(&dir.path().join("l.redb"), &provider, honours_keys)
+            .tool_config("self-retrier", "base_url", provider.base_url())
+            .grant("self-retrier", crate::support::http_grant(&provider))
+            .build()
+            .await
+            .expect("host");
+        host.load(oncebox_artifacts::SELF_RETRIER).await.expect("load");
+        provider.arm(Fault::new(Route::Refunds, FaultKind::CommitThenError { status: 502 }).for_order("o-1"));
+        let refund = json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+        let call = || oncebox::Call::step("run-1", "refund", "self-retrier", refund.clone());
+        let outcome = host.call(call()).await.expect("call");
+        assert_eq!(provider.counts("o-1").refunds, 1, "honours_keys={honours_keys}: refunded once: {outcome:?}");
+        let key = outcome.operation_key.clone().expect("key");
+        let attempts = host.ledger().attempts(&key).await.expect("attempts");
+        let refused = attempts[0].message.clone().unwrap_or_default();
+        assert!(
+            refused.contains("the tool diverged") && refused.contains("earlier in this attempt"),
+            "honours_keys={honours_keys}: the second send refused: {refused}"
+        );
+        if honours_keys {
+            // The next attempt resends the first request with its own key: answered from the
+            // provider's record.
+            assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
+        } else {
+            assert_eq!(outcome.status, Status::Unknown, "{outcome:?}");
+        }
+        host.call(call()).await.expect("again");
+        assert_eq!(provider.counts("o-1").refunds, 1, "honours_keys={honours_keys}: still once");
+    }
+}

@@ -125,6 +125,34 @@ async fn exploration_catches_a_tool_whose_effect_key_changes_between_attempts() 
     assert!(text.contains("diverged: the tool diverged: effect `refund-"), "{text}");
 }
 
+#[tokio::test]
+async fn exploration_catches_a_tool_that_resends_its_own_lost_answer() {
+    let script = "[[effect]]\nlabel = \"unused\"\n";
+    let args = serde_json::json!({"order_id": "o-1", "amount_cents": 500}).to_string();
+    let report = harness(oncebox_artifacts::SELF_RETRIER, script).explore(&args).await.expect("explore");
+    assert!(!report.passed(), "the broken tool passed: {report}");
+    let duplicates = report.violations().filter(|(_, v)| matches!(v, Violation::Duplicate { .. })).count();
+    assert_eq!(duplicates, 0, "the host sent nothing twice: {report}");
+    for row in report.rows.iter().filter(|row| row.point != "fault-free") {
+        assert!(row.landed <= 1, "landed at most once: {report}");
+    }
+    // Caught in the attempt whose answer was lost, where the tool asked again itself.
+    let diverged: Vec<_> = report
+        .violations()
+        .filter_map(|(row, v)| match v {
+            Violation::Diverged(detail) => Some((row.point.clone(), detail.clone())),
+            _ => None,
+        })
+        .collect();
+    for point in ["lost-response", "commit-then-5xx"] {
+        let caught = diverged.iter().find(|(at, _)| at == point);
+        assert!(
+            caught.is_some_and(|(_, detail)| detail.contains("earlier in this attempt")),
+            "not caught at {point}: {report}"
+        );
+    }
+}
+
 #[test]
 fn oncebox_test_explore_exits_nonzero_naming_the_effect_the_point_and_the_divergence() {
     let dir = tempfile::tempdir().expect("dir");

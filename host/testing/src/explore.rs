@@ -84,7 +84,8 @@ fn duplicates(baseline: &Run, run: &Run) -> Vec<Violation> {
             let why = if copies.iter().all(|d| d.key == dispatch.key) {
                 "the same key was sent again to a downstream that does not deduplicate it"
             } else {
-                "its key changed between attempts, so the downstream took it for a new request"
+                "it went out again under another key (a label that changed between attempts, or the tool \
+                 sending it again itself), so the downstream took it for a new request"
             };
             violations.push(Violation::Duplicate {
                 label: dispatch.label.clone(),

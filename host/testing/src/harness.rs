@@ -96,8 +96,8 @@ pub struct Run {
     pub dispatches: Vec<Dispatch>,
     /// The ledger's effect records of the operation: every effect the tool attempted.
     pub effects: Vec<EffectRecord>,
-    /// What the host refused because an attempt asked for a new effect while an earlier one was in
-    /// doubt (the tool diverged between attempts): the attempts' messages.
+    /// What the host refused because an attempt asked, under a new key, for a request that took
+    /// place or may have (the tool diverged): the attempts' messages.
     pub diverged: Vec<String>,
     pub(crate) events: Vec<Event>,
 }

@@ -14,9 +14,10 @@ pub enum Violation {
     SilentResend { label: String, key: String },
     /// The final result is neither the fault-free one nor an honest unknown.
     Result(String),
-    /// An attempt asked again, under a new key, for a request an earlier attempt made and which took
-    /// place or may have: its key changed between attempts. The host refused to send it (without
-    /// that, it would have been a duplicate), and the step stays in doubt until reconciled.
+    /// An attempt asked again, under a new key, for a request that took place or may have: an
+    /// earlier attempt's (its label, and so its key, changed between attempts), or its own whose
+    /// answer was lost (the tool retried it itself). The host refused to send it (without that, it
+    /// would have been a duplicate), and the step stays in doubt until reconciled.
     Diverged(String),
 }
 

@@ -127,6 +127,9 @@ impl EffectCtx {
         if existing.is_none() && !scope.first {
             self.diverged(&scope, request.label, &key, request.kind, &request.fingerprint).await?;
         }
+        if existing.is_none() && !self.in_doubt.is_empty() {
+            self.retried_in_doubt(&scope, request.label, &key, request.kind, &request.fingerprint).await?;
+        }
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
                 return Err(ToolError::Permanent(format!(
@@ -294,6 +297,37 @@ impl EffectCtx {
             "{DIVERGED}: effect `{}` ({}) of an earlier attempt made this same request, and it took place or may \
              have; this attempt asks for it again as `{label}` ({key}); nothing was sent. A label must not change \
              between attempts, nor the component while a step is in doubt; reconcile the one in doubt",
+            open.label, open.key
+        );
+        self.broken.get_or_insert_with(|| message.clone());
+        Err(ToolError::UnknownOutcome(message))
+    }
+
+    /// Refuses a new effect key for a request this attempt already made and whose outcome is in
+    /// doubt: a tool that catches the unknown outcome and asks again (the same label's next
+    /// occurrence, or another label) would send what may have taken place under a key the
+    /// downstream has never seen, twice over whether or not it honours keys. The attempt cannot
+    /// complete (even if the guest swallows the error); the step stays in doubt, for reconcile to
+    /// settle. A request that differs (a lookup of what the first did) is not refused. Read only
+    /// once something of this attempt is in doubt.
+    async fn retried_in_doubt(
+        &mut self,
+        scope: &Scope,
+        label: &str,
+        key: &str,
+        kind: &str,
+        fingerprint: &str,
+    ) -> Result<(), ToolError> {
+        let recorded = scope.journal.effects().await.map_err(host_error)?;
+        let in_doubt = |e: &EffectRecord| self.in_doubt.iter().any(|d| d.key == e.key);
+        let Some(open) = recorded.into_iter().find(|e| in_doubt(e) && e.kind == kind && e.fingerprint == fingerprint)
+        else {
+            return Ok(());
+        };
+        let message = format!(
+            "{DIVERGED}: effect `{}` ({}) made this same request earlier in this attempt, and its outcome is in \
+             doubt; this attempt asks for it again as `{label}` ({key}); nothing was sent. A tool never retries an \
+             unknown outcome itself: the step ends unknown, and reconcile settles it",
             open.label, open.key
         );
         self.broken.get_or_insert_with(|| message.clone());
