@@ -140,3 +140,41 @@ async fn on_postgres_a_rejection_on_one_host_and_a_call_on_another_never_both_wi
     a_rejection_and_a_call_never_both_win(&a, &b, &provider, 100).await;
     approve_call_and_reject_at_once(&a, &b, &provider, 100..200).await;
 }
+
+/// Two people deciding one after the other: an approval that stands is not rewritten by a second
+/// approval (not who approved, not until when), on one host or across two; a rejection may still
+/// withdraw it before it is used, and says whose approval it ended.
+async fn a_standing_approval_is_decided_once(first: &Host, second: &Host, provider: &ProviderHandle, n: usize) {
+    provider.set_stock("sku-1", 100_000);
+    let asked = first.call(ship(n)).await.expect("call");
+    let (key, fp) = (asked.operation_key.clone().expect("key"), asked.fingerprint.clone().expect("fp"));
+    let until = first.ledger().now_ms() + 3_600_000;
+    first.decide(&key, &fp, Decision::Approve { expires_ms: Some(until) }, "carol", None).await.expect("carol");
+    for expires_ms in [Some(until - 3_000_000), None] {
+        let again = second.decide(&key, &fp, Decision::Approve { expires_ms }, "dave", None).await;
+        let why = again.expect_err("a second approval is refused").to_string();
+        assert!(why.contains("carol approved it at") && why.contains("it stands"), "{why}");
+    }
+    let kept = first.ledger().approval(&key).await.expect("read").expect("request");
+    assert_eq!((kept.decided_by.as_deref(), kept.expires_ms), (Some("carol"), Some(until)), "{kept:?}");
+
+    let withdrawn = second.decide(&key, &fp, Decision::Reject, "erin", Some("wrong address")).await.expect("reject");
+    let note = withdrawn.note.clone().unwrap_or_default();
+    assert!(note.starts_with("withdrew the approval carol gave at") && note.ends_with(": wrong address"), "{note}");
+    let answered = first.call(ship(n)).await.expect("call");
+    assert_eq!(answered.status, Status::Rejected, "{answered:?}");
+    assert_eq!(provider.counts(&format!("race-{n}")).fulfillments, 0, "nothing shipped");
+}
+
+#[tokio::test]
+async fn on_redb_a_standing_approval_is_not_rewritten_and_a_withdrawal_names_it() {
+    let f = Fixture::new().await;
+    a_standing_approval_is_decided_once(&f.host, &f.host, &f.provider, 0).await;
+}
+
+#[tokio::test]
+async fn on_postgres_a_standing_approval_is_not_rewritten_from_another_host() {
+    let (provider, dir) = (Provider::start().await.expect("provider"), tempfile::tempdir().expect("dir"));
+    let (a, b) = on_postgres(&provider, &dir).await;
+    a_standing_approval_is_decided_once(&a, &b, &provider, 0).await;
+}

@@ -313,6 +313,26 @@ pub async fn decide_on(
         )));
     }
     let now = ledger.now_ms();
+    // An approval that stands is not decided again by another approval: that would rewrite who
+    // approved and until when, and the first approver would be told they won a race they lost.
+    // A rejection may still withdraw it before it is used; the record keeps whose it ended.
+    let withdrawn = match (&record.state, &decision) {
+        (ApprovalState::Approved, _) if record.expired(now) => None,
+        (ApprovalState::Approved, Decision::Approve { .. }) => {
+            return Err(refuse(format!(
+                "{} approved it at {}{}; it stands, and a second approval would rewrite it: to withdraw it,                  reject it (final)",
+                record.decided_by.as_deref().unwrap_or("?"),
+                time(record.decided_ms.unwrap_or(0)),
+                record.expires_ms.map(|until| format!(" until {}", time(until))).unwrap_or_default()
+            )));
+        }
+        (ApprovalState::Approved, Decision::Reject) => Some(format!(
+            "withdrew the approval {} gave at {}",
+            record.decided_by.as_deref().unwrap_or("?"),
+            time(record.decided_ms.unwrap_or(0))
+        )),
+        _ => None,
+    };
     record.state = match decision {
         Decision::Approve { expires_ms } => {
             if expires_ms.is_some_and(|until| until <= now) {
@@ -348,7 +368,10 @@ pub async fn decide_on(
     };
     record.decided_by = Some(by.to_string());
     record.decided_ms = Some(now);
-    record.note = note.map(str::to_string);
+    record.note = match (withdrawn, note) {
+        (Some(withdrawn), Some(note)) => Some(format!("{withdrawn}: {note}")),
+        (withdrawn, note) => withdrawn.or(note.map(str::to_string)),
+    };
     record.revision += 1;
     match ledger.put_approval(&record).await {
         Ok(()) => {}
