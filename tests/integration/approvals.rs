@@ -157,6 +157,8 @@ async fn a_standing_approval_is_decided_once(first: &Host, second: &Host, provid
     }
     let kept = first.ledger().approval(&key).await.expect("read").expect("request");
     assert_eq!((kept.decided_by.as_deref(), kept.expires_ms), (Some("carol"), Some(until)), "{kept:?}");
+    let standing = oncebox::approvals::ApprovalView::of(&kept, first.ledger());
+    assert_eq!(standing.approve, None, "a standing approval offers no second one: {standing:?}");
 
     let withdrawn = second.decide(&key, &fp, Decision::Reject, "erin", Some("wrong address")).await.expect("reject");
     let note = withdrawn.note.clone().unwrap_or_default();
@@ -177,4 +179,21 @@ async fn on_postgres_a_standing_approval_is_not_rewritten_from_another_host() {
     let (provider, dir) = (Provider::start().await.expect("provider"), tempfile::tempdir().expect("dir"));
     let (a, b) = on_postgres(&provider, &dir).await;
     a_standing_approval_is_decided_once(&a, &b, &provider, 0).await;
+}
+
+/// An approval not used before it expired is approved again, by the command the call hands back.
+#[tokio::test]
+async fn an_expired_approval_hands_back_the_command_that_approves_it_again() {
+    let f = Fixture::new().await;
+    f.provider.set_stock("sku-1", 100);
+    let asked = f.host.call(ship(7)).await.expect("call");
+    let (key, fp) = (asked.operation_key.clone().expect("key"), asked.fingerprint.clone().expect("fp"));
+    let soon = f.host.ledger().now_ms() + 50;
+    f.host.decide(&key, &fp, Decision::Approve { expires_ms: Some(soon) }, "carol", None).await.expect("approve");
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let expired = f.host.call(ship(7)).await.expect("call");
+    assert_eq!(expired.status, Status::AwaitingApproval, "{expired:?}");
+    let shown = expired.approval.as_ref().expect("the request is shown");
+    assert!(shown.approve.as_deref().is_some_and(|c| c.contains(&fp)), "approve it again: {shown:?}");
+    assert_eq!(f.provider.counts("race-7").fulfillments, 0);
 }

@@ -14,7 +14,8 @@ pub fn approval(operation_key: &str) -> String {
 /// The page of every unknown outcome waiting for a reconcile or a person.
 pub const UNKNOWNS: &str = "/unknowns";
 
-/// The page of the unknown operation `operation_key` (its settle form posts there).
+/// Where the unknowns page's form settles the unknown operation `operation_key` (`/settle`
+/// after it); no page is served there.
 pub fn unknown(operation_key: &str) -> String {
     format!("{UNKNOWNS}/{}", segment(operation_key))
 }

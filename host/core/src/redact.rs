@@ -3,6 +3,7 @@
 
 use std::cell::OnceCell;
 
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use memchr::memmem;
 use serde_json::Value;
 
@@ -21,9 +22,9 @@ pub fn redact(value: &Value, pointers: &[String]) -> Value {
 /// The values at the sensitive pointers, to scrub from free text (a guest's error message or a
 /// traceback may echo a card number). A value that is not a string is scrubbed as its compact
 /// JSON and by each of its leaves too (strings and numbers), so that it is caught however the guest
-/// printed it (Python's repr of a dict, a JS object, one field of it). Longest first, so that a
-/// value is replaced before a leaf inside it; very short values are left alone: scrubbing "1"
-/// would garble text.
+/// printed it (Python's repr of a dict, a JS object, one field of it). Longest first (an order
+/// for readers; masking replaces what overlapping values cover together); very short values are
+/// left alone: scrubbing "1" would garble text.
 pub fn sensitive_values(value: &Value, pointers: &[String]) -> Vec<String> {
     fn leaves(value: &Value, out: &mut Vec<String>) {
         match value {
@@ -47,7 +48,7 @@ pub fn sensitive_values(value: &Value, pointers: &[String]) -> Vec<String> {
     values
 }
 
-/// Replaces every occurrence of a secret in `text`, in one pass over it.
+/// Replaces every occurrence of a secret in `text`.
 pub fn scrub(text: &str, secrets: &[String]) -> String {
     Finder::new(secrets).scrub(text).unwrap_or_else(|| text.to_string())
 }
@@ -56,38 +57,58 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
 /// ones too: what overlapping matches cover together is replaced once, so no part of either is
 /// left (a value and a leaf inside it, or two values sharing an end and a start). Built once per
 /// value masked, asked for each of its strings.
-struct Finder(Vec<memmem::Finder<'static>>);
+///
+/// Most strings hold no secret: each pattern's `memmem` searcher says so at the cost of a search.
+/// Where one is found, an Aho-Corasick automaton (built then, once) lists every match, overlapping
+/// ones included, in one pass: linear in the text and the matches whatever the patterns (a
+/// search restarted after each overlapping match was quadratic in a long periodic value).
+struct Finder {
+    patterns: Vec<Vec<u8>>,
+    searchers: Vec<memmem::Finder<'static>>,
+    automaton: OnceCell<Option<AhoCorasick>>,
+}
 
 impl Finder {
     fn new<P: AsRef<[u8]>>(patterns: &[P]) -> Finder {
-        let patterns = patterns.iter().map(AsRef::as_ref).filter(|p| !p.is_empty());
-        Finder(patterns.map(|p| memmem::Finder::new(p).into_owned()).collect())
+        let mut patterns: Vec<Vec<u8>> =
+            patterns.iter().map(|p| p.as_ref().to_vec()).filter(|p| !p.is_empty()).collect();
+        patterns.sort_unstable();
+        patterns.dedup();
+        let searchers = patterns.iter().map(|p| memmem::Finder::new(p).into_owned()).collect();
+        Finder { patterns, searchers, automaton: OnceCell::new() }
     }
 
     /// `haystack` with every match replaced by [`REDACTED`], or `None` when nothing matched.
     fn replace(&self, haystack: &[u8]) -> Option<Vec<u8>> {
-        let mut spans: Vec<(usize, usize)> = Vec::new();
-        for finder in &self.0 {
-            let mut at = 0;
-            while let Some(found) = finder.find(&haystack[at..]) {
-                spans.push((at + found, at + found + finder.needle().len()));
-                at += found + 1;
-            }
-        }
-        if spans.is_empty() {
+        if !self.searchers.iter().any(|searcher| searcher.find(haystack).is_some()) {
             return None;
         }
-        spans.sort_unstable();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
-        for (start, end) in spans {
-            match merged.last_mut() {
-                Some(last) if start < last.1 => last.1 = last.1.max(end),
-                _ => merged.push((start, end)),
+        // Building fails only past the automaton's size limits (gigabytes of patterns, far beyond
+        // any args a host accepts): then nothing of the text is kept rather than some of a secret.
+        let Some(automaton) = self.automaton.get_or_init(|| {
+            // The kind quickest to build: a value's few forms are searched in one text or a few,
+            // so building dominates (a DFA took about 40 us).
+            AhoCorasick::builder().kind(Some(AhoCorasickKind::NoncontiguousNFA)).build(&self.patterns).ok()
+        }) else {
+            return Some(REDACTED.as_bytes().to_vec());
+        };
+        // Matches come in the order of their ends: each one swallows the spans it overlaps, so
+        // the spans kept are disjoint and in order.
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for found in automaton.find_overlapping_iter(haystack) {
+            let (mut start, end) = (found.start(), found.end());
+            while let Some(&(kept_start, kept_end)) = spans.last() {
+                if start >= kept_end {
+                    break;
+                }
+                start = start.min(kept_start);
+                spans.pop();
             }
+            spans.push((start, end));
         }
         let mut out = Vec::with_capacity(haystack.len());
         let mut from = 0;
-        for (start, end) in merged {
+        for (start, end) in spans {
             out.extend_from_slice(&haystack[from..start]);
             out.extend_from_slice(REDACTED.as_bytes());
             from = end;
@@ -113,7 +134,9 @@ impl Finder {
 ///
 /// A string may hold JSON text itself (a downstream's body, kept as the text it sent): it is
 /// masked as JSON when it parses, so that however its writer escaped a value (`\u00df`,
-/// `\u00DF`, `\/`) the value is found; any other string is scrubbed of each secret as it is and in
+/// `\u00DF`, `\/`) the value is found, at any depth (JSON in a string in a string doubles its
+/// escapes at each level, so a text's depth is at most the logarithm of its length, and masking it
+/// parses it that many times at most); any other string is scrubbed of each secret as it is and in
 /// its JSON-escaped forms (a body quoting the value inside text).
 pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
     if secrets.is_empty() {
@@ -122,16 +145,10 @@ pub fn mask_value(value: &Value, secrets: &[String]) -> Option<Value> {
     let forms = escaped_forms(secrets);
     let (text, bytes) = (Finder::new(&forms), OnceCell::new());
     let composite = secrets.iter().any(|s| s.starts_with('{') || s.starts_with('['));
-    let mut walk = Walk { secrets, forms: &forms, text: &text, bytes: &bytes, composite, depth: 0, changed: false };
+    let mut walk = Walk { secrets, forms: &forms, text: &text, bytes: &bytes, composite, changed: false };
     let masked = walk.walk(value);
     walk.changed.then_some(masked)
 }
-
-/// How many strings deep JSON held in a string is parsed and masked as JSON (a downstream's body
-/// inside a tool's output inside a string is three). Deeper, a string is scrubbed as text, its
-/// escaped forms included: an output that nests itself cannot make masking parse it once per
-/// level (a 1 MiB output holds about nineteen).
-const JSON_IN_STRINGS_DEPTH: usize = 4;
 
 /// One walk of [`mask_value`] over a value.
 struct Walk<'a> {
@@ -145,8 +162,6 @@ struct Walk<'a> {
     bytes: &'a OnceCell<Finder>,
     /// Some secret is a whole object or array: only then is each one compared whole.
     composite: bool,
-    /// How many strings holding JSON this walk is inside.
-    depth: usize,
     changed: bool,
 }
 
@@ -154,14 +169,14 @@ impl Walk<'_> {
     fn scrubbed(&mut self, text: &str) -> String {
         if let Some(masked) = scrub_hex(text, || self.bytes.get_or_init(|| Finder::new(&hex_patterns(self.forms)))) {
             self.changed = true;
-            return masked;
+            // A secret of hex digits alone may stand in the string as it is, too.
+            return self.text.scrub(&masked).unwrap_or(masked);
         }
         let trimmed = text.trim_start();
-        if self.depth < JSON_IN_STRINGS_DEPTH
-            && (trimmed.starts_with('{') || trimmed.starts_with('['))
+        if (trimmed.starts_with('{') || trimmed.starts_with('['))
             && let Ok(inner) = serde_json::from_str::<Value>(text)
         {
-            let mut nested = Walk { depth: self.depth + 1, changed: false, ..*self };
+            let mut nested = Walk { changed: false, ..*self };
             let masked = nested.walk(&inner);
             if nested.changed {
                 self.changed = true;
@@ -230,7 +245,11 @@ pub fn mask_text(text: &str, secrets: &[String]) -> Option<String> {
         return None;
     }
     match serde_json::from_str::<Value>(text) {
-        Ok(value) => mask_value(&value, secrets).map(|masked| masked.to_string()),
+        // Parsing may have lost a form the text holds (a number too long for an integer read as a
+        // float): a text whose value masks nothing is scrubbed as text too.
+        Ok(value) => mask_value(&value, secrets)
+            .map(|masked| masked.to_string())
+            .or_else(|| Finder::new(&escaped_forms(secrets)).scrub(text)),
         Err(_) => Finder::new(&escaped_forms(secrets)).scrub(text),
     }
 }
@@ -447,20 +466,30 @@ mod tests {
     }
 
     #[test]
-    fn json_nested_in_strings_is_masked_as_json_to_a_depth_and_as_text_below_it() {
-        let secret = "Bahnhofstraße 10";
+    fn json_nested_in_strings_is_masked_however_deep_and_a_long_periodic_value_costs_a_pass() {
+        // A value with a quote, a backslash and a slash: escaped once more at every level.
+        let secret = r#"p"w0rd\b/cdef"#;
         let secrets = sensitive_values(&json!({ "a": secret }), &["/a".into()]);
-        // Within the depth, every escaping is decoded and the value found.
-        let shallow = json!({ "body": json!({ "body": r#"{"address": "Bahnhofstra\u00dfe 10"}"# }).to_string() });
-        let masked = mask_value(&shallow, &secrets).expect("masked").to_string();
-        assert!(!masked.contains("Bahnhof"), "{masked}");
-        // Below it, the value's plain and singly escaped forms are still found, as text.
-        let mut deep = json!({ "address": secret });
-        for _ in 0..12 {
-            deep = json!({ "body": deep.to_string() });
+        let mut nested = json!({ "password": secret, "address": "Stra\u{df}e 1" });
+        for depth in 0..8 {
+            let masked = mask_value(&nested, &secrets).expect("masked").to_string();
+            assert!(!masked.contains("w0rd") && !masked.contains("cdef"), "depth {depth}: {masked}");
+            nested = json!({ "body": nested.to_string() });
         }
-        let masked = mask_value(&deep, &secrets).expect("masked").to_string();
-        assert!(!masked.contains("Bahnhof"), "{masked}");
+        // A number too long for an integer, echoed in a JSON text: found in the text.
+        let account = sensitive_values(&json!({"n": "12345678901234567890123"}), &["/n".into()]);
+        let text = mask_text(r#"{"account": 12345678901234567890123}"#, &account).expect("masked");
+        assert!(!text.contains("1234567890"), "{text}");
+        // A secret of hex digits in a string that also decodes as hex holding another.
+        let secrets = vec!["12345678".to_string(), "ABCD".to_string()];
+        let both = format!("{}12345678", hex::encode("ABCD"));
+        let masked = mask_value(&json!({ "id": both }), &secrets).expect("masked").to_string();
+        assert!(!masked.contains("12345678"), "{masked}");
+        // A long value that repeats itself, in a long run of its character: every overlapping
+        // match is listed in one pass, and all of it is masked.
+        let run = "a".repeat(256 << 10);
+        let secrets: Vec<String> = (0..50).map(|n| "a".repeat(4_000 + n)).collect();
+        assert_eq!(scrub(&format!("x{run}y"), &secrets), format!("x{REDACTED}y"));
     }
 
     #[test]

@@ -111,7 +111,8 @@ pub enum Claim {
     /// This caller owns the operation now, with this token; `previous_attempts` were made before.
     Owned { fence: u64, previous_attempts: u32 },
     /// Completed, failed or unknown: answer from the record. From [`Store::reopen`], also an
-    /// operation another caller reopened first, claimed by it now.
+    /// operation claimed since it was read: another caller reopened it first, or a person's
+    /// settlement reopened it.
     Recorded(OperationRecord),
     /// The same step was called with different args.
     Conflict(OperationRecord),

@@ -31,7 +31,8 @@ pub struct ApprovalView {
     pub note: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
-    /// How to approve it, while it is pending (a decided or expired request is not approved).
+    /// How to approve it, while it may be: pending, or approved and expired unused (approved
+    /// again). A rejected or a standing approval is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approve: Option<String>,
 }
@@ -40,7 +41,8 @@ impl ApprovalView {
     pub fn of(record: &ApprovalRecord, ledger: &Ledger) -> Self {
         let state = record.standing(ledger.now_ms());
         ApprovalView {
-            approve: (state == ApprovalStanding::Pending).then(|| approve_command(record, ledger)),
+            approve: matches!(state, ApprovalStanding::Pending | ApprovalStanding::Expired)
+                .then(|| approve_command(record, ledger)),
             state,
             tool: record.tool.clone(),
             component: record.component.clone(),

@@ -70,6 +70,7 @@ pub(super) async fn admit(
     };
     // Before the claim: the lease the ledger grants can only end later than this says.
     let mut claimed_at = host.shared.ledger.now_ms();
+    let asked = Instant::now();
     let mut claimed = claim(host, &request, wait).await?;
     // A decision landed between the gate and the claim (the store checks the approval with the
     // claim): the gate decides again, on what the approval says now.
@@ -90,11 +91,12 @@ pub(super) async fn admit(
         && policy.redispatch_in_doubt
     {
         claimed = reopen(host, &request, policy).await?;
-        // Another caller reopened it first: it is theirs now, asked about as any other owner's
-        // is (a caller that asked to wait waits for that run's answer).
+        // Reopened meanwhile by another caller (it is theirs now), or by a person's settlement
+        // (nobody's until claimed): asked about again as any claim is, a caller that asked to
+        // wait waiting what is left of its wait for the other caller's answer.
         if matches!(&claimed, Claim::Recorded(op) if op.status == OperationStatus::Claimed) {
             claimed_at = host.shared.ledger.now_ms();
-            claimed = claim(host, &request, wait).await?;
+            claimed = claim(host, &request, wait.saturating_sub(asked.elapsed())).await?;
         }
     }
     let answer = match claimed {
@@ -113,7 +115,8 @@ pub(super) async fn admit(
             );
             Outcome::refused(&op, Status::Conflict, "conflict", message)
         }
-        // Another caller runs it (and a record that says claimed is no answer yet).
+        // Another caller runs it. (A record that says claimed is no answer: `claim` never gives
+        // one, and one from `reopen` is asked about again above.)
         Claim::Recorded(op) | Claim::InProgress(op) => {
             let message = format!("operation {} is being run by {}; try again later", op.key, op.owner);
             Outcome::refused(&op, Status::InProgress, "in-progress", message)
