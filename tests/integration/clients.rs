@@ -298,6 +298,26 @@ async fn a_models_tool_call_through_the_langgraph_tool_wrapper_is_keyed_by_the_g
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn tool_calls_langgraph_runs_at_once_are_each_their_own_step_by_their_place_in_the_message() {
+    let stage = Stage::new().await;
+    let lines = stage.lines("langgraph_scenarios.py", &["parallel", "lg-par"], &[]).await;
+    let steps: Vec<String> = event(&lines, "run")["steps"]
+        .as_array()
+        .map(|steps| steps.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    // Three calls of `charge` in one message: three steps, numbered by their place among them
+    // (a counter in the node's config gave all three step 0: a conflict, and a lost charge).
+    assert_eq!(steps.len(), 3, "{lines:?}");
+    for (n, step) in steps.iter().enumerate() {
+        assert!(step.starts_with("tools:") && step.ends_with(&format!("/tool:charge/{n}")), "{steps:?}");
+    }
+    let results = event(&lines, "tool-results")["contents"].to_string();
+    assert!(!results.contains("Conflict") && !results.contains("conflict"), "{results}");
+    // The order asked twice is charged twice (two calls of the model's), the other once.
+    assert_eq!((stage.payments("lg-par-a"), stage.payments("lg-par-b")), (2, 1), "{results}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_outcome_reaches_the_graph_as_a_typed_error_and_is_reconciled_not_sent_again() {
     // The provider commits, then holds its answer past the host's timeout for it.
     let stage = Stage::with(|p| format!("[hosts.\"{}\"]\ntimeout = \"300ms\"\n", p.addr())).await;

@@ -274,6 +274,38 @@ def scenario_tool(order: str, phase: str) -> None:
         emit("run", steps=[op.get("step_id") for op in run["operations"]])
 
 
+def scenario_parallel(order: str) -> None:
+    """A scripted model asks for three charges in one message (two orders, the first asked twice):
+    ToolNode runs them at once, each its own step by its place among the message's calls."""
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    with oncebox.Client(URL) as client:
+        calls = [
+            {"name": "charge", "args": charge_args(f"{order}-a"), "id": "call_a"},
+            {"name": "charge", "args": charge_args(f"{order}-b"), "id": "call_b"},
+            {"name": "charge", "args": charge_args(f"{order}-a"), "id": "call_a2"},
+        ]
+        model = FakeMessagesListChatModel(responses=[AIMessage("", tool_calls=calls)])
+
+        def agent(state: MessagesState) -> dict:
+            return {"messages": [model.invoke(state["messages"])]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent)
+        builder.add_node("tools", ToolNode([oncebox.langgraph.tool(client, "charge")]))
+        builder.add_edge(START, "agent")
+        builder.add_edge("agent", "tools")
+        builder.add_edge("tools", END)
+        g = builder.compile(checkpointer=checkpointer("parallel"))
+        done = g.invoke({"messages": [("user", f"charge {order}")]}, config(f"thread-{order}"), durability="sync")
+        emit("tool-results", contents=[str(m.content) for m in done["messages"] if m.type == "tool"])
+        run = client.run(f"langgraph:thread-{order}")
+        emit("run", steps=sorted(op.get("step_id") for op in run["operations"]))
+
+
 if __name__ == "__main__":
     scenario, *rest = sys.argv[1:]
     globals()[f"scenario_{scenario}"](*rest)

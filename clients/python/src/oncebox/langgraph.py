@@ -109,11 +109,13 @@ def tool(client: Client, name: str, description: Optional[str] = None, args_sche
     """A LangChain tool that calls oncebox's ``name`` with the graph's identity.
 
     For a model's tool calls run by LangGraph's ``ToolNode``: the step is
-    ``<checkpoint_ns>/tool:<name>/<n>`` (``n`` counts this tool's calls in the node's execution),
-    never the model's tool-call id. ``args_schema`` defaults to the tool's input schema as the
-    server lists it; the tool's output is the outcome's ``output``.
+    ``<checkpoint_ns>/tool:<name>/<n>``, ``n`` the call's place among the calls of ``name`` in
+    the message that asked for them (0, 1, ...; see :func:`nth_call`), never the model's
+    tool-call id. ``args_schema`` defaults to the tool's input schema as the server lists it; the
+    tool's output is the outcome's ``output``.
     """
     from langchain_core.tools import StructuredTool
+    from langgraph.prebuilt import ToolRuntime
 
     if args_schema is None or description is None:
         listed = next((t for t in client.tools()["tools"] if t["name"] == name), None)
@@ -122,16 +124,44 @@ def tool(client: Client, name: str, description: Optional[str] = None, args_sche
         args_schema = args_schema if args_schema is not None else listed["input_schema"]
         description = description if description is not None else listed["description"]
 
-    def run(**args: Any) -> Any:
-        identity("-")  # inside a graph, or a clear error
-        with _LOCK:
-            configurable = get_config().get("configurable") or {}
-            per_node = configurable.setdefault("__oncebox_tools", {})
-            n = per_node.get(name, 0)
-            per_node[name] = n + 1
-        return call(client, name, args, step=f"tool:{name}/{n}").output
+    def run(runtime: ToolRuntime, **args: Any) -> Any:
+        return call(client, name, args, step=f"tool:{name}/{nth_call(runtime, name)}").output
+
+    # ToolNode injects `runtime` by its annotation, which this module's postponed annotations
+    # leave as a string naming an import local to this function: given as the class itself.
+    run.__annotations__["runtime"] = ToolRuntime
 
     return StructuredTool.from_function(func=run, name=name, description=description, args_schema=args_schema)
+
+
+def nth_call(runtime: Any, name: str) -> int:
+    """The place of the tool call ``runtime`` runs among the calls of ``name`` in the message that
+    asked for them (0, 1, ...).
+
+    ``ToolNode`` runs a message's tool calls at once, each in a config of its own, so no counter
+    can number them; the message is in the checkpoint, so its calls' order is the same on every
+    run of the node. The tool-call id only finds the call in it: it is model output, and never
+    part of the key.
+    """
+    call_id = getattr(runtime, "tool_call_id", None)
+    state = getattr(runtime, "state", None)
+    messages = state.get("messages") if isinstance(state, Mapping) else getattr(state, "messages", None)
+    for message in reversed(messages or []):
+        calls = list(getattr(message, "tool_calls", None) or [])
+        ids = [c.get("id") for c in calls]
+        if call_id is None or call_id not in ids:
+            continue
+        if ids.count(call_id) > 1:
+            raise RuntimeError(
+                f"two tool calls of one message share the id {call_id!r}: oncebox cannot tell them apart, "
+                "so neither is made"
+            )
+        place = ids.index(call_id)
+        return sum(1 for c in calls[:place] if c.get("name") == name)
+    raise RuntimeError(
+        "oncebox.langgraph.tool runs in LangGraph's ToolNode over a state with `messages`: the tool call "
+        f"{call_id!r} was not found in them, so its place (its step) is unknown and nothing is called"
+    )
 
 
 #: The request `_meta` keys oncebox's MCP server reads a call's identity from.
@@ -148,18 +178,13 @@ def mcp_meta(step: Optional[str] = None) -> dict[str, str]:
 def mcp_interceptor(session: Any) -> Any:
     """A ``tool_interceptors`` entry for langchain-mcp-adapters' ``load_mcp_tools(session, ...)``:
     each MCP tool call a graph's ``ToolNode`` makes carries the graph's identity in ``_meta``
-    (step ``mcp:<tool>/<n>`` within the node's execution; never the model's tool-call id).
+    (step ``mcp:<tool>/<n>``, ``n`` as :func:`nth_call` places it; never the model's tool-call id).
 
     It sends the call on ``session`` itself, because the adapters do not pass ``_meta`` on.
     """
 
     async def intercept(request: Any, handler: Any) -> Any:
-        with _LOCK:
-            configurable = get_config().get("configurable") or {}
-            per_node = configurable.setdefault("__oncebox_tools", {})
-            n = per_node.get(request.name, 0)
-            per_node[request.name] = n + 1
-        meta = mcp_meta(f"mcp:{request.name}/{n}")
+        meta = mcp_meta(f"mcp:{request.name}/{nth_call(request.runtime, request.name)}")
         return await session.call_tool(request.name, request.args, meta=meta)
 
     return intercept
