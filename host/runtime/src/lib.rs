@@ -21,7 +21,9 @@
 //!   one room its stages report their spans to (OpenTelemetry), and the caller's trace context.
 //! - `approvals`: asking a person, and binding the answer to the params and the component.
 //! - `reconcile`: asking the authority about an unknown outcome, and a person settling one;
-//!   `reconciler`: asking again in the background, with backoff, until the proof arrives.
+//!   `reconciler`: asking again in the background, with backoff, until the proof arrives;
+//!   `abandoned`: ending a claim whose owner is gone without running it (for the reconciler,
+//!   compensation and a person's word).
 //! - `saga`, `recovery`, `retention`: undoing a run, what a restart left, what may be forgotten.
 //! - `outbox/`: the relay that delivers outbox messages to their topics' endpoints, in order, at
 //!   least once and keyed (its rules are `oncebox_core::delivery`; `send.rs`: one send).
@@ -33,6 +35,7 @@
 //! rolled into [`Error`]. A tool that fails is not an error: it is an [`Outcome`] with a status.
 //! `anyhow` appears only in the binary.
 
+mod abandoned;
 mod approval_view;
 pub mod approvals;
 mod attempt_log;

@@ -33,6 +33,9 @@ pub use oncebox_core::reconcile_schedule::{MAX_SCHEDULED, MAX_TRIES_PER_PASS, MI
 /// How long one host's try of an operation holds it on a shared ledger: longer than a try takes
 /// (the tool's `reconcile` runs under its attempt deadline, 30 s by default).
 const TRY_LEASE: Duration = Duration::from_secs(120);
+/// How long the reconciler holds a gone owner's claim it takes over: only while it ends it (a
+/// claim it finds nothing in doubt in under its own is let go, for the step's next call).
+const ABANDONED_LEASE_MS: u64 = 10_000;
 
 /// What one try found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -106,6 +109,9 @@ pub struct Reconciler {
     /// call that made it may not have (it notifies after its request is written, and a crash may
     /// come between), or made while `[notify]` was not set.
     told_pending: std::collections::HashSet<String>,
+    /// The claims whose owner is gone that this reconciler found nothing in doubt in, with the
+    /// fence it read: not read again until another owner takes them (see [`Reconciler::refresh`]).
+    left_abandoned: std::collections::HashMap<String, u64>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -143,6 +149,7 @@ impl Reconciler {
             observers: vec![],
             told: std::collections::HashSet::new(),
             told_pending: std::collections::HashSet::new(),
+            left_abandoned: std::collections::HashMap::new(),
         }
     }
 
@@ -209,11 +216,18 @@ impl Reconciler {
     /// Reads the unknown operations whose tool is loaded and exports `reconcile` into the schedule,
     /// from the ledger's index of open work, O(open), whatever the history; and tells a person
     /// (`[notify]`) of every unknown one, whatever its tool, left unsettled for `unknown_after`.
+    ///
+    /// First it ends, unknown, every claim whose owner is gone with an effect in doubt: a host
+    /// killed while it sent, on a ledger others share, leaves its step claimed, and until its next
+    /// call takes it over (which may never come: the orchestrator may have died too) nothing would
+    /// ask the downstream or tell a person of an effect that may have taken place. A claim with
+    /// nothing in doubt is left for its next call to take over and run.
     async fn refresh(&mut self) -> Result<(), LedgerError> {
         let now = self.host.ledger().now_ms();
         // Marked read even when it fails, so that a failing ledger is read again after `every`,
         // not at once.
         self.refreshed_ms = Some(now);
+        self.end_abandoned(now).await?;
         let all_unknown: Vec<_> = self
             .host
             .ledger()
@@ -253,6 +267,36 @@ impl Reconciler {
                 scheduled = self.schedule.len(),
                 "more unknown operations than the reconciler schedules at once; the rest wait for these to settle"
             );
+        }
+        Ok(())
+    }
+
+    /// Ends, unknown, each claim whose owner is gone and which holds an effect in doubt
+    /// ([`crate::abandoned::close_abandoned`]: a take-over, fenced, as the step's next call would
+    /// make). O(open): read from the index of open work.
+    async fn end_abandoned(&mut self, now: u64) -> Result<(), LedgerError> {
+        let ledger = self.host.ledger().clone();
+        let abandoned = ledger.open_operations(now, |why| matches!(why, Why::Abandoned { .. })).await?;
+        self.left_abandoned.retain(|key, _| abandoned.iter().any(|op| &op.key == key));
+        let closer =
+            crate::abandoned::Closer { owner: &self.jitter_domain, lease_ms: ABANDONED_LEASE_MS, why: None, then: "" };
+        for op in &abandoned {
+            if self.left_abandoned.get(&op.key) == Some(&op.fence) {
+                continue;
+            }
+            match crate::abandoned::close_abandoned(&ledger, &closer, op).await {
+                Ok(Some((status, why))) => tracing::warn!(
+                    operation_key = %op.key, tool = %op.tool, status = status.as_str(), %why,
+                    "a claim whose owner is gone held an effect in doubt: ended, for a reconcile or a person"
+                ),
+                Ok(None) => {
+                    self.left_abandoned.insert(op.key.clone(), op.fence);
+                }
+                Err(e) => tracing::warn!(
+                    operation_key = %op.key, error = %e,
+                    "could not end a claim whose owner is gone; tried again at the next reading"
+                ),
+            }
         }
         Ok(())
     }

@@ -119,9 +119,26 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
                     // Nobody need decide: whichever comes first takes it over, and nothing of it
                     // is sent again blindly (an effect it may have sent makes it unknown).
                     // A compensation's claim, or a person's word: resumed by compensate, or said again.
+                    step.effects_in_doubt = ledger
+                        .effects(&open.operation_key)
+                        .await?
+                        .into_iter()
+                        .filter(|e| e.status.in_doubt())
+                        .map(|e| e.key)
+                        .collect();
+                    let runs_it = if step.effects_in_doubt.is_empty() {
+                        "takes it over and runs it".to_string()
+                    } else {
+                        format!(
+                            "takes it over: the effect(s) it left in doubt ({}) are sent again, with their keys, \
+                             only to a downstream that honours them, else it ends unknown (as a server's reconciler \
+                             ends it by itself)",
+                            step.effects_in_doubt.join(", ")
+                        )
+                    };
                     step.next = Some(crate::saga::next_for_abandoned(open, &run_id, &path).unwrap_or_else(|| {
                         format!(
-                            "its owner {owner} is gone: the next call of step `{}` takes it over and runs it, or \
+                            "its owner {owner} is gone: the next call of step `{}` {runs_it}, or \
                              `oncebox compensate --ledger {path} --run {run_id} --tools DIR` takes it over and ends it",
                             open.step_id
                         )

@@ -146,3 +146,50 @@ async fn two_servers_on_one_database_settle_an_unknown_once_and_neither_counts_a
     provider.settled().await;
     assert_eq!(provider.counts("pg-auto").payments, 1);
 }
+
+/// A server killed while its charge was at the provider, on a database two servers share: the
+/// step stays claimed by a dead owner, and nobody calls it again (the orchestrator died too). The
+/// other server's reconciler ends the claim unknown once its lease has run out, asks the
+/// provider, and completes it: the charge is never invisible, and never made twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_charge_left_by_a_killed_server_is_settled_by_the_other_without_another_call() {
+    let provider = Provider::start().await.expect("provider");
+    provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 20_000 }).for_order("gone1"));
+    let setup = Setup::reconciling(&provider, "[reconciler]\nfirst = \"100ms\"\nevery = \"200ms\"\n")
+        .on_shared(crate::pg::fresh_database().await);
+    let mut dying = setup.serve_with(&["--lease-ms", "1000"]);
+    let survivor = setup.serve();
+    let body = json!({ "run_id": "gone", "step_id": "charge-gone1", "tool": "charge", "args": charge("gone1") });
+    let sent = tokio::spawn(client().post(dying.url("/v1/calls")).json(&body).send());
+    crate::support::eventually("the provider committed the charge", || provider.counts("gone1").payments == 1).await;
+    dying.kill();
+    let _ = sent.await;
+
+    let run: Value = client().get(survivor.url("/v1/runs/gone")).send().await.expect("get").json().await.expect("json");
+    let key = run["operations"][0]["key"].as_str().unwrap_or_else(|| panic!("the step's operation: {run}")).to_string();
+    let seen = watch_until(&survivor, &key, "completed", Duration::from_secs(20)).await;
+    assert_eq!(seen.last().map(String::as_str), Some("completed"), "{seen:?}\n{}", survivor.log());
+    assert!(seen.iter().all(|s| s == "claimed" || s == "unknown" || s == "completed"), "never failed: {seen:?}");
+    assert!(survivor.log().contains("a claim whose owner is gone held an effect in doubt"), "{}", survivor.log());
+    assert_eq!(provider.counts("gone1").payments, 1, "one charge, found by the lookup, never sent again");
+    let again = charge_through(&survivor, "gone", "gone1").await;
+    assert_eq!((again["status"].as_str(), again["replayed"].as_bool()), (Some("completed"), Some(true)), "{again}");
+    assert_eq!(provider.counts("gone1").payments, 1);
+}
+
+/// Polls the operation every 100 ms for up to `within`: every status seen, until `wanted`.
+async fn watch_until(server: &Server, key: &str, wanted: &str, within: Duration) -> Vec<String> {
+    let since = Instant::now();
+    let mut seen: Vec<String> = Vec::new();
+    while since.elapsed() < within {
+        let status = status_of(server, key).await;
+        if seen.last() != Some(&status) {
+            seen.push(status.clone());
+        }
+        if status == wanted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}

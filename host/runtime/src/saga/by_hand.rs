@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::abandoned::{Closer, close_abandoned};
 use crate::clock::rfc3339 as time;
 use crate::error::CallError;
 use crate::keys::{BY_HAND, FingerprintKey, canonical_json, operation_key, undone_by_hand_key};
@@ -98,8 +99,8 @@ pub async fn undone_by_hand(
         };
         ended_abandoned = true;
         let why = format!("a person's word that they undid step `{step_id}` by hand, so that no compensate resumes it");
-        let closer = super::Closer { owner: BY_HAND, lease_ms: LEASE_MS, why: &why };
-        match super::close_abandoned(ledger, &closer, &abandoned).await? {
+        let closer = Closer { owner: BY_HAND, lease_ms: LEASE_MS, why: Some(&why), then: ", then compensate again" };
+        match close_abandoned(ledger, &closer, &abandoned).await? {
             Some((OperationStatus::Failed, _)) => continue,
             Some((_, why)) => {
                 return Err(refused(format!(
