@@ -31,8 +31,8 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
     /// The URL browsers and clients reach this server at, when it is not `http://LISTEN` (behind a
-    /// proxy, or listening on `0.0.0.0`): the console takes decisions only from this origin, and
-    /// links to approvals name it.
+    /// proxy, or listening on `0.0.0.0`): the console takes decisions only from this origin (and
+    /// its own loopback address and port), and links to approvals name it.
     #[arg(long, value_name = "URL")]
     pub public_url: Option<url::Url>,
     /// Serve MCP over stdin and stdout instead of HTTP (an agent starts the server itself).
