@@ -89,7 +89,8 @@ pub(super) fn failed(store: &str, sql: &str, e: &Error) -> LedgerError {
 /// with their causes.
 pub(super) fn describe(e: &Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        let hint = pooler_hint(db.code().code(), db.message()).map(|hint| format!(": {hint}")).unwrap_or_default();
+        return format!("{} (SQLSTATE {}){hint}", db.message(), db.code().code());
     }
     let mut out = e.to_string();
     let mut source = std::error::Error::source(e);
@@ -99,6 +100,33 @@ pub(super) fn describe(e: &Error) -> String {
         source = cause.source();
     }
     out.replace('\n', " ")
+}
+
+/// What an error from the server means when a connection pooler stands between the host and the
+/// server: the ledger needs a session of its own (its settings sent at startup, its prepared
+/// statements, `LISTEN`), which a pooler in transaction mode does not keep. Each error a pooler
+/// leads to, named, with what to do (docs/backends.md, "Connection poolers").
+pub(super) fn pooler_hint(code: &str, message: &str) -> Option<&'static str> {
+    const SESSION: &str = "the ledger needs a PostgreSQL session of its own: connect to the server directly, or \
+                           through a pooler in session mode (docs/backends.md, connection poolers)";
+    match code {
+        // PgBouncer refuses libpq's `options`, which carry the ledger's session settings.
+        "08P01" if message.contains("unsupported startup parameter") => Some(
+            "a connection pooler refused the session settings every connection of the ledger starts with; \
+             the ledger needs a PostgreSQL session of its own: connect to the server directly, or through a \
+             pooler in session mode that passes them (docs/backends.md, connection poolers)",
+        ),
+        // The schema guard found no `oncebox.schema`, which this host always sets at startup.
+        "OBXSC" if message.contains("= unset") => Some(
+            "this host sets it when it connects, so something on the way dropped its session settings (a \
+             pooler's ignore_startup_parameters); the ledger needs a PostgreSQL session of its own \
+             (docs/backends.md, connection poolers)",
+        ),
+        // Another client's prepared statements on this server connection: a pooler handing one
+        // server session to several clients, a transaction at a time.
+        "26000" | "42P05" if message.contains("prepared statement") => Some(SESSION),
+        _ => None,
+    }
 }
 
 /// The advisory lock of everything about operation `key`: its row (or its absence), its
@@ -199,6 +227,22 @@ mod tests {
         let (ids, exclusive) = ordered(vec![(3, false), (1, true), (3, true), (2, false), (2, false)]);
         assert_eq!((ids, exclusive), (vec![1, 2, 3], vec![true, false, true]));
         assert_ne!(run_lock("op"), operation_lock("op"));
+    }
+
+    #[test]
+    fn what_a_pooler_leads_to_is_named_and_nothing_else_is() {
+        // As PgBouncer 1.18 and PostgreSQL word them (an outside try behind PgBouncer).
+        let refused = pooler_hint("08P01", "unsupported startup parameter: options");
+        assert!(refused.is_some_and(|h| h.contains("session settings") && h.contains("session mode")));
+        let unset =
+            "oncebox: this ledger is at schema version 2 and this session writes another (oncebox.schema = unset)";
+        assert!(pooler_hint("OBXSC", unset).is_some_and(|h| h.contains("dropped")));
+        assert!(pooler_hint("26000", "prepared statement \"s29\" does not exist").is_some());
+        assert!(pooler_hint("42P05", "prepared statement \"s0\" already exists").is_some());
+        // An older host's schema, or any other error, is what it says.
+        assert_eq!(pooler_hint("OBXSC", "this session writes another (oncebox.schema = 1)"), None);
+        assert_eq!(pooler_hint("08P01", "invalid message length"), None);
+        assert_eq!(pooler_hint("40P01", "deadlock detected"), None);
     }
 
     #[test]
