@@ -14,7 +14,7 @@ struct Need {
     present: fn() -> bool,
 }
 
-const NEEDS: [Need; 5] = [
+const NEEDS: [Need; 6] = [
     // The PostgreSQL backend's tests start their own throwaway cluster (test-support/pg-cluster).
     Need { what: "PostgreSQL's server (initdb)", packages: &["postgresql"], present: postgres },
     // The console's test drives Debian's browser headless with playwright-core (no browser download).
@@ -25,6 +25,8 @@ const NEEDS: [Need; 5] = [
     Need { what: "Python's venv (with ensurepip)", packages: &["python3-venv"], present: venv },
     // A host whose own clock runs ahead, against the shared ledger's clock (multihost.rs).
     Need { what: "libfaketime", packages: &["faketime"], present: faketime },
+    // The PostgreSQL ledger behind a connection pooler in front of the throwaway cluster.
+    Need { what: "PgBouncer", packages: &["pgbouncer"], present: pgbouncer },
 ];
 
 /// Installs with apt-get what the tests need and this machine lacks. Where apt-get is not there,
@@ -85,6 +87,14 @@ fn node() -> bool {
 fn venv() -> bool {
     Command::new("python3").args(["-c", "import ensurepip, venv"]).output().is_ok_and(|out| out.status.success())
 }
+
+/// Debian puts it in /usr/sbin, which a user's `PATH` may lack.
+fn pgbouncer() -> bool {
+    PGBOUNCER.iter().any(|path| Path::new(path).is_file()) || on_path("pgbouncer")
+}
+
+/// Where Debian's package puts PgBouncer.
+const PGBOUNCER: [&str; 2] = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"];
 
 fn faketime() -> bool {
     Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1").exists()

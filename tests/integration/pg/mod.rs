@@ -11,6 +11,7 @@ pub use oncebox_pg_cluster::fresh_database;
 mod claims;
 mod groups;
 mod open_work;
+mod poolers;
 mod riding;
 mod schema;
 
