@@ -56,8 +56,21 @@ pub fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result
     serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("the request body: {e}")))
 }
 
+/// Every answer of the API: its JSON with each character that would hide from a reader written as
+/// its escape (`\u202e`, `oncebox_core::shown`), the same value to any JSON reader, and what a
+/// person reading the raw answer (curl, a log, an approval tool's page built on it) sees as stored.
 fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
-    (status, axum::Json(value)).into_response()
+    match serde_json::to_string(value) {
+        Ok(text) => (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            oncebox_runtime::shown::reveal(&text).into_owned(),
+        )
+            .into_response(),
+        Err(e) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("the answer could not be written as JSON: {e}")).into_response()
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -375,6 +375,22 @@ async fn an_approver_reads_characters_that_hide_as_their_escapes_and_approves_th
         }
     }
 
+    // The API's raw answer too (an approval tool built on it, curl): escaped, and the exact value
+    // to a JSON reader.
+    let raw = client()
+        .get(server.url(&format!("/v1/approvals/{key}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("approval")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(hidden(&raw), None, "a character that hides reached the API's answer: {raw}");
+    assert!(raw.contains("sku\\u200b-1"), "the sku as its escape: {raw}");
+    let parsed: Value = serde_json::from_str(&raw).expect("JSON");
+    assert!(parsed.to_string().contains("sku\u{200B}-1"), "the exact value to a JSON reader: {parsed}");
+
     let response = client()
         .post(server.url(&format!("/v1/approvals/{key}/approve")))
         .bearer_auth(TOKEN)
