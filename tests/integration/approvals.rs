@@ -154,6 +154,7 @@ async fn a_standing_approval_is_decided_once(first: &Host, second: &Host, provid
         let again = second.decide(&key, &fp, Decision::Approve { expires_ms }, "dave", None).await;
         let why = again.expect_err("a second approval is refused").to_string();
         assert!(why.contains("carol approved it at") && why.contains("it stands"), "{why}");
+        assert!(!why.contains("  "), "one line of single spaces: {why}");
     }
     let kept = first.ledger().approval(&key).await.expect("read").expect("request");
     assert_eq!((kept.decided_by.as_deref(), kept.expires_ms), (Some("carol"), Some(until)), "{kept:?}");

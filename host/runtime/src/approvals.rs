@@ -320,7 +320,7 @@ pub async fn decide_on(
         (ApprovalState::Approved, _) if record.expired(now) => None,
         (ApprovalState::Approved, Decision::Approve { .. }) => {
             return Err(refuse(format!(
-                "{} approved it at {}{}; it stands, and a second approval would rewrite it: to withdraw it,                  reject it (final)",
+                "{} approved it at {}{}; it stands, and a second approval would rewrite it: to withdraw it, reject it (final)",
                 record.decided_by.as_deref().unwrap_or("?"),
                 time(record.decided_ms.unwrap_or(0)),
                 record.expires_ms.map(|until| format!(" until {}", time(until))).unwrap_or_default()

@@ -479,6 +479,11 @@ impl Host {
         Ok(report)
     }
 
+    /// How long this host's claims last unless renewed (`HostBuilder::lease`).
+    pub fn lease(&self) -> Duration {
+        self.inner.stage.lease
+    }
+
     /// Who tells a person about approvals, unknowns and stuck compensations (`[notify]`).
     pub fn notifier(&self) -> Option<&crate::notify::Notifier> {
         self.inner.stage.shared.notifier.as_deref()

@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::clock::millis;
 use crate::error::{CallError, LedgerError};
 use crate::host::Host;
-use crate::ledger::{ApprovalStanding, OperationStatus, ReconcileNote, Why};
+use crate::ledger::{ApprovalStanding, OperationRecord, OperationStatus, ReconcileNote, Why, run_state};
 use crate::reconcile::Reconciliation;
 
 pub use oncebox_core::reconcile_schedule::{MAX_SCHEDULED, MAX_TRIES_PER_PASS, MIN_GAP, Schedule, Settings, next_try};
@@ -109,9 +109,9 @@ pub struct Reconciler {
     /// call that made it may not have (it notifies after its request is written, and a crash may
     /// come between), or made while `[notify]` was not set.
     told_pending: std::collections::HashSet<String>,
-    /// The claims whose owner is gone that this reconciler found nothing in doubt in, with the
-    /// fence it read: not read again until another owner takes them (see [`Reconciler::refresh`]).
-    left_abandoned: std::collections::HashMap<String, u64>,
+    /// The claims whose owner is gone that this reconciler found nothing in doubt in: when it
+    /// looked, and the fence and lease it read (see [`Reconciler::end_abandoned`]).
+    left_abandoned: std::collections::HashMap<String, (u64, (u64, u64))>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -227,15 +227,10 @@ impl Reconciler {
         // Marked read even when it fails, so that a failing ledger is read again after `every`,
         // not at once.
         self.refreshed_ms = Some(now);
-        self.end_abandoned(now).await?;
-        let all_unknown: Vec<_> = self
-            .host
-            .ledger()
-            .open_operations(now, |why| *why == Why::Unknown)
-            .await?
-            .into_iter()
-            .filter(|op| op.status == OperationStatus::Unknown)
-            .collect();
+        let open = self.host.ledger().open_operations(now, |why| matches!(why, Why::Unknown | Why::Abandoned { .. }));
+        let (mut all_unknown, abandoned): (Vec<_>, Vec<_>) =
+            open.await?.into_iter().partition(|op| op.status == OperationStatus::Unknown);
+        all_unknown.extend(self.end_abandoned(abandoned, now).await);
         if let Some(notifier) = self.host.notifier() {
             let unknown_now: std::collections::HashSet<&str> = all_unknown.iter().map(|op| op.key.as_str()).collect();
             self.told.retain(|key| unknown_now.contains(key.as_str()));
@@ -271,26 +266,46 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Ends, unknown, each claim whose owner is gone and which holds an effect in doubt
-    /// ([`crate::abandoned::close_abandoned`]: a take-over, fenced, as the step's next call would
-    /// make). O(open): read from the index of open work.
-    async fn end_abandoned(&mut self, now: u64) -> Result<(), LedgerError> {
+    /// Ends, unknown, each of the `abandoned` claims (owner gone, read from the index of open
+    /// work) that holds an effect in doubt ([`crate::abandoned::close_abandoned`]: a take-over,
+    /// fenced, as the step's next call would make); answers the operations it ended. Not before
+    /// one lease (this host's) has passed since the owner's ran out: an owner paused or slow to
+    /// record its end is not fenced out for a step that a lookup could settle no sooner anyway.
+    /// A claim found with nothing in doubt is read again once a lease has passed, or when it
+    /// changes hands or renews.
+    async fn end_abandoned(&mut self, abandoned: Vec<OperationRecord>, now: u64) -> Vec<OperationRecord> {
         let ledger = self.host.ledger().clone();
-        let abandoned = ledger.open_operations(now, |why| matches!(why, Why::Abandoned { .. })).await?;
-        self.left_abandoned.retain(|key, _| abandoned.iter().any(|op| &op.key == key));
-        let closer =
-            crate::abandoned::Closer { owner: &self.jitter_domain, lease_ms: ABANDONED_LEASE_MS, why: None, then: "" };
+        let grace = u64::try_from(self.host.lease().as_millis()).unwrap_or(u64::MAX);
+        let current: std::collections::HashSet<&str> = abandoned.iter().map(|op| op.key.as_str()).collect();
+        self.left_abandoned.retain(|key, _| current.contains(key.as_str()));
+        let mut ended = Vec::new();
         for op in &abandoned {
-            if self.left_abandoned.get(&op.key) == Some(&op.fence) {
+            let seen = (op.fence, op.lease_until_ms);
+            let looked = self.left_abandoned.get(&op.key);
+            if now < op.lease_until_ms.saturating_add(grace)
+                || looked.is_some_and(|(at, then)| *then == seen && now < at.saturating_add(grace))
+            {
                 continue;
             }
+            let then = if run_state::is_compensation(op) { ", then compensate again" } else { "" };
+            let closer =
+                crate::abandoned::Closer { owner: &self.jitter_domain, lease_ms: ABANDONED_LEASE_MS, why: None, then };
             match crate::abandoned::close_abandoned(&ledger, &closer, op).await {
-                Ok(Some((status, why))) => tracing::warn!(
-                    operation_key = %op.key, tool = %op.tool, status = status.as_str(), %why,
-                    "a claim whose owner is gone held an effect in doubt: ended, for a reconcile or a person"
-                ),
+                Ok(Some((status, why))) => {
+                    tracing::warn!(
+                        operation_key = %op.key, tool = %op.tool, status = status.as_str(), %why,
+                        "a claim whose owner is gone held an effect in doubt: ended, for a reconcile or a person"
+                    );
+                    self.left_abandoned.remove(&op.key);
+                    match ledger.operation(&op.key).await {
+                        Ok(Some(now_unknown)) if now_unknown.status == OperationStatus::Unknown => {
+                            ended.push(now_unknown)
+                        }
+                        _ => {}
+                    }
+                }
                 Ok(None) => {
-                    self.left_abandoned.insert(op.key.clone(), op.fence);
+                    self.left_abandoned.insert(op.key.clone(), (now, seen));
                 }
                 Err(e) => tracing::warn!(
                     operation_key = %op.key, error = %e,
@@ -298,7 +313,7 @@ impl Reconciler {
                 ),
             }
         }
-        Ok(())
+        ended
     }
 
     /// Asks about what is due, soonest first, until `stop` resolves between two tries.

@@ -63,6 +63,11 @@ fn recovered(step_id: &str, tool: &str, operation_key: &str) -> RecoveredStep {
     }
 }
 
+/// The keys of operation `key`'s effects in doubt.
+async fn in_doubt(ledger: &Ledger, key: &str) -> Result<Vec<String>, LedgerError> {
+    Ok(ledger.effects(key).await?.into_iter().filter(|e| e.status.in_doubt()).map(|e| e.key).collect())
+}
+
 /// The state of every open run (or of `run`, open or not) after the ledger was opened, i.e.
 /// recovered. What is open, and so what a person must decide, is the ledger's rule's to say; this
 /// sorts it and says how. The whole ledger's report visits the open runs only, read from the
@@ -98,13 +103,7 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
             let mut step = recovered(&open.step_id, &open.tool, &open.operation_key);
             match &open.why {
                 Why::Unknown => {
-                    step.effects_in_doubt = ledger
-                        .effects(&open.operation_key)
-                        .await?
-                        .into_iter()
-                        .filter(|e| e.status.in_doubt())
-                        .map(|e| e.key)
-                        .collect();
+                    step.effects_in_doubt = in_doubt(ledger, &open.operation_key).await?;
                     entry.decide.push(Decision {
                         step_id: open.step_id.clone(),
                         what: format!("`{}` may have taken effect: ask its authority, or settle it by hand", open.tool),
@@ -119,20 +118,14 @@ pub async fn report(ledger: &Ledger, run: Option<&str>) -> Result<BTreeMap<Strin
                     // Nobody need decide: whichever comes first takes it over, and nothing of it
                     // is sent again blindly (an effect it may have sent makes it unknown).
                     // A compensation's claim, or a person's word: resumed by compensate, or said again.
-                    step.effects_in_doubt = ledger
-                        .effects(&open.operation_key)
-                        .await?
-                        .into_iter()
-                        .filter(|e| e.status.in_doubt())
-                        .map(|e| e.key)
-                        .collect();
+                    step.effects_in_doubt = in_doubt(ledger, &open.operation_key).await?;
                     let runs_it = if step.effects_in_doubt.is_empty() {
                         "takes it over and runs it".to_string()
                     } else {
                         format!(
-                            "takes it over: the effect(s) it left in doubt ({}) are sent again, with their keys, \
-                             only to a downstream that honours them, else it ends unknown (as a server's reconciler \
-                             ends it by itself)",
+                            "takes it over and judges the effect(s) it left in doubt ({}) by the retry matrix: sent \
+                             again with their keys only where the step's class and the downstream allow it, else it \
+                             ends unknown (as a server's reconciler ends it by itself)",
                             step.effects_in_doubt.join(", ")
                         )
                     };

@@ -149,16 +149,18 @@ async fn two_servers_on_one_database_settle_an_unknown_once_and_neither_counts_a
 
 /// A server killed while its charge was at the provider, on a database two servers share: the
 /// step stays claimed by a dead owner, and nobody calls it again (the orchestrator died too). The
-/// other server's reconciler ends the claim unknown once its lease has run out, asks the
-/// provider, and completes it: the charge is never invisible, and never made twice.
+/// other server's reconciler ends the claim unknown once its lease has run out (and one of its own
+/// has passed), asks the provider, and completes it: the charge is never invisible, and never
+/// made twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_charge_left_by_a_killed_server_is_settled_by_the_other_without_another_call() {
     let provider = Provider::start().await.expect("provider");
     provider.arm(Fault::new(Route::Payments, FaultKind::Delay { delay_ms: 20_000 }).for_order("gone1"));
     let setup = Setup::reconciling(&provider, "[reconciler]\nfirst = \"100ms\"\nevery = \"200ms\"\n")
         .on_shared(crate::pg::fresh_database().await);
+    // Short leases: the survivor waits one of its own past the dead owner's before it takes over.
     let mut dying = setup.serve_with(&["--lease-ms", "1000"]);
-    let survivor = setup.serve();
+    let survivor = setup.serve_with(&["--lease-ms", "1000"]);
     let body = json!({ "run_id": "gone", "step_id": "charge-gone1", "tool": "charge", "args": charge("gone1") });
     let sent = tokio::spawn(client().post(dying.url("/v1/calls")).json(&body).send());
     crate::support::eventually("the provider committed the charge", || provider.counts("gone1").payments == 1).await;

@@ -18,6 +18,7 @@ import threading
 from typing import Any, Mapping, Optional
 
 from langgraph.config import get_config
+from langgraph.prebuilt import ToolRuntime
 from langgraph.types import interrupt
 
 from ._client import AsyncClient, Client
@@ -115,7 +116,6 @@ def tool(client: Client, name: str, description: Optional[str] = None, args_sche
     tool's output is the outcome's ``output``.
     """
     from langchain_core.tools import StructuredTool
-    from langgraph.prebuilt import ToolRuntime
 
     if args_schema is None or description is None:
         listed = next((t for t in client.tools()["tools"] if t["name"] == name), None)
@@ -125,28 +125,23 @@ def tool(client: Client, name: str, description: Optional[str] = None, args_sche
         description = description if description is not None else listed["description"]
 
     def run(runtime: ToolRuntime, **args: Any) -> Any:
-        return call(client, name, args, step=f"tool:{name}/{nth_call(runtime, name)}").output
-
-    # ToolNode injects `runtime` by its annotation, which this module's postponed annotations
-    # leave as a string naming an import local to this function: given as the class itself.
-    run.__annotations__["runtime"] = ToolRuntime
+        return call(client, name, args, step=f"tool:{name}/{nth_call(runtime)}").output
 
     return StructuredTool.from_function(func=run, name=name, description=description, args_schema=args_schema)
 
 
-def nth_call(runtime: Any, name: str) -> int:
-    """The place of the tool call ``runtime`` runs among the calls of ``name`` in the message that
-    asked for them (0, 1, ...).
+def nth_call(runtime: Any) -> int:
+    """The place of the tool call ``runtime`` runs among the calls of the same tool in the message
+    that asked for them (0, 1, ...), the tool as the message names it.
 
     ``ToolNode`` runs a message's tool calls at once, each in a config of its own, so no counter
     can number them; the message is in the checkpoint, so its calls' order is the same on every
     run of the node. The tool-call id only finds the call in it: it is model output, and never
-    part of the key.
+    part of the key. The message is looked for in the state's lists of messages (``messages``, or
+    another key a ``ToolNode`` was given, or the state itself when it is a list).
     """
     call_id = getattr(runtime, "tool_call_id", None)
-    state = getattr(runtime, "state", None)
-    messages = state.get("messages") if isinstance(state, Mapping) else getattr(state, "messages", None)
-    for message in reversed(messages or []):
+    for message in reversed(list(_messages(getattr(runtime, "state", None)))):
         calls = list(getattr(message, "tool_calls", None) or [])
         ids = [c.get("id") for c in calls]
         if call_id is None or call_id not in ids:
@@ -157,11 +152,26 @@ def nth_call(runtime: Any, name: str) -> int:
                 "so neither is made"
             )
         place = ids.index(call_id)
-        return sum(1 for c in calls[:place] if c.get("name") == name)
+        own = calls[place].get("name")
+        return sum(1 for c in calls[:place] if c.get("name") == own)
     raise RuntimeError(
-        "oncebox.langgraph.tool runs in LangGraph's ToolNode over a state with `messages`: the tool call "
-        f"{call_id!r} was not found in them, so its place (its step) is unknown and nothing is called"
+        "oncebox.langgraph.tool runs in LangGraph's ToolNode: the tool call "
+        f"{call_id!r} was not found in the state's messages, so its place (its step) is unknown and nothing is called"
     )
+
+
+def _messages(state: Any) -> Any:
+    """Every message of ``state``: the state itself when it is a list, else each list it holds."""
+    if isinstance(state, list):
+        yield from state
+        return
+    if isinstance(state, Mapping):
+        fields = list(state.values())
+    else:
+        fields = list(getattr(state, "__dict__", {}).values())
+    for value in fields:
+        if isinstance(value, list):
+            yield from value
 
 
 #: The request `_meta` keys oncebox's MCP server reads a call's identity from.
@@ -184,7 +194,7 @@ def mcp_interceptor(session: Any) -> Any:
     """
 
     async def intercept(request: Any, handler: Any) -> Any:
-        meta = mcp_meta(f"mcp:{request.name}/{nth_call(request.runtime, request.name)}")
+        meta = mcp_meta(f"mcp:{request.name}/{nth_call(request.runtime)}")
         return await session.call_tool(request.name, request.args, meta=meta)
 
     return intercept

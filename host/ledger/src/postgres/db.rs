@@ -107,24 +107,28 @@ pub(super) fn describe(e: &Error) -> String {
 /// statements, `LISTEN`), which a pooler in transaction mode does not keep. Each error a pooler
 /// leads to, named, with what to do (docs/backends.md, "Connection poolers").
 pub(super) fn pooler_hint(code: &str, message: &str) -> Option<&'static str> {
-    const SESSION: &str = "the ledger needs a PostgreSQL session of its own: connect to the server directly, or \
-                           through a pooler in session mode (docs/backends.md, connection poolers)";
+    /// What the ledger needs, and where the docs say how.
+    macro_rules! session {
+        () => {
+            "the ledger needs a PostgreSQL session of its own: connect to the server directly, or through a \
+             pooler in session mode that keeps it (docs/backends.md, connection poolers)"
+        };
+    }
     match code {
         // PgBouncer refuses libpq's `options`, which carry the ledger's session settings.
-        "08P01" if message.contains("unsupported startup parameter") => Some(
-            "a connection pooler refused the session settings every connection of the ledger starts with; \
-             the ledger needs a PostgreSQL session of its own: connect to the server directly, or through a \
-             pooler in session mode that passes them (docs/backends.md, connection poolers)",
-        ),
+        "08P01" if message.contains("unsupported startup parameter") => Some(concat!(
+            "a connection pooler refused the session settings every connection of the ledger starts with; ",
+            session!()
+        )),
         // The schema guard found no `oncebox.schema`, which this host always sets at startup.
-        "OBXSC" if message.contains("= unset") => Some(
+        "OBXSC" if message.contains("= unset") => Some(concat!(
             "this host sets it when it connects, so something on the way dropped its session settings (a \
-             pooler's ignore_startup_parameters); the ledger needs a PostgreSQL session of its own \
-             (docs/backends.md, connection poolers)",
-        ),
+             pooler's ignore_startup_parameters); ",
+            session!()
+        )),
         // Another client's prepared statements on this server connection: a pooler handing one
         // server session to several clients, a transaction at a time.
-        "26000" | "42P05" if message.contains("prepared statement") => Some(SESSION),
+        "26000" | "42P05" if message.contains("prepared statement") => Some(session!()),
         _ => None,
     }
 }

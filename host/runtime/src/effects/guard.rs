@@ -124,11 +124,9 @@ impl EffectCtx {
         let existing_state = existing.as_ref().map(|e| (e.status, e.dispatches));
         let was_in_doubt = existing_state.is_some_and(|(status, _)| status.in_doubt());
 
-        if existing.is_none() && !scope.first {
-            self.diverged(&scope, request.label, &key, request.kind, &request.fingerprint).await?;
-        }
-        if existing.is_none() && !self.in_doubt.is_empty() {
-            self.retried_in_doubt(&scope, request.label, &key, request.kind, &request.fingerprint).await?;
+        if existing.is_none() && (!scope.first || !self.in_doubt.is_empty() || (scope.once && !self.effects.is_empty()))
+        {
+            self.diverged(&scope, request.label, &key, request.kind, &request.fingerprint, true).await?;
         }
         let (record, source) = match existing {
             Some(recorded) if recorded.fingerprint != request.fingerprint => {
@@ -257,14 +255,17 @@ impl EffectCtx {
         Ok(Begin::Dispatch { record: Box::new(record), source, was_in_doubt, span })
     }
 
-    /// Refuses a new effect key for a request an earlier attempt already made under another key
-    /// (the same kind and fingerprint: the same request), which took place or may have, and which
-    /// this attempt has not met again. Its label changed between attempts (the time in a label,
-    /// another component now running the step), so its key did, and sending it would do again
-    /// what was done. A tool that asks for different effects on a later attempt (it read the world
-    /// again) is not refused. The attempt cannot complete (even if the guest swallows the error),
-    /// and the step stays in doubt. Only later attempts pay the read; the first attempt of a new
-    /// operation has nothing earlier.
+    /// Refuses a new effect key for a request (the same kind and fingerprint) that took place or
+    /// may have: one an earlier attempt made and this attempt has not met again (its label
+    /// changed between attempts: the time in a label, another component now running the step),
+    /// or, for a remote effect (`this_attempt`), one this attempt made itself whose outcome is in
+    /// doubt (the tool caught the unknown outcome and asked again: the label's next occurrence is
+    /// a new key). Sending it would do again what was done, under a key the downstream has never
+    /// seen. An irreversible step's request is refused whatever its first send met, as
+    /// [`crate::ledger::repeats`] says. A tool that asks for different effects (it read the world
+    /// again, or looks up what the first did) is not refused. The attempt cannot complete (even if
+    /// the guest swallows the error), and the step stays in doubt. Only later attempts, and an
+    /// attempt with something in doubt (or an irreversible step's), pay the read.
     pub(super) async fn diverged(
         &mut self,
         scope: &Scope,
@@ -272,11 +273,16 @@ impl EffectCtx {
         key: &str,
         kind: &str,
         fingerprint: &str,
+        this_attempt: bool,
     ) -> Result<(), ToolError> {
         let recorded = scope.journal.effects().await.map_err(host_error)?;
         let met = |key: &str| self.effects.iter().any(|noted| noted.key == key);
-        let earlier = |e: &EffectRecord| !met(&e.key) && crate::ledger::repeats(e, kind, fingerprint, scope.once);
-        let Some(open) = recorded.into_iter().find(earlier) else {
+        let doubted = |key: &str| self.in_doubt.iter().any(|d| d.key == key);
+        let repeated = |e: &EffectRecord| {
+            crate::ledger::repeats(e, kind, fingerprint, scope.once)
+                && (!met(&e.key) || (this_attempt && (doubted(&e.key) || scope.once)))
+        };
+        let Some(open) = recorded.into_iter().find(repeated) else {
             return Ok(());
         };
         if !open.status.in_doubt() && !open.status.taken() {
@@ -290,46 +296,24 @@ impl EffectCtx {
                 open.label, open.key
             )));
         }
-        if open.status.in_doubt() {
+        if open.status.in_doubt() && !doubted(&open.key) {
             self.in_doubt.push(InDoubt { key: open.key.clone(), resendable: false });
         }
-        let message = format!(
-            "{DIVERGED}: effect `{}` ({}) of an earlier attempt made this same request, and it took place or may \
-             have; this attempt asks for it again as `{label}` ({key}); nothing was sent. A label must not change \
-             between attempts, nor the component while a step is in doubt; reconcile the one in doubt",
-            open.label, open.key
-        );
-        self.broken.get_or_insert_with(|| message.clone());
-        Err(ToolError::UnknownOutcome(message))
-    }
-
-    /// Refuses a new effect key for a request this attempt already made and whose outcome is in
-    /// doubt: a tool that catches the unknown outcome and asks again (the same label's next
-    /// occurrence, or another label) would send what may have taken place under a key the
-    /// downstream has never seen, twice over whether or not it honours keys. The attempt cannot
-    /// complete (even if the guest swallows the error); the step stays in doubt, for reconcile to
-    /// settle. A request that differs (a lookup of what the first did) is not refused. Read only
-    /// once something of this attempt is in doubt.
-    async fn retried_in_doubt(
-        &mut self,
-        scope: &Scope,
-        label: &str,
-        key: &str,
-        kind: &str,
-        fingerprint: &str,
-    ) -> Result<(), ToolError> {
-        let recorded = scope.journal.effects().await.map_err(host_error)?;
-        let in_doubt = |e: &EffectRecord| self.in_doubt.iter().any(|d| d.key == e.key);
-        let Some(open) = recorded.into_iter().find(|e| in_doubt(e) && e.kind == kind && e.fingerprint == fingerprint)
-        else {
-            return Ok(());
+        let message = if met(&open.key) {
+            format!(
+                "{DIVERGED}: effect `{}` ({}) made this same request earlier in this attempt, and it took place or \
+                 may have; this attempt asks for it again as `{label}` ({key}); nothing was sent. A tool never \
+                 retries an unknown outcome itself: the step ends unknown, and reconcile settles it",
+                open.label, open.key
+            )
+        } else {
+            format!(
+                "{DIVERGED}: effect `{}` ({}) of an earlier attempt made this same request, and it took place or may \
+                 have; this attempt asks for it again as `{label}` ({key}); nothing was sent. A label must not change \
+                 between attempts, nor the component while a step is in doubt; reconcile the one in doubt",
+                open.label, open.key
+            )
         };
-        let message = format!(
-            "{DIVERGED}: effect `{}` ({}) made this same request earlier in this attempt, and its outcome is in \
-             doubt; this attempt asks for it again as `{label}` ({key}); nothing was sent. A tool never retries an \
-             unknown outcome itself: the step ends unknown, and reconcile settles it",
-            open.label, open.key
-        );
         self.broken.get_or_insert_with(|| message.clone());
         Err(ToolError::UnknownOutcome(message))
     }

@@ -63,7 +63,7 @@ impl EffectCtx {
             LocalOutcome::Applied => {
                 if !scope.first {
                     let (label, key) = (record.label.clone(), record.key.clone());
-                    self.diverged(&scope, &label, &key, &record.kind, &record.fingerprint).await?;
+                    self.diverged(&scope, &label, &key, &record.kind, &record.fingerprint, false).await?;
                 }
                 if let LocalWrite::KvSet { namespace, key, expected: Some(expected), .. } = &write {
                     // Checked against the committed state now, and again when the write commits.
