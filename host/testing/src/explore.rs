@@ -243,7 +243,7 @@ mod tests {
         let baseline = run(Status::Completed, vec![dispatch("k1", true, false)]);
         let changed = run(Status::Unknown, vec![dispatch("k1", true, true), dispatch("k2", true, false)]);
         let violations = check(&baseline, &changed, &crash(), true);
-        assert!(matches!(&violations[0], Violation::Duplicate { detail, .. } if detail.contains("key changed")));
+        assert!(matches!(&violations[0], Violation::Duplicate { detail, .. } if detail.contains("under another key")));
     }
 
     #[test]
