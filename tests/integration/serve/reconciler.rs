@@ -160,15 +160,20 @@ async fn a_charge_left_by_a_killed_server_is_settled_by_the_other_without_anothe
         .on_shared(crate::pg::fresh_database().await);
     // Short leases: the survivor waits one of its own past the dead owner's before it takes over.
     let mut dying = setup.serve_with(&["--lease-ms", "1000"]);
-    let survivor = setup.serve_with(&["--lease-ms", "1000"]);
+    let survivor = setup.serve_with(&["--lease-ms", "4000"]);
     let body = json!({ "run_id": "gone", "step_id": "charge-gone1", "tool": "charge", "args": charge("gone1") });
     let sent = tokio::spawn(client().post(dying.url("/v1/calls")).json(&body).send());
     crate::support::eventually("the provider committed the charge", || provider.counts("gone1").payments == 1).await;
     dying.kill();
+    let killed = Instant::now();
     let _ = sent.await;
 
     let run: Value = client().get(survivor.url("/v1/runs/gone")).send().await.expect("get").json().await.expect("json");
     let key = run["operations"][0]["key"].as_str().unwrap_or_else(|| panic!("the step's operation: {run}")).to_string();
+    // The dead owner's lease ran out a second after the kill; the survivor leaves the claim to it
+    // for one of its own leases more (an owner only paused would still finish its step).
+    tokio::time::sleep(Duration::from_millis(2_500).saturating_sub(killed.elapsed())).await;
+    assert_eq!(status_of(&survivor, &key).await, "claimed", "not taken over within the grace:\n{}", survivor.log());
     let seen = watch_until(&survivor, &key, "completed", Duration::from_secs(20)).await;
     assert_eq!(seen.last().map(String::as_str), Some("completed"), "{seen:?}\n{}", survivor.log());
     assert!(seen.iter().all(|s| s == "claimed" || s == "unknown" || s == "completed"), "never failed: {seen:?}");
