@@ -228,8 +228,10 @@ impl Reconciler {
         // not at once.
         self.refreshed_ms = Some(now);
         let open = self.host.ledger().open_operations(now, |why| matches!(why, Why::Unknown | Why::Abandoned { .. }));
-        let (mut all_unknown, abandoned): (Vec<_>, Vec<_>) =
+        let (mut all_unknown, mut abandoned): (Vec<_>, Vec<_>) =
             open.await?.into_iter().partition(|op| op.status == OperationStatus::Unknown);
+        // Read from the index, then each record: one that ended meanwhile is neither.
+        abandoned.retain(|op| op.status == OperationStatus::Claimed);
         all_unknown.extend(self.end_abandoned(abandoned, now).await);
         if let Some(notifier) = self.host.notifier() {
             let unknown_now: std::collections::HashSet<&str> = all_unknown.iter().map(|op| op.key.as_str()).collect();
